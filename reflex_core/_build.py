@@ -1,0 +1,167 @@
+"""Ahead-of-time CUDA build: every ``*.cu`` of a source folder becomes one fatbin.
+
+Used at package build time only (``setup.py`` of the core and of each plugin), never when
+``reflex`` runs. It has no dependency beyond the standard library, so a plugin's ``setup.py``
+can load it by file path from the source tree or import it from an installed core.
+
+Each module ``NAME.cu`` is compiled by ``nvcc -fatbin`` into ``NAME.fatbin`` holding SASS for
+every target in :func:`sass_targets` and PTX of the newest one (the driver JIT-compiles that PTX
+only on a GPU newer than every SASS target). ``manifest.json`` beside the fatbins records each
+module's sha256, the SASS targets, the PTX target and the nvcc version, so the loader can tell a
+user which GPUs a package was built for.
+
+Environment:
+  REFLEX_SKIP_CUDA=1     compile nothing (GPU commands then fail with a clear error)
+  REFLEX_CUDA_ARCH=sm_XX SASS for that one target only (plus its PTX)
+  REFLEX_NVCC=/path      the nvcc to use (default: $CUDA_HOME/bin/nvcc, $CUDA_PATH/bin/nvcc, PATH)
+  REFLEX_NVCC_THREADS=N  nvcc --threads (default: number of CPUs)
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+# The GPU generations we ship SASS for when the toolkit knows them (sm_80 Ampere and newer).
+MIN_SM = 80
+# Jetson-only targets: nobody runs Reflex there yet; leaving them out halves nothing but saves time.
+SKIP_SMS = {87, 88}
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def skip_requested() -> bool:
+    return os.environ.get("REFLEX_SKIP_CUDA", "").strip() not in ("", "0")
+
+
+def find_nvcc() -> str:
+    explicit = os.environ.get("REFLEX_NVCC")
+    if explicit:
+        return explicit
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        root = os.environ.get(var)
+        if root and (Path(root) / "bin" / "nvcc").exists():
+            return str(Path(root) / "bin" / "nvcc")
+    found = shutil.which("nvcc") or (
+        "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None
+    )
+    if not found:
+        raise BuildError(
+            "nvcc not found: Reflex compiles its CUDA kernels when the package is built. "
+            "Install the CUDA toolkit (or set CUDA_HOME / REFLEX_NVCC), or set REFLEX_SKIP_CUDA=1 "
+            "to build without kernels (GPU commands will then refuse to run)."
+        )
+    return found
+
+
+def nvcc_version(nvcc: str) -> str:
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+    m = re.search(r"release ([0-9.]+), V([0-9.]+)", out)
+    return m.group(2) if m else out.strip().splitlines()[-1]
+
+
+def toolkit_sms(nvcc: str) -> list[int]:
+    out = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True)
+    sms = sorted({int(m) for m in re.findall(r"compute_(\d+)", out.stdout)})
+    if out.returncode != 0 or not sms:  # very old nvcc: fall back to the set every 12.x/13.x has
+        sms = [80, 86, 89, 90]
+    return sms
+
+
+def sass_targets(nvcc: str) -> tuple[list[int], int]:
+    """(SASS targets, PTX target) for this build."""
+    one = os.environ.get("REFLEX_CUDA_ARCH", "").strip()
+    if one:
+        m = re.fullmatch(r"(?:sm_|compute_)?(\d+)a?", one)
+        if not m:
+            raise BuildError(f"REFLEX_CUDA_ARCH={one!r} is not of the form sm_XX (e.g. sm_90)")
+        sm = int(m.group(1))
+        return [sm], sm
+    sms = [s for s in toolkit_sms(nvcc) if s >= MIN_SM and s not in SKIP_SMS]
+    if not sms:
+        raise BuildError(f"{nvcc} supports no GPU target >= sm_{MIN_SM}")
+    return sms, max(sms)
+
+
+def compile_module(nvcc: str, src: Path, out: Path, includes: list[Path], sms: list[int],
+                   ptx_sm: int, threads: int) -> None:
+    cmd = [nvcc, "-fatbin", "-O3", "-std=c++17", "-lineinfo",
+           "-Xptxas=-O3", f"--threads={threads}"]
+    for inc in includes:
+        cmd.append(f"-I{inc}")
+    for sm in sms:
+        cmd.append(f"-gencode=arch=compute_{sm},code=sm_{sm}")
+    cmd.append(f"-gencode=arch=compute_{ptx_sm},code=compute_{ptx_sm}")
+    cmd += ["-o", str(out), str(src)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"nvcc failed on {src}:\n{' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+
+
+def build_kernels(src_dir: Path, out_dir: Path, includes: list[Path] | None = None,
+                  log=print) -> dict | None:
+    """Compile every ``src_dir/*.cu`` into ``out_dir/NAME.fatbin`` and write ``manifest.json``.
+
+    Returns the manifest, or None when REFLEX_SKIP_CUDA is set or there are no sources.
+    """
+    sources = sorted(Path(src_dir).glob("*.cu"))
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if skip_requested():
+        log("reflex build: REFLEX_SKIP_CUDA set, no kernels compiled")
+        (out_dir / "manifest.json").write_text(json.dumps({"skipped": True, "modules": {}}))
+        return None
+    if not sources:
+        return None
+    nvcc = find_nvcc()
+    sms, ptx_sm = sass_targets(nvcc)
+    threads = int(os.environ.get("REFLEX_NVCC_THREADS", "0") or 0) or (os.cpu_count() or 1)
+    includes = [Path(p) for p in (includes or [])]
+    log(f"reflex build: {len(sources)} CUDA module(s) from {src_dir} with {nvcc}, "
+        f"SASS sm_{',sm_'.join(map(str, sms))}, PTX compute_{ptx_sm}")
+    # Modules compile in parallel; each nvcc also parallelises over its targets.
+    workers = max(1, min(len(sources), (os.cpu_count() or 1)))
+    per = max(1, threads // workers)
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        futs = {pool.submit(compile_module, nvcc, s, out_dir / (s.stem + ".fatbin"), includes,
+                            sms, ptx_sm, per): s for s in sources}
+        for fut in concurrent.futures.as_completed(futs):
+            fut.result()
+    manifest = {
+        "skipped": False,
+        "nvcc": nvcc_version(nvcc),
+        "sass": [f"sm_{s}" for s in sms],
+        "ptx": f"compute_{ptx_sm}",
+        "modules": {
+            s.stem: hashlib.sha256((out_dir / (s.stem + ".fatbin")).read_bytes()).hexdigest()
+            for s in sources
+        },
+    }
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    return manifest
+
+
+def main(argv: list[str]) -> int:
+    """python reflex_core/_build.py SRC_DIR OUT_DIR [INCLUDE...]: compile in place (dev loop)."""
+    if len(argv) < 2:
+        print(main.__doc__, file=sys.stderr)
+        return 2
+    try:
+        build_kernels(Path(argv[0]), Path(argv[1]), [Path(p) for p in argv[2:]])
+    except BuildError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,272 @@
+"""The ``reflex`` command line (click). Thin: parse flags, call the engine, print.
+
+Output contract: human-readable text on stdout, then one machine-readable status line
+(``REFLEX_<COMMAND>_OK ...``); ``--json`` prints one JSON object instead. Errors are one line on
+stderr (``error: ...``), exit status 1 (2 for usage), no traceback unless ``--debug``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from .errors import ReflexError
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
+
+
+class Float6(float):
+    """A float printed with 6 decimals (scores, probabilities)."""
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, Float6):
+        return f"{v:.6f}"
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(str(x) for x in v) + "]"
+    return str(v)
+
+
+def status_line(tag: str, **fields: Any) -> str:
+    return tag + "".join(f" {k}={_fmt(v)}" for k, v in fields.items())
+
+
+def print_timings(t) -> None:
+    click.echo("timings (ms from process start | duration ms):", err=True)
+    for name, start, dur in t.report():
+        click.echo(f"  {name:<28} {start:9.1f} | {dur:8.1f}", err=True)
+
+
+class ReflexGroup(click.Group):
+    """Core commands first; unknown names are looked up in plugins' commands (loaded lazily so
+    that ordinary invocations import no plugin they do not need)."""
+
+    _plugin_commands_loaded = False
+
+    def _load_plugin_commands(self) -> None:
+        if ReflexGroup._plugin_commands_loaded:
+            return
+        ReflexGroup._plugin_commands_loaded = True
+        from .registry import get_host
+
+        host = get_host()
+        host.load_all()
+        host.pm.hook.reflex_register_commands(cli=self)
+
+    def get_command(self, ctx, cmd_name):
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is None:
+            self._load_plugin_commands()
+            cmd = super().get_command(ctx, cmd_name)
+        return cmd
+
+    def list_commands(self, ctx):
+        try:
+            self._load_plugin_commands()
+        except ReflexError:
+            pass
+        return super().list_commands(ctx)
+
+
+@click.group(cls=ReflexGroup, context_settings=CONTEXT_SETTINGS)
+@click.version_option(package_name="reflex-infer", prog_name="reflex")
+@click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+def cli(debug: bool) -> None:
+    """Reflex: the fastest way from a cold process to one token (GGUF models, NVIDIA GPUs)."""
+
+
+backend_option = click.option(
+    "--backend", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+    help="cuda: the GPU (default when one is present); cpu: the NumPy reference backend.")
+
+
+@cli.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("prompt")
+@click.option("-n", "n_tokens", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Tokens to generate (stops early at an end-of-generation token).")
+@click.option("--temp", "temperature", type=click.FloatRange(min=0.0), default=0.0,
+              show_default=True, help="Sampling temperature; 0 = greedy.")
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Keep the k most likely tokens (0 = all).")
+@click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0,
+              show_default=True, help="Nucleus sampling threshold.")
+@click.option("--seed", type=int, default=None, help="Sampling seed (default: random).")
+@backend_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--timings", is_flag=True, help="Print each cold-path phase to stderr.")
+def generate(model, prompt, n_tokens, temperature, top_k, top_p, seed, backend, as_json, timings):
+    """Generate text from MODEL (a GGUF file) continuing PROMPT."""
+    from . import engine
+    from .timing import Timings
+
+    t = Timings()
+    if not prompt:
+        raise ReflexError("empty prompt: give at least one character of text")
+    lm, ids = engine.load(model, backend, t, prompt=prompt)
+    for note in lm.notices:
+        engine.warn(note)
+    sampling = engine.Sampling(temperature, top_k, top_p, seed)
+
+    def on_text(s: str) -> None:
+        sys.stdout.write(s)
+        sys.stdout.flush()
+
+    res = engine.generate(lm, ids or [], n_tokens, sampling, None if as_json else on_text, t)
+    if as_json:
+        click.echo(json.dumps({
+            "status": "ok", "text": res.text, "prompt_token_ids": res.prompt_ids,
+            "token_ids": res.token_ids, "n_prompt_tokens": len(res.prompt_ids),
+            "n_tokens": len(res.token_ids),
+            "process_start_to_first_token_ms": round(res.first_token_ms, 3),
+            "backend": lm.backend, "seed": res.seed,
+        }, ensure_ascii=False))
+    else:
+        click.echo()
+        click.echo(status_line("REFLEX_GENERATE_OK",
+                               process_start_to_first_token_ms=res.first_token_ms,
+                               n_prompt_tokens=len(res.prompt_ids), n_tokens=len(res.token_ids),
+                               backend=lm.backend))
+    if timings:
+        print_timings(t)
+
+
+@cli.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("prompt")
+@click.option("--candidate", "-c", "candidates", multiple=True,
+              help="A candidate continuation (repeat for each).")
+@click.option("--normalize", is_flag=True,
+              help="Divide each score by its token count before the softmax over candidates.")
+@backend_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of lines.")
+@click.option("--timings", is_flag=True, help="Print each cold-path phase to stderr.")
+def system1(model, prompt, candidates, normalize, backend, as_json, timings):
+    """Score each --candidate continuation of PROMPT in one forward pass (no decode loop)."""
+    from . import engine, system1 as s1
+    from .timing import Timings, since_process_start_ms
+
+    t = Timings()
+    if not prompt:
+        raise ReflexError("empty prompt: system1 needs a prompt to condition on")
+    if not candidates:
+        raise ReflexError("no candidates: give at least one --candidate TEXT")
+    for i, c in enumerate(candidates):
+        if c == "":
+            raise ReflexError(f"candidate {i} is empty: every --candidate needs some text")
+    lm, ids = engine.load(model, backend, t, prompt=prompt)
+    for note in lm.notices:
+        engine.warn(note)
+    tok = lm.require_tokenizer()
+    with t.span("encode candidates"):
+        cand_ids = s1.tokenize_candidates(tok, candidates)
+    with t.span("score (one forward)"):
+        res = s1.evaluate(lm.model, lm.ops, ids or [], candidates, cand_ids, normalize)
+    ms = since_process_start_ms()
+    best = res.candidates[res.best_idx]
+    if as_json:
+        click.echo(json.dumps({
+            "status": "ok",
+            "candidates": [{"idx": c.idx, "text": c.text, "token_ids": c.token_ids,
+                            "score": c.score, "probability": c.probability}
+                           for c in res.candidates],
+            "process_start_to_result_ms": round(ms, 3), "num_candidates": len(res.candidates),
+            "best_idx": res.best_idx, "best_text": best.text, "entropy": res.entropy,
+            "normalize": normalize, "backend": lm.backend,
+        }, ensure_ascii=False))
+    else:
+        for c in res.candidates:
+            click.echo(status_line("REFLEX_SYSTEM1_CANDIDATE_OK", idx=c.idx, text=c.text,
+                                   token_ids=c.token_ids, score=Float6(c.score),
+                                   probability=Float6(c.probability)))
+        click.echo(status_line("REFLEX_SYSTEM1_OK", process_start_to_result_ms=ms,
+                               num_candidates=len(res.candidates), best_idx=res.best_idx,
+                               best_text=best.text, entropy=Float6(res.entropy),
+                               backend=lm.backend))
+    if timings:
+        print_timings(t)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def plugins(as_json):
+    """List installed architecture plugins, their versions and the architectures they serve."""
+    from .registry import get_host
+
+    host = get_host()
+    host.load_all()
+    infos = host.plugins()
+    host.architectures()  # raises on conflicts
+    if as_json:
+        click.echo(json.dumps([
+            {"name": p.name, "version": p.version, "module": p.module,
+             "architectures": [{"name": a.name, "model": a.model, "description": a.description}
+                               for a in p.architectures]}
+            for p in infos], indent=2))
+        return
+    if not infos:
+        click.echo("no architecture plugins installed (pip install reflex-infer-qwen3, ...)")
+        return
+    for p in infos:
+        archs = ", ".join(a.name for a in p.architectures) or "(none)"
+        click.echo(f"{p.name} {p.version or '?'}: {archs}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: run the CLI, map errors to one line + exit status, exit fast."""
+    argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv or os.environ.get("REFLEX_DEBUG") not in (None, "", "0")
+    argv = [a for a in argv if a != "--debug"]  # accepted anywhere on the line
+    code = 0
+    try:
+        rv = cli.main(args=argv, prog_name="reflex", standalone_mode=False)
+        code = rv if isinstance(rv, int) else 0
+    except click.exceptions.Exit as e:
+        code = e.exit_code
+    except click.ClickException as e:  # usage errors: click's own message, exit 2
+        e.show()
+        code = e.exit_code
+    except click.exceptions.Abort:
+        click.echo("error: aborted", err=True)
+        code = 1
+    except ReflexError as e:
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        click.echo(f"error: {e}", err=True)
+        code = e.exit_code
+    except KeyboardInterrupt:
+        click.echo("error: interrupted", err=True)
+        code = 130
+    except BrokenPipeError:
+        code = 1
+    except Exception as e:  # noqa: BLE001 - last line of defence: still one line
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        msg = str(e).splitlines()[0] if str(e) else ""
+        click.echo(f"error: internal error: {type(e).__name__}: {msg} "
+                   "(rerun with --debug for the traceback)", err=True)
+        code = 1
+    # Exit without slow teardown (CUDA context destruction, GC of large objects) once output is
+    # flushed: the cold path's last phase.
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001
+        pass
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

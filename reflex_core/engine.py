@@ -1,0 +1,260 @@
+"""Load a model and run one job (generate, system1): the layer between the CLI and everything else.
+
+The load path is the product's cold path. Its order is deliberate:
+
+1. CUDA initialisation starts first, on a background thread (cuInit and context creation release
+   the GIL and take ~0.2 s; everything below overlaps with it);
+2. the GGUF header, metadata and tensor directory are parsed (core reader, no numpy);
+3. the architecture's plugin is resolved and only that plugin is imported;
+4. once the context is ready the weights go to the GPU in one copy from the mmap, on a thread,
+   while the tokenizer is built and the prompt encoded on the main thread;
+5. the model binds its weights and the first forward pass runs.
+
+Nothing here imports numpy, gguf or huggingface_hub unless the CPU backend is chosen.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from .errors import CudaUnavailable, ReflexError
+from .ops import Batch
+from .timing import Timings, since_process_start_ms
+
+BACKENDS = ("auto", "cuda", "cpu")
+
+
+@dataclass
+class Loaded:
+    path: str
+    gguf: Any
+    arch: str
+    model: Any
+    ops: Any
+    tokenizer: Any
+    backend: str
+    device: str = ""
+    notices: list[str] = field(default_factory=list)
+
+    def require_tokenizer(self):
+        if self.tokenizer is None:
+            raise ReflexError(f"{self.path}: this model has no tokenizer "
+                              "(tokenizer.ggml.model is 'none'); text prompts cannot be encoded")
+        return self.tokenizer
+
+
+def _tokenizer_or_none(g: Any) -> Any:
+    model = g.get("tokenizer.ggml.model")
+    if model in (None, "none"):
+        return None
+    from .tokenizer import Tokenizer
+
+    return Tokenizer.from_gguf(g)
+
+
+def load(path: str, backend: str = "auto", timings: Timings | None = None,
+         prompt: str | None = None) -> tuple[Loaded, list[int] | None]:
+    """Open ``path`` and build its model on ``backend``; also encode ``prompt`` when given
+    (encoding overlaps the weight upload). Returns (loaded, prompt_ids)."""
+    t = timings or Timings()
+    if backend not in BACKENDS:
+        raise ReflexError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+
+    cuda_init = None
+    if backend in ("auto", "cuda"):
+        t0 = t.mark("cuda_import_start")
+        from .cuda import driver
+
+        t.phase("import reflex_core.cuda", t0)
+        cuda_init = Background(driver.init)
+
+    from .gguf import open_gguf
+
+    with t.span("parse gguf"):
+        g = open_gguf(path)
+    arch = g.get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise ReflexError(f"{path}: general.architecture is missing; is this a model GGUF?")
+
+    with t.span("resolve plugin"):
+        from .registry import get_host
+
+        spec = get_host().resolve(arch)
+        model_cls = spec.load_model_class()
+
+    notices: list[str] = []
+    device_name = ""
+    chosen = backend
+    if cuda_init is not None:
+        with t.span("wait for CUDA context"):
+            try:
+                device = cuda_init.wait()
+                chosen = "cuda"
+                device_name = device.name
+            except CudaUnavailable as e:
+                if backend == "cuda":
+                    raise
+                chosen = "cpu"
+                notices.append(f"notice: no usable GPU ({e}); running on the CPU backend")
+        t.phases.setdefault("CUDA init (thread)", cuda_init.span())
+
+    from .backends import get_backend
+
+    ops = get_backend(chosen)
+    prompt_ids: list[int] | None = None
+    upload_error: list[BaseException] = []
+
+    def upload() -> None:
+        try:
+            with t.span("weights to backend"):
+                ops.attach(g)
+        except BaseException as e:  # re-raised on the main thread
+            upload_error.append(e)
+
+    uploader = threading.Thread(target=upload, name="reflex-upload", daemon=True)
+    uploader.start()
+    try:
+        with t.span("tokenizer"):
+            tok = _tokenizer_or_none(g)
+        if prompt is not None:
+            if tok is None:
+                raise ReflexError(f"{path}: this model has no tokenizer; text prompts cannot be "
+                                  "encoded")
+            with t.span("encode prompt"):
+                prompt_ids = tok.encode(prompt)
+    finally:
+        uploader.join()
+    if upload_error:
+        raise upload_error[0]
+    with t.span("bind weights"):
+        model = model_cls.load(g, ops)
+    return Loaded(path, g, arch, model, ops, tok, chosen, device_name, notices), prompt_ids
+
+
+class Background:
+    """Run ``fn`` on a daemon thread now; ``wait()`` returns its result or raises its error."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        import time
+
+        self._fn = fn
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self.t0 = time.perf_counter()
+        self.t1 = self.t0
+        self._thread = threading.Thread(target=self._run, name="reflex-bg", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import time
+
+        try:
+            self._result = self._fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            self._error = e
+        finally:
+            self.t1 = time.perf_counter()
+
+    def wait(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def span(self) -> tuple[float, float]:
+        return (self.t0, self.t1)
+
+
+# --------------------------------------------------------------------------------------------
+# generate
+
+
+@dataclass
+class Sampling:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class GenerateResult:
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    first_token_ms: float  # process start -> first generated token id on the host
+    seed: int | None
+
+
+def check_context(lm: Loaded, n_prompt: int, n_new: int) -> None:
+    limit = lm.model.n_ctx_train
+    if limit and n_prompt + n_new > limit:
+        raise ReflexError(f"prompt ({n_prompt} tokens) + {n_new} new tokens exceeds the model's "
+                          f"context length ({limit} tokens)")
+
+
+def generate(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: Sampling,
+             on_text: Callable[[str], None] | None = None,
+             timings: Timings | None = None) -> GenerateResult:
+    """Prefill the prompt as one batch, then decode up to ``n_new`` tokens (stopping at an
+    end-of-generation token). ``on_text`` receives text as soon as it is complete UTF-8."""
+    t = timings or Timings()
+    if not prompt_ids:
+        raise ReflexError("empty prompt: give at least one character of text")
+    if n_new < 1:
+        raise ReflexError("-n must be at least 1")
+    check_context(lm, len(prompt_ids), n_new)
+    model, ops = lm.model, lm.ops
+    seed = sampling.seed
+    if not sampling.greedy and seed is None:
+        seed = random.SystemRandom().randrange(2**31)
+    rng = random.Random(seed)
+    tok = lm.tokenizer
+    streamer = tok.streamer() if tok is not None else None
+    eog = tok.eog_ids if tok is not None else frozenset()
+
+    def pick(logits) -> int:
+        if sampling.greedy:
+            return ops.argmax(logits)[-1]
+        return ops.sample(logits, sampling.temperature, sampling.top_k, sampling.top_p,
+                          rng.random())
+
+    cache = model.new_cache(len(prompt_ids) + n_new)
+    out: list[int] = []
+    with t.span("first forward"):
+        batch = Batch.causal(prompt_ids, 0)
+        logits = model.forward(batch, cache, [batch.n_tokens - 1])
+        cache.n_used = batch.n_kv
+        nxt = pick(logits)
+    first_ms = since_process_start_ms()
+    with t.span("decode"):
+        while True:
+            out.append(nxt)
+            if streamer is not None and on_text is not None:
+                piece = streamer.push(nxt)
+                if piece:
+                    on_text(piece)
+            if len(out) >= n_new or nxt in eog:
+                break
+            batch = Batch.causal([nxt], cache.n_used)
+            logits = model.forward(batch, cache, [0])
+            cache.n_used = batch.n_kv
+            nxt = pick(logits)
+    if streamer is not None and on_text is not None:
+        tail = streamer.flush()
+        if tail:
+            on_text(tail)
+    text = tok.decode(out) if tok is not None else ""
+    return GenerateResult(list(prompt_ids), out, text, first_ms, seed)
+
+
+def warn(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)

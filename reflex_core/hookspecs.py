@@ -1,0 +1,65 @@
+"""Hook specifications: the contract between the Reflex core and architecture plugins.
+
+A plugin is a module with functions marked ``@hookimpl``, published in the entry-point group
+``reflex``. **The entry point's name is the GGUF ``general.architecture`` it serves** (a plugin
+serving two architectures publishes two entry points to the same module), so the core can import
+only the plugin that serves the file in hand::
+
+    # pyproject.toml of a plugin
+    [project.entry-points.reflex]
+    mamba9 = "reflex_mamba9.plugin"
+
+    # reflex_mamba9/plugin.py -- imports nothing heavy
+    from reflex_core.plugin_api import ArchSpec, hookimpl
+
+    @hookimpl
+    def reflex_register_architectures(register):
+        register(ArchSpec(name="mamba9", model="reflex_mamba9.model:Mamba9"))
+
+Every hook is prefixed ``reflex_``; pluggy ignores anything else in the module.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import pluggy
+
+if TYPE_CHECKING:  # pragma: no cover
+    import click
+
+    from .registry import ArchSpec
+
+hookspec = pluggy.HookspecMarker("reflex")
+hookimpl = pluggy.HookimplMarker("reflex")
+
+
+@hookspec
+def reflex_register_architectures(register: "Callable[[ArchSpec], None]") -> None:
+    """Declare the GGUF architectures this plugin serves: call ``register`` once per string.
+
+    ``ArchSpec.name`` is exactly the file's ``general.architecture``; ``ArchSpec.model`` is the
+    ``"module:Class"`` path of the model class, imported only when a file of that architecture
+    is loaded.
+
+    Example::
+
+        @hookimpl
+        def reflex_register_architectures(register):
+            register(ArchSpec(name="qwen3", model="reflex_qwen3.model:Qwen3",
+                              description="dense Qwen3"))
+    """
+
+
+@hookspec
+def reflex_register_commands(cli: "click.Group") -> None:
+    """Add subcommands to the ``reflex`` command line (called when the CLI is built).
+
+    Example::
+
+        @hookimpl
+        def reflex_register_commands(cli):
+            @cli.command(name="qwen3-info")
+            def qwen3_info():
+                click.echo("dense Qwen3, spec section 5")
+    """

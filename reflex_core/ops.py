@@ -1,0 +1,255 @@
+"""The ops interface: what an architecture's forward pass is written against, once.
+
+Two backends implement it: :class:`reflex_core.backends.numpy_backend.NumpyOps` (the reference:
+NumPy, float32, obviously right) and :class:`reflex_core.backends.cuda_backend.CudaOps`
+(AOT-compiled kernels on device-resident buffers). A plugin never touches a backend's arrays
+directly; it passes the handles it gets from one op to the next.
+
+Conventions
+-----------
+* Activations are row-major float32 tensors: ``[T, n]`` (T tokens of a batch) or ``[T, H, d]``
+  (heads). Shapes are NumPy order (outermost first). ``ops.shape(x)`` returns the shape.
+* Weights are GGUF tensors, kept in their GGML type (quantized blocks stay quantized on the GPU);
+  their shape is reported in GGUF ``ne`` order (innermost first), as in the spec: a matrix of
+  ``ne = [n_in, n_out]`` maps a ``[T, n_in]`` activation to ``[T, n_out]``.
+* A forward pass handles one :class:`Batch`: T tokens with their RoPE positions, written to KV
+  cells ``[cell0, cell0 + T)``, attending under an :class:`AttnMask` (causal unless given).
+* Ops return new tensors unless named with a trailing underscore (in place).
+
+Token ids, positions and masks cross from the host once per batch (``ops.prepare``); within a
+forward pass nothing comes back to the host until the caller asks for token ids or logits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+
+@dataclass(frozen=True)
+class AttnMask:
+    """Which KV cells each query token of a batch may attend to.
+
+    Token ``t`` sees cells ``[0, prefix_end[t]) ∪ [own_start[t], own_end[t])``. Causal decoding
+    is ``prefix_end[t] = cell0 + t + 1`` with an empty second range; the system1 tree batch lets a
+    candidate token see the whole prompt (first range) and its own earlier tokens (second range).
+    """
+
+    prefix_end: tuple[int, ...]
+    own_start: tuple[int, ...]
+    own_end: tuple[int, ...]
+
+    @staticmethod
+    def causal(cell0: int, n_tokens: int) -> "AttnMask":
+        ends = tuple(range(cell0 + 1, cell0 + n_tokens + 1))
+        zeros = (0,) * n_tokens
+        return AttnMask(ends, zeros, zeros)
+
+    def visible(self, t: int) -> list[int]:
+        """The cells token t attends to (reference semantics; used by tests and NumPy)."""
+        cells = list(range(self.prefix_end[t]))
+        cells += [c for c in range(self.own_start[t], self.own_end[t]) if c >= self.prefix_end[t]]
+        return cells
+
+
+@dataclass(frozen=True)
+class Batch:
+    """T tokens processed together by one forward pass."""
+
+    tokens: tuple[int, ...]
+    positions: tuple[int, ...]  # RoPE positions, one per token
+    cell0: int  # KV cells [cell0, cell0 + T) receive this batch's K and V
+    mask: AttnMask
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_kv(self) -> int:
+        """Cells in use once this batch is written: attention spans cells [0, n_kv)."""
+        return self.cell0 + len(self.tokens)
+
+    @staticmethod
+    def causal(tokens: Sequence[int], start: int) -> "Batch":
+        """Plain left-to-right batch: token i at position and cell ``start + i``."""
+        n = len(tokens)
+        return Batch(tuple(tokens), tuple(range(start, start + n)), start, AttnMask.causal(start, n))
+
+
+@dataclass(frozen=True)
+class RopeParams:
+    """Rotary embedding of one attention type (spec §4.3), with YaRN when ``ext_factor`` != 0.
+
+    ``mode`` is "neox" (pairs ``(i, i + n_rot/2)``) or "norm" (pairs ``(2i, 2i + 1)``).
+    """
+
+    n_rot: int
+    mode: str = "neox"
+    freq_base: float = 10000.0
+    freq_scale: float = 1.0
+    ext_factor: float = 0.0
+    attn_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    n_ctx_orig: int = 0
+
+    def corr_dims(self) -> tuple[float, float]:
+        """YaRN ramp bounds (lo, hi) over pair indices, as ggml_rope_yarn_corr_dims."""
+
+        def dim(beta: float) -> float:
+            return self.n_rot * math.log(self.n_ctx_orig / (beta * 2 * math.pi)) / (
+                2 * math.log(self.freq_base))
+
+        lo = max(0.0, math.floor(dim(self.beta_fast)))
+        hi = min(self.n_rot - 1.0, math.ceil(dim(self.beta_slow)))
+        return lo, hi
+
+
+@dataclass
+class KVCache:
+    """Per-layer K and V buffers of ``n_cells`` cells, owned by the backend that made it.
+
+    ``k[l]`` / ``v[l]`` have shape ``[n_cells, n_kv_heads, head_dim]`` (float32). ``n_used`` is
+    the number of cells holding valid entries (the engine advances it after each batch).
+    """
+
+    n_layers: int
+    n_cells: int
+    n_kv_heads: int
+    head_dim_k: int
+    head_dim_v: int
+    k: list[Any] = field(default_factory=list)
+    v: list[Any] = field(default_factory=list)
+    n_used: int = 0
+
+
+class Weight:
+    """A GGUF tensor as a backend holds it. ``ne`` is GGUF order (innermost first)."""
+
+    __slots__ = ("name", "ggml_type", "ne", "data")
+
+    def __init__(self, name: str, ggml_type: int, ne: tuple[int, ...], data: Any):
+        self.name = name
+        self.ggml_type = ggml_type
+        self.ne = ne
+        self.data = data  # backend specific
+
+    def __repr__(self) -> str:
+        return f"Weight({self.name!r}, type={self.ggml_type}, ne={list(self.ne)})"
+
+
+class Ops:
+    """The op set every backend implements. See the module docstring for conventions."""
+
+    name = "abstract"
+
+    # --- weights and state -------------------------------------------------------------
+    def attach(self, gguf) -> None:
+        """Make the file's tensors available (the CUDA backend uploads them here, once)."""
+        raise NotImplementedError
+
+    def weight(self, name: str) -> Weight:
+        """The tensor ``name`` of the attached file. Raises ModelError if it is missing."""
+        raise NotImplementedError
+
+    def has_weight(self, name: str) -> bool:
+        raise NotImplementedError
+
+    def new_kv_cache(self, n_layers: int, n_cells: int, n_kv_heads: int, head_dim_k: int,
+                     head_dim_v: int) -> KVCache:
+        raise NotImplementedError
+
+    def prepare(self, batch: Batch) -> Any:
+        """Move a batch's token ids, positions and mask to the backend (once per forward)."""
+        raise NotImplementedError
+
+    # --- tensor ops --------------------------------------------------------------------
+    def shape(self, x) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def view(self, x, shape: Sequence[int]):
+        """Same data, new shape (element count unchanged; no copy)."""
+        raise NotImplementedError
+
+    def embed(self, w: Weight, pb) -> Any:
+        """Rows of ``w`` (ne ``[D, V]``) for the batch's tokens, dequantized: ``[T, D]``."""
+        raise NotImplementedError
+
+    def matmul(self, x, w: Weight):
+        """``x [T, n_in] · wᵀ`` for ``w`` of ne ``[n_in, n_out]`` in any supported type."""
+        raise NotImplementedError
+
+    def rmsnorm(self, x, w: Weight | None, eps: float):
+        """RMSNorm over the last dimension, times ``w`` (ne ``[n]``) when given."""
+        raise NotImplementedError
+
+    def rope(self, x, pb, p: RopeParams):
+        """Rotate ``x [T, H, d]``'s first ``p.n_rot`` dims of every head by the batch positions."""
+        raise NotImplementedError
+
+    def kv_write(self, cache: KVCache, layer: int, k, v, pb) -> None:
+        """Store ``k [T, H_kv, d_k]`` and ``v [T, H_kv, d_v]`` in cells ``[cell0, cell0+T)``."""
+        raise NotImplementedError
+
+    def attention(self, q, cache: KVCache, layer: int, pb, scale: float):
+        """GQA attention of ``q [T, H, d_k]`` over cells ``[0, n_kv)`` under the batch mask.
+
+        Query head h reads KV head ``h // (H // H_kv)``. Scores are ``scale · q·k``, softmax in
+        float32, masked cells excluded. Returns ``[T, H * d_v]`` (head-major).
+        """
+        raise NotImplementedError
+
+    def swiglu(self, gate, up):
+        """``silu(gate) * up`` elementwise."""
+        raise NotImplementedError
+
+    def add(self, a, b):
+        """``a + b`` elementwise (same shape)."""
+        raise NotImplementedError
+
+    def take_rows(self, x, rows: Sequence[int]):
+        """Rows ``rows`` of ``x [T, n]``: ``[len(rows), n]``."""
+        raise NotImplementedError
+
+    # --- MoE (qwen3moe, qwen35moe, deepseek2) --------------------------------------------
+    def moe_route(self, logits, k: int, gating: str = "softmax", norm: bool = True,
+                  scale: float = 0.0):
+        """Router: ``logits [T, E]`` -> (expert ids ``[T, k]``, weights ``[T, k]``), spec §4.5.
+
+        gating "softmax": probs = softmax(logits); the k largest probs are selected; their
+        weights are the probs, divided by max(sum, 6.103515625e-5) when ``norm``; multiplied by
+        ``scale`` when it is neither 0 nor 1. Stays on the device (no host round trip).
+        """
+        raise NotImplementedError
+
+    def moe_matmul(self, x, w: Weight, ids):
+        """Per selected expert: ``x`` (``[T, n_in]`` shared by the k experts, or ``[T, k, n_in]``)
+        times expert ``ids[t, j]`` of ``w`` (ne ``[n_in, n_out, E]``) -> ``[T, k, n_out]``.
+        Only the selected experts' weights are read."""
+        raise NotImplementedError
+
+    def moe_combine(self, y, weights):
+        """``Σ_j weights[t, j] · y[t, j, :]`` -> ``[T, n]``."""
+        raise NotImplementedError
+
+    # --- results to the host -----------------------------------------------------------
+    def argmax(self, logits) -> list[int]:
+        """Index of the largest value of each row (first on ties)."""
+        raise NotImplementedError
+
+    def sample(self, logits, temperature: float, top_k: int, top_p: float, u: float) -> int:
+        """Draw a token from the last row of ``logits`` (see :mod:`reflex_core.sampling`)."""
+        raise NotImplementedError
+
+    def token_logprobs(self, logits, targets: Sequence[int]) -> list[float]:
+        """``log_softmax(logits[i])[targets[i]]`` for each row i (full vocabulary, natural log)."""
+        raise NotImplementedError
+
+    def to_numpy(self, x):
+        """Copy to a NumPy array (tests and ``reflex check`` only: imports NumPy)."""
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        """Wait until all queued work is done (a no-op on the CPU)."""

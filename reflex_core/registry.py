@@ -1,0 +1,222 @@
+"""Plugin host: finds architecture plugins through entry points and resolves a file's architecture.
+
+Only the plugin whose entry point is named after the file's ``general.architecture`` is imported
+on the load path; ``reflex plugins`` imports them all to list them.
+
+Environment:
+  REFLEX_LOAD_PLUGINS=a,b   load only these distributions' plugins ("" loads none)
+  REFLEX_DISABLE_PLUGINS=a  never load these distributions' plugins
+  REFLEX_TRACE_PLUGINS=1    print every hook call to stderr
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import pluggy
+
+from . import hookspecs
+from .errors import PluginConflict, ReflexError, UnsupportedArchitecture
+
+GROUP = "reflex"
+CORE_DIST = "reflex-infer"
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """One GGUF ``general.architecture`` a plugin serves.
+
+    name:  the exact architecture string (``qwen3``, ``qwen3moe``, ...)
+    model: ``"module:Class"`` of the model class; imported only when a file of ``name`` loads
+    description: one line for ``reflex plugins``
+    """
+
+    name: str
+    model: str
+    description: str = ""
+
+    def load_model_class(self) -> Any:
+        mod_name, _, attr = self.model.partition(":")
+        try:
+            return getattr(importlib.import_module(mod_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise ReflexError(f"architecture {self.name!r}: cannot import {self.model} ({e})") from e
+
+
+@dataclass
+class PluginInfo:
+    name: str  # plugin (pluggy) name: the distribution name, or the name it was registered with
+    version: str | None
+    module: str
+    architectures: list[ArchSpec] = field(default_factory=list)
+
+
+def _env_list(var: str) -> set[str] | None:
+    raw = os.environ.get(var)
+    if raw is None:
+        return None
+    return {p.strip() for p in raw.split(",") if p.strip()}
+
+
+def _norm(dist: str) -> str:
+    return dist.lower().replace("_", "-")
+
+
+class PluginHost:
+    """The plugin manager plus the architecture table built from ``reflex_register_architectures``."""
+
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager("reflex")
+        self.pm.add_hookspecs(hookspecs)
+        self._loaded_modules: dict[str, str] = {}  # module -> plugin name
+        self._versions: dict[str, str | None] = {}
+        self._eps: list[Any] | None = None
+        if os.environ.get("REFLEX_TRACE_PLUGINS"):
+            self.pm.trace.root.setwriter(lambda s: sys.stderr.write(s))
+            self.pm.enable_tracing()
+
+    # --- discovery --------------------------------------------------------------------
+    def entry_points(self) -> list[Any]:
+        """Entry points of group ``reflex`` that the allow/deny lists permit (no import)."""
+        if self._eps is None:
+            from importlib.metadata import entry_points
+
+            allow = _env_list("REFLEX_LOAD_PLUGINS")
+            deny = _env_list("REFLEX_DISABLE_PLUGINS") or set()
+            eps = []
+            seen = set()
+            for ep in entry_points(group=GROUP):
+                dist = ep.dist.name if ep.dist is not None else ep.value.split(".")[0]
+                key = (_norm(dist), ep.name, ep.value)
+                if key in seen:  # the same dist visible twice on sys.path
+                    continue
+                seen.add(key)
+                if allow is not None and _norm(dist) not in {_norm(a) for a in allow}:
+                    continue
+                if _norm(dist) in {_norm(d) for d in deny}:
+                    continue
+                eps.append(ep)
+            self._eps = eps
+        return self._eps
+
+    def _load_ep(self, ep: Any) -> None:
+        dist = ep.dist.name if ep.dist is not None else ep.value
+        if ep.value in self._loaded_modules:
+            return
+        try:
+            module = ep.load()
+        except Exception as e:  # a broken plugin must not take the core down silently
+            raise ReflexError(f"plugin {dist} failed to import {ep.value}: {e}") from e
+        name = dist
+        if self.pm.has_plugin(name):  # one dist, several modules
+            name = f"{dist}:{ep.value}"
+        self.pm.register(module, name=name)
+        self._loaded_modules[ep.value] = name
+        self._versions[name] = ep.dist.version if ep.dist is not None else None
+
+    def register(self, plugin: Any, name: str, version: str | None = None) -> None:
+        """Register a plugin object directly (tests, embedding applications)."""
+        self.pm.register(plugin, name=name)
+        self._versions[name] = version
+
+    def unregister(self, name: str) -> None:
+        self.pm.unregister(name=name)
+        self._versions.pop(name, None)
+
+    def load_all(self) -> None:
+        for ep in self.entry_points():
+            self._load_ep(ep)
+        self.pm.check_pending()
+
+    def load_for(self, arch: str) -> None:
+        """Import only the plugins whose entry point is named ``arch``."""
+        eps = [ep for ep in self.entry_points() if ep.name == arch]
+        dists = sorted({ep.dist.name if ep.dist else ep.value for ep in eps})
+        if len(dists) > 1:
+            raise PluginConflict(
+                f"architecture {arch!r} is claimed by several plugins: {', '.join(dists)}; "
+                f"uninstall all but one (or set REFLEX_DISABLE_PLUGINS={dists[-1]})")
+        for ep in eps:
+            self._load_ep(ep)
+
+    # --- the architecture table --------------------------------------------------------
+    def plugins(self) -> list[PluginInfo]:
+        infos: dict[str, PluginInfo] = {}
+        for name, plugin in self.pm.list_name_plugin():
+            if plugin is hookspecs or name is None:
+                continue
+            infos[name] = PluginInfo(name=name.split(":")[0], version=self._versions.get(name),
+                                     module=getattr(plugin, "__name__", type(plugin).__name__))
+        for impl in self.pm.hook.reflex_register_architectures.get_hookimpls():
+            specs: list[ArchSpec] = []
+
+            def register(spec: ArchSpec, _specs=specs) -> None:
+                if not isinstance(spec, ArchSpec):
+                    raise ReflexError(f"plugin {impl.plugin_name} registered {spec!r}, not an ArchSpec")
+                _specs.append(spec)
+
+            impl.function(register=register)
+            if impl.plugin_name in infos:
+                infos[impl.plugin_name].architectures.extend(specs)
+        return sorted(infos.values(), key=lambda p: p.name)
+
+    def architectures(self) -> dict[str, tuple[ArchSpec, PluginInfo]]:
+        table: dict[str, tuple[ArchSpec, PluginInfo]] = {}
+        for info in self.plugins():
+            for spec in info.architectures:
+                if spec.name in table and table[spec.name][1].name != info.name:
+                    other = table[spec.name][1].name
+                    a, b = sorted([other, info.name])
+                    raise PluginConflict(
+                        f"architecture {spec.name!r} is claimed by two plugins: {a} and {b}; "
+                        f"uninstall one (or set REFLEX_DISABLE_PLUGINS={b})")
+                table[spec.name] = (spec, info)
+        return table
+
+    def resolve(self, arch: str) -> ArchSpec:
+        """The ArchSpec serving ``arch``, importing only the plugin(s) named for it."""
+        self.load_for(arch)
+        table = self.architectures()
+        if arch in table:
+            return table[arch][0]
+        # Not found: say what is installed (names from metadata; nothing more is imported).
+        installed = sorted({ep.name for ep in self.entry_points()} | set(table))
+        have = ", ".join(installed) if installed else "none"
+        raise UnsupportedArchitecture(
+            f"no installed plugin serves architecture {arch!r} (installed architectures: {have}); "
+            f"install the plugin for it, e.g. pip install {suggest_plugin(arch)}")
+
+
+KNOWN_PLUGINS = {
+    "qwen3": "reflex-infer-qwen3",
+    "qwen3moe": "reflex-infer-qwen3-moe",
+    "qwen35": "reflex-infer-qwen35-hybrid",
+    "qwen35moe": "reflex-infer-qwen35-hybrid",
+    "deepseek2": "reflex-infer-deepseek-mla",
+}
+
+
+def suggest_plugin(arch: str) -> str:
+    if arch in KNOWN_PLUGINS:
+        return KNOWN_PLUGINS[arch]
+    return f"a Reflex plugin for {arch!r} (none is known; see README 'Write an architecture plugin')"
+
+
+_HOST: PluginHost | None = None
+
+
+def get_host() -> PluginHost:
+    """The process-wide plugin host (created lazily; nothing is loaded until asked)."""
+    global _HOST
+    if _HOST is None:
+        _HOST = PluginHost()
+    return _HOST
+
+
+def reset_host() -> None:
+    global _HOST
+    _HOST = None
