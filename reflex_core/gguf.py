@@ -1,0 +1,582 @@
+"""The core's GGUF reader: mmap + struct, stdlib only (no numpy, no gguf: this is the cold path).
+
+Reads GGUF versions 2 and 3 (same layout; v1 and big-endian files are refused), every metadata
+value type including arrays, and the tensor directory with absolute data offsets. Tensor bytes
+are zero-copy memoryviews over a read-only mmap. Every count, length and offset is checked
+against the file size before it is used, so a malformed file raises a one-line `GGUFError`,
+never a crash or a huge allocation; time and memory stay linear in the file size.
+
+String arrays (the tokenizer's 152k tokens and 151k merges) dominate the parse. At open time
+only their end is found, in C-speed bulk operations (see `_scan_block`); the strings are
+decoded on first access, in bulk as well.
+"""
+
+from __future__ import annotations
+
+import mmap
+import operator
+import os
+import stat
+import struct
+import sys
+from array import array
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from reflex_core.errors import GGUFError
+
+GGUF_MAGIC = b"GGUF"
+GGUF_DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4
+_INT64_MAX = (1 << 63) - 1
+
+# ------------------------------------------------------------------------------------------
+# Tables
+
+
+class GGMLType(NamedTuple):
+    name: str
+    block_size: int  # elements per block
+    type_size: int  # bytes per block
+
+
+# id -> (name, elements per block, bytes per block); ggml.h / ggml-common.h. Q8_1 is 36 bytes
+# (gguf 0.19.0 says 40, wrong). Removed ids (4, 5, 31-33, 36-38) are unknown on purpose.
+GGML_TYPES: dict[int, GGMLType] = {
+    i: GGMLType(*v) for i, v in {
+        0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+        6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36),
+        10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
+        13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
+        16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98),
+        19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
+        22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
+        26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
+        30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66),
+        39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18), 42: ("Q2_0", 64, 18),
+    }.items()
+}
+GGML_TYPE_IDS: dict[str, int] = {t.name: i for i, t in GGML_TYPES.items()}
+
+# GGUF metadata value types
+GGUF_TYPE_UINT8 = 0
+GGUF_TYPE_INT8 = 1
+GGUF_TYPE_UINT16 = 2
+GGUF_TYPE_INT16 = 3
+GGUF_TYPE_UINT32 = 4
+GGUF_TYPE_INT32 = 5
+GGUF_TYPE_FLOAT32 = 6
+GGUF_TYPE_BOOL = 7
+GGUF_TYPE_STRING = 8
+GGUF_TYPE_ARRAY = 9
+GGUF_TYPE_UINT64 = 10
+GGUF_TYPE_INT64 = 11
+GGUF_TYPE_FLOAT64 = 12
+VALUE_TYPES: dict[str, int] = {
+    "UINT8": 0, "INT8": 1, "UINT16": 2, "INT16": 3, "UINT32": 4, "INT32": 5, "FLOAT32": 6,
+    "BOOL": 7, "STRING": 8, "ARRAY": 9, "UINT64": 10, "INT64": 11, "FLOAT64": 12,
+}
+VALUE_TYPE_NAMES: dict[int, str] = {v: k for k, v in VALUE_TYPES.items()}
+UNSIGNED_INT_TYPES = frozenset((GGUF_TYPE_UINT8, GGUF_TYPE_UINT16, GGUF_TYPE_UINT32,
+                                GGUF_TYPE_UINT64))
+
+# scalar value type -> little-endian struct (bool is read as a byte, see _read_value)
+_SCALAR = {t: struct.Struct("<" + c) for t, c in (
+    (0, "B"), (1, "b"), (2, "H"), (3, "h"), (4, "I"), (5, "i"), (6, "f"), (7, "B"),
+    (10, "Q"), (11, "q"), (12, "d"))}
+
+
+def _typecode(size: int, signed: bool) -> str:
+    for c in ("bhilq" if signed else "BHILQ"):
+        if array(c).itemsize == size:
+            return c
+    raise ImportError(f"no array typecode for {size}-byte integers")  # pragma: no cover
+
+
+# numeric array element type -> array.array typecode of the same width
+_ARRAY_CODE = {0: "B", 1: "b", 2: _typecode(2, False), 3: _typecode(2, True),
+               4: _typecode(4, False), 5: _typecode(4, True), 6: "f", 7: "B",
+               10: _typecode(8, False), 11: _typecode(8, True), 12: "d"}
+_BYTESWAP = sys.byteorder != "little"  # the file is little-endian; struct handles scalars
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_HEADER = struct.Struct("<4sIQQ")
+_TYPE_COUNT = struct.Struct("<IQ")  # array element type, count
+_TENSOR_TAIL = struct.Struct("<IQ")  # ggml type, relative offset
+
+# Bulk string arrays (see _scan_block)
+_Z7 = b"\0" * 7
+_PLUS1 = bytes(range(1, 256)) + b"\0"  # translate table: byte b -> (b + 1) % 256
+_LAST = operator.itemgetter(-1)
+_STRIP_LAST = operator.itemgetter(slice(None, -1))
+_BLOCK = 1024  # strings per bulk block: a block that fails the fast check costs ~0.15 ms
+
+
+def tensor_nbytes(ne, ggml_type: int) -> int:
+    """Bytes of a dense tensor with shape `ne` (GGUF order, innermost first) of `ggml_type`."""
+    t = GGML_TYPES.get(ggml_type)
+    if t is None:
+        raise GGUFError(f"unknown GGML type id {ggml_type}")
+    n = 1
+    for d in ne:
+        n *= d
+    ne0 = ne[0] if len(ne) else 1
+    if ne0 % t.block_size:
+        raise GGUFError(f"{t.name} tensor row of {ne0} elements is not a multiple of the "
+                        f"block size {t.block_size}")
+    return n // t.block_size * t.type_size
+
+
+# ------------------------------------------------------------------------------------------
+# Public objects
+
+
+class TensorInfo:
+    """One tensor directory entry. `offset` is absolute (from the start of the file)."""
+
+    __slots__ = ("name", "ne", "ggml_type", "offset", "nbytes")
+
+    def __init__(self, name: str, ne: tuple[int, ...], ggml_type: int, offset: int, nbytes: int):
+        self.name, self.ne, self.ggml_type = name, ne, ggml_type
+        self.offset, self.nbytes = offset, nbytes
+
+    @property
+    def type_name(self) -> str:
+        return GGML_TYPES[self.ggml_type].name
+
+    @property
+    def n_elements(self) -> int:
+        n = 1
+        for d in self.ne:
+            n *= d
+        return n
+
+    def __repr__(self) -> str:
+        return (f"TensorInfo({self.name!r}, ne={self.ne}, type={self.type_name}, "
+                f"offset={self.offset}, nbytes={self.nbytes})")
+
+
+class GGUFArray(Sequence):
+    """A metadata array. Numbers are Python int/float/bool; strings are str (decoded on first
+    access, in bulk); `raw(i)` gives a string element's exact bytes."""
+
+    __slots__ = ("elem_type", "key", "_path", "_n", "_nums", "_blocks", "_raw", "_strs")
+
+    def __init__(self, elem_type: int, key: str, path: str, n: int, nums=None, blocks=None):
+        self.elem_type, self.key, self._path, self._n = elem_type, key, path, n
+        self._nums = nums  # array.array for numeric element types
+        self._blocks = blocks  # strings: [(count, bytes, fast)] from _Parser.scan_strings
+        self._raw: list[bytes] | None = None
+        self._strs: list[str] | None = None
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _items(self):
+        """The decoded elements: array.array (numbers), list[bool] or list[str]."""
+        if self._nums is None:
+            if self._strs is None:
+                self._decode()
+            return self._strs
+        return list(map(bool, self._nums)) if self.elem_type == GGUF_TYPE_BOOL else self._nums
+
+    def __getitem__(self, i):
+        if self._nums is None:
+            return self._items()[i]
+        v = self._nums[i]
+        if isinstance(i, slice):
+            v = v.tolist()
+            return list(map(bool, v)) if self.elem_type == GGUF_TYPE_BOOL else v
+        return bool(v) if self.elem_type == GGUF_TYPE_BOOL else v
+
+    def __iter__(self):
+        return iter(self._items())
+
+    def tolist(self) -> list:
+        items = self._items()
+        return items.tolist() if isinstance(items, array) else list(items)
+
+    def raw(self, i: int) -> bytes:
+        """Exact bytes of string element i."""
+        if self.elem_type != GGUF_TYPE_STRING:
+            raise TypeError(f"{self.key}: raw() is for string arrays")
+        if self._strs is not None:
+            return self._strs[i].encode("utf-8")  # valid UTF-8 round-trips exactly
+        return self._raw_list()[i]
+
+    def __eq__(self, other):
+        if isinstance(other, (GGUFArray, list, tuple)):
+            return len(self) == len(other) and self.tolist() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # mutable-sequence semantics for ==
+
+    def __repr__(self) -> str:
+        return f"<GGUFArray {self.key!r}: {VALUE_TYPE_NAMES[self.elem_type]} x {self._n}>"
+
+    def _block_raw(self, cnt: int, data: bytes, fast: bool) -> list[bytes]:
+        """The cnt strings of one block (see _Parser.scan_strings) as bytes."""
+        if fast:
+            # `data` is exactly these strings and passed _scan_block's check: the same split
+            # gives the same pieces (string + next length byte); the last is the last string.
+            pieces = data.split(_Z7, cnt)
+            out = list(map(_STRIP_LAST, pieces[1:cnt]))
+            out.append(pieces[cnt])
+            return out
+        out, p, end = [], 0, len(data)  # checked at open; rechecked (the file may change)
+        for _ in range(cnt):
+            n = _U64.unpack_from(data, p)[0] if p + 8 <= end else end
+            if n > end - p - 8:
+                raise GGUFError(f"{self._path}: metadata key {self.key!r} changed on disk "
+                                "while open")
+            out.append(data[p + 8:p + 8 + n])
+            p += 8 + n
+        return out
+
+    def _raw_list(self) -> list[bytes]:
+        if self._raw is None:
+            self._raw = [b for blk in self._blocks for b in self._block_raw(*blk)]
+        return self._raw
+
+    def _decode(self) -> None:
+        # Block by block (cache-friendly): join with NUL, decode once, split.
+        strs: list[str] = []
+        try:
+            for blk in self._blocks:
+                raw = self._block_raw(*blk)
+                joined = b"\0".join(raw)
+                if joined.count(b"\0") == len(raw) - 1:  # no NUL inside any string
+                    strs += joined.decode("utf-8").split("\0")
+                else:
+                    strs += [b.decode("utf-8") for b in raw]
+        except UnicodeDecodeError:
+            raw = self._raw_list()
+            bad = next(i for i, b in enumerate(raw) if not _is_utf8(b))
+            raise GGUFError(f"{self._path}: metadata key {self.key!r}: string {bad} is not valid "
+                            f"UTF-8 ({raw[bad][:40]!r})") from None
+        self._strs, self._raw, self._blocks = strs, None, None
+
+
+def _is_utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+class GGUFFile:
+    """An open GGUF file: metadata, tensor directory and the read-only mmap of its bytes."""
+
+    def __init__(self, path: str, mm: mmap.mmap):
+        self.path = path
+        self._mm: mmap.mmap | None = mm
+        self.file_size = len(mm)
+        self.version = 0
+        self.alignment = GGUF_DEFAULT_ALIGNMENT
+        self.data_offset = 0
+        self.metadata: dict[str, object] = {}
+        self.value_types: dict[str, int] = {}
+        self.tensors: dict[str, TensorInfo] = {}
+
+    @property
+    def mm(self) -> mmap.mmap:
+        if self._mm is None:
+            raise ValueError(f"{self.path}: GGUF file is closed")
+        return self._mm
+
+    def get(self, key: str, default=None):
+        return self.metadata.get(key, default)
+
+    def tensor_data(self, name_or_info) -> memoryview:
+        """Zero-copy, read-only view of a tensor's bytes."""
+        ti = name_or_info if isinstance(name_or_info, TensorInfo) else self.tensors[name_or_info]
+        return memoryview(self.mm)[ti.offset:ti.offset + ti.nbytes]
+
+    def close(self) -> None:
+        """Unmap. While views from tensor_data() are alive the mapping stays until they go."""
+        mm, self._mm = self._mm, None
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:
+                pass
+
+    def __enter__(self) -> GGUFFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"<GGUFFile {self.path!r} v{self.version}: {len(self.metadata)} keys, "
+                f"{len(self.tensors)} tensors>")
+
+
+def open_gguf(path: str | os.PathLike) -> GGUFFile:
+    """Open and parse a GGUF file's header, metadata and tensor directory."""
+    path = os.fspath(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise GGUFError(f"No such file: {path}") from None
+    except OSError as e:
+        raise GGUFError(f"{path}: cannot open: {e.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise GGUFError(f"{path}: is a directory, not a GGUF file")
+    if not stat.S_ISREG(st.st_mode):  # a FIFO would block, a device has no size
+        raise GGUFError(f"{path}: not a regular file")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+    except OSError as e:
+        raise GGUFError(f"{path}: cannot open: {e.strerror}") from None
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            raise GGUFError(f"{path}: empty file (0 bytes), not a GGUF file")
+        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except OSError as e:
+        raise GGUFError(f"{path}: cannot map: {e.strerror}") from None
+    finally:
+        os.close(fd)  # the mmap keeps its own reference to the file
+    g = GGUFFile(path, mm)
+    try:
+        _Parser(g, mm).parse()
+    except BaseException:
+        g.close()
+        raise
+    return g
+
+
+# ------------------------------------------------------------------------------------------
+# Parser
+
+
+class _Parser:
+    def __init__(self, g: GGUFFile, mm: mmap.mmap):
+        self.g, self.mm, self.size, self.path = g, mm, len(mm), g.path
+
+    def error(self, msg: str) -> GGUFError:
+        return GGUFError(f"{self.path}: {msg}")
+
+    def need(self, pos: int, n: int, what: str) -> None:
+        if n > self.size - pos:
+            raise self.error(f"truncated: {what} runs past the end of the file ({self.size} bytes)")
+
+    def read_str(self, pos: int, what: str) -> tuple[str, int]:
+        self.need(pos, 8, what)
+        n = _U64.unpack_from(self.mm, pos)[0]
+        self.need(pos + 8, n, what)
+        b = self.mm[pos + 8:pos + 8 + n]
+        try:
+            return b.decode("utf-8"), pos + 8 + n
+        except UnicodeDecodeError:
+            raise self.error(f"{what} is not valid UTF-8 ({b[:40]!r})") from None
+
+    def parse(self) -> None:
+        g, mm, size = self.g, self.mm, self.size
+        if size < 4 or mm[:4] != GGUF_MAGIC:
+            if GGUF_MAGIC.startswith(mm[:4]):
+                raise self.error(f"truncated: the {size}-byte file is shorter than a GGUF header")
+            raise self.error(f"not a GGUF file (starts with {mm[:4]!r}, expected b'GGUF')")
+        self.need(4, 4, "the header")
+        version = _U32.unpack_from(mm, 4)[0]
+        if version & 0xFFFF == 0 and version:
+            raise self.error("big-endian (byte-swapped) GGUF; only little-endian files are "
+                             "supported")
+        if version == 1:
+            raise self.error("GGUF version 1 is not supported; re-convert the model with a "
+                             "current llama.cpp")
+        if version not in (2, 3):
+            raise self.error(f"unsupported GGUF version {version} (this reader supports 2 and 3)")
+        self.need(0, _HEADER.size, "the header")
+        _, g.version, n_tensors, n_kv = _HEADER.unpack_from(mm, 0)
+        pos = _HEADER.size
+        # Loose lower bounds on an entry's size (KV >= 14 bytes, tensor entry >= 24) reject
+        # absurd counts up front.
+        if n_kv > (size - pos) // 14:
+            raise self.error(f"truncated or corrupt: the header claims {n_kv} metadata entries, "
+                             f"more than the {size}-byte file can hold")
+        if n_tensors > (size - pos) // 24:
+            raise self.error(f"truncated or corrupt: the header claims {n_tensors} tensors, more "
+                             f"than the {size}-byte file can hold")
+        pos = self.parse_metadata(pos, n_kv)
+        self.set_alignment()
+        self.parse_tensors(pos, n_tensors)
+
+    def parse_metadata(self, pos: int, n_kv: int) -> int:
+        meta, vtypes = self.g.metadata, self.g.value_types
+        for i in range(n_kv):
+            key, pos = self.read_str(pos, f"metadata entry {i} (key)")
+            if not key:
+                raise self.error(f"metadata entry {i} has an empty key")
+            if key in meta:
+                raise self.error(f"duplicate metadata key {key!r} (entry {i})")
+            what = f"metadata entry {i} ({key!r})"
+            self.need(pos, 4, what)
+            vtype = _U32.unpack_from(self.mm, pos)[0]
+            pos += 4
+            if vtype == GGUF_TYPE_ARRAY:
+                meta[key], pos = self.read_array(pos, key, what)
+            else:
+                meta[key], pos = self.read_value(pos, vtype, key, what)
+            vtypes[key] = vtype
+        return pos
+
+    def read_value(self, pos: int, vtype: int, key: str, what: str):
+        if vtype == GGUF_TYPE_STRING:
+            return self.read_str(pos, what)
+        s = _SCALAR.get(vtype)
+        if s is None:
+            raise self.error(f"metadata key {key!r} has unknown value type {vtype}")
+        self.need(pos, s.size, what)
+        v = s.unpack_from(self.mm, pos)[0]
+        return (v != 0 if vtype == GGUF_TYPE_BOOL else v), pos + s.size
+
+    def read_array(self, pos: int, key: str, what: str):
+        self.need(pos, 12, what)
+        etype, n = _TYPE_COUNT.unpack_from(self.mm, pos)
+        pos += 12
+        left = self.size - pos
+        if etype == GGUF_TYPE_STRING:
+            if n > left // 8:  # every string takes at least its 8-byte length
+                raise self.error(f"truncated or corrupt: metadata key {key!r} claims {n} "
+                                 f"strings, more than the {left} bytes left can hold")
+            blocks, pos = self.scan_strings(pos, n, key)
+            return GGUFArray(etype, key, self.path, n, blocks=blocks), pos
+        if etype == GGUF_TYPE_ARRAY:
+            raise self.error(f"metadata key {key!r} is an array of arrays (not supported, "
+                             "llama.cpp refuses them too)")
+        code = _ARRAY_CODE.get(etype)
+        if code is None:
+            raise self.error(f"metadata key {key!r} is an array of unknown value type {etype}")
+        nums = array(code)
+        if n > left // nums.itemsize:
+            raise self.error(f"truncated or corrupt: metadata key {key!r} claims {n} "
+                             f"{VALUE_TYPE_NAMES[etype]} elements, more than the {left} bytes "
+                             "left can hold")
+        end = pos + n * nums.itemsize
+        nums.frombytes(self.mm[pos:end])
+        if _BYTESWAP:  # pragma: no cover - little-endian hosts only in practice
+            nums.byteswap()
+        return GGUFArray(etype, key, self.path, n, nums=nums), end
+
+    def scan_strings(self, pos: int, n: int, key: str):
+        """Find where n strings starting at pos end. Returns (blocks, end), blocks being
+        [(count, the block's bytes, whether _scan_block verified it)]."""
+        mm, size, blocks, start, done = self.mm, self.size, [], pos, 0
+        while done < n:
+            cnt = min(_BLOCK, n - done)
+            per = (pos - start) / done if done else 24.0  # bytes per string so far
+            found = _scan_block(mm, pos, cnt, int(cnt * per * 1.25) + 256, size)
+            if found is not None:
+                blocks.append((cnt, found, True))
+            else:  # plain loop with bounds checks
+                p = pos
+                for j in range(cnt):
+                    if p + 8 > size:
+                        raise self.error(f"truncated: metadata key {key!r} string {done + j} "
+                                         f"runs past the end of the file ({size} bytes)")
+                    ln = _U64.unpack_from(mm, p)[0]
+                    if ln > size - p - 8:
+                        raise self.error(f"truncated: metadata key {key!r} string {done + j} "
+                                         f"({ln} bytes) runs past the end of the file "
+                                         f"({size} bytes)")
+                    p += 8 + ln
+                blocks.append((cnt, mm[pos:p], False))
+            pos += len(blocks[-1][1])
+            done += cnt
+        return blocks, pos
+
+    def set_alignment(self) -> None:
+        g = self.g
+        a = g.metadata.get("general.alignment")
+        if a is None:
+            return
+        if g.value_types["general.alignment"] not in UNSIGNED_INT_TYPES or a == 0 or a & (a - 1):
+            raise self.error(f"general.alignment must be a non-zero power of two stored as an "
+                             f"unsigned integer, found {a!r} "
+                             f"({VALUE_TYPE_NAMES[g.value_types['general.alignment']]})")
+        g.alignment = a
+
+    def parse_tensors(self, pos: int, n_tensors: int) -> None:
+        g, mm, align = self.g, self.mm, self.g.alignment
+        tensors = g.tensors
+        rel = []
+        for i in range(n_tensors):
+            what = f"tensor directory entry {i}"
+            name, pos = self.read_str(pos, what + " (name)")
+            if name in tensors:
+                raise self.error(f"duplicate tensor name {name!r} (entry {i})")
+            what = f"{what} ({name!r})"
+            self.need(pos, 4, what)
+            n_dims = _U32.unpack_from(mm, pos)[0]
+            if n_dims > MAX_DIMS:
+                raise self.error(f"tensor {name!r} has {n_dims} dimensions (at most {MAX_DIMS})")
+            self.need(pos + 4, 8 * n_dims + _TENSOR_TAIL.size, what)
+            ne = struct.unpack_from(f"<{n_dims}Q", mm, pos + 4)
+            pos += 4 + 8 * n_dims
+            ggml_type, offset = _TENSOR_TAIL.unpack_from(mm, pos)
+            pos += _TENSOR_TAIL.size
+            n = 1
+            for d in ne:
+                if d == 0:
+                    raise self.error(f"tensor {name!r} has a zero dimension: ne={list(ne)}")
+                n *= d
+            if n > _INT64_MAX:
+                raise self.error(f"tensor {name!r} has too many elements: ne={list(ne)}")
+            t = GGML_TYPES.get(ggml_type)
+            if t is None:
+                raise self.error(f"tensor {name!r} has unknown GGML type id {ggml_type}")
+            ne0 = ne[0] if n_dims else 1
+            if ne0 % t.block_size:
+                raise self.error(f"tensor {name!r} ({t.name}) has rows of {ne0} elements, not a "
+                                 f"multiple of the block size {t.block_size}")
+            if offset % align:
+                raise self.error(f"tensor {name!r} data offset {offset} is not a multiple of the "
+                                 f"alignment {align}")
+            tensors[name] = TensorInfo(name, ne, ggml_type, 0, n // t.block_size * t.type_size)
+            rel.append(offset)
+        g.data_offset = data_offset = pos + (-pos % align)
+        for ti, offset in zip(tensors.values(), rel):
+            ti.offset = data_offset + offset
+            if ti.offset + ti.nbytes > self.size:
+                raise self.error(f"truncated: tensor {ti.name!r} data ({ti.nbytes} bytes at offset "
+                                 f"{ti.offset}) runs past the end of the file ({self.size} bytes)")
+
+
+def _scan_block(mm, pos: int, cnt: int, window: int, limit: int) -> bytes | None:
+    """Prove, with C-speed operations only, where `cnt` (>= 1) strings starting at mm[pos] end.
+    Returns exactly their bytes, or None when the fast check does not apply.
+
+    A string is an u64 length then its bytes. For lengths 1..255 the length is one byte L
+    followed by 7 zero bytes, so splitting the region at 7-zero runs (maxsplit=cnt) gives
+    piece 0 = L0 and pieces 1..cnt-1 = string_{i-1} + L_i. We check exactly that: piece 0 is
+    one byte, len(piece i) == (last byte of piece i-1) + 1, and the last piece holds at least
+    the last declared length. Any region whose split passes this check parses exactly that
+    way (each length read at a piece's last byte is that byte plus seven zeros), whatever the
+    content. Empty strings, lengths >= 256 or runs of NULs in strings fail the check (-> None,
+    the caller falls back to a plain loop for this block). The window (copied from the mmap) grows
+    until the split reaches all cnt strings, up to ~256 bytes a string.
+    """
+    while True:
+        end = min(pos + window, limit)
+        chunk = mm[pos:end]
+        pieces = chunk.split(_Z7, cnt)
+        if len(pieces) == cnt + 1:
+            if len(pieces[0]) != 1:
+                return None
+            try:
+                last = bytes(map(_LAST, pieces[:cnt]))  # IndexError: an empty piece
+                lens = bytes(map(len, pieces[1:cnt]))  # ValueError: a piece > 255 bytes
+            except (IndexError, ValueError):
+                return None
+            if lens != last[:cnt - 1].translate(_PLUS1):
+                return None
+            tail = len(pieces[cnt])
+            if tail >= last[cnt - 1]:
+                return chunk[:len(chunk) - tail + last[cnt - 1]]
+        if end >= limit or window > cnt * 256 + 65536:
+            return None  # the plain loop reports a truncation; long strings need no trick
+        window *= 2
