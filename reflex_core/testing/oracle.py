@@ -1,0 +1,297 @@
+"""llama.cpp as the oracle: logits of a GGUF for a token sequence, via llama-cpp-python's C API.
+
+    from reflex_core.testing.oracle import llama_logits, model_logits
+    ref = llama_logits(path, tokens, n_prompt=8, kv_type="f32")     # [len(tokens), V]
+    got = model_logits(model, tokens, n_prompt=8)                   # same batching, Reflex
+
+Both process ``tokens[:n_prompt]`` as ONE batch (one ubatch, one graph), then the remaining
+tokens one at a time through the KV cache, and return the logits of every position as a float32
+NumPy array ``[len(tokens), V]``. Works for files whose tokenizer model is ``none`` (llama.cpp
+then uses ``{arch}.vocab_size`` dummy tokens); ids are fed directly, never text.
+
+llama.cpp is quiet here: its log callback is replaced by a no-op and anything it still writes to
+stderr while loading is captured (and included in the error message if loading fails).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+KV_TYPES = {"f32": 0, "f16": 1}  # GGML_TYPE_F32, GGML_TYPE_F16
+
+_STATE: dict[str, Any] = {}
+
+
+class OracleUnavailable(RuntimeError):
+    """llama-cpp-python is not installed (the oracle tests need it; they must not skip)."""
+
+
+def import_llama_cpp():
+    """``llama_cpp`` (the low-level ctypes module), initialised once and silenced."""
+    if "lib" in _STATE:
+        return _STATE["lib"]
+    try:
+        import llama_cpp  # noqa: F401
+        from llama_cpp import llama_cpp as L
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise OracleUnavailable(
+            "llama-cpp-python is not importable; the oracle tests need it: pip install "
+            "llama-cpp-python==0.3.36 (CPU build from the sdist)") from e
+
+    @L.llama_log_callback
+    def _quiet(level, text, user_data):  # noqa: ARG001 - C callback signature
+        return None
+
+    _STATE["log_cb"] = _quiet  # keep the callback alive for the life of the process
+    L.llama_log_set(_quiet, ctypes.c_void_p())
+    L.llama_backend_init()
+    _STATE["lib"] = L
+    return L
+
+
+@contextlib.contextmanager
+def _captured_stderr() -> Iterator[list[str]]:
+    """Redirect fd 2 to a temp file for the block; the captured text lands in the yielded list."""
+    out: list[str] = []
+    try:
+        fd = os.dup(2)
+    except OSError:  # pragma: no cover
+        yield out
+        return
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        try:
+            os.dup2(tmp.fileno(), 2)
+            yield out
+        finally:
+            os.dup2(fd, 2)
+            os.close(fd)
+            tmp.seek(0)
+            out.append(tmp.read().decode("utf-8", errors="replace"))
+
+
+def llama_logits(path: str | os.PathLike, tokens: Sequence[int], n_prompt: int | None = None,
+                 kv_type: str = "f32", n_threads: int = 2, flash_attn: bool = False,
+                 repack: bool = False) -> np.ndarray:
+    """llama.cpp's logits for every position of ``tokens`` (float32 ``[len(tokens), V]``).
+
+    ``tokens[:n_prompt]`` (default: all but the last 4, at least 1) go in one batch, the rest one
+    token per ``llama_decode``. ``kv_type`` is "f32" or "f16" (llama.cpp's default). ``flash_attn``
+    and ``repack`` (CPU weight repacking into interleaved layouts) are off by default: the plain
+    kernels are the reference.
+    """
+    L = import_llama_cpp()
+    tokens = [int(t) for t in tokens]
+    n = len(tokens)
+    if n == 0:
+        raise ValueError("no tokens")
+    if n_prompt is None:
+        n_prompt = max(1, n - 4)
+    if not 0 < n_prompt <= n:
+        raise ValueError(f"n_prompt={n_prompt} must be in [1, {n}]")
+    if kv_type not in KV_TYPES:
+        raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}")
+    path = str(Path(path))
+
+    mp = L.llama_model_default_params()
+    mp.n_gpu_layers = 0
+    mp.load_mode = L.LLAMA_LOAD_MODE_NONE  # read into memory: no mmap of a file tests may delete
+    mp.use_extra_bufts = bool(repack)
+    with _captured_stderr() as err:
+        model = L.llama_model_load_from_file(path.encode(), mp)
+    if not model:
+        raise RuntimeError(f"llama.cpp could not load {path}: {''.join(err).strip()[-2000:]}")
+    ctx = None
+    batch = None
+    try:
+        cp = L.llama_context_default_params()
+        cp.n_ctx = max(n, 8)
+        cp.n_batch = max(n_prompt, 1)
+        cp.n_ubatch = max(n_prompt, 1)
+        cp.n_seq_max = 1
+        cp.n_threads = n_threads
+        cp.n_threads_batch = n_threads
+        cp.type_k = KV_TYPES[kv_type]
+        cp.type_v = KV_TYPES[kv_type]
+        cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+                              else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        cp.no_perf = True
+        with _captured_stderr() as err:
+            ctx = L.llama_init_from_model(model, cp)
+        if not ctx:
+            raise RuntimeError(f"llama.cpp could not create a context for {path}: "
+                               f"{''.join(err).strip()[-2000:]}")
+        n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+        if n_vocab <= 0:
+            raise RuntimeError(f"llama.cpp reports {n_vocab} tokens for {path}")
+        out = np.empty((n, n_vocab), np.float32)
+        batch = L.llama_batch_init(max(n_prompt, 1), 0, 1)
+
+        def decode(start: int, stop: int) -> None:
+            batch.n_tokens = stop - start
+            for j, pos in enumerate(range(start, stop)):
+                batch.token[j] = tokens[pos]
+                batch.pos[j] = pos
+                batch.n_seq_id[j] = 1
+                batch.seq_id[j][0] = 0
+                batch.logits[j] = 1
+            rc = L.llama_decode(ctx, batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode failed with status {rc} at tokens "
+                                   f"[{start}, {stop})")
+            for j in range(stop - start):
+                ptr = L.llama_get_logits_ith(ctx, j)
+                if not ptr:
+                    raise RuntimeError(f"llama.cpp returned no logits for batch row {j}")
+                out[start + j] = np.ctypeslib.as_array(ptr, shape=(n_vocab,))
+
+        decode(0, n_prompt)
+        for pos in range(n_prompt, n):
+            decode(pos, pos + 1)
+        return out
+    finally:
+        if batch is not None:
+            L.llama_batch_free(batch)
+        if ctx:
+            L.llama_free(ctx)
+        L.llama_model_free(model)
+
+
+def model_logits(model: Any, tokens: Sequence[int], n_prompt: int | None = None,
+                 n_cells: int | None = None) -> np.ndarray:
+    """A Reflex model's logits with the same batching as :func:`llama_logits`."""
+    from ..ops import Batch
+
+    tokens = [int(t) for t in tokens]
+    n = len(tokens)
+    if n_prompt is None:
+        n_prompt = max(1, n - 4)
+    ops = model.ops
+    cache = model.new_cache(n_cells or n)
+    rows = []
+    batch = Batch.causal(tokens[:n_prompt], 0)
+    rows.append(ops.to_numpy(model.forward(batch, cache, list(range(n_prompt)))))
+    cache.n_used = batch.n_kv
+    for pos in range(n_prompt, n):
+        batch = Batch.causal([tokens[pos]], pos)
+        rows.append(ops.to_numpy(model.forward(batch, cache, [0])))
+        cache.n_used = batch.n_kv
+    return np.concatenate(rows, axis=0).astype(np.float32)
+
+
+def compare(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
+    """Error figures of ``got`` against ``ref`` (both ``[n, V]``).
+
+    rel: max|got - ref| / max|ref| over all positions; rel_pos: the worst per-position
+    max|diff| / max|ref row|; margin_min: the smallest top-1/top-2 gap of ``ref``.
+    """
+    ref = np.asarray(ref, np.float64)
+    got = np.asarray(got, np.float64)
+    if ref.shape != got.shape:
+        raise ValueError(f"shapes differ: {ref.shape} vs {got.shape}")
+    diff = np.abs(got - ref)
+    top2 = np.sort(ref, axis=-1)[:, -2:]
+    return {
+        "rel": float(diff.max() / np.abs(ref).max()),
+        "rel_pos": float((diff.max(axis=-1) / np.abs(ref).max(axis=-1)).max()),
+        "max_abs": float(diff.max()),
+        "margin_min": float((top2[:, 1] - top2[:, 0]).min()),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# llama.cpp's CPU rounding of activations, on top of the NumPy reference
+
+
+def round_q8_0(x: np.ndarray) -> np.ndarray:
+    """Rows of ``x`` as llama.cpp's CPU ``quantize_row_q8_0`` leaves them, dequantized:
+    per 32 values ``d = amax/127`` (stored as F16), ``q = rint(x·127/amax)``; value = f16(d)·q."""
+    T, n = x.shape
+    b = x.reshape(T, n // 32, 32).astype(np.float32)
+    amax = np.abs(b).max(-1, keepdims=True)
+    nz = amax != 0
+    d = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
+    inv = np.where(nz, np.float32(127) / np.where(nz, amax, 1), 0).astype(np.float32)
+    return (d * np.rint(b * inv)).reshape(T, n).astype(np.float32)
+
+
+def round_q8_K(x: np.ndarray) -> np.ndarray:
+    """Rows of ``x`` as ``quantize_row_q8_K_ref`` leaves them, dequantized: per 256 values
+    ``iscale = -127/max`` (max = the value of largest magnitude, with its sign),
+    ``q = min(127, rint(iscale·x))``, value = (1/iscale)·q (F32 scale)."""
+    T, n = x.shape
+    b = x.reshape(T, n // 256, 256).astype(np.float32)
+    mx = np.take_along_axis(b, np.abs(b).argmax(-1)[..., None], -1)
+    nz = mx != 0
+    iscale = (np.float32(-127) / np.where(nz, mx, 1)).astype(np.float32)
+    q = np.minimum(127, np.rint(iscale * b))
+    d = (np.float32(1) / iscale).astype(np.float32)
+    return np.where(nz, d * q, 0).reshape(T, n).astype(np.float32)
+
+
+def round_f16(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+
+
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    u = (u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return u.view(np.float32)
+
+
+# GGML weight type -> how llama.cpp's CPU backend rounds the activation it multiplies
+# (ggml-cpu type_traits_cpu[type].vec_dot_type: F16 -> F16, BF16 -> BF16, Q4_0/Q5_0/Q8_0 -> Q8_0,
+# K-quants -> Q8_K). Q4_1/Q5_1 (Q8_1) are not emulated.
+ACTIVATION_ROUNDING = {1: round_f16, 30: round_bf16, 2: round_q8_0, 6: round_q8_0, 8: round_q8_0,
+                       10: round_q8_K, 11: round_q8_K, 12: round_q8_K, 13: round_q8_K,
+                       14: round_q8_K}
+
+
+def llama_cpu_numerics_ops(kv_type: str = "f32", **options: Any):
+    """A NumpyOps that rounds like llama.cpp's CPU backend (plain kernels, no flash attention):
+    the activation of every matmul as the weight's ``vec_dot_type``, and with an F16 KV cache,
+    K/V stored as F16, q rounded to F16 for q·k and the attention probabilities to F16 for the
+    V sum. Tests use it to show that the reference differs from llama.cpp by exactly these
+    roundings (agreement ~1e-7 where the plain reference differs by 1e-3..1e-2)."""
+    from ..backends.numpy_backend import NumpyOps
+
+    class LlamaCpuNumerics(NumpyOps):
+        name = "cpu-llama-numerics"
+
+        def matmul(self, x, w):
+            f = ACTIVATION_ROUNDING.get(w.ggml_type)
+            if f is not None:
+                x = np.asarray(x, np.float32)
+                x = f(x.reshape(-1, x.shape[-1])).reshape(x.shape)
+            return super().matmul(x, w)
+
+        def kv_write(self, cache, layer, k, v, pb):
+            if kv_type == "f16":
+                k, v = round_f16(k), round_f16(v)
+            super().kv_write(cache, layer, k, v, pb)
+
+        def attention(self, q, cache, layer, pb, scale):
+            if kv_type != "f16":
+                return super().attention(q, cache, layer, pb, scale)
+            q = round_f16(q)
+            T, H, dk = q.shape
+            Hkv = cache.n_kv_heads
+            G = H // Hkv
+            K = cache.k[layer][:pb.n_kv]
+            V = cache.v[layer][:pb.n_kv]
+            qh = q.reshape(T, Hkv, G, dk).transpose(1, 2, 0, 3).reshape(Hkv, G * T, dk)
+            s = np.matmul(qh, K.transpose(1, 2, 0)).astype(np.float64) * scale
+            s = np.where(np.tile(pb.mask, (G, 1))[None], s, -np.inf)
+            e = np.exp(s - s.max(-1, keepdims=True))
+            a = round_f16(e / e.sum(-1, keepdims=True))
+            o = np.matmul(a, V.transpose(1, 0, 2))
+            return np.ascontiguousarray(
+                o.reshape(Hkv, G, T, -1).transpose(2, 0, 1, 3).reshape(T, -1), np.float32)
+
+    return LlamaCpuNumerics(**options)
