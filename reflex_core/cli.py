@@ -88,9 +88,40 @@ backend_option = click.option(
     help="cuda: the GPU (default when one is present); cpu: the NumPy reference backend.")
 
 
+def model_options(f):
+    """[MODEL] PROMPT positionals plus the Hub options shared by generate and system1."""
+    f = click.option("--revision", default=None,
+                     help="With --model/--quickstart: a branch, tag or commit of the repository.")(f)
+    f = click.option("--model", "hub_model", metavar="REPO[:FILE]", default=None,
+                     help="A GGUF from the Hugging Face Hub instead of a local MODEL path.")(f)
+    f = click.option("--quickstart", is_flag=True,
+                     help="Run the default model (Qwen3-0.6B Q8_0 from Qwen's GGUF repository).")(f)
+    return click.argument("args", nargs=-1, metavar="[MODEL] PROMPT")(f)
+
+
+def resolve_model_prompt(args, quickstart: bool, hub_model: str | None, revision: str | None,
+                         t) -> tuple[str, str]:
+    """(local GGUF path, prompt) from the positionals and the Hub options."""
+    if quickstart and hub_model:
+        raise click.UsageError("give --quickstart or --model, not both")
+    remote = quickstart or hub_model is not None
+    want = 1 if remote else 2
+    if len(args) != want:
+        what = "PROMPT (the model comes from --model/--quickstart)" if remote else "MODEL PROMPT"
+        raise click.UsageError(f"expected {what}, got {len(args)} argument(s)")
+    if revision and not remote:
+        raise click.UsageError("--revision applies to --model/--quickstart only")
+    if remote:
+        from . import hub
+
+        with t.span("resolve model on the Hub"):
+            path = hub.resolve(hub_model, revision=revision, quickstart=quickstart)
+        return path, args[0]
+    return args[0], args[1]
+
+
 @cli.command()
-@click.argument("model", type=click.Path(dir_okay=False))
-@click.argument("prompt")
+@model_options
 @click.option("-n", "n_tokens", type=click.IntRange(min=1), default=32, show_default=True,
               help="Tokens to generate (stops early at an end-of-generation token).")
 @click.option("--temp", "temperature", type=click.FloatRange(min=0.0), default=0.0,
@@ -103,12 +134,14 @@ backend_option = click.option(
 @backend_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--timings", is_flag=True, help="Print each cold-path phase to stderr.")
-def generate(model, prompt, n_tokens, temperature, top_k, top_p, seed, backend, as_json, timings):
-    """Generate text from MODEL (a GGUF file) continuing PROMPT."""
+def generate(args, quickstart, hub_model, revision, n_tokens, temperature, top_k, top_p, seed,
+             backend, as_json, timings):
+    """Generate text continuing PROMPT with MODEL (a local GGUF file, or --model/--quickstart)."""
     from . import engine
     from .timing import Timings
 
     t = Timings()
+    model, prompt = resolve_model_prompt(args, quickstart, hub_model, revision, t)
     if not prompt:
         raise ReflexError("empty prompt: give at least one character of text")
     lm, ids = engine.load(model, backend, t, prompt=prompt)
@@ -140,8 +173,7 @@ def generate(model, prompt, n_tokens, temperature, top_k, top_p, seed, backend, 
 
 
 @cli.command()
-@click.argument("model", type=click.Path(dir_okay=False))
-@click.argument("prompt")
+@model_options
 @click.option("--candidate", "-c", "candidates", multiple=True,
               help="A candidate continuation (repeat for each).")
 @click.option("--normalize", is_flag=True,
@@ -149,12 +181,14 @@ def generate(model, prompt, n_tokens, temperature, top_k, top_p, seed, backend, 
 @backend_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of lines.")
 @click.option("--timings", is_flag=True, help="Print each cold-path phase to stderr.")
-def system1(model, prompt, candidates, normalize, backend, as_json, timings):
+def system1(args, quickstart, hub_model, revision, candidates, normalize, backend, as_json,
+            timings):
     """Score each --candidate continuation of PROMPT in one forward pass (no decode loop)."""
     from . import engine, system1 as s1
     from .timing import Timings, since_process_start_ms
 
     t = Timings()
+    model, prompt = resolve_model_prompt(args, quickstart, hub_model, revision, t)
     if not prompt:
         raise ReflexError("empty prompt: system1 needs a prompt to condition on")
     if not candidates:

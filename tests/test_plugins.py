@@ -1,0 +1,239 @@
+"""The plugin contract: hooks, entry-point discovery, conflicts, unknown architectures, and a
+third-party architecture plugin defined right here, run end to end through the engine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from reflex_core import hookspecs, registry
+from reflex_core.errors import PluginConflict, ReflexError, UnsupportedArchitecture
+from reflex_core.plugin_api import ArchSpec, Batch, Meta, Model, blocks, hookimpl
+
+# --------------------------------------------------------------------------------------------
+# A third-party architecture, "toylm": embedding -> RMSNorm -> SwiGLU FFN (residual) -> LM head.
+# Written only against reflex_core.plugin_api, as an out-of-tree plugin would be.
+
+TOY = "toylm"
+
+
+class ToyLM(Model):
+    arch = TOY
+
+    def __init__(self, gguf, ops):
+        super().__init__(gguf, ops)
+        meta = Meta(gguf, TOY)
+        self.eps = meta.f32("attention.layer_norm_rms_epsilon")
+        self.n_vocab = meta.u32("vocab_size")
+        self.n_ctx_train = meta.u32("context_length")
+        self.embd = ops.weight("token_embd.weight")
+        self.ffn_norm = ops.weight("blk.0.ffn_norm.weight")
+        self.gate = ops.weight("blk.0.ffn_gate.weight")
+        self.up = ops.weight("blk.0.ffn_up.weight")
+        self.down = ops.weight("blk.0.ffn_down.weight")
+        self.out_norm = ops.weight("output_norm.weight")
+
+    def new_cache(self, n_cells):
+        return self.ops.new_kv_cache(0, n_cells, 1, 1, 1)
+
+    def forward(self, batch: Batch, cache, out_rows):
+        ops = self.ops
+        pb = ops.prepare(batch)
+        x = ops.embed(self.embd, pb)
+        h = ops.rmsnorm(x, self.ffn_norm, self.eps)
+        x = ops.add(x, blocks.swiglu_ffn(ops, h, self.gate, self.up, self.down))
+        return blocks.lm_head(ops, x, self.out_norm, self.embd, self.eps, out_rows)
+
+
+class ToyPlugin:
+    @hookimpl
+    def reflex_register_architectures(self, register):
+        register(ArchSpec(name=TOY, model=f"{__name__}:ToyLM", description="test-only toy LM"))
+
+
+def write_toy(path, d=16, ff=24, v=40, seed=0):
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), TOY)
+    w.add_uint32(f"{TOY}.vocab_size", v)
+    w.add_uint32(f"{TOY}.context_length", 64)
+    w.add_float32(f"{TOY}.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_string("tokenizer.ggml.model", "none")
+    t = {
+        "token_embd.weight": rng.normal(0, 0.5, (v, d)),
+        "blk.0.ffn_norm.weight": 1 + rng.normal(0, 0.1, d),
+        "blk.0.ffn_gate.weight": rng.normal(0, 0.3, (ff, d)),
+        "blk.0.ffn_up.weight": rng.normal(0, 0.3, (ff, d)),
+        "blk.0.ffn_down.weight": rng.normal(0, 0.3, (d, ff)),
+        "output_norm.weight": 1 + rng.normal(0, 0.1, d),
+    }
+    for name, a in t.items():
+        w.add_tensor(name, a.astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return t
+
+
+def toy_reference(t, ids, eps=1e-6):
+    def rms(x, wt):
+        return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * wt
+
+    x = t["token_embd.weight"][ids]
+    h = rms(x, t["blk.0.ffn_norm.weight"])
+    g, u = h @ t["blk.0.ffn_gate.weight"].T, h @ t["blk.0.ffn_up.weight"].T
+    x = x + (g / (1 + np.exp(-g)) * u) @ t["blk.0.ffn_down.weight"].T
+    return rms(x, t["output_norm.weight"]) @ t["token_embd.weight"].T
+
+
+@pytest.fixture
+def host():
+    """A fresh plugin host (the process-wide one), with test plugins unregistered afterwards."""
+    registry.reset_host()
+    h = registry.get_host()
+    yield h
+    registry.reset_host()
+
+
+def test_hookspecs_are_prefixed_typed_and_documented():
+    names = [n for n in dir(hookspecs) if n.startswith("reflex_")]
+    assert names == ["reflex_register_architectures", "reflex_register_commands"]
+    for n in names:
+        fn = getattr(hookspecs, n)
+        assert "Example::" in (fn.__doc__ or ""), n
+        assert fn.__annotations__, n
+
+
+def test_hook_reflex_register_architectures(host, tmp_path):
+    """A third-party plugin registered at run time serves its architecture end to end."""
+    from reflex_core import engine
+
+    host.register(ToyPlugin(), name="undo-toy", version="9.9")
+    path = tmp_path / "toy.gguf"
+    t = write_toy(path)
+    lm, _ = engine.load(str(path), "cpu")
+    assert lm.arch == TOY and isinstance(lm.model, ToyLM)
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+    logits = lm.model.forward(Batch.causal(ids, 0), lm.model.new_cache(len(ids)), range(len(ids)))
+    np.testing.assert_allclose(lm.ops.to_numpy(logits), toy_reference(t, ids), rtol=1e-4, atol=1e-4)
+    res = engine.generate(lm, ids, 5, engine.Sampling())
+    seq = list(ids)
+    for _ in range(5):  # greedy continuation from the reference
+        seq.append(int(np.argmax(toy_reference(t, seq)[-1])))
+    assert res.token_ids == seq[len(ids):]
+    info = {p.name: p for p in host.plugins()}["undo-toy"]
+    assert info.version == "9.9" and [a.name for a in info.architectures] == [TOY]
+
+
+def test_hook_reflex_register_commands(host):
+    import click
+
+    from reflex_core.cli import ReflexGroup, cli
+
+    class CommandPlugin:
+        @hookimpl
+        def reflex_register_commands(self, cli):
+            @cli.command(name="toy-hello")
+            def hello():
+                click.echo("hello from a plugin")
+
+    host.register(CommandPlugin(), name="undo-cmd")
+    ReflexGroup._plugin_commands_loaded = False
+    try:
+        res = CliRunner().invoke(cli, ["toy-hello"])
+        assert res.exit_code == 0, res.output
+        assert res.output.strip() == "hello from a plugin"
+    finally:
+        cli.commands.pop("toy-hello", None)
+        ReflexGroup._plugin_commands_loaded = False
+
+
+def test_two_plugins_claiming_one_architecture_is_an_error_naming_both(host):
+    class Other:
+        @hookimpl
+        def reflex_register_architectures(self, register):
+            register(ArchSpec(name=TOY, model="x:Y"))
+
+    host.register(ToyPlugin(), name="undo-toy-a")
+    host.register(Other(), name="undo-toy-b")
+    with pytest.raises(PluginConflict) as e:
+        host.resolve(TOY)
+    msg = str(e.value)
+    assert "undo-toy-a" in msg and "undo-toy-b" in msg and TOY in msg and "\n" not in msg
+
+
+def test_unknown_architecture_names_it_the_installed_plugins_and_what_to_install(host):
+    with pytest.raises(UnsupportedArchitecture) as e:
+        host.resolve("deepseek2")
+    msg = str(e.value)
+    assert "'deepseek2'" in msg and "qwen3" in msg and "pip install reflex-infer-deepseek-mla" in msg
+    assert "\n" not in msg
+    with pytest.raises(UnsupportedArchitecture) as e:
+        host.resolve("mamba9")
+    assert "'mamba9'" in str(e.value)
+
+
+def test_registering_something_that_is_not_an_archspec_fails_clearly(host):
+    class Bad:
+        @hookimpl
+        def reflex_register_architectures(self, register):
+            register(("qwen9", "x:Y"))
+
+    host.register(Bad(), name="undo-bad")
+    with pytest.raises(ReflexError, match="not an ArchSpec"):
+        host.architectures()
+
+
+def test_installed_plugins_are_discovered_by_entry_point(host):
+    names = {ep.name: ep.value for ep in host.entry_points()}
+    assert names.get("qwen3") == "reflex_qwen3.plugin"
+    table = {}
+    host.load_all()
+    for info in host.plugins():
+        for a in info.architectures:
+            table[a.name] = info.name
+    assert table["qwen3"] == "reflex-infer-qwen3"
+
+
+def test_only_the_plugin_serving_the_file_is_imported(tmp_path):
+    """Loading a qwen3 file imports reflex_qwen3 and no other installed plugin module."""
+    from reflex_core.testing.modelwriter import ModelShape, write_model
+
+    path = write_model(tmp_path / "q.gguf", ModelShape(), weight_type="F32")
+    code = (
+        "import sys; from reflex_core import engine\n"
+        f"lm, _ = engine.load({str(path)!r}, 'cpu')\n"
+        "mods = sorted(m for m in sys.modules if m.startswith('reflex_') and m != 'reflex_core'"
+        " and not m.startswith('reflex_core.'))\n"
+        "print(','.join(sorted({m.split('.')[0] for m in mods})))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "reflex_qwen3"
+
+
+def test_load_plugins_allowlist_empty_loads_none(monkeypatch, host):
+    monkeypatch.setenv("REFLEX_LOAD_PLUGINS", "")
+    registry.reset_host()
+    h = registry.get_host()
+    assert h.entry_points() == []
+    with pytest.raises(UnsupportedArchitecture, match="installed architectures: none"):
+        h.resolve("qwen3")
+
+
+def test_reflex_plugins_command_lists_versions_and_architectures(host):
+    from reflex_core.cli import cli
+
+    res = CliRunner().invoke(cli, ["plugins", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    q = [p for p in data if p["name"] == "reflex-infer-qwen3"][0]
+    assert q["version"] and [a["name"] for a in q["architectures"]] == ["qwen3"]
+    res = CliRunner().invoke(cli, ["plugins"])
+    assert res.exit_code == 0 and "reflex-infer-qwen3" in res.output and "qwen3" in res.output
