@@ -128,6 +128,26 @@ def _is_network_error(e: BaseException) -> bool:
                          "ReadTimeout", "ConnectTimeout", "OSError"})
 
 
+def _hub_reachable(seconds: float = 5.0) -> bool:
+    """Can we open a TCP connection to the Hub's endpoint? (DNS and connect, bounded.)
+
+    huggingface_hub retries a failing listing with back-off for ~20 s and logs each attempt; a
+    quick probe first turns a dead network into an immediate fall-back to the cache."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        _with_deadline(lambda: socket.create_connection((host, port), timeout=seconds).close(),
+                       seconds + 1, f"connecting to {host}")
+        return True
+    except Exception:  # noqa: BLE001 - any failure means: not reachable now
+        return False
+
+
 def resolve(spec: str | None, revision: str | None = None, quickstart: bool = False,
             log: Callable[[str], None] | None = None) -> str:
     """Local path of the GGUF named by ``--model spec`` (or the default model for --quickstart),
@@ -147,10 +167,14 @@ def resolve(spec: str | None, revision: str | None = None, quickstart: bool = Fa
         raise ReflexError(f"--model/--quickstart need huggingface_hub ({e}); "
                           "pip install huggingface_hub") from e
 
+    from huggingface_hub.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # our errors are one line; no retry chatter
     offline = _offline()
+    reachable = not offline and _hub_reachable()
     if fname is None:
         files: list[str] | None = None
-        if not offline:
+        if reachable:
             try:
                 files = _with_deadline(
                     lambda: huggingface_hub.HfApi().list_repo_files(repo, revision=revision),
@@ -180,12 +204,13 @@ def resolve(spec: str | None, revision: str | None = None, quickstart: bool = Fa
         return ReflexError(f"{repo}:{fname} is not in the Hugging Face cache ({_cache_dir()}) "
                            f"and {why}; download it with: {download_command(repo, fname, revision)}")
 
-    if offline:
+    if not reachable:
         try:
             return huggingface_hub.hf_hub_download(repo, fname, revision=revision,
                                                    local_files_only=True)
         except Exception as e:  # noqa: BLE001
-            raise missing("HF_HUB_OFFLINE=1 forbids downloading") from e
+            raise missing("HF_HUB_OFFLINE=1 forbids downloading" if offline
+                          else "the Hub is unreachable") from e
     try:
         return huggingface_hub.hf_hub_download(repo, fname, revision=revision)
     except hf_errors.RepositoryNotFoundError:

@@ -1,0 +1,198 @@
+"""--quickstart and --model REPO[:FILE] without network: a Hugging Face cache laid out by the test."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reflex_core import hub
+from reflex_core.errors import ReflexError
+from reflex_core.testing.modelwriter import ModelShape, write_model
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def place(cache: Path, repo: str, files: dict[str, Path], commit: str = COMMIT) -> Path:
+    """Put ``files`` (name -> source) into ``cache`` as the snapshot of ``repo`` at main."""
+    root = cache / ("models--" + repo.replace("/", "--"))
+    snap = root / "snapshots" / commit
+    snap.mkdir(parents=True, exist_ok=True)
+    (root / "refs").mkdir(exist_ok=True)
+    (root / "refs" / "main").write_text(commit)
+    for name, src in files.items():
+        shutil.copyfile(src, snap / name)
+    return snap
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    return write_model(tmp_path_factory.mktemp("hubm") / "m.gguf", ModelShape(), weight_type="Q8_0",
+                       tokenizer="qwen3", seed=5)
+
+
+@pytest.fixture
+def cache(tmp_path, model) -> Path:
+    c = tmp_path / "hub"
+    place(c, hub.DEFAULT_REPO, {hub.DEFAULT_FILE: model})
+    place(c, "someone/tiny-GGUF", {"tiny-Q4_K_M.gguf": model})
+    place(c, "someone/many-GGUF", {"many-F16.gguf": model, "many-Q4_K_M.gguf": model,
+                                    "many-Q8_0.gguf": model})
+    place(c, "someone/split-GGUF", {"big-00001-of-00003.gguf": model})
+    return c
+
+
+def reflex(cache: Path, *args: str, offline: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_CACHE=str(cache), HF_HUB_DISABLE_TELEMETRY="1")
+    if offline:
+        env["HF_HUB_OFFLINE"] = "1"
+    return subprocess.run([sys.executable, "-m", "reflex_core", *args], capture_output=True,
+                          text=True, env=env, timeout=120)
+
+
+def test_quickstart_offline_uses_the_cached_default_model(cache):
+    p = reflex(cache, "generate", "--quickstart", "Once upon a time", "-n", "3", "--backend", "cpu",
+               "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["n_prompt_tokens"] == 4 and 1 <= d["n_tokens"] <= 3
+
+
+def test_model_repo_with_one_gguf_and_with_explicit_file(cache):
+    for spec in ("someone/tiny-GGUF", "someone/tiny-GGUF:tiny-Q4_K_M.gguf"):
+        p = reflex(cache, "generate", "--model", spec, "Hi", "-n", "2", "--backend", "cpu")
+        assert p.returncode == 0, p.stderr
+        assert "REFLEX_GENERATE_OK" in p.stdout
+
+
+def test_several_ggufs_pick_q8_0_and_say_so(cache):
+    p = reflex(cache, "system1", "--model", "someone/many-GGUF", "The capital of France is",
+               "--candidate", " Paris", "--candidate", " Rome", "--backend", "cpu")
+    assert p.returncode == 0, p.stderr
+    assert "using many-Q8_0.gguf" in p.stderr
+    assert "REFLEX_SYSTEM1_OK" in p.stdout
+
+
+def test_missing_file_offline_names_repo_file_and_download_command(cache):
+    p = reflex(cache, "generate", "--model", "someone/tiny-GGUF:tiny-Q8_0.gguf", "Hi")
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    line = p.stderr.strip()
+    assert "\n" not in line
+    assert "someone/tiny-GGUF:tiny-Q8_0.gguf" in line
+    assert "hf download someone/tiny-GGUF tiny-Q8_0.gguf" in line
+    p = reflex(cache, "generate", "--model", "nobody/nothing-GGUF", "Hi")
+    assert p.returncode == 1 and "hf download nobody/nothing-GGUF" in p.stderr
+
+
+def test_quickstart_missing_offline(tmp_path):
+    p = reflex(tmp_path / "empty-cache", "generate", "--quickstart", "Hi")
+    assert p.returncode == 1
+    assert f"hf download {hub.DEFAULT_REPO} {hub.DEFAULT_FILE}" in p.stderr
+
+
+def test_split_gguf_is_refused_clearly(cache):
+    p = reflex(cache, "generate", "--model", "someone/split-GGUF", "Hi")
+    assert p.returncode == 1 and "split GGUF" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_usage(cache, model):
+    assert reflex(cache, "generate", "--quickstart").returncode == 2  # no prompt
+    assert reflex(cache, "generate", "--quickstart", "--model", "a/b", "Hi").returncode == 2
+    assert reflex(cache, "generate", str(model), "Hi", "--revision", "abc").returncode == 2
+    p = reflex(cache, "generate", "--model", "not a repo", "Hi")
+    assert p.returncode == 1 and "ORG/NAME" in p.stderr
+
+
+def test_revision_pins_a_commit(cache, model):
+    place(cache, "someone/pinned-GGUF", {"p-Q8_0.gguf": model}, commit="f" * 40)
+    p = reflex(cache, "generate", "--model", "someone/pinned-GGUF:p-Q8_0.gguf", "--revision",
+               "f" * 40, "Hi", "-n", "1", "--backend", "cpu")
+    assert p.returncode == 0, p.stderr
+    p = reflex(cache, "generate", "--model", "someone/pinned-GGUF:p-Q8_0.gguf", "--revision",
+               "e" * 40, "Hi", "-n", "1", "--backend", "cpu")
+    assert p.returncode == 1 and f"--revision {'e' * 40}" in p.stderr
+
+
+def test_online_branch_downloads_through_huggingface_hub(monkeypatch, tmp_path, model):
+    """Online: list the repo, pick the file, download it with huggingface_hub (which draws its
+    progress bar on a terminal) into the cache; no local_files_only."""
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(hub, "_hub_reachable", lambda *a: True)
+    calls = []
+
+    def fake_list(self, repo_id, revision=None, **kw):
+        calls.append(("list", repo_id, revision))
+        return ["README.md", "x-F16.gguf", "x-Q8_0.gguf"]
+
+    def fake_download(repo_id, filename, revision=None, local_files_only=False, **kw):
+        calls.append(("download", repo_id, filename, revision, local_files_only))
+        return str(model)
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files", fake_list)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    notes = []
+    path = hub.resolve("org/x-GGUF", revision="v1", log=notes.append)
+    assert path == str(model)
+    assert calls == [("list", "org/x-GGUF", "v1"), ("download", "org/x-GGUF", "x-Q8_0.gguf", "v1", False)]
+    assert notes and "x-Q8_0.gguf" in notes[0]
+
+
+def test_dead_network_falls_back_to_the_cache_or_fails_in_one_line(monkeypatch, tmp_path, model):
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(hub, "_hub_reachable", lambda *a: True)  # the probe passes, the GET fails
+
+    def dead(repo_id, filename, revision=None, local_files_only=False, **kw):
+        if local_files_only:
+            if filename == "cached.gguf":
+                return str(model)
+            raise huggingface_hub.errors.LocalEntryNotFoundError("not cached")
+        raise ConnectionError("network is unreachable")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", dead)
+    assert hub.resolve("org/y-GGUF:cached.gguf") == str(model)
+    with pytest.raises(ReflexError) as e:
+        hub.resolve("org/y-GGUF:other.gguf")
+    assert "hf download org/y-GGUF other.gguf" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_choose_file_rules():
+    assert hub.choose_file(["a.gguf"], "r") == ("a.gguf", None)
+    assert hub.choose_file(["m-Q4_K_M.gguf", "m-F16.gguf"], "r")[0] == "m-Q4_K_M.gguf"
+    with pytest.raises(ReflexError, match="none is Q8_0 or Q4_K_M"):
+        hub.choose_file(["a-F16.gguf", "a-BF16.gguf"], "r")
+    with pytest.raises(ReflexError, match="no .gguf"):
+        hub.choose_file(["README.md"], "r")
+
+
+def test_local_path_does_not_import_huggingface_hub(model):
+    code = ("import sys; from reflex_core import engine\n"
+            f"engine.load({str(model)!r}, 'cpu', prompt='hi')\n"
+            "print('huggingface_hub' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_unreachable_hub_uses_the_cache_without_downloading(monkeypatch, model):
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(hub, "_hub_reachable", lambda *a: False)
+    seen = []
+
+    def cached_only(repo_id, filename, revision=None, local_files_only=False, **kw):
+        seen.append(local_files_only)
+        return str(model)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", cached_only)
+    assert hub.resolve("org/z-GGUF:z.gguf") == str(model)
+    assert seen == [True]
