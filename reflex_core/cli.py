@@ -231,6 +231,126 @@ def system1(args, quickstart, hub_model, revision, candidates, normalize, backen
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def smoke(as_json):
+    """Load the core kernels, run one on the GPU and check its result exactly."""
+    from .cuda import driver
+    from .timing import since_process_start_ms
+
+    driver.start_init_async()
+    r = driver.smoke()
+    ms = since_process_start_ms()
+    if as_json:
+        click.echo(json.dumps({"status": "ok", "process_start_to_result_ms": round(ms, 3),
+                               "device": r["device"], "sm": r["sm"], "image": r["image"]}))
+    else:
+        click.echo(status_line("REFLEX_SMOKE_OK", process_start_to_result_ms=ms,
+                               device=r["device"], sm=r["sm"], image=r["image"]))
+
+
+@cli.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("prompt", required=False)
+@click.option("--steps", default=4, show_default=True, type=click.IntRange(min=0),
+              help="Single-token decode steps after the prompt batch.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def check(model, prompt, steps, as_json):
+    """Compare the GPU forward with the NumPy reference (logits at every position) and the GPU
+    dequantization of every tensor type in MODEL with gguf.quants (bit for bit)."""
+    from . import check as chk
+
+    res = chk.run_check(model, prompt, steps)
+    worst = max((r.max_rel for r in res.positions), default=0.0)
+    agree = sum(r.top1_ref == r.top1_gpu for r in res.positions)
+    tag = "REFLEX_CHECK_OK" if res.ok else "REFLEX_CHECK_FAIL"
+    summary = dict(device=res.device, positions=len(res.positions), top1_agree=agree,
+                   max_rel=Float6(worst), rel_bound=Float6(chk.REL_BOUND),
+                   dequant_tensors=len(res.dequant),
+                   dequant_mismatches=sum(max(r.mismatches, 0) for r in res.dequant),
+                   dequant_types=len({r.ggml_type for r in res.dequant}))
+    if as_json:
+        click.echo(json.dumps({
+            "status": "ok" if res.ok else "fail", **{k: (float(v) if isinstance(v, float) else v)
+                                                     for k, v in summary.items()},
+            "positions_detail": [vars(r) for r in res.positions],
+            "dequant_detail": [vars(r) for r in res.dequant]}, indent=1))
+    else:
+        click.echo(f"{'step':<8} {'pos':>4} {'max_abs':>10} {'max_rel':>10} {'top1 ref':>9} "
+                   f"{'top1 gpu':>9} {'margin':>8}  ok")
+        for r in res.positions:
+            click.echo(f"{r.step:<8} {r.position:>4} {r.max_abs:10.3e} {r.max_rel:10.3e} "
+                       f"{r.top1_ref:>9} {r.top1_gpu:>9} {r.margin:8.4f}  {'ok' if r.ok else 'FAIL'}")
+        click.echo(f"{'type':<8} {'tensor':<34} {'elements':>12} {'mismatches':>11}  ok")
+        for r in res.dequant:
+            note = f"  {r.note}" if r.note else ""
+            click.echo(f"{r.ggml_type:<8} {r.tensor:<34} {r.n_elements:>12} {r.mismatches:>11}  "
+                       f"{'ok' if r.ok else 'FAIL'}{note}")
+        click.echo(status_line(tag, **summary))
+    if not res.ok:
+        raise click.exceptions.Exit(1)
+
+
+@cli.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--cold", is_flag=True,
+              help="Fresh processes: launch -> first token wall time and GPU joules (NVML).")
+@click.option("--system1", "do_system1", is_flag=True,
+              help="With --cold: time `reflex system1` (3 candidates) instead of generate.")
+@click.option("--prompt", default="The capital of France is", show_default=True)
+@click.option("--candidate", "candidates", multiple=True,
+              help="system1 candidates (default: ' Paris', ' London', ' Berlin').")
+@click.option("-r", "--repeat", type=click.IntRange(min=1), default=None,
+              help="Repetitions (warm: 20, cold: 5).")
+@click.option("--decode", "n_decode", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Warm: decode steps timed after each prefill.")
+@click.option("--drop-cache", is_flag=True,
+              help="With --cold: drop the page cache before every launch.")
+@backend_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def bench(model, cold, do_system1, prompt, candidates, repeat, n_decode, drop_cache, backend,
+          as_json):
+    """Benchmark MODEL: warm latencies (prefill, decode, system1) or --cold launches."""
+    from . import bench as b
+
+    cands = tuple(candidates) or b.DEFAULT_CANDIDATES
+    if cold:
+        res = b.cold(model, repeat or 5, prompt, do_system1, cands,
+                     "cuda" if backend == "auto" else backend, drop_cache)
+        if res["n_ok"] == 0:
+            tail = " / ".join(res["runs"][0]["tail"]) if res["runs"] else ""
+            raise ReflexError(f"every cold run failed; last output: {tail}")
+    else:
+        if do_system1 or drop_cache:
+            raise click.UsageError("--system1 and --drop-cache apply to --cold only")
+        res = b.warm(model, backend, prompt, repeat or 20, n_decode, cands)
+    if as_json:
+        click.echo(json.dumps(res, indent=1))
+        return
+    if cold:
+        w = res["wall_s"]
+        line = dict(runs=res["n_ok"], wall_median_s=w["median"], wall_min_s=w["min"],
+                    wall_max_s=w["max"], page_cache=res["page_cache"])
+        if "gpu_j" in res:
+            line.update(gpu_j_median=res["gpu_j"]["median"])
+        if "gpu_j_minus_idle" in res:
+            line.update(gpu_j_minus_idle_median=res["gpu_j_minus_idle"]["median"],
+                        idle_w=res["idle_w"])
+        for r in res["runs"]:
+            j = f" gpu_j={r['gpu_j']:.1f}" if "gpu_j" in r else ""
+            click.echo(f"run rc={r['rc']} wall={r['wall_s']:.3f}s{j}")
+        click.echo(status_line("REFLEX_BENCH_COLD_OK", **line))
+    else:
+        for k in ("prefill_ms", "decode_ms_per_token", "system1_ms"):
+            s = res[k]
+            click.echo(f"{k:<22} median {s['median']:9.3f}  p90 {s['p90']:9.3f}  (n={s['n']})")
+        click.echo(status_line(
+            "REFLEX_BENCH_OK", backend=res["backend"], n_prompt_tokens=res["n_prompt_tokens"],
+            prefill_median_ms=res["prefill_ms"]["median"],
+            decode_median_ms=res["decode_ms_per_token"]["median"],
+            system1_median_ms=res["system1_ms"]["median"]))
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def plugins(as_json):
     """List installed architecture plugins, their versions and the architectures they serve."""
     from .registry import get_host
