@@ -71,6 +71,27 @@ class MoeWeights:
     ffn_down_exps: Weight
 
 
+@dataclass
+class EmbedHeadWeights:
+    """Token embedding, final norm and LM head (spec §9); ``output`` is ``token_embd`` when the
+    file has no ``output.weight`` (tied embeddings, ``tied`` True)."""
+
+    token_embd: Weight
+    output_norm: Weight
+    output: Weight
+    tied: bool
+
+
+def bind_embed_head(ops: Ops, n_embd: int, n_vocab: int) -> EmbedHeadWeights:
+    """Bind and check ``token_embd`` ``[D, V]``, ``output_norm`` ``[D]`` and the optional
+    ``output`` ``[D, V]``."""
+    embd = tensor(ops, "token_embd.weight", [n_embd, n_vocab])
+    out = optional_tensor(ops, "output.weight", [n_embd, n_vocab])
+    return EmbedHeadWeights(token_embd=embd,
+                            output_norm=tensor(ops, "output_norm.weight", [n_embd]),
+                            output=embd if out is None else out, tied=out is None)
+
+
 def _reject_unsupported(ops: Ops, i: int) -> None:
     for suffix in ("attn_qkv.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias",
                    "attn_qkv.bias", "attn_q.scale", "attn_k.scale", "attn_v.scale",
@@ -111,10 +132,18 @@ def bind_ffn(ops: Ops, i: int, n_embd: int, n_ff: int) -> FfnWeights:
 
 
 def bind_moe(ops: Ops, i: int, n_embd: int, n_ff_exp: int, n_expert: int) -> MoeWeights:
+    """Bind and check the router ``ffn_gate_inp`` ``[D, E]`` and the expert tensors
+    ``ffn_{gate,up}_exps`` ``[D, F_e, E]``, ``ffn_down_exps`` ``[F_e, D, E]`` of block i."""
     p = f"blk.{i}."
     if ops.has_weight(p + "ffn_gate_up_exps.weight"):
         raise ModelError(f"tensor {p + 'ffn_gate_up_exps.weight'!r} (fused gate/up experts) is "
                          f"not supported")
+    for suffix in ("ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias",
+                   "ffn_down_exps.bias", "ffn_gate_exps.scale", "ffn_up_exps.scale",
+                   "ffn_down_exps.scale"):
+        if ops.has_weight(p + suffix):
+            raise ModelError(f"tensor {p + suffix!r} is not supported (router / expert biases, "
+                             f"per-tensor scales)")
     return MoeWeights(
         ffn_gate_inp=tensor(ops, p + "ffn_gate_inp.weight", [n_embd, n_expert]),
         ffn_gate_exps=tensor(ops, p + "ffn_gate_exps.weight", [n_embd, n_ff_exp, n_expert]),

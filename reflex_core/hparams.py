@@ -1,4 +1,5 @@
-"""Typed access to one architecture's GGUF metadata, and RoPE parameters (spec §2-§4.3).
+"""Typed access to one architecture's GGUF metadata, RoPE parameters (spec §2-§4.3), and the
+hyper-parameters every attention family reads (spec §3: :func:`read_transformer_hparams`).
 
 ``Meta(gguf, arch)`` reads keys the way llama.cpp does: a required key that is missing, or a key
 stored with the wrong kind (a string where a number is expected, ...), is a :class:`ModelError`
@@ -13,6 +14,7 @@ Standard library only (the GPU cold path imports this).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .errors import ModelError
@@ -270,3 +272,131 @@ def rope_params(meta: Meta, n_rot: int, mode: str = "neox", yarn_log_mul: float 
     return RopeParams(n_rot=n_rot, mode=mode, freq_base=base, freq_scale=freq_scale,
                       ext_factor=ext_factor, attn_factor=attn_factor, beta_fast=32.0,
                       beta_slow=1.0, n_ctx_orig=n_ctx_orig)
+
+
+# --- hyper-parameters common to the attention families (spec §3) ------------------------------
+@dataclass(frozen=True)
+class TransformerHParams:
+    """The generic hyper-parameters of spec §3 (plus ε and RoPE), read once by
+    :func:`read_transformer_hparams` for any attention-based architecture.
+
+    MoE fields are 0 for a dense file. ``n_expert_used`` is layer 0's ``expert_used_count`` (the
+    value llama.cpp's graphs use for every layer, spec §4.5); ``n_ff_exp`` falls back to
+    ``n_ff // n_expert_used`` when ``expert_feed_forward_length`` is absent or 0 (spec §6.1).
+    """
+
+    arch: str
+    n_layer: int  # L: blocks executed (block_count - nextn_predict_layers)
+    n_layer_all: int  # L_all: blocks in the file
+    n_embd: int  # D
+    n_head: int  # H
+    n_head_kv: int  # H_kv
+    head_dim_k: int  # d_k (attention.key_length, default D/H)
+    head_dim_v: int  # d_v (attention.value_length, default D/H)
+    n_rot: int  # rope.dimension_count (default d_k)
+    n_ff: int  # F (feed_forward_length; 0 when absent)
+    n_vocab: int  # V
+    n_ctx_train: int
+    eps: float  # attention.layer_norm_rms_epsilon
+    rope: RopeParams
+    n_expert: int = 0  # E
+    n_expert_used: int = 0  # k
+    n_ff_exp: int = 0  # F_e
+    n_expert_groups: int = 0  # expert_group_count (DeepSeek group-limited routing)
+    n_group_used: int = 0  # expert_group_used_count
+
+    @property
+    def head_dim(self) -> int:
+        """d_h for architectures with ``d_k == d_v``."""
+        return self.head_dim_k
+
+
+def uniform(meta: Meta, key: str, values: list[int]) -> int:
+    """The one value of a per-layer key, or a ModelError when the layers differ."""
+    if len(set(values)) != 1:
+        raise meta._error(f"per-layer values of {meta.key(key)!r} differ ({values}); not "
+                          f"supported for {meta.arch}")
+    return values[0]
+
+
+def read_transformer_hparams(gguf: Any, arch: str, *, ffn: str | None = "dense",
+                             full_rotary: bool = True, rope_mode: str = "neox",
+                             yarn_log_mul: float = 0.0) -> TransformerHParams:
+    """Hyper-parameters per spec §3 (as llama.cpp's ``load_hparams``) with their checks.
+
+    ffn: "dense" requires ``feed_forward_length`` > 0; "moe" requires ``expert_count`` > 0,
+    ``expert_used_count`` > 0 and a positive F_e (after the ``F / k`` fallback); None requires
+    neither. full_rotary: require ``key_length == value_length == rope.dimension_count`` (the
+    qwen3/qwen3moe graphs assert it). Per-layer arrays (head counts, F, F_e) must be uniform.
+    Every violation is a one-line :class:`ModelError` naming the file and the key.
+    """
+    if ffn not in ("dense", "moe", None):
+        raise ValueError(f"ffn must be 'dense', 'moe' or None, got {ffn!r}")
+    meta = Meta(gguf, arch)
+    n_layer_all = meta.u32("block_count")
+    n_nextn = meta.u32("nextn_predict_layers", 0)
+    if n_layer_all <= 0 or n_nextn >= n_layer_all:
+        raise meta._error(f"block_count {n_layer_all} with {n_nextn} NextN layers leaves no "
+                          f"blocks to run")
+    n_embd = meta.u32("embedding_length")
+    if n_embd <= 0:
+        raise meta._error(f"{meta.key('embedding_length')} must be > 0")
+    n_head = uniform(meta, "attention.head_count",
+                     meta.u32_or_array("attention.head_count", n_layer_all))
+    if n_head <= 0:
+        raise meta._error(f"{meta.key('attention.head_count')} must be > 0")
+    n_head_kv = uniform(meta, "attention.head_count_kv",
+                        meta.u32_or_array("attention.head_count_kv", n_layer_all, n_head))
+    if n_head_kv <= 0 or n_head % n_head_kv:
+        raise meta._error(f"{n_head} query heads are not a multiple of {n_head_kv} KV heads")
+    d_k = meta.u32("attention.key_length", n_embd // n_head)
+    d_v = meta.u32("attention.value_length", n_embd // n_head)
+    n_rot = meta.u32("rope.dimension_count", d_k)
+    if d_k <= 0 or d_v <= 0:
+        raise meta._error(f"head sizes must be > 0 (key_length {d_k}, value_length {d_v})")
+    if full_rotary and not d_k == d_v == n_rot:
+        raise meta._error(f"{arch} needs key_length == value_length == rope.dimension_count "
+                          f"(got {d_k}, {d_v}, {n_rot})")
+    n_ff = uniform(meta, "feed_forward_length",
+                   meta.u32_or_array("feed_forward_length", n_layer_all, 0))
+    if ffn == "dense" and n_ff <= 0:
+        raise meta._error(f"{meta.key('feed_forward_length')} must be > 0")
+
+    # experts (spec §3 validation, §6.1 F_e fallback)
+    n_expert = meta.u32("expert_count", 0)
+    k_all = meta.u32_or_array("expert_used_count", n_layer_all, 0)
+    n_groups = meta.u32("expert_group_count", 0)
+    n_group_used = meta.u32("expert_group_used_count", 0)
+    k = k_all[0]
+    if ffn == "moe" and n_expert <= 0:
+        raise meta._error(f"{meta.key('expert_count')} must be > 0 for {arch}")
+    if max(k_all) > n_expert:
+        raise meta._error(f"{meta.key('expert_used_count')} = {max(k_all)} exceeds "
+                          f"{meta.key('expert_count')} = {n_expert}")
+    if n_expert > 0:
+        if min(k_all) <= 0:
+            raise meta._error(f"{meta.key('expert_used_count')} must be > 0 with "
+                              f"{n_expert} experts")
+        if n_groups >= n_expert or (n_groups > 1 and (
+                n_expert % n_groups or not 0 < n_group_used < n_groups)):
+            raise meta._error(f"expert groups {n_groups} (using {n_group_used}) do not fit "
+                              f"{n_expert} experts")
+    elif n_groups:
+        raise meta._error(f"{meta.key('expert_group_count')} = {n_groups} without experts")
+    n_ff_exp = uniform(meta, "expert_feed_forward_length",
+                       meta.u32_or_array("expert_feed_forward_length", n_layer_all, 0))
+    if n_ff_exp == 0 and k > 0:
+        n_ff_exp = n_ff // k
+    if ffn == "moe" and n_ff_exp <= 0:
+        raise meta._error(f"the expert FFN width is unknown: "
+                          f"{meta.key('expert_feed_forward_length')} and "
+                          f"{meta.key('feed_forward_length')} are missing or 0")
+
+    return TransformerHParams(
+        arch=arch, n_layer=n_layer_all - n_nextn, n_layer_all=n_layer_all, n_embd=n_embd,
+        n_head=n_head, n_head_kv=n_head_kv, head_dim_k=d_k, head_dim_v=d_v, n_rot=n_rot,
+        n_ff=n_ff, n_vocab=meta.vocab_size(), n_ctx_train=meta.u32("context_length"),
+        eps=meta.f32("attention.layer_norm_rms_epsilon"),
+        rope=rope_params(meta, n_rot, rope_mode, yarn_log_mul),
+        n_expert=n_expert, n_expert_used=k, n_ff_exp=n_ff_exp, n_expert_groups=n_groups,
+        n_group_used=n_group_used)

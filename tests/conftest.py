@@ -2,8 +2,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-# The qwen3 plugin is not pip-installed yet: import reflex_qwen3 from the source tree.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins" / "qwen3"))
+# Import the plugins from the source tree even where they are not pip-installed (the registry
+# still needs their entry points, i.e. an install, to resolve an architecture).
+for _plugin in ("qwen3", "qwen3_moe"):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins" / _plugin))
 
 import pytest  # noqa: E402
 

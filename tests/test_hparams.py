@@ -158,10 +158,14 @@ def test_rope_params_bad_type(fake_gguf):
             rope_params(m, 32)
 
 
-# --- qwen3 hparams -----------------------------------------------------------------------------
-def test_qwen3_hparams(fake_gguf):
-    from reflex_qwen3.model import read_hparams
+# --- read_transformer_hparams (spec §3): qwen3 and qwen3moe files ------------------------------
+def read_hparams(g, arch, ffn="dense"):
+    from reflex_core.hparams import read_transformer_hparams
 
+    return read_transformer_hparams(g, arch, ffn=ffn)
+
+
+def test_qwen3_hparams(fake_gguf):
     hp = read_hparams(qwen3_meta(fake_gguf, nextn_predict_layers=(1, T_UINT32)), "qwen3")
     assert (hp.n_layer, hp.n_layer_all, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim,
             hp.n_ff, hp.n_vocab, hp.n_ctx_train, hp.eps) == (2, 3, 64, 4, 2, 32, 96, 100, 4096,
@@ -181,6 +185,69 @@ def test_qwen3_hparams(fake_gguf):
     with pytest.raises(ModelError, match="differ"):
         read_hparams(qwen3_meta(fake_gguf, **{"feed_forward_length": (Arr([96, 96, 64], T_UINT32),
                                                                       T_ARRAY)}), "qwen3")
+
+
+def moe_meta(fake_gguf, **over):
+    """A qwen3moe file's metadata: the qwen3 keys under the qwen3moe prefix plus the experts."""
+    g = fake_gguf(path="/models/moe.gguf")
+    q = qwen3_meta(fake_gguf)
+    for k, v in q.metadata.items():
+        g.set(k.replace("qwen3.", "qwen3moe.", 1), v, q.value_types[k])
+    g.set("general.architecture", "qwen3moe", T_STRING)
+    for k, v, t in [("expert_count", 8, T_UINT32), ("expert_used_count", 2, T_UINT32),
+                    ("expert_feed_forward_length", 48, T_UINT32)]:
+        g.set("qwen3moe." + k, v, t)
+    for k, (v, t) in over.items():
+        key = "qwen3moe." + k
+        if v is None:
+            g.metadata.pop(key)
+            g.value_types.pop(key)
+        else:
+            g.set(key, v, t)
+    return g
+
+
+def test_moe_hparams(fake_gguf):
+    """E, k, F_e (fallback F / k, spec §6.1) and the §3 checks, one-line ModelErrors."""
+    hp = read_hparams(moe_meta(fake_gguf), "qwen3moe", "moe")
+    assert (hp.n_expert, hp.n_expert_used, hp.n_ff_exp, hp.n_ff) == (8, 2, 48, 96)
+    assert (hp.n_layer, hp.head_dim, hp.n_vocab) == (3, 32, 100)
+    # F_e absent or 0: F / k
+    for fe in (None, 0):
+        g = moe_meta(fake_gguf, expert_feed_forward_length=(fe, T_UINT32))
+        assert read_hparams(g, "qwen3moe", "moe").n_ff_exp == 48
+    g = moe_meta(fake_gguf, expert_feed_forward_length=(None, None),
+                 expert_used_count=(4, T_UINT32))
+    assert read_hparams(g, "qwen3moe", "moe").n_ff_exp == 24
+    # per-layer k: layer 0's value is the one used (spec §4.5); every layer's must fit E
+    g = moe_meta(fake_gguf, expert_used_count=(Arr([3, 2, 2], T_UINT32), T_ARRAY))
+    assert read_hparams(g, "qwen3moe", "moe").n_expert_used == 3
+    # a MoE file needs no dense FFN width, a dense file reads no experts
+    g = moe_meta(fake_gguf, feed_forward_length=(None, None))
+    assert read_hparams(g, "qwen3moe", "moe").n_ff == 0
+    hp = read_hparams(qwen3_meta(fake_gguf), "qwen3")
+    assert (hp.n_expert, hp.n_expert_used, hp.n_ff_exp) == (0, 0, 0)
+    bad = [
+        (dict(expert_used_count=(9, T_UINT32)),
+         r"qwen3moe\.expert_used_count = 9 exceeds qwen3moe\.expert_count = 8"),
+        (dict(expert_used_count=(Arr([2, 2, 9], T_UINT32), T_ARRAY)), "exceeds"),
+        (dict(expert_count=(None, None)), r"qwen3moe\.expert_count must be > 0"),
+        (dict(expert_used_count=(0, T_UINT32)), r"expert_used_count must be > 0"),
+        (dict(expert_used_count=(None, None)), r"expert_used_count must be > 0"),
+        (dict(expert_feed_forward_length=(None, None), feed_forward_length=(None, None)),
+         "expert FFN width is unknown"),
+        (dict(expert_feed_forward_length=(Arr([48, 48, 32], T_UINT32), T_ARRAY)), "differ"),
+        (dict(expert_group_count=(8, T_UINT32)), "expert groups"),
+        (dict(expert_count=(8, T_INT32)), None),  # any integer kind is accepted
+    ]
+    for over, msg in bad:
+        g = moe_meta(fake_gguf, **over)
+        if msg is None:
+            read_hparams(g, "qwen3moe", "moe")
+            continue
+        with pytest.raises(ModelError, match=msg) as e:
+            read_hparams(g, "qwen3moe", "moe")
+        assert "\n" not in str(e.value) and str(e.value).startswith("/models/moe.gguf: ")
 
 
 class PlanOps:

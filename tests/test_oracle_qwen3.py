@@ -31,11 +31,11 @@ try:
 except Exception as e:  # pragma: no cover - depends on the environment
     LLAMA_IMPORT_ERROR = e
 
-from reflex_core.backends.numpy_backend import NumpyOps
 from reflex_core.gguf import open_gguf
+from reflex_core.testing import oracle
 from reflex_core.testing.modelwriter import ModelShape
-from reflex_core.testing.oracle import (compare, llama_cpu_numerics_ops, llama_logits,
-                                        model_logits)
+from reflex_core.testing.oracle import check_logits as check
+from reflex_core.testing.oracle import compare, llama_cpu_numerics_ops, llama_logits
 
 pytestmark = pytest.mark.oracle
 
@@ -84,32 +84,12 @@ def _require_llama_cpp():
 
 
 def tokens_for(shape: ModelShape, seed: int) -> list[int]:
-    rng = np.random.default_rng(1000 + seed)
-    return rng.integers(0, shape.n_vocab, PROMPT + DECODE).tolist()
+    return oracle.random_tokens(shape.n_vocab, PROMPT + DECODE, seed)
 
 
 def reflex_logits(path, tokens, ops=None) -> np.ndarray:
-    from reflex_qwen3.model import Qwen3
-
-    g = open_gguf(path)
-    ops = ops or NumpyOps()
-    ops.attach(g)
-    model = Qwen3.load(g, ops)
-    return model_logits(model, tokens, n_prompt=PROMPT)
-
-
-def check(ref: np.ndarray, got: np.ndarray, bound: float, what: str) -> dict:
-    c = compare(ref, got)
-    assert c["rel"] <= bound, f"{what}: max|diff|/max|ref| = {c['rel']:.3g} > {bound:.3g} ({c})"
-    row_max = np.abs(ref).max(axis=-1)
-    top2 = np.sort(ref, axis=-1)[:, -2:]
-    margin = top2[:, 1] - top2[:, 0]
-    decisive = margin > bound * row_max
-    same = ref.argmax(-1) == got.argmax(-1)
-    bad = np.flatnonzero(decisive & ~same)
-    assert bad.size == 0, (f"{what}: top-1 differs at positions {bad.tolist()} although the "
-                           f"reference margin there is {margin[bad].tolist()}")
-    return c
+    """The file's model (reflex_qwen3.Qwen3, resolved through the plugin registry) on NumpyOps."""
+    return oracle.reflex_logits(path, tokens, n_prompt=PROMPT, ops=ops)
 
 
 CASES = [pytest.param(wt, tied, id=f"{wt}-{'tied' if tied else 'untied'}")

@@ -9,6 +9,11 @@ tokens one at a time through the KV cache, and return the logits of every positi
 NumPy array ``[len(tokens), V]``. Works for files whose tokenizer model is ``none`` (llama.cpp
 then uses ``{arch}.vocab_size`` dummy tokens); ids are fed directly, never text.
 
+Also here: ``check_logits`` (the oracle tests' error bound and top-1 rule), ``load_model`` /
+``reflex_logits`` (a file's model through the plugin registry), ``record_routing`` /
+``first_routing_difference`` (which experts a MoE run selected, to tell a near-tie routing flip
+from an error) and ``llama_cpu_numerics_ops`` (NumpyOps with llama.cpp's CPU activation rounding).
+
 llama.cpp is quiet here: its log callback is replaced by a no-op and anything it still writes to
 stderr while loading is captured (and included in the error message if loading fails).
 """
@@ -205,6 +210,102 @@ def compare(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
     }
 
 
+def check_logits(ref: np.ndarray, got: np.ndarray, bound: float, what: str) -> dict[str, float]:
+    """Assert ``got`` matches the oracle's ``ref`` (both ``[n, V]``) the way the oracle tests do;
+    returns :func:`compare`'s figures.
+
+    * ``rel = max|got - ref| / max|ref|`` over all positions and the whole vocabulary <= bound;
+    * top-1: wherever the reference's gap between its first and second logit exceeds
+      ``bound · max|ref row|``, the two argmaxes agree.
+    """
+    c = compare(ref, got)
+    assert c["rel"] <= bound, f"{what}: max|diff|/max|ref| = {c['rel']:.3g} > {bound:.3g} ({c})"
+    row_max = np.abs(ref).max(axis=-1)
+    top2 = np.sort(ref, axis=-1)[:, -2:]
+    margin = top2[:, 1] - top2[:, 0]
+    decisive = margin > bound * row_max
+    same = ref.argmax(-1) == got.argmax(-1)
+    bad = np.flatnonzero(decisive & ~same)
+    assert bad.size == 0, (f"{what}: top-1 differs at positions {bad.tolist()} although the "
+                           f"reference margin there is {margin[bad].tolist()}")
+    return c
+
+
+def random_tokens(n_vocab: int, n: int, seed: int) -> list[int]:
+    """``n`` token ids drawn uniformly from ``[0, n_vocab)`` (generator seeded ``1000 + seed``)."""
+    rng = np.random.default_rng(1000 + seed)
+    return rng.integers(0, n_vocab, n).tolist()
+
+
+def load_model(path: str | os.PathLike, ops: Any = None) -> Any:
+    """The model of a GGUF on ``ops`` (default: a fresh NumpyOps), built by the plugin the
+    registry resolves for the file's ``general.architecture`` (as the engine does)."""
+    from ..backends.numpy_backend import NumpyOps
+    from ..gguf import open_gguf
+    from ..registry import get_host
+
+    g = open_gguf(path)
+    ops = NumpyOps() if ops is None else ops
+    ops.attach(g)
+    cls = get_host().resolve(g.get("general.architecture")).load_model_class()
+    return cls.load(g, ops)
+
+
+def reflex_logits(path: str | os.PathLike, tokens: Sequence[int], n_prompt: int | None = None,
+                  ops: Any = None) -> np.ndarray:
+    """:func:`model_logits` of the file's model on ``ops`` (default NumpyOps)."""
+    return model_logits(load_model(path, ops), tokens, n_prompt=n_prompt)
+
+
+# --------------------------------------------------------------------------------------------
+# MoE routing: which experts each token took, to tell a routing flip from an error
+
+
+class Route:
+    """One ``moe_route`` call: the selected experts of each token (sorted: the order within the
+    selection does not matter) and the selection margin, the gap between the k-th and the
+    (k+1)-th largest router logit (every gating function is monotone in the logit)."""
+
+    __slots__ = ("ids", "margin", "logits")
+
+    def __init__(self, ids: np.ndarray, margin: np.ndarray, logits: np.ndarray):
+        self.ids, self.margin, self.logits = ids, margin, logits
+
+
+def record_routing(ops: Any) -> list[Route]:
+    """Wrap ``ops.moe_route`` (NumPy backends) so that every call appends a :class:`Route` to the
+    returned list, in call order (batch by batch, layer by layer)."""
+    log: list[Route] = []
+    inner = ops.moe_route
+
+    def moe_route(logits, k, *args, **kw):
+        ids, weights = inner(logits, k, *args, **kw)
+        z = np.asarray(logits, np.float64)
+        zs = -np.sort(-z, axis=-1)
+        margin = zs[:, k - 1] - zs[:, k] if k < z.shape[-1] else np.full(z.shape[0], np.inf)
+        log.append(Route(np.sort(np.asarray(ids), axis=-1), margin, z))
+        return ids, weights
+
+    ops.moe_route = moe_route
+    return log
+
+
+def first_routing_difference(a: Sequence[Route], b: Sequence[Route]
+                             ) -> tuple[int, list[int]] | None:
+    """The first call (index into both logs) where two runs of the same tokens selected different
+    experts, and the tokens that differ there; None when every selection agrees. Only that first
+    call compares like with like: its inputs are still unaffected by a different selection."""
+    if len(a) != len(b):
+        raise ValueError(f"routing logs of {len(a)} and {len(b)} calls")
+    for c, (ra, rb) in enumerate(zip(a, b)):
+        if ra.ids.shape != rb.ids.shape:
+            raise ValueError(f"moe_route call {c}: shapes {ra.ids.shape} and {rb.ids.shape}")
+        rows = np.flatnonzero((ra.ids != rb.ids).any(axis=-1))
+        if rows.size:
+            return c, rows.tolist()
+    return None
+
+
 # --------------------------------------------------------------------------------------------
 # llama.cpp's CPU rounding of activations, on top of the NumPy reference
 
@@ -270,6 +371,15 @@ def llama_cpu_numerics_ops(kv_type: str = "f32", **options: Any):
                 x = np.asarray(x, np.float32)
                 x = f(x.reshape(-1, x.shape[-1])).reshape(x.shape)
             return super().matmul(x, w)
+
+        def moe_matmul(self, x, w, ids):
+            # ggml's mul_mat_id rounds each src1 row (a token's input, or one token-expert row of
+            # the down projection's input) to the expert tensor's vec_dot_type, as mul_mat does
+            f = ACTIVATION_ROUNDING.get(w.ggml_type)
+            if f is not None:
+                x = np.asarray(x, np.float32)
+                x = f(x.reshape(-1, x.shape[-1])).reshape(x.shape)
+            return super().moe_matmul(x, w, ids)
 
         def kv_write(self, cache, layer, k, v, pb):
             if kv_type == "f16":

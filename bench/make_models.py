@@ -1,0 +1,57 @@
+"""Write the synthetic benchmark GGUFs: real Qwen3 tokenizer, random weights, real shapes.
+
+    python bench/make_models.py OUT_DIR [--which 0.6b,8b,30b]
+
+0.6b: Qwen3-0.6B-shaped, Q8_0 (~640 MB)      8b: Qwen3-8B-shaped, Q4_K_M mix (~5.0 GB)
+30b: Qwen3-30B-A3B-shaped (qwen3moe), Q4_K_M mix (~18.5 GB)
+
+Random weights make the text meaningless but the work (bytes moved, kernels run) real. Files
+that already exist with the right size are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from reflex_core.testing.modelwriter import (q4_k_m_overrides, qwen3_0_6b_shape, qwen3_8b_shape,
+                                             qwen3_30b_a3b_shape, write_model)
+
+MODELS = {
+    "0.6b": ("qwen3-0.6b-shaped-q8_0.gguf", qwen3_0_6b_shape, "Q8_0", False),
+    "8b": ("qwen3-8b-shaped-q4_k_m.gguf", qwen3_8b_shape, "Q4_K", True),
+    "30b": ("qwen3-30b-a3b-shaped-q4_k_m.gguf", qwen3_30b_a3b_shape, "Q4_K", True),
+}
+
+
+def make(out: Path, which: str) -> Path:
+    name, shape_fn, wtype, mix = MODELS[which]
+    path = out / name
+    if path.exists() and path.stat().st_size > 0:
+        return path
+    shape = shape_fn()
+    t0 = time.perf_counter()
+    tmp = path.with_suffix(".partial")
+    write_model(tmp, shape, weight_type=wtype, tokenizer="qwen3", seed=1,
+                type_overrides=q4_k_m_overrides(shape) if mix else None)
+    tmp.rename(path)
+    print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t0:.1f} s",
+          flush=True)
+    return path
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--which", default="0.6b,8b")
+    a = ap.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    for w in a.which.split(","):
+        print(make(a.out, w.strip()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,86 @@
+"""Qwen3-MoE (spec §6): Qwen3's attention (GQA, per-head q/k RMSNorm before NEOX RoPE) with a
+routed-expert FFN in every block.
+
+FFN of one token ``b`` (the ffn_norm output), spec §6.3 / §4.5 with gating softmax, norm_w true,
+no weight scale, no selection bias, no groups, no shared experts:
+
+    probs = softmax(W_gate_inp · b)            over all E experts (router ne [D, E])
+    S     = the k largest probs                k = expert_used_count
+    w_e   = probs[e] / max(Σ_S probs, 6.103515625e-5)
+    out   = Σ_{e∈S} w_e · W_down[e] · (silu(W_gate[e]·b) ⊙ W_up[e]·b)
+
+written with the core ops ``moe_route`` / ``moe_matmul`` / ``moe_combine`` (``blocks.moe_ffn``):
+the selected expert ids stay backend tensors, nothing goes to the host during a forward pass.
+Hyper-parameters and weight groups come from the core; nothing here depends on another plugin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from reflex_core.plugin_api import (Batch, KVCache, Model, Ops, TransformerHParams, Weight, blocks,
+                                    read_transformer_hparams)
+
+# spec §6.1 / §13.20: qwen3moe always renormalises the top-k weights; no w_scale
+GATING = "softmax"
+NORM_TOPK = True
+W_SCALE = 0.0
+
+
+def read_hparams(gguf: Any, arch: str = "qwen3moe") -> TransformerHParams:
+    """Spec §3 / §6.1: E > 0, 0 < k <= E, F_e from ``expert_feed_forward_length`` (else F / k),
+    ``key_length == value_length == rope.dimension_count``, NEOX RoPE."""
+    return read_transformer_hparams(gguf, arch, ffn="moe", full_rotary=True, rope_mode="neox")
+
+
+@dataclass
+class Qwen3MoELayer:
+    attn_norm: Weight
+    attn: blocks.AttnWeights
+    ffn_norm: Weight
+    moe: blocks.MoeWeights
+
+
+class Qwen3MoE(Model):
+    """Qwen3-MoE: every block's FFN is a softmax-routed top-k mixture of SwiGLU experts."""
+
+    arch = "qwen3moe"
+    supports_tree_mask = True  # KV-cache only: the system1 tree batch applies
+
+    def __init__(self, gguf: Any, ops: Ops) -> None:
+        super().__init__(gguf, ops)
+        arch = gguf.get("general.architecture", self.arch) or self.arch
+        self.hp = hp = read_hparams(gguf, arch)
+        self.n_vocab = hp.n_vocab
+        self.n_ctx_train = hp.n_ctx_train
+        D = hp.n_embd
+        io = blocks.bind_embed_head(ops, D, hp.n_vocab)
+        self.token_embd, self.output_norm, self.output, self.tied = (
+            io.token_embd, io.output_norm, io.output, io.tied)
+        self.layers = [
+            Qwen3MoELayer(
+                attn_norm=blocks.tensor(ops, f"blk.{i}.attn_norm.weight", [D]),
+                attn=blocks.bind_attn(ops, i, D, hp.n_head, hp.n_head_kv, hp.head_dim),
+                ffn_norm=blocks.tensor(ops, f"blk.{i}.ffn_norm.weight", [D]),
+                moe=blocks.bind_moe(ops, i, D, hp.n_ff_exp, hp.n_expert))
+            for i in range(hp.n_layer)]
+
+    def new_cache(self, n_cells: int) -> KVCache:
+        hp = self.hp
+        return self.ops.new_kv_cache(hp.n_layer, n_cells, hp.n_head_kv, hp.head_dim, hp.head_dim)
+
+    def forward(self, batch: Batch, cache: KVCache, out_rows: Sequence[int]) -> Any:
+        ops, hp = self.ops, self.hp
+        pb = ops.prepare(batch)
+        x = ops.embed(self.token_embd, pb)
+        for i, layer in enumerate(self.layers):
+            a = ops.rmsnorm(x, layer.attn_norm, hp.eps)
+            x = ops.add(x, blocks.gqa_attention(ops, a, layer.attn, cache, i, pb, hp.rope, hp.eps,
+                                                hp.n_head, hp.n_head_kv, hp.head_dim))
+            b = ops.rmsnorm(x, layer.ffn_norm, hp.eps)
+            m = layer.moe
+            x = ops.add(x, blocks.moe_ffn(ops, b, m.ffn_gate_inp, m.ffn_gate_exps, m.ffn_up_exps,
+                                          m.ffn_down_exps, hp.n_expert_used, GATING, NORM_TOPK,
+                                          W_SCALE))
+        return blocks.lm_head(ops, x, self.output_norm, self.output, hp.eps, out_rows)
