@@ -66,6 +66,81 @@ def _norm(dist: str) -> str:
     return dist.lower().replace("_", "-")
 
 
+@dataclass(frozen=True)
+class PluginEntry:
+    """An entry point of group ``reflex``: ``name`` (the architecture it serves) -> ``value``
+    (the plugin module), published by distribution ``dist`` at ``version``."""
+
+    name: str
+    value: str
+    dist: str
+    version: str | None
+
+    def load(self) -> Any:
+        mod, _, attr = self.value.partition(":")
+        obj = importlib.import_module(mod)
+        return getattr(obj, attr) if attr else obj
+
+
+def _path_stamp() -> list:
+    """sys.path entries with their modification times: installing, removing or upgrading a
+    distribution changes the mtime of the directory that holds its .dist-info."""
+    stamp = [sys.executable]
+    for p in sys.path:
+        if p in ("", "."):  # the current directory: it changes all the time and holds no dists
+            continue
+        try:
+            stamp.append([p, os.stat(p or ".").st_mtime_ns])
+        except OSError:
+            stamp.append([p, None])
+    return stamp
+
+
+def _cache_file() -> str:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "reflex", "entry-points.json")
+
+
+def discover_entry_points() -> list[PluginEntry]:
+    """All entry points of group ``reflex``.
+
+    Scanning every installed distribution's metadata (importlib.metadata) costs 50-100 ms with
+    a few hundred packages, on the cold path. The result is cached on disk keyed by sys.path and
+    the mtimes of its entries, so an unchanged environment costs a few stat calls; any install or
+    uninstall invalidates it. REFLEX_NO_PLUGIN_CACHE=1 always scans.
+    """
+    import json
+
+    use_cache = os.environ.get("REFLEX_NO_PLUGIN_CACHE", "") in ("", "0")
+    stamp = _path_stamp()
+    path = _cache_file()
+    if use_cache:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            if data.get("stamp") == stamp:
+                return [PluginEntry(*e) for e in data["entries"]]
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
+    from importlib.metadata import entry_points
+
+    found = []
+    for ep in entry_points(group=GROUP):
+        dist = ep.dist.name if ep.dist is not None else ep.value.split(".")[0]
+        found.append(PluginEntry(ep.name, ep.value, dist,
+                                 ep.dist.version if ep.dist is not None else None))
+    if use_cache:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"stamp": stamp, "entries": [list(vars(e).values()) for e in found]}, f)
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only home: scan every time
+    return found
+
+
 class PluginHost:
     """The plugin manager plus the architecture table built from ``reflex_register_architectures``."""
 
@@ -80,31 +155,28 @@ class PluginHost:
             self.pm.enable_tracing()
 
     # --- discovery --------------------------------------------------------------------
-    def entry_points(self) -> list[Any]:
+    def entry_points(self) -> list["PluginEntry"]:
         """Entry points of group ``reflex`` that the allow/deny lists permit (no import)."""
         if self._eps is None:
-            from importlib.metadata import entry_points
-
             allow = _env_list("REFLEX_LOAD_PLUGINS")
-            deny = _env_list("REFLEX_DISABLE_PLUGINS") or set()
-            eps = []
-            seen = set()
-            for ep in entry_points(group=GROUP):
-                dist = ep.dist.name if ep.dist is not None else ep.value.split(".")[0]
-                key = (_norm(dist), ep.name, ep.value)
+            deny = {_norm(d) for d in (_env_list("REFLEX_DISABLE_PLUGINS") or set())}
+            allowed = None if allow is None else {_norm(a) for a in allow}
+            eps, seen = [], set()
+            for ep in discover_entry_points():
+                key = (_norm(ep.dist), ep.name, ep.value)
                 if key in seen:  # the same dist visible twice on sys.path
                     continue
                 seen.add(key)
-                if allow is not None and _norm(dist) not in {_norm(a) for a in allow}:
+                if allowed is not None and _norm(ep.dist) not in allowed:
                     continue
-                if _norm(dist) in {_norm(d) for d in deny}:
+                if _norm(ep.dist) in deny:
                     continue
                 eps.append(ep)
             self._eps = eps
         return self._eps
 
-    def _load_ep(self, ep: Any) -> None:
-        dist = ep.dist.name if ep.dist is not None else ep.value
+    def _load_ep(self, ep: "PluginEntry") -> None:
+        dist = ep.dist
         if ep.value in self._loaded_modules:
             return
         try:
@@ -116,7 +188,7 @@ class PluginHost:
             name = f"{dist}:{ep.value}"
         self.pm.register(module, name=name)
         self._loaded_modules[ep.value] = name
-        self._versions[name] = ep.dist.version if ep.dist is not None else None
+        self._versions[name] = ep.version
 
     def register(self, plugin: Any, name: str, version: str | None = None) -> None:
         """Register a plugin object directly (tests, embedding applications)."""
@@ -135,7 +207,7 @@ class PluginHost:
     def load_for(self, arch: str) -> None:
         """Import only the plugins whose entry point is named ``arch``."""
         eps = [ep for ep in self.entry_points() if ep.name == arch]
-        dists = sorted({ep.dist.name if ep.dist else ep.value for ep in eps})
+        dists = sorted({ep.dist for ep in eps})
         if len(dists) > 1:
             raise PluginConflict(
                 f"architecture {arch!r} is claimed by several plugins: {', '.join(dists)}; "

@@ -237,3 +237,31 @@ def test_reflex_plugins_command_lists_versions_and_architectures(host):
     assert q["version"] and [a["name"] for a in q["architectures"]] == ["qwen3"]
     res = CliRunner().invoke(cli, ["plugins"])
     assert res.exit_code == 0 and "reflex-infer-qwen3" in res.output and "qwen3" in res.output
+
+
+def test_entry_point_cache_is_used_and_invalidated(tmp_path, monkeypatch):
+    """The discovery cache answers from disk while sys.path is unchanged, and rescans when a
+    sys.path directory changes (an install/uninstall) or when disabled."""
+    import importlib.metadata
+    import os
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    first = registry.discover_entry_points()
+    assert any(e.name == "qwen3" for e in first)
+    assert (tmp_path / "cache" / "reflex" / "entry-points.json").exists()
+
+    calls = []
+    real = importlib.metadata.entry_points
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda **kw: calls.append(kw) or real(**kw))
+    assert registry.discover_entry_points() == first and calls == []  # served from the cache
+    (site / "new_dist-1.0.dist-info").mkdir()  # "pip install" into a sys.path directory
+    st = os.stat(site)
+    os.utime(site, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert registry.discover_entry_points() == first and len(calls) == 1  # rescanned
+    monkeypatch.setenv("REFLEX_NO_PLUGIN_CACHE", "1")
+    registry.discover_entry_points()
+    assert len(calls) == 2
