@@ -1,0 +1,206 @@
+// reflex/common.cuh -- small helpers shared by the core's CUDA modules (and by plugins).
+//
+// Everything here compiles for the device (nvcc) AND for the host (nvcc host pass, or a plain
+// C++ compiler with no CUDA at all): the CPU test harness (tests/native/quant_host.cu) runs the
+// very same decoders as the kernels. Device-only helpers sit under `#ifdef __CUDACC__`.
+//
+//   RX_HD / RX_D          __host__ __device__ / __device__ inline qualifiers
+//   RX_FMUL/FADD/FSUB     float ops that are never contracted into an FMA (bit-exact paths)
+//   rx_as_float/_uint     bit casts
+//   rx_f16_to_f32         exact IEEE half -> float, bit level (NaN payloads kept, as NumPy does)
+//   rx_bf16_to_f32        exact bfloat16 -> float
+//   rx_ld_*               read-only loads: __ldg on the device, memcpy on the host; the
+//                         `words` / `u32u` forms accept any address (aligned loads + funnel shift)
+//   rx_warp_sum           butterfly sum over a full warp (device)
+//
+// Host builds that use the bit-exact helpers must compile with -ffp-contract=off (GCC contracts
+// a*b-c into an FMA across statements when the target has FMA).
+#pragma once
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __CUDACC__
+#define RX_HD __host__ __device__ __forceinline__
+#define RX_D __device__ __forceinline__
+#else
+#define RX_HD inline
+#define RX_D inline
+#endif
+
+// ------------------------------------------------------------------------------------------
+// exact float arithmetic (no FMA contraction), bit casts
+
+#ifdef __CUDA_ARCH__
+#define RX_FMUL(a, b) __fmul_rn((a), (b))
+#define RX_FADD(a, b) __fadd_rn((a), (b))
+#define RX_FSUB(a, b) __fsub_rn((a), (b))
+#else
+#define RX_FMUL(a, b) ((a) * (b))
+#define RX_FADD(a, b) ((a) + (b))
+#define RX_FSUB(a, b) ((a) - (b))
+#endif
+
+RX_HD float rx_as_float(uint32_t u) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+RX_HD uint32_t rx_as_uint(float f) {
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(f);
+#else
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+#endif
+}
+
+RX_HD float rx_nan() { return rx_as_float(0x7fc00000u); }
+
+// index of the highest set bit of a non-zero value
+RX_HD int rx_hibit(uint32_t v) {
+#ifdef __CUDA_ARCH__
+    return 31 - __clz((int)v);
+#elif defined(__GNUC__)
+    return 31 - __builtin_clz(v);
+#else
+    int p = 31;
+    while (!(v >> p)) --p;
+    return p;
+#endif
+}
+
+// IEEE binary16 -> binary32, exact, integer ops only (identical on host and device).
+RX_HD float rx_f16_to_f32(uint32_t h) {
+    const uint32_t sign = (h & 0x8000u) << 16;
+    const uint32_t exp = (h >> 10) & 0x1fu;
+    const uint32_t man = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0x1fu) {
+        bits = sign | 0x7f800000u | (man << 13);  // inf, NaN (payload kept)
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112u) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;  // +-0
+    } else {  // subnormal half: man * 2^-24, a normal float
+        const int p = rx_hibit(man);  // 0..9
+        bits = sign | ((uint32_t)(p + 103) << 23) | ((man << (23 - p)) & 0x7fffffu);
+    }
+    return rx_as_float(bits);
+}
+
+// Same value as rx_f16_to_f32 for every non-NaN input; one cvt instruction on the device.
+// (Hot matmul paths only: NaN payloads may differ.)
+RX_HD float rx_f16_to_f32_fast(uint32_t h) {
+#ifdef __CUDA_ARCH__
+    float f;
+    const unsigned short hs = (unsigned short)h;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(hs));
+    return f;
+#else
+    return rx_f16_to_f32(h);
+#endif
+}
+
+RX_HD float rx_bf16_to_f32(uint32_t h) { return rx_as_float((h & 0xffffu) << 16); }
+
+// ------------------------------------------------------------------------------------------
+// read-only loads (weights, activations). Device: through the read-only path (__ldg).
+
+RX_HD uint32_t rx_ld_u8(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+    return __ldg((const unsigned char*)p);
+#else
+    return *p;
+#endif
+}
+
+// p must be 2-byte aligned on the device
+RX_HD uint32_t rx_ld_u16(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+    return __ldg((const unsigned short*)p);
+#else
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+#endif
+}
+
+// N little-endian 32-bit words from ANY address. Device: N aligned word loads, plus one more
+// only when p is misaligned (it then holds needed bytes, so nothing outside the words that
+// contain [p, p + 4N) is touched), joined with funnel shifts.
+template <int N>
+RX_HD void rx_ld_words(const uint8_t* p, uint32_t (&w)[N]) {
+#ifdef __CUDA_ARCH__
+    const uintptr_t a = (uintptr_t)p;
+    const uint32_t* q = (const uint32_t*)(a & ~(uintptr_t)3);
+    const uint32_t sh = (uint32_t)(a & 3u) * 8u;
+    uint32_t r[N + 1];
+#pragma unroll
+    for (int i = 0; i < N; ++i) r[i] = __ldg(q + i);
+    r[N] = sh ? __ldg(q + N) : 0u;
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(r[i], r[i + 1], sh);
+#else
+    memcpy(w, p, 4 * N);
+#endif
+}
+
+// one 32-bit word from any address
+RX_HD uint32_t rx_ld_u32u(const uint8_t* p) {
+    uint32_t w[1];
+    rx_ld_words<1>(p, w);
+    return w[0];
+}
+
+// 16 bytes from a 16-byte aligned address (device: one 128-bit load)
+RX_HD void rx_ld_v4(const uint8_t* p, uint32_t (&w)[4]) {
+#ifdef __CUDA_ARCH__
+    const uint4 v = __ldg((const uint4*)p);
+    w[0] = v.x;
+    w[1] = v.y;
+    w[2] = v.z;
+    w[3] = v.w;
+#else
+    memcpy(w, p, 16);
+#endif
+}
+
+// 4 floats from a 16-byte aligned address
+RX_HD void rx_ld_f4(const float* p, float* v) {
+#ifdef __CUDA_ARCH__
+    const float4 f = __ldg((const float4*)p);
+    v[0] = f.x;
+    v[1] = f.y;
+    v[2] = f.z;
+    v[3] = f.w;
+#else
+    memcpy(v, p, 16);
+#endif
+}
+
+RX_HD long long rx_ceil_div(long long a, long long b) { return (a + b - 1) / b; }
+
+// ------------------------------------------------------------------------------------------
+// device-only
+
+#ifdef __CUDACC__
+__device__ __forceinline__ float rx_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float rx_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+#endif

@@ -1,0 +1,642 @@
+// reflex/quants.cuh -- GGML block decoders, host and device (one source of truth).
+//
+// Weights stay in their GGUF layout on the device; kernels decode them on the fly. Every
+// function here is __host__ __device__: tests/native/quant_host.cu runs them on the CPU and
+// checks them BIT FOR BIT against gguf-py's `gguf.quants.dequantize` (a `reflex check`
+// requirement), so the float operations below mirror gguf-py's float32 operation order exactly
+// and use RX_FMUL/RX_FADD/RX_FSUB (never contracted into an FMA) on the exact paths:
+//
+//   F16  : half -> float (exact)            BF16 : bits << 16
+//   Q8_0 : q * d                            Q4_0 : d * (q - 8)        Q5_0 : d * (q - 16)
+//   Q4_1 : (d * q) + m                      Q5_1 : (d * q) + m
+//   Q4_K : (d * sc) * q - (dmin * m)        Q5_K : same, 5-bit q
+//   Q6_K : (d * sc) * (q - 32)              (integers -> float exactly; sc of Q6_K is int8)
+//
+// Two views of each quantized type:
+//
+//   rx_q<T>::dec4(blk, e0, y)  the 4 consecutive elements [e0, e0+4) of one block (e0 % 4 == 0),
+//                              exact. Loads accept any byte address (aligned words + funnel
+//                              shift), so no alignment is assumed beyond 2 bytes for f16 fields.
+//                              Used by dequant, embed and the tiled matmul's tile fill.
+//   rx_q<T>::dec1(row, e)      float types (block size 1): element e of a row.
+//
+//   rx_lu<T>                   the GEMV "lane unit": what one lane decodes from one set of wide
+//                              loads (16-byte vectors where the block layout allows it, else
+//                              funnel-shifted word loads), as SUB steps of 8 weights each:
+//                              w[0..3] are elements e0(j,s)+0..3, w[4..7] are e1(j,s)+0..3 of
+//                              the block, for lane unit j (0 <= j < LPB) and step s (< SUB).
+//                              Consecutive j read consecutive bytes, so a warp's lanes
+//                              (unit = lane, lane + 32, ...) read memory contiguously.
+//                              dec<true> is bit-exact (tested on the host; on the device f16
+//                              scales use the cvt instruction, which differs only for NaNs),
+//                              dec<false> uses FMA.
+//                              ALIGN: byte alignment the weight pointer needs on the device.
+//
+// Magic-number int -> float: (as_float(0x4B000000 | u) - (2^23 + off)) == u - off exactly for
+// 0 <= u < 256, one byte-permute + one add instead of a (slower) I2F conversion.
+#pragma once
+
+#include "reflex/common.cuh"
+
+enum : int {
+    RX_F32 = 0,
+    RX_F16 = 1,
+    RX_Q4_0 = 2,
+    RX_Q4_1 = 3,
+    RX_Q5_0 = 6,
+    RX_Q5_1 = 7,
+    RX_Q8_0 = 8,
+    RX_Q4_K = 12,
+    RX_Q5_K = 13,
+    RX_Q6_K = 14,
+    RX_BF16 = 30,
+};
+
+#ifdef __CUDACC__
+// 0x4B000000 (2^23 as a float) from constant memory, so that ptxas keeps it in one register and
+// encodes the byte-permute selector as an immediate (with a literal it does the opposite and
+// re-materializes the selector before every PRMT: one extra instruction per weight).
+static __constant__ uint32_t rx_c_magic = 0x4B000000u;
+#endif
+
+// (unsigned byte i of w) - off, as float, exactly (off an integer, 0 <= off <= 255)
+RX_HD float rx_ubyte_f(uint32_t w, int i, float off) {
+#ifdef __CUDA_ARCH__
+    const uint32_t u = __byte_perm(w, rx_c_magic, 0x7540u | (uint32_t)i);
+    return __uint_as_float(u) - (8388608.0f + off);
+#else
+    return (float)(int)((w >> (8 * i)) & 0xffu) - off;
+#endif
+}
+
+// y = a*q (exact: one rounding either way)
+template <bool EXACT>
+RX_HD float rx_mul(float a, float q) {
+    return EXACT ? RX_FMUL(a, q) : a * q;
+}
+// y = (a*q) + b   (exact: two roundings; fast: one FMA)
+template <bool EXACT>
+RX_HD float rx_mad(float a, float q, float b) {
+    return EXACT ? RX_FADD(RX_FMUL(a, q), b) : fmaf(a, q, b);
+}
+// y = (a*q) - b
+template <bool EXACT>
+RX_HD float rx_msub(float a, float q, float b) {
+    return EXACT ? RX_FSUB(RX_FMUL(a, q), b) : fmaf(a, q, -b);
+}
+
+// Q4_K / Q5_K 6-bit (scale, min) of sub-block j (0..7) from the 12 scale bytes, given as the
+// little-endian words Y = s[0..3], Z = s[4..7], W = s[8..11]:
+//   j < 4 : sc = s[j] & 63,                          m = s[j+4] & 63
+//   j >= 4: sc = (s[j+4] & 15) | ((s[j-4] >> 6) << 4), m = (s[j+4] >> 4) | ((s[j] >> 6) << 4)
+RX_HD void rx_k4_scale_min(uint32_t Y, uint32_t Z, uint32_t W, int j, int& sc, int& m) {
+    const int sh = 8 * (j & 3);
+    const uint32_t y = Y >> sh, z = Z >> sh;
+    if (j < 4) {
+        sc = (int)(y & 63u);
+        m = (int)(z & 63u);
+    } else {
+        const uint32_t w = W >> sh;
+        sc = (int)((w & 15u) | (((y >> 6) & 3u) << 4));
+        m = (int)(((w >> 4) & 15u) | (((z >> 6) & 3u) << 4));
+    }
+}
+
+// The same for the pair of sub-blocks (2t, 2t+1), branch-free, packed: byte 0 of sc2/m2 is
+// sub-block 2t's, byte 1 sub-block 2t+1's.
+RX_HD void rx_k4_scale_min2(uint32_t Y, uint32_t Z, uint32_t W, int t, uint32_t& sc2, uint32_t& m2) {
+    const int sh = 16 * (t & 1);
+    const uint32_t y = (Y >> sh) & 0xffffu, z = (Z >> sh) & 0xffffu, w = (W >> sh) & 0xffffu;
+    const uint32_t sc_lo = y & 0x3f3fu, m_lo = z & 0x3f3fu;
+    const uint32_t sc_hi = (w & 0x0f0fu) | ((y >> 2) & 0x3030u);
+    const uint32_t m_hi = ((w >> 4) & 0x0f0fu) | ((z >> 2) & 0x3030u);
+    sc2 = t < 2 ? sc_lo : sc_hi;
+    m2 = t < 2 ? m_lo : m_hi;
+}
+
+// 4 bits b0..b3 -> bit 4 of bytes 0..3 (the 5th bit of Q5_0 / Q5_1 quants)
+RX_HD uint32_t rx_spread4_bit4(uint32_t b) {
+    return ((b & 1u) | ((b & 2u) << 7) | ((b & 4u) << 14) | ((b & 8u) << 21)) << 4;
+}
+
+// ==========================================================================================
+// rx_q<T>: block size QK (elements), type size TS (bytes), exact decoders
+
+template <int T>
+struct rx_q;
+
+template <>
+struct rx_q<RX_F32> {
+    static constexpr int QK = 1, TS = 4;
+    static RX_HD float dec1(const uint8_t* row, long long e) { return rx_as_float(rx_ld_u32u(row + 4 * e)); }
+};
+
+template <>
+struct rx_q<RX_F16> {
+    static constexpr int QK = 1, TS = 2;
+    static RX_HD float dec1(const uint8_t* row, long long e) { return rx_f16_to_f32(rx_ld_u16(row + 2 * e)); }
+};
+
+template <>
+struct rx_q<RX_BF16> {
+    static constexpr int QK = 1, TS = 2;
+    static RX_HD float dec1(const uint8_t* row, long long e) { return rx_bf16_to_f32(rx_ld_u16(row + 2 * e)); }
+};
+
+// Q8_0: d f16, qs[32] int8.  y[j] = qs[j] * d
+template <>
+struct rx_q<RX_Q8_0> {
+    static constexpr int QK = 32, TS = 34;
+    static RX_HD void dec4(const uint8_t* b, int e0, float* y) {
+        const float d = rx_f16_to_f32(rx_ld_u16(b));
+        const uint32_t w = rx_ld_u32u(b + 2 + e0) ^ 0x80808080u;  // int8 + 128
+#pragma unroll
+        for (int i = 0; i < 4; ++i) y[i] = RX_FMUL(rx_ubyte_f(w, i, 128.0f), d);
+    }
+};
+
+// Q4_0: d f16, qs[16]. y[j] = d*((qs[j] & 15) - 8), y[j+16] = d*((qs[j] >> 4) - 8)
+template <>
+struct rx_q<RX_Q4_0> {
+    static constexpr int QK = 32, TS = 18;
+    static RX_HD void dec4(const uint8_t* b, int e0, float* y) {
+        const float d = rx_f16_to_f32(rx_ld_u16(b));
+        const uint32_t w = (rx_ld_u32u(b + 2 + (e0 & 15)) >> (e0 & 16 ? 4 : 0)) & 0x0F0F0F0Fu;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) y[i] = RX_FMUL(d, rx_ubyte_f(w, i, 8.0f));
+    }
+};
+
+// Q4_1: d f16, m f16, qs[16]. y = d*q + m
+template <>
+struct rx_q<RX_Q4_1> {
+    static constexpr int QK = 32, TS = 20;
+    static RX_HD void dec4(const uint8_t* b, int e0, float* y) {
+        const float d = rx_f16_to_f32(rx_ld_u16(b));
+        const float m = rx_f16_to_f32(rx_ld_u16(b + 2));
+        const uint32_t w = (rx_ld_u32u(b + 4 + (e0 & 15)) >> (e0 & 16 ? 4 : 0)) & 0x0F0F0F0Fu;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) y[i] = RX_FADD(RX_FMUL(d, rx_ubyte_f(w, i, 0.0f)), m);
+    }
+};
+
+// Q5_0: d f16, qh u32 (bit j = 5th bit of element j), qs[16]. y = d*(q - 16)
+template <>
+struct rx_q<RX_Q5_0> {
+    static constexpr int QK = 32, TS = 22;
+    static RX_HD void dec4(const uint8_t* b, int e0, float* y) {
+        const float d = rx_f16_to_f32(rx_ld_u16(b));
+        const uint32_t qh = rx_ld_u32u(b + 2);
+        uint32_t w = (rx_ld_u32u(b + 6 + (e0 & 15)) >> (e0 & 16 ? 4 : 0)) & 0x0F0F0F0Fu;
+        w |= rx_spread4_bit4((qh >> e0) & 15u);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) y[i] = RX_FMUL(d, rx_ubyte_f(w, i, 16.0f));
+    }
+};
+
+// Q5_1: d f16, m f16, qh u32, qs[16]. y = d*q + m
+template <>
+struct rx_q<RX_Q5_1> {
+    static constexpr int QK = 32, TS = 24;
+    static RX_HD void dec4(const uint8_t* b, int e0, float* y) {
+        const float d = rx_f16_to_f32(rx_ld_u16(b));
+        const float m = rx_f16_to_f32(rx_ld_u16(b + 2));
+        const uint32_t qh = rx_ld_u32u(b + 4);
+        uint32_t w = (rx_ld_u32u(b + 8 + (e0 & 15)) >> (e0 & 16 ? 4 : 0)) & 0x0F0F0F0Fu;
+        w |= rx_spread4_bit4((qh >> e0) & 15u);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) y[i] = RX_FADD(RX_FMUL(d, rx_ubyte_f(w, i, 0.0f)), m);
+    }
+};
+
+// Q4_K: d f16, dmin f16, scales[12], qs[128]. Sub-block j (32 elements) = low (j even) or high
+// (j odd) nibbles of qs[32*(j/2) .. +32]. y = (d*sc_j)*q - (dmin*m_j)
+template <>
+struct rx_q<RX_Q4_K> {
+    static constexpr int QK = 256, TS = 144;
+    static RX_HD void dec4(const uint8_t* b, int e0, float* y) {
+        const float d = rx_f16_to_f32(rx_ld_u16(b));
+        const float dmin = rx_f16_to_f32(rx_ld_u16(b + 2));
+        uint32_t s[3];
+        rx_ld_words<3>(b + 4, s);
+        const int j = e0 >> 5, l = e0 & 31;
+        int sc, m;
+        rx_k4_scale_min(s[0], s[1], s[2], j, sc, m);
+        const float a = RX_FMUL(d, (float)sc), c = RX_FMUL(dmin, (float)m);
+        const uint32_t w = (rx_ld_u32u(b + 16 + 32 * (j >> 1) + l) >> ((j & 1) * 4)) & 0x0F0F0F0Fu;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) y[i] = RX_FSUB(RX_FMUL(a, rx_ubyte_f(w, i, 0.0f)), c);
+    }
+};
+
+// Q5_K: d, dmin, scales[12], qh[32], qs[128]. As Q4_K; bit j of qh[l] is the 5th bit of
+// element 32j + l.
+template <>
+struct rx_q<RX_Q5_K> {
+    static constexpr int QK = 256, TS = 176;
+    static RX_HD void dec4(const uint8_t* b, int e0, float* y) {
+        const float d = rx_f16_to_f32(rx_ld_u16(b));
+        const float dmin = rx_f16_to_f32(rx_ld_u16(b + 2));
+        uint32_t s[3];
+        rx_ld_words<3>(b + 4, s);
+        const int j = e0 >> 5, l = e0 & 31;
+        int sc, m;
+        rx_k4_scale_min(s[0], s[1], s[2], j, sc, m);
+        const float a = RX_FMUL(d, (float)sc), c = RX_FMUL(dmin, (float)m);
+        uint32_t w = (rx_ld_u32u(b + 48 + 32 * (j >> 1) + l) >> ((j & 1) * 4)) & 0x0F0F0F0Fu;
+        w |= ((rx_ld_u32u(b + 16 + l) >> j) & 0x01010101u) << 4;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) y[i] = RX_FSUB(RX_FMUL(a, rx_ubyte_f(w, i, 0.0f)), c);
+    }
+};
+
+// Q6_K: ql[128], qh[64], scales[16] int8, d f16. Element 128h + 32c + l (h < 2, c < 4, l < 32):
+// low 4 bits = nibble (c >> 1) of ql[64h + 32(c & 1) + l], high 2 bits = (qh[32h + l] >> 2c) & 3,
+// scale sc[(128h + 32c + l) / 16]. y = (d*sc)*(q - 32)
+template <>
+struct rx_q<RX_Q6_K> {
+    static constexpr int QK = 256, TS = 210;
+    static RX_HD void dec4(const uint8_t* b, int e0, float* y) {
+        const int h = e0 >> 7, c = (e0 >> 5) & 3, l = e0 & 31;
+        const float d = rx_f16_to_f32(rx_ld_u16(b + 208));
+        const int sc = (int)(int8_t)(uint8_t)rx_ld_u8(b + 192 + (e0 >> 4));
+        const float a = RX_FMUL(d, (float)sc);
+        uint32_t w = (rx_ld_u32u(b + 64 * h + 32 * (c & 1) + l) >> ((c >> 1) * 4)) & 0x0F0F0F0Fu;
+        w |= ((rx_ld_u32u(b + 128 + 32 * h + l) >> (2 * c)) & 0x03030303u) << 4;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) y[i] = RX_FMUL(a, rx_ubyte_f(w, i, 32.0f));
+    }
+};
+
+// ==========================================================================================
+// rx_lu<T>: GEMV lane units (see the header comment). Usage, per lane and weight row:
+//   rx_lu<T> u; u.load(block_ptr, j); u.prep(j);
+//   for s < SUB: u.dec<EXACT>(j, s, w)  -> w[0..3] at e0(j,s)+0..3, w[4..7] at e1(j,s)+0..3
+
+template <int T>
+struct rx_lu;
+
+// Float types: pseudo-blocks of 8 elements (the GEMV needs n_in % 8 == 0 and 16B rows).
+template <>
+struct rx_lu<RX_F32> {
+    static constexpr int QK = 8, TS = 32, LPB = 1, SUB = 1, ALIGN = 16;
+    uint32_t v[8];
+    RX_HD void load(const uint8_t* b, int) {
+        uint32_t a[4], c[4];
+        rx_ld_v4(b, a);
+        rx_ld_v4(b + 16, c);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            v[i] = a[i];
+            v[4 + i] = c[i];
+        }
+    }
+    RX_HD void prep(int) {}
+    static RX_HD int e0(int, int) { return 0; }
+    static RX_HD int e1(int, int) { return 4; }
+    template <bool EXACT>
+    RX_HD void dec(int, int, float* w) const {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[i] = rx_as_float(v[i]);
+    }
+};
+
+template <>
+struct rx_lu<RX_F16> {
+    static constexpr int QK = 8, TS = 16, LPB = 1, SUB = 1, ALIGN = 16;
+    uint32_t v[4];
+    RX_HD void load(const uint8_t* b, int) { rx_ld_v4(b, v); }
+    RX_HD void prep(int) {}
+    static RX_HD int e0(int, int) { return 0; }
+    static RX_HD int e1(int, int) { return 4; }
+    template <bool EXACT>
+    RX_HD void dec(int, int, float* w) const {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w[2 * i] = EXACT ? rx_f16_to_f32(v[i] & 0xffffu) : rx_f16_to_f32_fast(v[i] & 0xffffu);
+            w[2 * i + 1] = EXACT ? rx_f16_to_f32(v[i] >> 16) : rx_f16_to_f32_fast(v[i] >> 16);
+        }
+    }
+};
+
+template <>
+struct rx_lu<RX_BF16> {
+    static constexpr int QK = 8, TS = 16, LPB = 1, SUB = 1, ALIGN = 16;
+    uint32_t v[4];
+    RX_HD void load(const uint8_t* b, int) { rx_ld_v4(b, v); }
+    RX_HD void prep(int) {}
+    static RX_HD int e0(int, int) { return 0; }
+    static RX_HD int e1(int, int) { return 4; }
+    template <bool EXACT>
+    RX_HD void dec(int, int, float* w) const {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w[2 * i] = rx_as_float(v[i] << 16);
+            w[2 * i + 1] = rx_as_float(v[i] & 0xffff0000u);
+        }
+    }
+};
+
+// Q8_0: 2 units per block, 16 quants each (funnel-shifted word loads: blocks are 2-aligned).
+// j: qs[16j .. 16j+16); step s: elements 16j + 8s + [0, 8)
+template <>
+struct rx_lu<RX_Q8_0> {
+    static constexpr int QK = 32, TS = 34, LPB = 2, SUB = 2, ALIGN = 2;
+    uint32_t q[4];
+    uint32_t dh;
+    float d;
+    RX_HD void load(const uint8_t* b, int j) {
+        rx_ld_words<4>(b + 2 + 16 * j, q);
+        dh = rx_ld_u16(b);
+    }
+    RX_HD void prep(int) { d = rx_f16_to_f32_fast(dh); }
+    static RX_HD int e0(int j, int s) { return 16 * j + 8 * s; }
+    static RX_HD int e1(int j, int s) { return 16 * j + 8 * s + 4; }
+    template <bool EXACT>
+    RX_HD void dec(int, int s, float* w) const {
+        const uint32_t a = q[2 * s] ^ 0x80808080u, c = q[2 * s + 1] ^ 0x80808080u;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w[i] = rx_mul<EXACT>(rx_ubyte_f(a, i, 128.0f), d);
+            w[4 + i] = rx_mul<EXACT>(rx_ubyte_f(c, i, 128.0f), d);
+        }
+    }
+};
+
+// Q4_0 / Q4_1 / Q5_0 / Q5_1: one unit per block. Step s: word s of qs -> low nibbles are
+// elements 4s + [0,4), high nibbles 16 + 4s + [0,4).
+template <>
+struct rx_lu<RX_Q4_0> {
+    static constexpr int QK = 32, TS = 18, LPB = 1, SUB = 4, ALIGN = 2;
+    uint32_t q[4];
+    uint32_t dh;
+    float d;
+    RX_HD void load(const uint8_t* b, int) {
+        rx_ld_words<4>(b + 2, q);
+        dh = rx_ld_u16(b);
+    }
+    RX_HD void prep(int) { d = rx_f16_to_f32_fast(dh); }
+    static RX_HD int e0(int, int s) { return 4 * s; }
+    static RX_HD int e1(int, int s) { return 16 + 4 * s; }
+    template <bool EXACT>
+    RX_HD void dec(int, int s, float* w) const {
+        const uint32_t lo = q[s] & 0x0F0F0F0Fu, hi = (q[s] >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w[i] = rx_mul<EXACT>(d, rx_ubyte_f(lo, i, 8.0f));
+            w[4 + i] = rx_mul<EXACT>(d, rx_ubyte_f(hi, i, 8.0f));
+        }
+    }
+};
+
+template <>
+struct rx_lu<RX_Q4_1> {
+    static constexpr int QK = 32, TS = 20, LPB = 1, SUB = 4, ALIGN = 2;
+    uint32_t q[4];
+    uint32_t dm[1];
+    float d, m;
+    RX_HD void load(const uint8_t* b, int) {
+        rx_ld_words<1>(b, dm);
+        rx_ld_words<4>(b + 4, q);
+    }
+    RX_HD void prep(int) {
+        d = rx_f16_to_f32_fast(dm[0] & 0xffffu);
+        m = rx_f16_to_f32_fast(dm[0] >> 16);
+    }
+    static RX_HD int e0(int, int s) { return 4 * s; }
+    static RX_HD int e1(int, int s) { return 16 + 4 * s; }
+    template <bool EXACT>
+    RX_HD void dec(int, int s, float* w) const {
+        const uint32_t lo = q[s] & 0x0F0F0F0Fu, hi = (q[s] >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w[i] = rx_mad<EXACT>(d, rx_ubyte_f(lo, i, 0.0f), m);
+            w[4 + i] = rx_mad<EXACT>(d, rx_ubyte_f(hi, i, 0.0f), m);
+        }
+    }
+};
+
+template <>
+struct rx_lu<RX_Q5_0> {
+    static constexpr int QK = 32, TS = 22, LPB = 1, SUB = 4, ALIGN = 2;
+    uint32_t q[4];
+    uint32_t qh[1];
+    uint32_t dh;
+    float d;
+    RX_HD void load(const uint8_t* b, int) {
+        dh = rx_ld_u16(b);
+        rx_ld_words<1>(b + 2, qh);
+        rx_ld_words<4>(b + 6, q);
+    }
+    RX_HD void prep(int) { d = rx_f16_to_f32_fast(dh); }
+    static RX_HD int e0(int, int s) { return 4 * s; }
+    static RX_HD int e1(int, int s) { return 16 + 4 * s; }
+    template <bool EXACT>
+    RX_HD void dec(int, int s, float* w) const {
+        const uint32_t lo = (q[s] & 0x0F0F0F0Fu) | rx_spread4_bit4((qh[0] >> (4 * s)) & 15u);
+        const uint32_t hi = ((q[s] >> 4) & 0x0F0F0F0Fu) | rx_spread4_bit4((qh[0] >> (16 + 4 * s)) & 15u);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w[i] = rx_mul<EXACT>(d, rx_ubyte_f(lo, i, 16.0f));
+            w[4 + i] = rx_mul<EXACT>(d, rx_ubyte_f(hi, i, 16.0f));
+        }
+    }
+};
+
+template <>
+struct rx_lu<RX_Q5_1> {
+    static constexpr int QK = 32, TS = 24, LPB = 1, SUB = 4, ALIGN = 2;
+    uint32_t q[4];
+    uint32_t hd[2];  // d|m, qh
+    float d, m;
+    RX_HD void load(const uint8_t* b, int) {
+        rx_ld_words<2>(b, hd);
+        rx_ld_words<4>(b + 8, q);
+    }
+    RX_HD void prep(int) {
+        d = rx_f16_to_f32_fast(hd[0] & 0xffffu);
+        m = rx_f16_to_f32_fast(hd[0] >> 16);
+    }
+    static RX_HD int e0(int, int s) { return 4 * s; }
+    static RX_HD int e1(int, int s) { return 16 + 4 * s; }
+    template <bool EXACT>
+    RX_HD void dec(int, int s, float* w) const {
+        const uint32_t lo = (q[s] & 0x0F0F0F0Fu) | rx_spread4_bit4((hd[1] >> (4 * s)) & 15u);
+        const uint32_t hi = ((q[s] >> 4) & 0x0F0F0F0Fu) | rx_spread4_bit4((hd[1] >> (16 + 4 * s)) & 15u);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w[i] = rx_mad<EXACT>(d, rx_ubyte_f(lo, i, 0.0f), m);
+            w[4 + i] = rx_mad<EXACT>(d, rx_ubyte_f(hi, i, 0.0f), m);
+        }
+    }
+};
+
+// Q4_K: 8 units per block, unit j = 16 bytes qs[16j .. 16j+16) (t = j/2, h = j%2) plus the
+// 16-byte header (d, dmin, scales), both one 128-bit load (144 = 9*16: blocks stay 16B-aligned).
+// Step s: word s -> low nibbles are elements 64t + 16h + 4s + [0,4) (sub-block 2t), high
+// nibbles the same + 32 (sub-block 2t+1).
+template <>
+struct rx_lu<RX_Q4_K> {
+    static constexpr int QK = 256, TS = 144, LPB = 8, SUB = 4, ALIGN = 16;
+    uint32_t hd[4];
+    uint32_t q[4];
+    float a0, c0, a1, c1;
+    RX_HD void load(const uint8_t* b, int j) {
+        rx_ld_v4(b, hd);
+        rx_ld_v4(b + 16 + 16 * j, q);
+    }
+    RX_HD void prep(int j) {
+        const float d = rx_f16_to_f32_fast(hd[0] & 0xffffu), dmin = rx_f16_to_f32_fast(hd[0] >> 16);
+        uint32_t sc2, m2;
+        rx_k4_scale_min2(hd[1], hd[2], hd[3], j >> 1, sc2, m2);
+        a0 = RX_FMUL(d, rx_ubyte_f(sc2, 0, 0.0f));
+        c0 = RX_FMUL(dmin, rx_ubyte_f(m2, 0, 0.0f));
+        a1 = RX_FMUL(d, rx_ubyte_f(sc2, 1, 0.0f));
+        c1 = RX_FMUL(dmin, rx_ubyte_f(m2, 1, 0.0f));
+    }
+    static RX_HD int e0(int j, int s) { return 64 * (j >> 1) + 16 * (j & 1) + 4 * s; }
+    static RX_HD int e1(int j, int s) { return 64 * (j >> 1) + 16 * (j & 1) + 4 * s + 32; }
+    template <bool EXACT>
+    RX_HD void dec(int, int s, float* w) const {
+        const uint32_t lo = q[s] & 0x0F0F0F0Fu, hi = (q[s] >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w[i] = rx_msub<EXACT>(a0, rx_ubyte_f(lo, i, 0.0f), c0);
+            w[4 + i] = rx_msub<EXACT>(a1, rx_ubyte_f(hi, i, 0.0f), c1);
+        }
+    }
+};
+
+// Q5_K: as Q4_K (qs at byte 48 + 16j), plus qh bytes [16h, 16h+16) (byte 16 + 16h): bit 2t /
+// 2t+1 of qh[16h + 4s + i] is the 5th bit of the low / high nibble element.
+template <>
+struct rx_lu<RX_Q5_K> {
+    static constexpr int QK = 256, TS = 176, LPB = 8, SUB = 4, ALIGN = 16;
+    uint32_t hd[4];
+    uint32_t qh[4];
+    uint32_t q[4];
+    float a0, c0, a1, c1;
+    RX_HD void load(const uint8_t* b, int j) {
+        rx_ld_v4(b, hd);
+        rx_ld_v4(b + 16 + 16 * (j & 1), qh);
+        rx_ld_v4(b + 48 + 16 * j, q);
+    }
+    RX_HD void prep(int j) {
+        const float d = rx_f16_to_f32_fast(hd[0] & 0xffffu), dmin = rx_f16_to_f32_fast(hd[0] >> 16);
+        uint32_t sc2, m2;
+        rx_k4_scale_min2(hd[1], hd[2], hd[3], j >> 1, sc2, m2);
+        a0 = RX_FMUL(d, rx_ubyte_f(sc2, 0, 0.0f));
+        c0 = RX_FMUL(dmin, rx_ubyte_f(m2, 0, 0.0f));
+        a1 = RX_FMUL(d, rx_ubyte_f(sc2, 1, 0.0f));
+        c1 = RX_FMUL(dmin, rx_ubyte_f(m2, 1, 0.0f));
+    }
+    static RX_HD int e0(int j, int s) { return 64 * (j >> 1) + 16 * (j & 1) + 4 * s; }
+    static RX_HD int e1(int j, int s) { return 64 * (j >> 1) + 16 * (j & 1) + 4 * s + 32; }
+    template <bool EXACT>
+    RX_HD void dec(int j, int s, float* w) const {
+        const int t2 = 2 * (j >> 1);
+        const uint32_t lo = (q[s] & 0x0F0F0F0Fu) | (((qh[s] >> t2) & 0x01010101u) << 4);
+        const uint32_t hi = ((q[s] >> 4) & 0x0F0F0F0Fu) | (((qh[s] >> (t2 + 1)) & 0x01010101u) << 4);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w[i] = rx_msub<EXACT>(a0, rx_ubyte_f(lo, i, 0.0f), c0);
+            w[4 + i] = rx_msub<EXACT>(a1, rx_ubyte_f(hi, i, 0.0f), c1);
+        }
+    }
+};
+
+// Q6_K: 8 units per block (blocks are only 2-aligned: funnel-shifted word loads). Unit j
+// (h = j/4, k = j%4): ql bytes [64h + 16k, +16), qh bytes [32h + 16(k&1), +16), scales
+// sc[8h + k] (low nibbles) and sc[8h + 4 + k] (high nibbles). Step s: low nibbles of ql word s
+// are elements 128h + 16k + 4s + [0,4) (qh shift 2(k/2)), high nibbles the same + 64
+// (qh shift 4 + 2(k/2)).
+template <>
+struct rx_lu<RX_Q6_K> {
+    static constexpr int QK = 256, TS = 210, LPB = 8, SUB = 4, ALIGN = 2;
+    uint32_t ql[4];
+    uint32_t qh[4];
+    uint32_t scb, dh;
+    float a0, a1;
+    RX_HD void load(const uint8_t* b, int j) {
+        const int h = j >> 2, k = j & 3;
+        rx_ld_words<4>(b + 64 * h + 16 * k, ql);
+        rx_ld_words<4>(b + 128 + 32 * h + 16 * (k & 1), qh);
+        scb = rx_ld_u8(b + 192 + 8 * h + k) | (rx_ld_u8(b + 196 + 8 * h + k) << 8);
+        dh = rx_ld_u16(b + 208);
+    }
+    RX_HD void prep(int) {
+        const float d = rx_f16_to_f32_fast(dh);
+        a0 = RX_FMUL(d, (float)(int)(int8_t)(uint8_t)(scb & 0xffu));
+        a1 = RX_FMUL(d, (float)(int)(int8_t)(uint8_t)(scb >> 8));
+    }
+    static RX_HD int e0(int j, int s) { return 128 * (j >> 2) + 16 * (j & 3) + 4 * s; }
+    static RX_HD int e1(int j, int s) { return 128 * (j >> 2) + 16 * (j & 3) + 4 * s + 64; }
+    template <bool EXACT>
+    RX_HD void dec(int j, int s, float* w) const {
+        const int sh = 2 * ((j & 3) >> 1);
+        const uint32_t lo = (ql[s] & 0x0F0F0F0Fu) | (((qh[s] >> sh) & 0x03030303u) << 4);
+        const uint32_t hi = ((ql[s] >> 4) & 0x0F0F0F0Fu) | (((qh[s] >> (sh + 4)) & 0x03030303u) << 4);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w[i] = rx_mul<EXACT>(a0, rx_ubyte_f(lo, i, 32.0f));
+            w[4 + i] = rx_mul<EXACT>(a1, rx_ubyte_f(hi, i, 32.0f));
+        }
+    }
+};
+
+// ==========================================================================================
+// The GEMV lane loop, shared by the kernels (cuda/quant.cu) and the host harness (which runs it
+// for lanes 0..31 and sums): lane `lane` of the warp that owns rows [row0, row0 + R) accumulates
+// its partial dot products acc[r][t] = sum over its units of W[row0 + r, i] * x[t, i], for
+// t < T (TT >= T; tokens t >= T contribute zeros). Rows past n_out read row n_out - 1 (the
+// caller does not store them). x rows are n_in floats apart and 16-byte aligned.
+
+template <int TYPE, int TT, int R, bool EXACT = false>
+RX_HD void rx_gemv_lane(const uint8_t* __restrict__ w, const float* __restrict__ x, int T, int n_in,
+                        int n_out, long long row_bytes, int row0, int lane, float (&acc)[R][TT]) {
+    typedef rx_lu<TYPE> L;
+    const uint8_t* rp[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int row = row0 + r < n_out ? row0 + r : n_out - 1;
+        rp[r] = w + (long long)row * row_bytes;
+#pragma unroll
+        for (int t = 0; t < TT; ++t) acc[r][t] = 0.0f;
+    }
+    const unsigned n_lu = (unsigned)(n_in / L::QK) * (unsigned)L::LPB;
+    for (unsigned lu = (unsigned)lane; lu < n_lu; lu += 32u) {
+        const unsigned blk = lu / (unsigned)L::LPB;
+        const int j = (int)(lu % (unsigned)L::LPB);
+        L u[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) u[r].load(rp[r] + (long long)blk * L::TS, j);
+#pragma unroll
+        for (int r = 0; r < R; ++r) u[r].prep(j);
+        const float* xb = x + (long long)blk * L::QK;
+#pragma unroll
+        for (int s = 0; s < L::SUB; ++s) {
+            const int e0 = L::e0(j, s), e1 = L::e1(j, s);
+            float xv[TT][8];
+#pragma unroll
+            for (int t = 0; t < TT; ++t) {
+                if (t < T) {
+                    rx_ld_f4(xb + (long long)t * n_in + e0, &xv[t][0]);
+                    rx_ld_f4(xb + (long long)t * n_in + e1, &xv[t][4]);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) xv[t][i] = 0.0f;
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float wv[8];
+                u[r].template dec<EXACT>(j, s, wv);
+#pragma unroll
+                for (int t = 0; t < TT; ++t) {
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) acc[r][t] = fmaf(wv[i], xv[t][i], acc[r][t]);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,327 @@
+// quant.cu -- the weight-side kernels: GGUF-typed weights (raw blocks as uploaded from the
+// file) times float32 activations. Decoders live in reflex/quants.cuh (host + device; the CPU
+// tests check them bit for bit against gguf-py). Launchers: reflex_core/cuda/quant_ops.py.
+//
+// Every kernel exists once per GGML type <t> in {f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1,
+// q4_k, q5_k, q6_k}; `w` points at the tensor's raw bytes, `row_bytes` = n_in / QK * TS.
+//
+// reflex_dequant_<t>(w, out, n)
+//   Whole tensor -> float32, bit-exact with gguf.quants.dequantize (reflex check, tests).
+//   Grid-stride loop, 256 threads/block; one thread per 4 consecutive elements (one float4
+//   store) for quantized types, one element per thread for float types.
+//
+// reflex_embed_<t>(w, ids, out, n_tokens, n_embd, row_bytes, n_rows)
+//   out[t, :] = dequant(row ids[t]) (bit-exact). grid.y strides over tokens, grid.x over the row
+//   (128 threads/block, 4 elements per thread). An id outside [0, n_rows) gives a NaN row.
+//
+// reflex_matmul_gemv{1,2,4,8}_<t>(w, x, y, T, n_in, n_out, row_bytes)        (T <= 1, 2, 4, 8)
+//   y[t, o] = sum_i W[o, i] x[t, i] for small T (decode, short batches). 128 threads = 4 warps;
+//   a warp owns R = 2 consecutive output rows, its lanes stride over the rows' "lane units"
+//   (rx_lu<t>: 16-byte vector loads where the block layout keeps 16-byte alignment -- Q4_K,
+//   Q5_K, float types -- else funnel-shifted 32-bit loads). Unit u of a row sits right after
+//   unit u-1, so lane L reading unit L (+32k) makes each warp load instruction contiguous. Each
+//   weight byte is read once and used for all T tokens; each x value is loaded (float4) once
+//   per unit step and used for both rows. f32 accumulation with FMA, then a butterfly shuffle
+//   sum; lane r*TT+t stores y[t, row0+r].
+//   grid.x = ceil(n_out / 8). Needs x 16-byte aligned, w aligned to rx_lu<t>::ALIGN, and
+//   n_in % 8 == 0 for float types (the launcher falls back to the tiled kernel otherwise).
+//
+// reflex_matmul_tiled_<t>(w, x, y, T, n_in, n_out, row_bytes)                (any T; prefill)
+//   Classic shared-memory SGEMM tile: a 256-thread block computes 64 rows x 64 tokens; per
+//   64-wide K slice it dequantizes the 64x64 weight tile (rx_q<t>::dec4, 4 groups of 4 elements
+//   per thread) and stages the 64x64 x tile, both k-major in shared memory (34 KB), then each
+//   thread accumulates a 4 rows x 4 tokens outer product per k (two float4 smem reads, 16 FMA).
+//   Warps whose 8 tokens are all >= T skip the math. grid = (ceil(n_out/64), ceil(T/64)).
+//   No alignment assumptions (also the fallback for misaligned inputs).
+//
+// reflex_moe_matmul_<t>(w, x, ids, y, T, k, n_in, n_out, row_bytes, expert_bytes,
+//                       x_per_expert, n_expert)
+//   MoE gather: slot s = t*k + j uses expert e = ids[s] (read on the device) of the 3-D tensor
+//   (E matrices of expert_bytes each): y[s, :] = W_e . x_row, x_row = x[t] (x_per_expert = 0)
+//   or x[s] (1). The GEMV above with T = 1 per slot: grid = (ceil(n_out/8), min(T*k, 65535)),
+//   grid.y strides over slots, so only the selected experts' rows are read. An id outside
+//   [0, n_expert) gives NaN outputs.
+#include "reflex/quants.cuh"
+
+#define GEMV_WARPS 4
+#define GEMV_R 2
+#define TILE_M 64
+#define TILE_N 64
+#define TILE_K 64
+#define TILE_THREADS 256
+#define DQ_THREADS 256
+#define EMB_THREADS 128
+
+// ------------------------------------------------------------------------------------------
+// dequant / embed
+
+template <int TYPE>
+__device__ __forceinline__ void dequant_body(const uint8_t* __restrict__ w, float* __restrict__ out,
+                                             long long n) {
+    typedef rx_q<TYPE> Q;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if constexpr (Q::QK == 1) {
+        for (; i < n; i += stride) out[i] = Q::dec1(w, i);
+    } else {
+        const long long ng = n / 4;  // n % QK == 0 (checked by the launcher)
+        const bool vec = ((uintptr_t)out & 15u) == 0;
+        for (; i < ng; i += stride) {
+            const long long e = 4 * i;
+            float y[4];
+            Q::dec4(w + (e / Q::QK) * Q::TS, (int)(e % Q::QK), y);
+            if (vec) {
+                *(float4*)(out + e) = make_float4(y[0], y[1], y[2], y[3]);
+            } else {
+#pragma unroll
+                for (int c = 0; c < 4; ++c) out[e + c] = y[c];
+            }
+        }
+    }
+}
+
+template <int TYPE>
+__device__ __forceinline__ void embed_body(const uint8_t* __restrict__ w, const int* __restrict__ ids,
+                                           float* __restrict__ out, int n_tokens, int n_embd,
+                                           long long row_bytes, int n_rows) {
+    typedef rx_q<TYPE> Q;
+    const int stride = gridDim.x * blockDim.x;
+    const int i0 = blockIdx.x * blockDim.x + threadIdx.x;
+    for (int tok = blockIdx.y; tok < n_tokens; tok += gridDim.y) {
+        const int id = __ldg(ids + tok);
+        const bool ok = id >= 0 && id < n_rows;
+        const uint8_t* row = w + (long long)(ok ? id : 0) * row_bytes;
+        float* o = out + (long long)tok * n_embd;
+        if constexpr (Q::QK == 1) {
+            for (int e = i0; e < n_embd; e += stride) o[e] = ok ? Q::dec1(row, e) : rx_nan();
+        } else {
+            const bool vec = ((uintptr_t)o & 15u) == 0;
+            for (int g = i0; g < n_embd / 4; g += stride) {
+                const int e = 4 * g;
+                float y[4];
+                if (ok) {
+                    Q::dec4(row + (long long)(e / Q::QK) * Q::TS, e % Q::QK, y);
+                } else {
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) y[c] = rx_nan();
+                }
+                if (vec) {
+                    *(float4*)(o + e) = make_float4(y[0], y[1], y[2], y[3]);
+                } else {
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) o[e + c] = y[c];
+                }
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// GEMV (small T) and the MoE gather GEMV
+
+template <int TT>
+__device__ __forceinline__ void gemv_store(float (&acc)[GEMV_R][TT], float* __restrict__ y, int T,
+                                           int n_out, int row0) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < GEMV_R; ++r) {
+#pragma unroll
+        for (int t = 0; t < TT; ++t) {
+            const float v = rx_warp_sum(acc[r][t]);
+            if (lane == r * TT + t && t < T && row0 + r < n_out) y[(long long)t * n_out + row0 + r] = v;
+        }
+    }
+}
+
+template <int TYPE, int TT>
+__device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w, const float* __restrict__ x,
+                                          float* __restrict__ y, int T, int n_in, int n_out,
+                                          long long row_bytes) {
+    const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_R;
+    if (row0 >= n_out) return;  // warp-uniform; no block-level sync below
+    float acc[GEMV_R][TT];
+    rx_gemv_lane<TYPE, TT, GEMV_R>(w, x, T, n_in, n_out, row_bytes, row0, threadIdx.x & 31, acc);
+    gemv_store<TT>(acc, y, T, n_out, row0);
+}
+
+template <int TYPE>
+__device__ __forceinline__ void moe_body(const uint8_t* __restrict__ w, const float* __restrict__ x,
+                                         const int* __restrict__ ids, float* __restrict__ y, int T,
+                                         int k, int n_in, int n_out, long long row_bytes,
+                                         long long expert_bytes, int x_per_expert, int n_expert) {
+    const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_R;
+    if (row0 >= n_out) return;
+    const int lane = threadIdx.x & 31;
+    const int n_slots = T * k;
+    for (int slot = blockIdx.y; slot < n_slots; slot += gridDim.y) {
+        const int e = __ldg(ids + slot);  // same for the whole warp
+        float* ys = y + (long long)slot * n_out;
+        if (e < 0 || e >= n_expert) {
+            if (lane < GEMV_R && row0 + lane < n_out) ys[row0 + lane] = rx_nan();
+            continue;
+        }
+        const float* xs = x + (long long)(x_per_expert ? slot : slot / k) * n_in;
+        float acc[GEMV_R][1];
+        rx_gemv_lane<TYPE, 1, GEMV_R>(w + (long long)e * expert_bytes, xs, 1, n_in, n_out, row_bytes,
+                                      row0, lane, acc);
+        gemv_store<1>(acc, ys, 1, n_out, row0);
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// tiled matmul (prefill)
+
+template <int TYPE>
+__device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w, const float* __restrict__ x,
+                                           float* __restrict__ y, int T, int n_in, int n_out,
+                                           long long row_bytes) {
+    typedef rx_q<TYPE> Q;
+    __shared__ __align__(16) float Ws[TILE_K][TILE_M + 4];
+    __shared__ __align__(16) float Xs[TILE_K][TILE_N + 4];
+    const int tid = threadIdx.x;
+    const int ty = tid & 15;  // rows ty*4 .. +4 of the tile
+    const int tx = tid >> 4;  // tokens tx*4 .. +4 (a warp: tokens 8w .. 8w+8)
+    const int m0 = blockIdx.x * TILE_M;
+    const int n0 = blockIdx.y * TILE_N;
+    const bool active = n0 + (tid >> 5) * 8 < T;
+    const bool xvec = (n_in & 3) == 0 && ((uintptr_t)x & 15u) == 0;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+
+    for (int k0 = 0; k0 < n_in; k0 += TILE_K) {
+        // weight tile: 64 rows x 16 groups of 4; thread -> (row m = g % 64, group g / 64)
+#pragma unroll
+        for (int p = 0; p < TILE_M * TILE_K / 4 / TILE_THREADS; ++p) {
+            const int g = tid + p * TILE_THREADS;
+            const int m = g & (TILE_M - 1), kg = g / TILE_M;
+            const int row = m0 + m, k = k0 + 4 * kg;
+            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (row < n_out && k < n_in) {
+                const uint8_t* rp = w + (long long)row * row_bytes;
+                if constexpr (Q::QK == 1) {
+#pragma unroll
+                    for (int c = 0; c < 4; ++c)
+                        if (k + c < n_in) v[c] = Q::dec1(rp, k + c);
+                } else {  // n_in % QK == 0, QK % 32 == 0: a group is all inside or all past the row
+                    Q::dec4(rp + (long long)(k / Q::QK) * Q::TS, k % Q::QK, v);
+                }
+            }
+#pragma unroll
+            for (int c = 0; c < 4; ++c) Ws[4 * kg + c][m] = v[c];
+        }
+        // x tile: 64 tokens x 16 float4; thread -> (token n = g / 16, group g % 16)
+#pragma unroll
+        for (int p = 0; p < TILE_N * TILE_K / 4 / TILE_THREADS; ++p) {
+            const int g = tid + p * TILE_THREADS;
+            const int n = g / (TILE_K / 4), kg = g % (TILE_K / 4);
+            const int tok = n0 + n, k = k0 + 4 * kg;
+            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (tok < T) {
+                const float* xr = x + (long long)tok * n_in + k;
+                if (xvec && k + 4 <= n_in) {
+                    rx_ld_f4(xr, v);
+                } else {
+#pragma unroll
+                    for (int c = 0; c < 4; ++c)
+                        if (k + c < n_in) v[c] = __ldg(xr + c);
+                }
+            }
+#pragma unroll
+            for (int c = 0; c < 4; ++c) Xs[4 * kg + c][n] = v[c];
+        }
+        __syncthreads();
+        if (active) {
+#pragma unroll 8
+            for (int kk = 0; kk < TILE_K; ++kk) {
+                const float4 a = *(const float4*)&Ws[kk][ty * 4];
+                const float4 b = *(const float4*)&Xs[kk][tx * 4];
+                const float av[4] = {a.x, a.y, a.z, a.w};
+                const float bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+            }
+        }
+        __syncthreads();
+    }
+    if (!active) return;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int row = m0 + ty * 4 + i;
+        if (row >= n_out) continue;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int tok = n0 + tx * 4 + j;
+            if (tok < T) y[(long long)tok * n_out + row] = acc[i][j];
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// extern "C" entry points, one set per type
+
+#define RX_QUANT_KERNELS(name, TYPE)                                                                  \
+    extern "C" __global__ void __launch_bounds__(DQ_THREADS)                                          \
+        reflex_dequant_##name(const uint8_t* __restrict__ w, float* __restrict__ out, long long n) {  \
+        dequant_body<TYPE>(w, out, n);                                                                \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(EMB_THREADS)                                         \
+        reflex_embed_##name(const uint8_t* __restrict__ w, const int* __restrict__ ids,               \
+                            float* __restrict__ out, int n_tokens, int n_embd, long long row_bytes,   \
+                            int n_rows) {                                                             \
+        embed_body<TYPE>(w, ids, out, n_tokens, n_embd, row_bytes, n_rows);                           \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
+        reflex_matmul_gemv1_##name(const uint8_t* __restrict__ w, const float* __restrict__ x,        \
+                                   float* __restrict__ y, int T, int n_in, int n_out,                 \
+                                   long long row_bytes) {                                             \
+        gemv_body<TYPE, 1>(w, x, y, T, n_in, n_out, row_bytes);                                       \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
+        reflex_matmul_gemv2_##name(const uint8_t* __restrict__ w, const float* __restrict__ x,        \
+                                   float* __restrict__ y, int T, int n_in, int n_out,                 \
+                                   long long row_bytes) {                                             \
+        gemv_body<TYPE, 2>(w, x, y, T, n_in, n_out, row_bytes);                                       \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
+        reflex_matmul_gemv4_##name(const uint8_t* __restrict__ w, const float* __restrict__ x,        \
+                                   float* __restrict__ y, int T, int n_in, int n_out,                 \
+                                   long long row_bytes) {                                             \
+        gemv_body<TYPE, 4>(w, x, y, T, n_in, n_out, row_bytes);                                       \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
+        reflex_matmul_gemv8_##name(const uint8_t* __restrict__ w, const float* __restrict__ x,        \
+                                   float* __restrict__ y, int T, int n_in, int n_out,                 \
+                                   long long row_bytes) {                                             \
+        gemv_body<TYPE, 8>(w, x, y, T, n_in, n_out, row_bytes);                                       \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(TILE_THREADS, 2)                                     \
+        reflex_matmul_tiled_##name(const uint8_t* __restrict__ w, const float* __restrict__ x,        \
+                                   float* __restrict__ y, int T, int n_in, int n_out,                 \
+                                   long long row_bytes) {                                             \
+        tiled_body<TYPE>(w, x, y, T, n_in, n_out, row_bytes);                                         \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 4)                                  \
+        reflex_moe_matmul_##name(const uint8_t* __restrict__ w, const float* __restrict__ x,          \
+                                 const int* __restrict__ ids, float* __restrict__ y, int T, int k,    \
+                                 int n_in, int n_out, long long row_bytes, long long expert_bytes,    \
+                                 int x_per_expert, int n_expert) {                                    \
+        moe_body<TYPE>(w, x, ids, y, T, k, n_in, n_out, row_bytes, expert_bytes, x_per_expert,        \
+                       n_expert);                                                                     \
+    }
+
+RX_QUANT_KERNELS(f32, RX_F32)
+RX_QUANT_KERNELS(f16, RX_F16)
+RX_QUANT_KERNELS(bf16, RX_BF16)
+RX_QUANT_KERNELS(q8_0, RX_Q8_0)
+RX_QUANT_KERNELS(q4_0, RX_Q4_0)
+RX_QUANT_KERNELS(q4_1, RX_Q4_1)
+RX_QUANT_KERNELS(q5_0, RX_Q5_0)
+RX_QUANT_KERNELS(q5_1, RX_Q5_1)
+RX_QUANT_KERNELS(q4_k, RX_Q4_K)
+RX_QUANT_KERNELS(q5_k, RX_Q5_K)
+RX_QUANT_KERNELS(q6_k, RX_Q6_K)

@@ -1,0 +1,387 @@
+"""The weight-side kernels (cuda/quant.cu via reflex_core.cuda.quant_ops) against NumPy.
+
+* dequant: BIT-exact with gguf.quants.dequantize, every supported type (random blocks with
+  extreme scales, every f16/bf16 pattern), also into a misaligned output;
+* embed: bit-exact rows, repeated ids, an invalid id -> NaN row;
+* matmul: vs a float64 NumPy matmul of the gguf-dequantized weights, for T in 1, 2, 7, 8, 9, 64,
+  300 and n_out in 1, 33, 257, 1000 with one, three and many blocks per row; both paths (GEMV,
+  tiled) forced explicitly too, and weight pointers off by 2 bytes (funnel-shifted loads /
+  tiled fallback). Tolerance 1e-5 * sqrt(n_in) * (|x| . |W|^T);
+* moe_matmul: repeated expert ids, x shared or per slot, T = 1, 4, 37, an invalid id -> NaN;
+* a bandwidth report of the T = 1 GEMV on large matrices (printed, never asserted: `-rP`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize
+
+from reflex_core.cuda import quant_ops
+
+pytestmark = pytest.mark.gpu
+
+TYPES = {
+    "F32": 0, "F16": 1, "BF16": 30, "Q8_0": 8, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7,
+    "Q4_K": 12, "Q5_K": 13, "Q6_K": 14,
+}
+FLOAT_TYPES = ("F32", "F16", "BF16")
+F16_FIELDS = {
+    "Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2),
+    "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+
+
+def qinfo(name):
+    return GGML_QUANT_SIZES[GGMLQuantizationType[name]]
+
+
+def random_f16_bits(rng, shape, lo_exp=0, hi_exp=30):
+    sign = rng.integers(0, 2, size=shape, dtype=np.uint16) << 15
+    exp = rng.integers(lo_exp, hi_exp + 1, size=shape, dtype=np.uint16) << 10
+    man = rng.integers(0, 1024, size=shape, dtype=np.uint16)
+    return (sign | exp | man).astype(np.uint16)
+
+
+def random_weights(rng, name, n_rows, n_in, lo_exp=8, hi_exp=14):
+    """(raw uint8 [n_rows, row_bytes], float32 dequantized [n_rows, n_in]). Quantized types get
+    random bytes with finite f16 scales in 2^(lo_exp-15) .. 2^(hi_exp-14)."""
+    if name in FLOAT_TYPES:
+        w = rng.standard_normal((n_rows, n_in)).astype(np.float32)
+        if name == "F16":
+            raw = w.astype(np.float16)
+        elif name == "BF16":
+            raw = (w.view(np.uint32) >> 16).astype(np.uint16)
+        else:
+            raw = w
+        raw = np.ascontiguousarray(raw).view(np.uint8).reshape(n_rows, -1)
+    else:
+        bs, ts = qinfo(name)
+        nb = n_rows * (n_in // bs)
+        raw = rng.integers(0, 256, size=(nb, ts), dtype=np.uint8)
+        for off in F16_FIELDS[name]:
+            raw[:, off:off + 2] = random_f16_bits(rng, (nb,), lo_exp, hi_exp).view(np.uint8) \
+                .reshape(nb, 2)
+        raw = raw.reshape(n_rows, (n_in // bs) * ts)
+    wf = dequantize(raw, GGMLQuantizationType[name]).reshape(n_rows, n_in).astype(np.float32)
+    return raw, wf
+
+
+def upload(ctx, arr, pad_front=0):
+    """Device copy of ``arr`` at (allocation + pad_front); returns (base, ptr)."""
+    b = np.ascontiguousarray(arr).tobytes()
+    base = ctx.alloc(len(b) + pad_front + 16)
+    ctx.htod(base + pad_front, b)
+    return base, base + pad_front
+
+
+def download(ctx, ptr, n, dtype=np.float32):
+    dt = np.dtype(dtype)
+    return np.frombuffer(ctx.dtoh(ptr, n * dt.itemsize), dtype=dt).copy()
+
+
+def assert_bits_equal(got, want, what):
+    got_u = np.ascontiguousarray(got).view(np.uint32).reshape(-1)
+    want_u = np.ascontiguousarray(want).view(np.uint32).reshape(-1)
+    bad = np.flatnonzero(got_u != want_u)
+    assert bad.size == 0, (
+        f"{what}: {bad.size} of {got_u.size} differ; first at {bad[0]}: got {got_u[bad[0]]:#010x}"
+        f" want {want_u[bad[0]]:#010x}")
+
+
+def check_matmul(y, wf, x, what):
+    ref = x.astype(np.float64) @ wf.astype(np.float64).T
+    mag = np.abs(x).astype(np.float64) @ np.abs(wf).astype(np.float64).T
+    tol = 1e-5 * np.sqrt(x.shape[1]) * mag + 1e-30
+    assert y.shape == ref.shape, f"{what}: shape {y.shape} != {ref.shape}"
+    assert not np.isnan(y).any(), f"{what}: NaN at {np.argwhere(np.isnan(y))[0]}"
+    err = np.abs(y.astype(np.float64) - ref)
+    if not (err <= tol).all():
+        i = np.unravel_index(np.argmax(err / tol), err.shape)
+        raise AssertionError(f"{what}: {(err > tol).sum()} of {err.size} out of tolerance; "
+                             f"worst at {i}: got {y[i]!r} want {ref[i]!r} tol {tol[i]:.3g}")
+
+
+def n_in_cases(name):
+    """One block, three blocks, many blocks (several lane-loop iterations)."""
+    bs = qinfo(name)[0]
+    if name in FLOAT_TYPES:
+        return [8, 24, 1032]
+    if bs == 32:
+        return [32, 96, 2048]
+    return [256, 768, 4096]
+
+
+@pytest.fixture
+def qk(cuda_ctx):
+    return cuda_ctx, cuda_ctx.kernels("quant")
+
+
+# ----------------------------------------------------------------------------------------------
+# the module itself
+
+
+def test_every_kernel_present(qk):
+    _, kern = qk
+    for name in quant_ops.kernel_names():
+        kern.function(name)  # raises CudaError naming the missing kernel
+
+
+# ----------------------------------------------------------------------------------------------
+# dequant
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_dequant_bit_exact(qk, name):
+    ctx, kern = qk
+    rng = np.random.default_rng(TYPES[name])
+    cases = []
+    if name == "F16":
+        bits = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+        bits = bits[~np.isnan(bits.view(np.float16))]  # all non-NaN patterns
+        cases.append(bits.view(np.uint8))
+        cases.append(bits[:1001].view(np.uint8))  # odd count: scalar tail
+    elif name == "BF16":
+        cases.append(np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.uint8))
+        cases.append(cases[0][:2 * 999])
+    elif name == "F32":
+        cases.append(rng.integers(0, 2**32, size=4099, dtype=np.uint64).astype(np.uint32)
+                     .view(np.uint8))
+    else:
+        for lo, hi in ((0, 30), (30, 30), (0, 0)):  # any finite scale, largest, subnormal
+            raw, _ = random_weights(rng, name, 1, qinfo(name)[0] * 1000, lo, hi)
+            cases.append(raw.reshape(-1))
+    for raw in cases:
+        want = dequantize(raw, GGMLQuantizationType[name]).reshape(-1)
+        n = want.size
+        _, wp = upload(ctx, raw)
+        for off in (0, 4):  # aligned (float4 stores) and misaligned output
+            ob = ctx.alloc(4 * n + 16)
+            quant_ops.dequant(kern, wp, TYPES[name], n, ob + off)
+            got = download(ctx, ob + off, n)
+            assert_bits_equal(got, want, f"{name} dequant n={n} out+{off}")
+
+
+# ----------------------------------------------------------------------------------------------
+# embed
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_embed(qk, name):
+    ctx, kern = qk
+    rng = np.random.default_rng(50 + TYPES[name])
+    n_embd = 37 if name in FLOAT_TYPES else 2 * qinfo(name)[0]
+    V = 41
+    raw, wf = random_weights(rng, name, V, n_embd, 0, 30)
+    _, wp = upload(ctx, raw)
+    ids = np.array([5, 0, 40, 5, 17, 40, 3], dtype=np.int32)
+    _, ip = upload(ctx, ids)
+    out = ctx.alloc(4 * len(ids) * n_embd)
+    quant_ops.embed(kern, wp, TYPES[name], ip, out, len(ids), n_embd, n_vocab=V)
+    got = download(ctx, out, len(ids) * n_embd).reshape(len(ids), n_embd)
+    assert_bits_equal(got, wf[ids], f"{name} embed")
+    # out-of-range ids give NaN rows, the others stay exact
+    bad = np.array([1, -1, V, 2], dtype=np.int32)
+    _, bp = upload(ctx, bad)
+    quant_ops.embed(kern, wp, TYPES[name], bp, out, 4, n_embd, n_vocab=V)
+    got = download(ctx, out, 4 * n_embd).reshape(4, n_embd)
+    assert np.isnan(got[1]).all() and np.isnan(got[2]).all()
+    assert_bits_equal(got[[0, 3]], wf[[1, 2]], f"{name} embed around invalid ids")
+
+
+# ----------------------------------------------------------------------------------------------
+# matmul
+
+T_CASES = (1, 2, 7, 8, 9, 64, 300)
+N_OUT_CASES = (1, 33, 257, 1000)
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_matmul(qk, name):
+    ctx, kern = qk
+    rng = np.random.default_rng(100 + TYPES[name])
+    for n_in in n_in_cases(name):
+        for n_out in N_OUT_CASES:
+            if n_in >= 1000 and n_out in (1, 257):
+                continue
+            raw, wf = random_weights(rng, name, n_out, n_in)
+            _, wp = upload(ctx, raw)
+            x = rng.standard_normal((max(T_CASES), n_in)).astype(np.float32)
+            _, xp = upload(ctx, x)
+            yp = ctx.alloc(4 * max(T_CASES) * n_out)
+            for T in T_CASES:
+                quant_ops.matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
+                y = download(ctx, yp, T * n_out).reshape(T, n_out)
+                check_matmul(y, wf, x[:T], f"{name} n_in={n_in} n_out={n_out} T={T}")
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_matmul_forced_paths(qk, name):
+    """Each kernel on its own (GEMV variants at their max T and below; tiled at small T), and
+    weights at an address 2 bytes off (2-aligned types keep the GEMV; others fall back)."""
+    ctx, kern = qk
+    rng = np.random.default_rng(200 + TYPES[name])
+    suffix = quant_ops._TYPES[TYPES[name]][0]
+    n_in = n_in_cases(name)[1]
+    n_out = 45
+    raw, wf = random_weights(rng, name, n_out, n_in)
+    rb = raw.shape[1]
+    x = rng.standard_normal((8, n_in)).astype(np.float32)
+    _, xp = upload(ctx, x)
+    yp = ctx.alloc(4 * 8 * n_out)
+    for off in (0, 2):
+        _, wp = upload(ctx, raw, pad_front=off)
+        for tt in (1, 2, 4, 8):
+            for T in sorted({1, tt // 2 or 1, tt}):
+                if off == 0:
+                    kern.launch(f"reflex_matmul_gemv{tt}_{suffix}", ((n_out + 7) // 8, 1, 1),
+                                (128, 1, 1), "PPPiiiq", (wp, xp, yp, T, n_in, n_out, rb))
+                    y = download(ctx, yp, T * n_out).reshape(T, n_out)
+                    check_matmul(y, wf, x[:T], f"{name} gemv{tt} T={T}")
+                quant_ops.matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
+                y = download(ctx, yp, T * n_out).reshape(T, n_out)
+                check_matmul(y, wf, x[:T], f"{name} matmul T={T} w+{off}")
+        for T in (1, 5):
+            kern.launch(f"reflex_matmul_tiled_{suffix}", ((n_out + 63) // 64, 1, 1), (256, 1, 1),
+                        "PPPiiiq", (wp, xp, yp, T, n_in, n_out, rb))
+            y = download(ctx, yp, T * n_out).reshape(T, n_out)
+            check_matmul(y, wf, x[:T], f"{name} tiled T={T} w+{off}")
+
+
+@pytest.mark.parametrize("name", FLOAT_TYPES)
+def test_matmul_float_odd_n_in(qk, name):
+    """Float weights with n_in not a multiple of 8 (GEMV not applicable: tiled for every T)."""
+    ctx, kern = qk
+    rng = np.random.default_rng(300 + TYPES[name])
+    for n_in in (1, 37, 131):
+        raw, wf = random_weights(rng, name, 19, n_in)
+        _, wp = upload(ctx, raw)
+        x = rng.standard_normal((70, n_in)).astype(np.float32)
+        _, xp = upload(ctx, x)
+        yp = ctx.alloc(4 * 70 * 19)
+        for T in (1, 3, 70):
+            quant_ops.matmul(kern, wp, TYPES[name], xp, yp, T, n_in, 19)
+            y = download(ctx, yp, T * 19).reshape(T, 19)
+            check_matmul(y, wf, x[:T], f"{name} n_in={n_in} T={T}")
+
+
+# ----------------------------------------------------------------------------------------------
+# MoE
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_moe_matmul(qk, name):
+    ctx, kern = qk
+    rng = np.random.default_rng(400 + TYPES[name])
+    E, k, n_out = 5, 3, 37
+    n_in = n_in_cases(name)[1]
+    raw, wf = random_weights(rng, name, E * n_out, n_in)  # E matrices back to back
+    wf = wf.reshape(E, n_out, n_in)
+    _, wp = upload(ctx, raw)
+    for T in (1, 4, 37):
+        ids = rng.integers(0, E, size=(T, k)).astype(np.int32)
+        ids[0] = [2, 2, 4][:k]  # repeated expert within a token
+        _, ip = upload(ctx, ids)
+        for per_expert in (False, True):
+            x = rng.standard_normal((T, k, n_in) if per_expert else (T, n_in)).astype(np.float32)
+            _, xp = upload(ctx, x)
+            yp = ctx.alloc(4 * T * k * n_out)
+            quant_ops.moe_matmul(kern, wp, TYPES[name], xp, ip, yp, T, k, n_in, n_out, E,
+                                 x_per_expert=per_expert)
+            y = download(ctx, yp, T * k * n_out).reshape(T, k, n_out)
+            for t in range(T):
+                for j in range(k):
+                    xr = x[t, j] if per_expert else x[t]
+                    check_matmul(y[t, j][None], wf[ids[t, j]], xr[None],
+                                 f"{name} moe T={T} t={t} j={j} per_expert={per_expert}")
+    # an invalid id: NaN for that slot only
+    ids = np.array([[1, E, 0]], dtype=np.int32)[:, :k]
+    _, ip = upload(ctx, ids)
+    x = rng.standard_normal((1, n_in)).astype(np.float32)
+    _, xp = upload(ctx, x)
+    yp = ctx.alloc(4 * k * n_out)
+    quant_ops.moe_matmul(kern, wp, TYPES[name], xp, ip, yp, 1, k, n_in, n_out, E)
+    y = download(ctx, yp, k * n_out).reshape(k, n_out)
+    assert np.isnan(y[1]).all()
+    check_matmul(y[0][None], wf[1], x, f"{name} moe next to an invalid id")
+
+
+# ----------------------------------------------------------------------------------------------
+# bandwidth report (printed, not asserted)
+
+
+def test_gemv_bandwidth_report(qk):
+    from reflex_core.cuda import driver
+
+    ctx, kern = qk
+    rng = np.random.default_rng(7)
+    lines = []
+    shapes = [(1024, 3072), (4096, 12288), (1024, 151936)]  # (n_in, n_out)
+    for name in ("Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "F16", "BF16", "F32"):
+        bs, ts = qinfo(name)
+        for n_in, n_out in shapes:
+            rb = n_in // bs * ts
+            nbytes = rb * n_out
+            if nbytes > 1.5e9:
+                continue
+            raw = rng.integers(0, 256, size=nbytes, dtype=np.uint8)
+            if name not in FLOAT_TYPES:  # keep scales finite
+                blocks = raw.reshape(-1, ts)
+                for off in F16_FIELDS[name]:
+                    blocks[:, off:off + 2] = random_f16_bits(rng, (blocks.shape[0],), 8, 14) \
+                        .view(np.uint8).reshape(-1, 2)
+            elif name in ("F16", "BF16"):
+                raw = (rng.standard_normal(nbytes // 2).astype(np.float16).view(np.uint8)
+                       if name == "F16" else raw)
+            _, wp = upload(ctx, raw)
+            x = rng.standard_normal((8, n_in)).astype(np.float32)
+            _, xp = upload(ctx, x)
+            yp = ctx.alloc(4 * 8 * n_out)
+            for T in (1, 8):
+                quant_ops.matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
+                reps = 20
+                e0, e1 = driver.Event(), driver.Event()
+                e0.record()
+                for _ in range(reps):
+                    quant_ops.matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
+                e1.record()
+                ms = driver.elapsed_ms(e0, e1) / reps
+                lines.append(f"{name:5s} n_in={n_in:5d} n_out={n_out:6d} T={T}: {ms * 1e3:8.1f} us "
+                             f"{nbytes / ms / 1e6:7.0f} GB/s")
+            ctx.free(wp)
+    # prefill: the tiled kernel
+    for name in ("Q8_0", "Q4_K", "Q6_K"):
+        bs, ts = qinfo(name)
+        n_in, n_out = 4096, 4096
+        raw, _ = random_weights(rng, name, n_out, n_in)
+        _, wp = upload(ctx, raw)
+        for T in (20, 300):
+            x = rng.standard_normal((T, n_in)).astype(np.float32)
+            _, xp = upload(ctx, x)
+            yp = ctx.alloc(4 * T * n_out)
+            quant_ops.matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
+            driver.synchronize()
+            e0, e1 = driver.Event(), driver.Event()
+            e0.record()
+            for _ in range(5):
+                quant_ops.matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
+            e1.record()
+            ms = driver.elapsed_ms(e0, e1) / 5
+            lines.append(f"{name:5s} tiled 4096x4096 T={T}: {ms * 1e3:8.1f} us "
+                         f"{2 * T * n_in * n_out / ms / 1e9:7.2f} TFLOP/s")
+            if T == 20:  # the alternative for short prompts: GEMV passes of <= 8 tokens
+                e0, e1 = driver.Event(), driver.Event()
+                e0.record()
+                for _ in range(5):
+                    for t0 in range(0, T, 8):
+                        quant_ops.matmul(kern, wp, TYPES[name], xp + 4 * t0 * n_in,
+                                         yp + 4 * t0 * n_out, min(8, T - t0), n_in, n_out)
+                e1.record()
+                ms = driver.elapsed_ms(e0, e1) / 5
+                lines.append(f"{name:5s} gemv passes 4096x4096 T={T}: {ms * 1e3:8.1f} us")
+    print("\nquant GEMV/tiled report\n" + "\n".join(lines))

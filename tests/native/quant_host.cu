@@ -1,0 +1,118 @@
+// Host-side harness for reflex/quants.cuh: the kernels' decoders and GEMV lane loop, run on the
+// CPU (tests/test_quant_host.py builds this with nvcc into a shared library and loads it with
+// ctypes). Build flags must include -ffp-contract=off for the host compiler (bit-exact paths).
+#include "reflex/quants.cuh"
+
+namespace {
+
+// mode 0: rx_q<T>::dec4 / dec1 (what dequant, embed and the tiled matmul use)
+template <int T>
+void dequant_dec4(const uint8_t* w, long long n, float* out) {
+    typedef rx_q<T> Q;
+    if constexpr (Q::QK == 1) {
+        for (long long e = 0; e < n; ++e) out[e] = Q::dec1(w, e);
+    } else {
+        for (long long e = 0; e < n; e += 4) Q::dec4(w + (e / Q::QK) * Q::TS, (int)(e % Q::QK), out + e);
+    }
+}
+
+// mode 1 / 2: the GEMV lane units, exact or FMA arithmetic; every unit's 8 values placed at
+// their element positions (the caller pre-fills `out` with a sentinel to catch gaps).
+template <int T, bool EXACT>
+void dequant_lu(const uint8_t* w, long long n, float* out) {
+    typedef rx_lu<T> L;
+    const long long nb = n / L::QK;
+    for (long long b = 0; b < nb; ++b) {
+        for (int j = 0; j < L::LPB; ++j) {
+            L u;
+            u.load(w + b * L::TS, j);
+            u.prep(j);
+            for (int s = 0; s < L::SUB; ++s) {
+                float v[8];
+                u.template dec<EXACT>(j, s, v);
+                const long long e0 = b * L::QK + L::e0(j, s), e1 = b * L::QK + L::e1(j, s);
+                for (int i = 0; i < 4; ++i) {
+                    out[e0 + i] = v[i];
+                    out[e1 + i] = v[4 + i];
+                }
+            }
+        }
+    }
+}
+
+// The GEMV kernel's arithmetic: per row pair, the 32 lanes' partial sums, then their sum.
+template <int T, int TT>
+void gemv(const uint8_t* w, const float* x, float* y, int nt, int n_in, int n_out, long long row_bytes) {
+    const int R = 2;
+    for (int row0 = 0; row0 < n_out; row0 += R) {
+        float tot[R][TT] = {};
+        for (int lane = 0; lane < 32; ++lane) {
+            float acc[R][TT];
+            rx_gemv_lane<T, TT, R>(w, x, nt, n_in, n_out, row_bytes, row0, lane, acc);
+            for (int r = 0; r < R; ++r)
+                for (int t = 0; t < TT; ++t) tot[r][t] += acc[r][t];
+        }
+        for (int r = 0; r < R; ++r)
+            for (int t = 0; t < nt; ++t)
+                if (row0 + r < n_out) y[(long long)t * n_out + row0 + r] = tot[r][t];
+    }
+}
+
+template <int T>
+int dequant_any(const uint8_t* w, long long n, float* out, int mode) {
+    switch (mode) {
+        case 0: dequant_dec4<T>(w, n, out); return 0;
+        case 1: dequant_lu<T, true>(w, n, out); return 0;
+        case 2: dequant_lu<T, false>(w, n, out); return 0;
+    }
+    return -2;
+}
+
+template <int T>
+int gemv_any(int tt, const uint8_t* w, const float* x, float* y, int nt, int n_in, int n_out,
+             long long row_bytes) {
+    if (nt > tt) return -3;
+    switch (tt) {
+        case 1: gemv<T, 1>(w, x, y, nt, n_in, n_out, row_bytes); return 0;
+        case 2: gemv<T, 2>(w, x, y, nt, n_in, n_out, row_bytes); return 0;
+        case 4: gemv<T, 4>(w, x, y, nt, n_in, n_out, row_bytes); return 0;
+        case 8: gemv<T, 8>(w, x, y, nt, n_in, n_out, row_bytes); return 0;
+    }
+    return -2;
+}
+
+}  // namespace
+
+#define RX_TYPE_SWITCH(type, CALL)      \
+    switch (type) {                     \
+        case RX_F32: return CALL(RX_F32);   \
+        case RX_F16: return CALL(RX_F16);   \
+        case RX_BF16: return CALL(RX_BF16); \
+        case RX_Q8_0: return CALL(RX_Q8_0); \
+        case RX_Q4_0: return CALL(RX_Q4_0); \
+        case RX_Q4_1: return CALL(RX_Q4_1); \
+        case RX_Q5_0: return CALL(RX_Q5_0); \
+        case RX_Q5_1: return CALL(RX_Q5_1); \
+        case RX_Q4_K: return CALL(RX_Q4_K); \
+        case RX_Q5_K: return CALL(RX_Q5_K); \
+        case RX_Q6_K: return CALL(RX_Q6_K); \
+    }                                   \
+    return -1;
+
+extern "C" int rx_host_dequant(int type, const uint8_t* w, long long n, float* out, int mode) {
+#define RX_CALL(T) dequant_any<T>(w, n, out, mode)
+    RX_TYPE_SWITCH(type, RX_CALL)
+#undef RX_CALL
+}
+
+extern "C" int rx_host_gemv(int type, int tt, const uint8_t* w, const float* x, float* y, int nt, int n_in,
+                            int n_out, long long row_bytes) {
+#define RX_CALL(T) gemv_any<T>(tt, w, x, y, nt, n_in, n_out, row_bytes)
+    RX_TYPE_SWITCH(type, RX_CALL)
+#undef RX_CALL
+}
+
+// Sanity hook: the f16 converter alone (all 65536 patterns in one call).
+extern "C" void rx_host_f16_table(float* out) {
+    for (uint32_t h = 0; h < 65536u; ++h) out[h] = rx_f16_to_f32(h);
+}
