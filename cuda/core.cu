@@ -1,0 +1,689 @@
+/*
+Reflex core kernels: every op of the ops interface that is not a quantized-weight op.
+
+One fatbin module ("core"), loaded by reflex_core/cuda/driver.py and launched from
+reflex_core/backends/cuda_backend.py. Activations are row-major float32, exactly as the NumPy
+reference backend (reflex_core/backends/numpy_backend.py) holds them; every kernel here has a
+NumPy twin there (the op of the same name) and a GPU test in tests/gpu/test_core_kernels.py.
+All kernels are extern "C" (no name mangling), prefixed reflex_, and launched on the default
+stream with kernel parameters packed by Kernels.launch (sig chars in brackets below:
+P pointer, i int32, f float32, d float64).
+
+Kernels (launch shape)
+  reflex_add            y = a + b                         grid ceil(n/256), block 256   [PPPi]
+  reflex_swiglu         y = silu(g) * u                   grid ceil(n/256), block 256   [PPPi]
+  reflex_rmsnorm        per row x/sqrt(mean(x^2)+eps)*w   grid rows, block 256|1024     [PPPif]
+  reflex_rope           NEOX / NORM rotation, YaRN        grid (H, T), block 128        [PPPiiiidddddd]
+  reflex_kv_write       K and V rows into cache cells     grid ceil(n/256)<=4096, 256   [PPPPii]
+  reflex_attention      masked GQA softmax attention      grid (H, T), block 256        [PPPPPPPiiiif]
+  reflex_take_rows      y[r] = x[rows[r]]                 grid (ceil(n/256), R), 256    [PPPi]
+  reflex_argmax         first index of the row maximum    grid rows, block 1024         [PPi]
+  reflex_token_logprobs log_softmax(x)[target] per row    grid rows, block 1024         [PPPi]
+  reflex_sample         temperature/top-k/top-p draw      grid 1, block 512             [PididdPP]
+  reflex_moe_route      gating, top-k, renorm, scale      grid T, block 256             [PPPiiiif]
+  reflex_moe_combine    sum_j w[t,j] * y[t,j,:]           grid (ceil(n/256), T), 256    [PPPii]
+
+Numerics: float32 everywhere except RoPE angles (float64 so that large positions keep their
+precision), the log-sum-exp of token_logprobs (float64 sum) and sampling (float64 as
+reflex_core/sampling.py defines it). Reductions use a fixed order (no float atomics), so every
+kernel is deterministic run to run.
+*/
+
+#include <stdint.h>
+#include <math.h>
+
+#define FULL_MASK 0xffffffffu
+
+// ------------------------------------------------------------------------------------------
+// reduction helpers (local to this module)
+
+__device__ __forceinline__ float warp_sum_f(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max_f(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+__device__ __forceinline__ int warp_sum_i(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ int warp_min_i(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+__device__ __forceinline__ int warp_max_i(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+// Block-wide reductions for blockDim.x a multiple of 32 (<= 1024). Every thread gets the
+// result. `red` is shared scratch of >= 32 elements; the trailing __syncthreads makes it
+// reusable right away.
+__device__ __forceinline__ float block_sum_f(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum_f(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float r = 0.f;
+    for (int w = 0; w < nw; w++) r += red[w];  // same order in every thread
+    __syncthreads();
+    return r;
+}
+
+__device__ __forceinline__ double block_sum_d(double v, double* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum_d(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    double r = 0.0;
+    for (int w = 0; w < nw; w++) r += red[w];
+    __syncthreads();
+    return r;
+}
+
+__device__ __forceinline__ float block_max_f(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max_f(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float r = red[0];
+    for (int w = 1; w < nw; w++) r = fmaxf(r, red[w]);
+    __syncthreads();
+    return r;
+}
+
+__device__ __forceinline__ int block_min_i(int v, int* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_min_i(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    int r = red[0];
+    for (int w = 1; w < nw; w++) r = min(r, red[w]);
+    __syncthreads();
+    return r;
+}
+
+__device__ __forceinline__ int block_max_i(int v, int* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max_i(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    int r = red[0];
+    for (int w = 1; w < nw; w++) r = max(r, red[w]);
+    __syncthreads();
+    return r;
+}
+
+// (value, index) argmax pair: larger value wins, equal values -> smaller index; idx < 0 = none.
+__device__ __forceinline__ void argmax_merge(float& v, int& i, float ov, int oi) {
+    if (oi < 0) return;
+    if (i < 0 || ov > v || (ov == v && oi < i)) { v = ov; i = oi; }
+}
+
+__device__ __forceinline__ void block_argmax(float& v, int& i, float* redv, int* redi) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(FULL_MASK, v, o);
+        int oi = __shfl_xor_sync(FULL_MASK, i, o);
+        argmax_merge(v, i, ov, oi);
+    }
+    if (lane == 0) { redv[warp] = v; redi[warp] = i; }
+    __syncthreads();
+    v = redv[0];
+    i = redi[0];
+    for (int w = 1; w < nw; w++) argmax_merge(v, i, redv[w], redi[w]);
+    __syncthreads();
+}
+
+// ------------------------------------------------------------------------------------------
+// elementwise
+
+extern "C" __global__ void reflex_add(const float* __restrict__ a, const float* __restrict__ b,
+                                      float* __restrict__ y, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a[i] + b[i];
+}
+
+extern "C" __global__ void reflex_swiglu(const float* __restrict__ g, const float* __restrict__ u,
+                                         float* __restrict__ y, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        const float x = g[i];
+        y[i] = x / (1.0f + expf(-x)) * u[i];
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// rmsnorm: one block per row; sum of squares reduced in float32 (fixed order), then
+// y = x * (1 / sqrt(mean + eps)) * w. w == NULL: no weight.
+
+extern "C" __global__ void reflex_rmsnorm(const float* __restrict__ x, const float* __restrict__ w,
+                                          float* __restrict__ y, int n, float eps) {
+    __shared__ float red[32];
+    const float* xr = x + (size_t)blockIdx.x * n;
+    float* yr = y + (size_t)blockIdx.x * n;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = xr[i];
+        ss += v * v;
+    }
+    ss = block_sum_f(ss, red);
+    const float r = 1.0f / sqrtf(ss / (float)n + eps);
+    if (w != nullptr) {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * w[i];
+    } else {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r;
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// rope: block (h, t) rotates head h of token t. Pair i (< n_rot/2) is (i, i + n_rot/2) for
+// NEOX and (2i, 2i+1) for NORM; dims >= n_rot are copied. Angles in float64:
+//   theta_extrap = pos * base^(-2i/n_rot), theta_interp = freq_scale * theta_extrap,
+//   YaRN (ext_factor != 0): mix = ext * (1 - clamp((i - lo) / max(0.001, hi - lo), 0, 1)),
+//   theta = interp * (1 - mix) + extrap * mix, mscale = attn_factor * (1 + 0.1 ln(1/freq_scale)).
+// (ggml's rope_yarn; spec section 4.3.)
+
+extern "C" __global__ void reflex_rope(const float* __restrict__ x, float* __restrict__ y,
+                                       const int* __restrict__ pos, int H, int d, int n_rot,
+                                       int neox, double freq_base, double freq_scale,
+                                       double ext_factor, double attn_factor, double corr_lo,
+                                       double corr_hi) {
+    const int h = blockIdx.x, t = blockIdx.y;
+    const size_t base = ((size_t)t * H + h) * d;
+    const float* xr = x + base;
+    float* yr = y + base;
+    const double p = (double)pos[t];
+    const int half = n_rot / 2;
+    double mscale = attn_factor;
+    if (ext_factor != 0.0) mscale *= 1.0 + 0.1 * log(1.0 / freq_scale);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const double theta_extrap = p * pow(freq_base, -2.0 * (double)i / (double)n_rot);
+        const double theta_interp = freq_scale * theta_extrap;
+        double theta = theta_interp;
+        if (ext_factor != 0.0) {
+            const double yv = ((double)i - corr_lo) / fmax(0.001, corr_hi - corr_lo);
+            const double ramp = 1.0 - fmin(1.0, fmax(0.0, yv));
+            const double mix = ramp * ext_factor;
+            theta = theta_interp * (1.0 - mix) + theta_extrap * mix;
+        }
+        double s, c;
+        sincos(theta, &s, &c);
+        const float cs = (float)(c * mscale), sn = (float)(s * mscale);
+        const int i0 = neox ? i : 2 * i;
+        const int i1 = neox ? i + half : 2 * i + 1;
+        const float a = xr[i0], b = xr[i1];
+        yr[i0] = a * cs - b * sn;
+        yr[i1] = a * sn + b * cs;
+    }
+    for (int i = n_rot + threadIdx.x; i < d; i += blockDim.x) yr[i] = xr[i];
+}
+
+// ------------------------------------------------------------------------------------------
+// kv_write: the batch's K [T, H_kv, d_k] and V [T, H_kv, d_v] into the layer's cache at cell
+// cell0 (the host offsets kc/vc by cell0 rows). Grid-stride copy of both in one launch.
+
+extern "C" __global__ void reflex_kv_write(const float* __restrict__ k, const float* __restrict__ v,
+                                           float* __restrict__ kc, float* __restrict__ vc,
+                                           int nk, int nv) {
+    const int stride = gridDim.x * blockDim.x;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nk; i += stride) kc[i] = k[i];
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += stride) vc[i] = v[i];
+}
+
+// ------------------------------------------------------------------------------------------
+// attention: block (h, t), 8 warps. Token t sees cells [0, prefix_end[t]) and
+// [max(own_start[t], prefix_end[t]), own_end[t]) -- the visible list, j = 0..n-1. Warp w takes
+// cells j = w, w+8, ...; its lanes split head_dim (<= 256: 8 floats per lane) for q.k (then a
+// warp shuffle sum) and for the V accumulator; each warp keeps an online softmax (m, l, acc).
+// The 8 partial states merge in shared memory: M = max m_w, L = sum l_w e^(m_w-M),
+// out = sum acc_w e^(m_w-M) / L. Query head h reads KV head h / (H / H_kv).
+// q [T, H, d_k]; kc [cells, H_kv, d_k]; vc [cells, H_kv, d_v]; out [T, H * d_v].
+
+#define ATT_WARPS 8
+#define ATT_MAXC 8  // head_dim <= 32 * ATT_MAXC
+
+extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
+reflex_attention(const float* __restrict__ q, const float* __restrict__ kc,
+                 const float* __restrict__ vc, float* __restrict__ out,
+                 const int* __restrict__ prefix_end, const int* __restrict__ own_start,
+                 const int* __restrict__ own_end, int H, int H_kv, int dk, int dv, float scale) {
+    __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
+    __shared__ float s_acc[ATT_WARPS][32 * ATT_MAXC];
+    const int h = blockIdx.x, t = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = h / (H / H_kv);
+    const int a_end = prefix_end[t];
+    const int b_start = max(own_start[t], a_end);
+    const int nb = max(0, own_end[t] - b_start);
+    const int n = a_end + nb;
+
+    const float* qh = q + ((size_t)t * H + h) * dk;
+    float qr[ATT_MAXC], acc[ATT_MAXC];
+#pragma unroll
+    for (int c = 0; c < ATT_MAXC; c++) {
+        const int e = lane + 32 * c;
+        qr[c] = e < dk ? qh[e] : 0.f;
+        acc[c] = 0.f;
+    }
+    float m = -INFINITY, l = 0.f;
+    const size_t kstride = (size_t)H_kv * dk, vstride = (size_t)H_kv * dv;
+    const float* kbase = kc + (size_t)g * dk;
+    const float* vbase = vc + (size_t)g * dv;
+    for (int j = warp; j < n; j += ATT_WARPS) {
+        const int cell = j < a_end ? j : b_start + (j - a_end);
+        const float* kp = kbase + (size_t)cell * kstride;
+        float s = 0.f;
+#pragma unroll
+        for (int c = 0; c < ATT_MAXC; c++) {
+            const int e = lane + 32 * c;
+            if (e < dk) s += qr[c] * kp[e];
+        }
+        s = warp_sum_f(s) * scale;
+        const float mn = fmaxf(m, s);
+        const float corr = expf(m - mn);  // m = -inf on the first cell: 0
+        const float p = expf(s - mn);
+        l = l * corr + p;
+        const float* vp = vbase + (size_t)cell * vstride;
+#pragma unroll
+        for (int c = 0; c < ATT_MAXC; c++) {
+            const int e = lane + 32 * c;
+            if (e < dv) acc[c] = acc[c] * corr + p * vp[e];
+        }
+        m = mn;
+    }
+    if (lane == 0) { s_m[warp] = m; s_l[warp] = l; }
+#pragma unroll
+    for (int c = 0; c < ATT_MAXC; c++) {
+        const int e = lane + 32 * c;
+        if (e < dv) s_acc[warp][e] = acc[c];
+    }
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, s_m[w]);
+    float L = 0.f;
+    float f[ATT_WARPS];
+#pragma unroll
+    for (int w = 0; w < ATT_WARPS; w++) {
+        f[w] = s_m[w] == -INFINITY ? 0.f : expf(s_m[w] - M);
+        L += s_l[w] * f[w];
+    }
+    const float invL = L > 0.f ? 1.0f / L : 0.f;
+    float* o = out + ((size_t)t * H + h) * dv;
+    for (int e = threadIdx.x; e < dv; e += blockDim.x) {
+        float acc_e = 0.f;
+#pragma unroll
+        for (int w = 0; w < ATT_WARPS; w++) acc_e += s_acc[w][e] * f[w];
+        o[e] = acc_e * invL;
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// take_rows: y[r, :] = x[rows[r], :]; grid (ceil(n/256), R).
+
+extern "C" __global__ void reflex_take_rows(const float* __restrict__ x, const int* __restrict__ rows,
+                                            float* __restrict__ y, int n) {
+    const int r = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[(size_t)r * n + i] = x[(size_t)rows[r] * n + i];
+}
+
+// ------------------------------------------------------------------------------------------
+// argmax: one block per row; per-thread strided scan keeps the first maximum, then a block
+// (value desc, index asc) reduction -> the lowest index among equal maxima (NumPy's argmax).
+
+extern "C" __global__ void reflex_argmax(const float* __restrict__ x, int* __restrict__ out, int n) {
+    __shared__ float rv[32];
+    __shared__ int ri[32];
+    const float* xr = x + (size_t)blockIdx.x * n;
+    float best = -INFINITY;
+    int bi = -1;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = xr[i];
+        if (bi < 0 || v > best) { best = v; bi = i; }
+    }
+    block_argmax(best, bi, rv, ri);
+    if (threadIdx.x == 0) out[blockIdx.x] = bi < 0 ? 0 : bi;
+}
+
+// ------------------------------------------------------------------------------------------
+// token_logprobs: one block per row: out[r] = x[r, tgt] - max - log(sum exp(x - max)), the sum
+// accumulated in float64. out is float64.
+
+extern "C" __global__ void reflex_token_logprobs(const float* __restrict__ x,
+                                                 const int* __restrict__ targets,
+                                                 double* __restrict__ out, int n) {
+    __shared__ float redf[32];
+    __shared__ double redd[32];
+    const float* xr = x + (size_t)blockIdx.x * n;
+    float mx = -INFINITY;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) mx = fmaxf(mx, xr[i]);
+    mx = block_max_f(mx, redf);
+    double s = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += (double)expf(xr[i] - mx);
+    s = block_sum_d(s, redd);
+    if (threadIdx.x == 0) {
+        const int tg = targets[blockIdx.x];
+        out[blockIdx.x] = (double)xr[tg] - (double)mx - log(s);
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// sample: one block of 512 threads draws one token from row `x` (length V) exactly as
+// reflex_core/sampling.py defines it (temperature > 0; the host does greedy with argmax):
+//   z = f64(x)/f64(temp); p = exp(z - max z) -> scratch (float64, V entries).
+//   top-k (0 < k < V): the k-th largest float32 key by 8 passes of 4-bit radix select (integer
+//     counts); kept = key >= key_k (float32 order == z order: no new ties, sampling.py notes).
+//   top-p (top_p < 1): t = the largest key v with G(v) = sum_{kept, key >= v} p >= top_p * S,
+//     found digit by digit (8 passes x 16 float64 bin sums, reduced in a fixed order); p is
+//     strictly increasing in the key where p > 0, so {key >= t} == {p >= p(t)}; if p(t) == 0
+//     everything kept stays kept (the reference's p >= 0).
+//   draw: thread r owns indices [r*C, (r+1)*C); exclusive scan of the per-thread kept sums
+//     (index order), target = u * total; each thread walks its chunk and the lowest index whose
+//     running sum exceeds target wins; none -> the last kept index.
+
+#define SMP_THREADS 512  // 128 registers/thread available: the 16+16 bins stay in registers
+#define SMP_WARPS (SMP_THREADS / 32)
+
+__device__ __forceinline__ unsigned f2key(float f) {
+    const unsigned u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ float key2f(unsigned k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// Fixed-order block reduction of 16 float64 bins (when WITH_P) and 16 int bins into tp/tc
+// (shared); the trailing __syncthreads publishes them.
+template <bool WITH_P>
+__device__ __forceinline__ void block_bins(double (&acc)[16], int (&cnt)[16],
+                                           double (*wp)[16], int (*wc)[16],
+                                           double* tp, int* tc) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int b = 0; b < 16; b++) {
+        if (WITH_P) acc[b] = warp_sum_d(acc[b]);
+        cnt[b] = warp_sum_i(cnt[b]);
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int b = 0; b < 16; b++) {
+            if (WITH_P) wp[warp][b] = acc[b];
+            wc[warp][b] = cnt[b];
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        double s = 0.0;
+        int c = 0;
+        for (int w = 0; w < SMP_WARPS; w++) {
+            if (WITH_P) s += wp[w][threadIdx.x];
+            c += wc[w][threadIdx.x];
+        }
+        tp[threadIdx.x] = s;
+        tc[threadIdx.x] = c;
+    }
+    __syncthreads();
+}
+
+extern "C" __global__ void __launch_bounds__(SMP_THREADS)
+reflex_sample(const float* __restrict__ x, int V, double temp, int top_k, double top_p,
+              double u, double* __restrict__ pbuf, int* __restrict__ out) {
+    __shared__ float redf[32];
+    __shared__ int redi[32];
+    __shared__ double wp[SMP_WARPS][16];
+    __shared__ int wc[SMP_WARPS][16];
+    __shared__ double tp[16];
+    __shared__ int tc[16];
+    __shared__ double s_scan[SMP_WARPS];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    // 1. z max and p
+    float mx = -INFINITY;
+    for (int i = tid; i < V; i += SMP_THREADS) mx = fmaxf(mx, x[i]);
+    mx = block_max_f(mx, redf);
+    const double zmax = (double)mx / temp;
+    for (int i = tid; i < V; i += SMP_THREADS) pbuf[i] = exp((double)x[i] / temp - zmax);
+    __syncthreads();  // pbuf is re-read below by other threads (global memory, same block)
+
+    unsigned thr = 0u;  // kept = key >= thr
+    // 2. top-k: the k-th largest key (counting duplicates)
+    if (top_k > 0 && top_k < V) {
+        unsigned prefix = 0u;
+        int kk = top_k;
+        for (int pass = 0; pass < 8; pass++) {
+            const int shift = 28 - 4 * pass;
+            const unsigned hi = pass == 0 ? 0u : (0xFFFFFFFFu << (shift + 4));
+            double acc[16];
+            int cnt[16];
+#pragma unroll
+            for (int b = 0; b < 16; b++) { acc[b] = 0.0; cnt[b] = 0; }
+            for (int i = tid; i < V; i += SMP_THREADS) {
+                const unsigned key = f2key(x[i]);
+                if ((key & hi) == prefix) {
+                    const unsigned dg = (key >> shift) & 15u;
+#pragma unroll
+                    for (int b = 0; b < 16; b++) cnt[b] += (dg == (unsigned)b);
+                }
+            }
+            block_bins<false>(acc, cnt, wp, wc, tp, tc);
+            int digit = 0;
+            for (int b = 15; b >= 0; b--) {
+                if (kk <= tc[b]) { digit = b; break; }
+                kk -= tc[b];
+            }
+            prefix |= (unsigned)digit << shift;
+            __syncthreads();  // everyone read tc before the next pass overwrites it
+        }
+        thr = prefix;
+    }
+
+    // 3. top-p over the survivors of top-k
+    if (top_p < 1.0) {
+        unsigned prefix = 0u;
+        double above = 0.0, P = 0.0;
+        for (int pass = 0; pass < 8; pass++) {
+            const int shift = 28 - 4 * pass;
+            const unsigned hi = pass == 0 ? 0u : (0xFFFFFFFFu << (shift + 4));
+            double acc[16];
+            int cnt[16];
+#pragma unroll
+            for (int b = 0; b < 16; b++) { acc[b] = 0.0; cnt[b] = 0; }
+            for (int i = tid; i < V; i += SMP_THREADS) {
+                const unsigned key = f2key(x[i]);
+                if (key >= thr && (key & hi) == prefix) {
+                    const unsigned dg = (key >> shift) & 15u;
+                    const double pv = pbuf[i];
+#pragma unroll
+                    for (int b = 0; b < 16; b++) {
+                        const bool hit = dg == (unsigned)b;
+                        acc[b] += hit ? pv : 0.0;
+                        cnt[b] += hit;
+                    }
+                }
+            }
+            block_bins<true>(acc, cnt, wp, wc, tp, tc);
+            if (pass == 0) {  // S = all kept p, summed in the order G is summed below
+                double S = 0.0;
+                for (int b = 15; b >= 0; b--) if (tc[b] > 0) S += tp[b];
+                P = top_p * S;
+            }
+            int digit = -1;
+            double run = above, before = above;
+            for (int b = 15; b >= 0; b--) {
+                if (tc[b] == 0) continue;
+                before = run;
+                run += tp[b];
+                if (run >= P) { digit = b; break; }
+            }
+            if (digit < 0) {  // rounding only: take the lowest non-empty bin
+                run = above;
+                for (int b = 15; b >= 0; b--) {
+                    if (tc[b] == 0) continue;
+                    before = run;
+                    run += tp[b];
+                    digit = b;
+                }
+            }
+            above = before;
+            prefix |= (unsigned)digit << shift;
+            __syncthreads();
+        }
+        const double pt = exp((double)key2f(prefix) / temp - zmax);
+        if (pt > 0.0 && prefix > thr) thr = prefix;
+    }
+
+    // 4. draw in index order
+    const int C = (V + SMP_THREADS - 1) / SMP_THREADS;
+    const int i0 = min(V, tid * C), i1 = min(V, i0 + C);
+    double local = 0.0;
+    int last = -1;
+    for (int i = i0; i < i1; i++) {
+        if (f2key(x[i]) >= thr) { local += pbuf[i]; last = i; }
+    }
+    // exclusive scan of `local` over threads (fixed order)
+    double incl = local;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const double v = __shfl_up_sync(FULL_MASK, incl, o);
+        if (lane >= o) incl += v;
+    }
+    if (lane == 31) s_scan[warp] = incl;
+    __syncthreads();
+    double wbase = 0.0, total = 0.0;
+    for (int w = 0; w < SMP_WARPS; w++) {
+        if (w < warp) wbase += s_scan[w];
+        total += s_scan[w];
+    }
+    const double excl = wbase + incl - local;
+    const double target = u * total;
+    int cand = 0x7fffffff;
+    double c = excl;
+    for (int i = i0; i < i1; i++) {
+        if (f2key(x[i]) >= thr) {
+            c += pbuf[i];
+            if (c > target) { cand = i; break; }
+        }
+    }
+    cand = block_min_i(cand, redi);
+    if (cand == 0x7fffffff) cand = block_max_i(last, redi);
+    if (tid == 0) out[0] = cand < 0 ? 0 : cand;
+}
+
+// ------------------------------------------------------------------------------------------
+// moe_route: one block (256 threads) per token. probs (float32) by gating: 1 softmax(logits),
+// 2 sigmoid, 3 the logits themselves (softmax_weight), 4 sqrt(softplus) (softplus = z above 20);
+// k rounds of block argmax (largest prob, lowest index on ties; taken experts flagged) pick the
+// experts; weights = their probs (gating 3: softmax over the k picked), / max(sum,
+// 6.103515625e-5) when norm, * scale when scale is neither 0 nor 1 (spec section 4.5).
+// ids [T, k] int32, w [T, k] float32. E <= 1024, k <= 64.
+
+#define MOE_MAXE 1024
+#define MOE_MAXK 64
+
+extern "C" __global__ void reflex_moe_route(const float* __restrict__ logits, int* __restrict__ ids,
+                                            float* __restrict__ wout, int E, int k, int gating,
+                                            int norm, float scale) {
+    __shared__ float sp[MOE_MAXE];
+    __shared__ unsigned char taken[MOE_MAXE];
+    __shared__ float red[32];
+    __shared__ float rv[32];
+    __shared__ int ri[32];
+    __shared__ float selp[MOE_MAXK];
+    __shared__ int seli[MOE_MAXK];
+    const float* lr = logits + (size_t)blockIdx.x * E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) taken[e] = 0;
+    if (gating == 1) {
+        float mx = -INFINITY;
+        for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, lr[e]);
+        mx = block_max_f(mx, red);
+        float s = 0.f;
+        for (int e = threadIdx.x; e < E; e += blockDim.x) {
+            const float v = expf(lr[e] - mx);
+            sp[e] = v;
+            s += v;
+        }
+        s = block_sum_f(s, red);  // its __syncthreads also orders the sp writes
+        const float inv = 1.0f / s;
+        for (int e = threadIdx.x; e < E; e += blockDim.x) sp[e] = sp[e] * inv;
+    } else {
+        for (int e = threadIdx.x; e < E; e += blockDim.x) {
+            const float z = lr[e];
+            float v;
+            if (gating == 2) v = 1.0f / (1.0f + expf(-z));
+            else if (gating == 4) v = sqrtf(z > 20.0f ? z : log1pf(expf(fminf(z, 20.0f))));
+            else v = z;
+            sp[e] = v;
+        }
+    }
+    __syncthreads();
+    for (int j = 0; j < k; j++) {
+        float bv = -INFINITY;
+        int bi = -1;
+        for (int e = threadIdx.x; e < E; e += blockDim.x) {
+            const float v = sp[e];
+            if (!taken[e] && (bi < 0 || v > bv)) { bv = v; bi = e; }
+        }
+        block_argmax(bv, bi, rv, ri);
+        if (threadIdx.x == 0) {
+            seli[j] = bi;
+            selp[j] = bv;
+            if (bi >= 0) taken[bi] = 1;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        if (gating == 3) {
+            float m = -INFINITY;
+            for (int j = 0; j < k; j++) m = fmaxf(m, selp[j]);
+            float s = 0.f;
+            for (int j = 0; j < k; j++) { selp[j] = expf(selp[j] - m); s += selp[j]; }
+            for (int j = 0; j < k; j++) selp[j] = selp[j] / s;
+        }
+        float sum = 0.f;
+        for (int j = 0; j < k; j++) sum += selp[j];
+        const float div = fmaxf(sum, 6.103515625e-5f);
+        const bool sc = scale != 0.0f && scale != 1.0f;
+        for (int j = 0; j < k; j++) {
+            float wv = selp[j];
+            if (norm) wv = wv / div;
+            if (sc) wv = wv * scale;
+            ids[(size_t)blockIdx.x * k + j] = seli[j] < 0 ? 0 : seli[j];
+            wout[(size_t)blockIdx.x * k + j] = wv;
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// moe_combine: out[t, c] = sum_{j<k} w[t, j] * y[t, j, c] (j ascending); grid (ceil(n/256), T).
+
+extern "C" __global__ void reflex_moe_combine(const float* __restrict__ y, const float* __restrict__ w,
+                                              float* __restrict__ out, int k, int n) {
+    const int t = blockIdx.y;
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= n) return;
+    const float* yt = y + (size_t)t * k * n + c;
+    const float* wt = w + (size_t)t * k;
+    float s = 0.f;
+    for (int j = 0; j < k; j++) s += wt[j] * yt[(size_t)j * n];
+    out[(size_t)t * n + c] = s;
+}

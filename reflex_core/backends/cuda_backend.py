@@ -1,0 +1,521 @@
+"""``CudaOps``: the ops interface on the GPU -- device-resident weights and activations, AOT kernels.
+
+* Weights: :meth:`CudaOps.attach` uploads the GGUF's whole tensor-data region once (one
+  allocation, one copy straight from the page-locked mmap); a :class:`Weight`'s ``data`` is the
+  device address of its bytes inside that blob, still in its GGML type.
+* Activations: :class:`DeviceArray` (device pointer, NumPy-order shape, dtype), row-major. Memory
+  comes from the driver's caching allocator and goes back to it when the array is garbage
+  collected (CPython frees it as soon as the last reference goes).
+* Kernels: the core module (``cuda/core.cu``) for everything but the weight ops, which go through
+  :mod:`reflex_core.cuda.quant_ops` (``cuda/quant.cu``).
+* Nothing comes back to the host except ``argmax``/``sample``/``token_logprobs`` results (and
+  ``to_numpy`` for tests and ``reflex check``). No numpy import on this path.
+
+Each op's NumPy twin is the NumpyOps op of the same name; tests/gpu/ compares them.
+"""
+
+from __future__ import annotations
+
+import struct
+from array import array
+from typing import Any, Sequence
+
+from ..cuda import driver
+from ..errors import ModelError, ReflexError, UnsupportedTensorType
+from ..gguf import GGML_TYPES
+from ..ops import Batch, KVCache, Ops, RopeParams, Weight
+
+_F32 = 0
+_ITEMSIZE = {"f32": 4, "i32": 4, "f64": 8}
+_GATING = {"softmax": 1, "sigmoid": 2, "softmax_weight": 3, "sqrt_softplus": 4}
+_ATT_MAX_HEAD = 256
+_MOE_MAX_E, _MOE_MAX_K = 1024, 64
+
+
+def _prod(shape: Sequence[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _type_name(t: int) -> str:
+    info = GGML_TYPES.get(t)
+    return info.name if info else f"type {t}"
+
+
+class _Block:
+    """Device memory from the caching allocator; returned to it when collected."""
+
+    __slots__ = ("ptr", "nbytes")
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        self.ptr = driver.alloc(nbytes)
+
+    def __del__(self) -> None:
+        try:
+            driver.free(self.ptr)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+class DeviceArray:
+    """A row-major device tensor: ``ptr`` (int), NumPy-order ``shape``, ``owner`` (what keeps the
+    memory alive: a pool block, another array's owner for views, or None for borrowed memory)."""
+
+    __slots__ = ("ptr", "shape", "owner", "dtype")
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], owner: Any, dtype: str = "f32"):
+        self.ptr = ptr
+        self.shape = shape
+        self.owner = owner
+        self.dtype = dtype
+
+    @property
+    def size(self) -> int:
+        return _prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return _prod(self.shape) * _ITEMSIZE[self.dtype]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __repr__(self) -> str:
+        return f"DeviceArray({self.ptr:#x}, shape={self.shape}, {self.dtype})"
+
+
+def empty(shape: Sequence[int], dtype: str = "f32") -> DeviceArray:
+    shape = tuple(int(s) for s in shape)
+    blk = _Block(max(1, _prod(shape)) * _ITEMSIZE[dtype])
+    return DeviceArray(blk.ptr, shape, blk, dtype)
+
+
+class Prepared:
+    """A batch on the device (``ops.prepare``): token ids, positions and the three mask arrays in
+    one int32 buffer ``[5, T]``."""
+
+    __slots__ = ("batch", "n_tokens", "cell0", "n_kv", "buf", "tokens", "positions",
+                 "prefix_end", "own_start", "own_end", "tok_min", "tok_max")
+
+    def __init__(self, batch: Batch, buf: DeviceArray):
+        T = batch.n_tokens
+        self.batch = batch
+        self.n_tokens = T
+        self.cell0 = batch.cell0
+        self.n_kv = batch.n_kv
+        self.buf = buf
+        b = buf.ptr
+        self.tokens, self.positions = b, b + 4 * T
+        self.prefix_end, self.own_start, self.own_end = b + 8 * T, b + 12 * T, b + 16 * T
+        self.tok_min = min(batch.tokens) if T else 0
+        self.tok_max = max(batch.tokens) if T else 0
+
+
+class CudaOps(Ops):
+    """The GPU backend. ``attach`` uploads the weights; every op runs on the device."""
+
+    name = "cuda"
+
+    def __init__(self, device: int = 0) -> None:
+        self.device = driver.current_device()
+        self.k = driver.get_kernels("core")
+        self.gguf: Any = None
+        self._blob = 0
+        self._blob_size = 0
+        self._data_offset = 0
+        self._registration: Any = None
+        self.upload_info: dict = {}
+        self._weights: dict[str, Weight] = {}
+        self._f32: dict[str, DeviceArray] = {}
+        self._quant_ops: Any = None
+        self._quant_k: Any = None
+
+    # --- quantized-weight kernels (reflex_core.cuda.quant_ops) --------------------------------
+    def _q(self) -> tuple[Any, Any]:
+        """(quant_ops module, its loaded kernels) -- loaded on first use."""
+        if self._quant_k is None:
+            from ..cuda import quant_ops
+
+            self._quant_k = driver.get_kernels("quant")
+            self._quant_ops = quant_ops
+        return self._quant_ops, self._quant_k
+
+    @staticmethod
+    def _supported(t: int) -> bool:
+        if t == _F32:
+            return True
+        try:
+            from ..cuda import quant_ops
+        except ImportError:
+            return False
+        return t in quant_ops.SUPPORTED_TYPES
+
+    # --- weights and state ----------------------------------------------------------------
+    def attach(self, gguf) -> None:
+        """Upload the file's whole tensor-data region: one cuMemAlloc, one host-registered copy."""
+        self.release()
+        self.gguf = gguf
+        tensors = list(gguf.tensors.values())
+        start = int(gguf.data_offset)
+        end = max((t.offset + t.nbytes for t in tensors), default=start)
+        size = end - start
+        self._data_offset = start
+        self._blob_size = size
+        if size > 0:
+            self._blob = driver.mem_alloc_raw(size)
+            self.upload_info = driver.upload_host_region(self._blob, gguf.mm, start, size)
+            self._registration = self.upload_info.pop("registration", None)
+
+    def release_host_registration(self) -> None:
+        """Unpin the mmap pages registered by attach (the upload is complete by then)."""
+        reg, self._registration = self._registration, None
+        if reg is not None:
+            reg.release()
+
+    def release(self) -> None:
+        """Free the weights (device) and unpin the host pages; the ops can attach again."""
+        self.release_host_registration()
+        self._weights.clear()
+        self._f32.clear()
+        if self._blob:
+            blob, self._blob = self._blob, 0
+            driver.synchronize()
+            driver.mem_free_raw(blob)
+        self.gguf = None
+
+    def has_weight(self, name: str) -> bool:
+        return self.gguf is not None and name in self.gguf.tensors
+
+    def weight(self, name: str) -> Weight:
+        w = self._weights.get(name)
+        if w is not None:
+            return w
+        if self.gguf is None:
+            raise ReflexError("CudaOps.weight() before attach()")
+        info = self.gguf.tensors.get(name)
+        if info is None:
+            raise ModelError(f"tensor {name!r} is missing from the file")
+        t = int(info.ggml_type)
+        if not self._supported(t):
+            raise UnsupportedTensorType(
+                f"tensor {name!r} has GGML type {_type_name(t)} ({t}), which the CUDA backend "
+                f"cannot compute with; use --backend cpu or a file quantized with a supported type")
+        w = Weight(name, t, tuple(int(n) for n in info.ne),
+                   self._blob + (int(info.offset) - self._data_offset))
+        self._weights[name] = w
+        return w
+
+    def dequantize(self, w: Weight) -> DeviceArray:
+        """The whole weight as float32 ``[ne reversed]`` on the device (``reflex check``)."""
+        shape = tuple(reversed(w.ne))
+        out = empty(shape)
+        n = _prod(w.ne)
+        if w.ggml_type == _F32:
+            driver.dtod(out.ptr, w.data, 4 * n)
+        else:
+            qo, qk = self._q()
+            qo.dequant(qk, w.data, w.ggml_type, n, out.ptr)
+        return out
+
+    def _f32_vector(self, w: Weight, n: int) -> int:
+        """Device address of ``w`` (ne [n]) as float32 (norm weights are F32 in these files)."""
+        if _prod(w.ne) != n:
+            raise ValueError(f"{w.name!r} has {_prod(w.ne)} elements, the rows have {n}")
+        if w.ggml_type == _F32:
+            return w.data
+        a = self._f32.get(w.name)
+        if a is None:
+            a = self._f32[w.name] = self.dequantize(w)
+        return a.ptr
+
+    def new_kv_cache(self, n_layers: int, n_cells: int, n_kv_heads: int, head_dim_k: int,
+                     head_dim_v: int) -> KVCache:
+        c = KVCache(n_layers, n_cells, n_kv_heads, head_dim_k, head_dim_v)
+        for _ in range(n_layers):
+            k = empty((n_cells, n_kv_heads, head_dim_k))
+            v = empty((n_cells, n_kv_heads, head_dim_v))
+            driver.memset(k.ptr, 0, k.nbytes)
+            driver.memset(v.ptr, 0, v.nbytes)
+            c.k.append(k)
+            c.v.append(v)
+        return c
+
+    def prepare(self, batch: Batch) -> Prepared:
+        """Token ids, positions and the mask as one int32 buffer, in one host-to-device copy."""
+        T = batch.n_tokens
+        m = batch.mask
+        if len(batch.positions) != T:
+            raise ValueError(f"batch has {T} tokens but {len(batch.positions)} positions")
+        if not (len(m.prefix_end) == len(m.own_start) == len(m.own_end) == T):
+            raise ValueError(f"attention mask covers {len(m.prefix_end)} tokens, batch has {T}")
+        n_kv = batch.n_kv
+        if T and (min(m.prefix_end) < 0 or max(m.prefix_end) > n_kv or min(m.own_start) < 0
+                  or max(m.own_end) > n_kv
+                  or any(s > e for s, e in zip(m.own_start, m.own_end))):
+            raise ValueError(f"attention mask reaches outside cells [0, {n_kv})")
+        buf = array("i", batch.tokens)
+        buf.extend(batch.positions)
+        buf.extend(m.prefix_end)
+        buf.extend(m.own_start)
+        buf.extend(m.own_end)
+        dev = empty((5, T), "i32")
+        driver.htod(dev.ptr, buf)
+        return Prepared(batch, dev)
+
+    # --- tensor ops -------------------------------------------------------------------------
+    def shape(self, x) -> tuple[int, ...]:
+        return x.shape
+
+    def view(self, x, shape: Sequence[int]):
+        shape = [int(s) for s in shape]
+        if shape.count(-1) == 1:
+            known = _prod(s for s in shape if s != -1)
+            shape[shape.index(-1)] = x.size // known if known else 0
+        shape_t = tuple(shape)
+        if _prod(shape_t) != x.size:
+            raise ValueError(f"view: cannot view {x.shape} as {shape_t}")
+        return DeviceArray(x.ptr, shape_t, x.owner, x.dtype)
+
+    @staticmethod
+    def _copy(x) -> DeviceArray:
+        y = empty(x.shape, x.dtype)
+        driver.dtod(y.ptr, x.ptr, x.nbytes)
+        return y
+
+    def _rows(self, x) -> tuple[int, int]:
+        n = x.shape[-1] if x.shape else 1
+        return (x.size // n if n else 0), n
+
+    def embed(self, w: Weight, pb) -> DeviceArray:
+        n_embd, n_vocab = w.ne[0], w.ne[1]
+        T = pb.n_tokens
+        if T and (pb.tok_min < 0 or pb.tok_max >= n_vocab):
+            bad = pb.tok_min if pb.tok_min < 0 else pb.tok_max
+            raise ReflexError(f"token id {bad} is out of range for {w.name!r} ({n_vocab} rows)")
+        out = empty((T, n_embd))
+        if T:
+            qo, qk = self._q()
+            qo.embed(qk, w.data, w.ggml_type, pb.tokens, out.ptr, T, n_embd, n_vocab)
+        return out
+
+    def matmul(self, x, w: Weight) -> DeviceArray:
+        if len(w.ne) > 2 and any(n != 1 for n in w.ne[2:]):
+            raise ValueError(f"matmul with 3-D weight {w.name!r}; use moe_matmul")
+        n_in, n_out = w.ne[0], (w.ne[1] if len(w.ne) > 1 else 1)
+        if x.shape[-1] != n_in:
+            raise ValueError(f"matmul: input has {x.shape[-1]} columns, {w.name!r} expects {n_in}")
+        T = x.size // n_in
+        y = empty(x.shape[:-1] + (n_out,))
+        if T:
+            qo, qk = self._q()
+            qo.matmul(qk, w.data, w.ggml_type, x.ptr, y.ptr, T, n_in, n_out)
+        return y
+
+    def rmsnorm(self, x, w: Weight | None, eps: float) -> DeviceArray:
+        rows, n = self._rows(x)
+        wp = 0 if w is None else self._f32_vector(w, n)
+        y = empty(x.shape)
+        if rows:
+            self.k.launch("reflex_rmsnorm", rows, 1024 if n >= 4096 else 256, "PPPif",
+                          (x.ptr, wp, y.ptr, n, eps))
+        return y
+
+    def rope(self, x, pb, p: RopeParams) -> DeviceArray:
+        T, H, d = x.shape
+        n = p.n_rot
+        if n > d or n % 2:
+            raise ValueError(f"rope: n_rot {n} must be even and <= head size {d}")
+        if T != pb.n_tokens:
+            raise ValueError(f"rope: {T} rows but {pb.n_tokens} positions")
+        if p.mode not in ("neox", "norm"):
+            raise ValueError(f"rope: unknown mode {p.mode!r}")
+        lo, hi = p.corr_dims() if p.ext_factor != 0.0 else (0.0, 0.0)
+        y = empty(x.shape)
+        if T and H:
+            self.k.launch("reflex_rope", (H, T), 64 if n <= 128 else 128, "PPPiiiidddddd",
+                          (x.ptr, y.ptr, pb.positions, H, d, n, 1 if p.mode == "neox" else 0,
+                           p.freq_base, p.freq_scale, p.ext_factor, p.attn_factor, lo, hi))
+        return y
+
+    def kv_write(self, cache: KVCache, layer: int, k, v, pb) -> None:
+        T = pb.n_tokens
+        c0 = pb.cell0
+        if c0 + T > cache.n_cells:
+            raise ReflexError(f"KV cache full: cells [{c0}, {c0 + T}) requested, "
+                              f"{cache.n_cells} allocated")
+        rk = cache.n_kv_heads * cache.head_dim_k
+        rv = cache.n_kv_heads * cache.head_dim_v
+        nk, nv = T * rk, T * rv
+        if k.size != nk or v.size != nv:
+            raise ValueError(f"kv_write: k {k.shape} / v {v.shape} do not match {T} tokens of "
+                             f"{cache.n_kv_heads} heads x {cache.head_dim_k}/{cache.head_dim_v}")
+        n = max(nk, nv)
+        if n:
+            self.k.launch("reflex_kv_write", min(4096, (n + 255) // 256), 256, "PPPPii",
+                          (k.ptr, v.ptr, cache.k[layer].ptr + 4 * c0 * rk,
+                           cache.v[layer].ptr + 4 * c0 * rv, nk, nv))
+
+    def attention(self, q, cache: KVCache, layer: int, pb, scale: float) -> DeviceArray:
+        T, H, dk = q.shape
+        Hkv = cache.n_kv_heads
+        dv = cache.head_dim_v
+        if H % Hkv:
+            raise ValueError(f"attention: {H} query heads are not a multiple of {Hkv} KV heads")
+        if dk != cache.head_dim_k:
+            raise ValueError(f"attention: q head size {dk}, cache has {cache.head_dim_k}")
+        if dk > _ATT_MAX_HEAD or dv > _ATT_MAX_HEAD:
+            raise ReflexError(f"attention: head size {max(dk, dv)} > {_ATT_MAX_HEAD} is not "
+                              "supported by the CUDA kernels")
+        if pb.n_kv > cache.n_cells:
+            raise ReflexError(f"attention over {pb.n_kv} cells, the cache has {cache.n_cells}")
+        out = empty((T, H * dv))
+        if T and H:
+            self.k.launch("reflex_attention", (H, T), 256, "PPPPPPPiiiif",
+                          (q.ptr, cache.k[layer].ptr, cache.v[layer].ptr, out.ptr,
+                           pb.prefix_end, pb.own_start, pb.own_end, H, Hkv, dk, dv, scale))
+        return out
+
+    def _elementwise(self, kernel: str, a, b) -> DeviceArray:
+        if a.shape != b.shape:
+            raise ValueError(f"{kernel[7:]}: shapes {a.shape} and {b.shape} differ")
+        y = empty(a.shape)
+        n = a.size
+        if n:
+            self.k.launch(kernel, (n + 255) // 256, 256, "PPPi", (a.ptr, b.ptr, y.ptr, n))
+        return y
+
+    def swiglu(self, gate, up) -> DeviceArray:
+        return self._elementwise("reflex_swiglu", gate, up)
+
+    def add(self, a, b) -> DeviceArray:
+        return self._elementwise("reflex_add", a, b)
+
+    def take_rows(self, x, rows: Sequence[int]) -> DeviceArray:
+        rows = [int(r) for r in rows]
+        R = len(rows)
+        n_rows, n = self._rows(x)
+        if R and (min(rows) < 0 or max(rows) >= n_rows):
+            raise ValueError(f"take_rows: rows {rows} outside [0, {n_rows})")
+        if R == 0:
+            return empty((0, n))
+        r0 = rows[0]
+        if rows == list(range(r0, r0 + R)):  # a contiguous run: a view, no copy
+            return DeviceArray(x.ptr + 4 * r0 * n, (R, n), x.owner, x.dtype)
+        idx = empty((R,), "i32")
+        driver.htod(idx.ptr, array("i", rows))
+        y = empty((R, n))
+        self.k.launch("reflex_take_rows", ((n + 255) // 256, R), 256, "PPPi",
+                      (x.ptr, idx.ptr, y.ptr, n))
+        return y
+
+    # --- MoE --------------------------------------------------------------------------------
+    def moe_route(self, logits, k: int, gating: str = "softmax", norm: bool = True,
+                  scale: float = 0.0):
+        T, E = logits.shape
+        if not 0 < k <= E:
+            raise ValueError(f"moe_route: k={k} experts of {E}")
+        if E > _MOE_MAX_E or k > _MOE_MAX_K:
+            raise ReflexError(f"moe_route: {E} experts / top-{k} exceeds the CUDA kernel's "
+                              f"{_MOE_MAX_E} / {_MOE_MAX_K}")
+        g = _GATING.get(gating)
+        if g is None:
+            raise ValueError(f"moe_route: unknown gating {gating!r}")
+        ids = empty((T, k), "i32")
+        w = empty((T, k))
+        if T:
+            self.k.launch("reflex_moe_route", T, 256, "PPPiiiif",
+                          (logits.ptr, ids.ptr, w.ptr, E, k, g, 1 if norm else 0, scale))
+        return ids, w
+
+    def moe_matmul(self, x, w: Weight, ids) -> DeviceArray:
+        if len(w.ne) != 3:
+            raise ValueError(f"moe_matmul: {w.name!r} is not a 3-D expert tensor")
+        n_in, n_out, E = w.ne
+        T, k = ids.shape
+        per_expert = x.ndim == 3
+        want = (T, k, n_in) if per_expert else (T, n_in)
+        if x.shape != want:
+            raise ValueError(f"moe_matmul: input shape {x.shape}, expected {list(want)}")
+        if x.ptr % 16:  # a row view of another array: the MoE kernels need 16-byte alignment
+            x = self._copy(x)
+        y = empty((T, k, n_out))
+        if T and k:
+            qo, qk = self._q()
+            qo.moe_matmul(qk, w.data, w.ggml_type, x.ptr, ids.ptr, y.ptr, T, k, n_in, n_out, E,
+                          per_expert)
+        return y
+
+    def moe_combine(self, y, weights) -> DeviceArray:
+        T, k, n = y.shape
+        if weights.shape != (T, k):
+            raise ValueError(f"moe_combine: weights {weights.shape}, expected [{T}, {k}]")
+        out = empty((T, n))
+        if T and n:
+            self.k.launch("reflex_moe_combine", ((n + 255) // 256, T), 256, "PPPii",
+                          (y.ptr, weights.ptr, out.ptr, k, n))
+        return out
+
+    # --- results to the host ----------------------------------------------------------------
+    def argmax(self, logits) -> list[int]:
+        rows, n = self._rows(logits)
+        if rows == 0:
+            return []
+        out = empty((rows,), "i32")
+        self.k.launch("reflex_argmax", rows, 1024, "PPi", (logits.ptr, out.ptr, n))
+        return list(struct.unpack(f"<{rows}i", driver.dtoh(out.ptr, 4 * rows)))
+
+    def sample(self, logits, temperature: float, top_k: int, top_p: float, u: float) -> int:
+        rows, V = self._rows(logits)
+        if rows == 0:
+            raise ValueError("sample: empty logits")
+        row = logits.ptr + 4 * (rows - 1) * V
+        out = empty((1,), "i32")
+        if temperature <= 0.0:
+            self.k.launch("reflex_argmax", 1, 1024, "PPi", (row, out.ptr, V))
+        else:
+            pbuf = empty((V,), "f64")
+            self.k.launch("reflex_sample", 1, 512, "PididdPP",
+                          (row, V, float(temperature), int(top_k), float(top_p), float(u),
+                           pbuf.ptr, out.ptr))
+        return struct.unpack("<i", driver.dtoh(out.ptr, 4))[0]
+
+    def token_logprobs(self, logits, targets: Sequence[int]) -> list[float]:
+        rows, V = self._rows(logits)
+        targets = [int(t) for t in targets]
+        if rows != len(targets):
+            raise ValueError(f"token_logprobs: {rows} rows, {len(targets)} targets")
+        if rows == 0:
+            return []
+        if min(targets) < 0 or max(targets) >= V:
+            raise ValueError(f"token_logprobs: target outside [0, {V})")
+        tg = empty((rows,), "i32")
+        driver.htod(tg.ptr, array("i", targets))
+        out = empty((rows,), "f64")
+        self.k.launch("reflex_token_logprobs", rows, 1024, "PPPi", (logits.ptr, tg.ptr, out.ptr, V))
+        return list(struct.unpack(f"<{rows}d", driver.dtoh(out.ptr, 8 * rows)))
+
+    def to_numpy(self, x):
+        import numpy as np
+
+        dt = {"f32": np.float32, "i32": np.int32, "f64": np.float64}[x.dtype]
+        raw = driver.dtoh(x.ptr, x.nbytes)
+        return np.frombuffer(raw, dtype=dt).reshape(x.shape).copy()
+
+    def from_numpy(self, a) -> DeviceArray:
+        """Upload a NumPy array: integers as int32, anything else as float32 (tests, ``check``)."""
+        import numpy as np
+
+        a = np.asarray(a)
+        kind = "i32" if a.dtype.kind in "iub" else "f32"
+        a = np.ascontiguousarray(a, dtype=np.int32 if kind == "i32" else np.float32)
+        out = empty(a.shape, kind)
+        if a.size:
+            driver.htod(out.ptr, a.tobytes())
+        return out
+
+    def synchronize(self) -> None:
+        driver.synchronize()

@@ -1,0 +1,155 @@
+"""GPU test fixtures. Every test here is marked ``gpu``; without a usable GPU they all skip with
+the reason (``pytest -rs`` shows it), e.g. ``no usable GPU: no NVIDIA driver: ...``.
+
+Run on the GPU machine:  ``pytest -m gpu tests/gpu``  (kernels from reflex_core/kernels, or set
+REFLEX_KERNEL_DIR=/tmp/kout after ``python reflex_core/_build.py cuda /tmp/kout cuda/include``).
+
+Fixtures
+  cuda_device  the initialised reflex_core.cuda.driver.Device
+  cuda_ops     a fresh CudaOps
+  ref_ops      a fresh NumpyOps (the reference)
+  cuda_ctx     raw memory helper for kernel tests: .alloc(nbytes) -> int, .htod(ptr, bytes_like),
+               .dtoh(ptr, nbytes) -> bytes, .free(ptr); plus .kernels(module, package=...) and
+               .synchronize(). Pointers still allocated at the end of a test are freed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_collection_modifyitems(config, items):
+    here = __file__.rsplit("/", 1)[0]
+    for item in items:
+        if str(item.fspath).startswith(here):
+            item.add_marker(pytest.mark.gpu)
+
+
+_state: dict = {}
+
+
+def _device_or_skip():
+    if "device" not in _state and "error" not in _state:
+        from reflex_core.errors import ReflexError
+
+        try:
+            from reflex_core.cuda import driver
+
+            _state["device"] = driver.init()
+        except ReflexError as e:  # CudaUnavailable / CudaError: one line saying why
+            _state["error"] = str(e)
+        except Exception as e:  # noqa: BLE001 - anything else still means "no GPU here"
+            _state["error"] = f"{type(e).__name__}: {e}"
+    if "error" in _state:
+        pytest.skip(f"no usable GPU: {_state['error']}")
+    return _state["device"]
+
+
+@pytest.fixture(scope="session")
+def cuda_device():
+    return _device_or_skip()
+
+
+@pytest.fixture
+def cuda_ops(cuda_device):
+    from reflex_core.backends.cuda_backend import CudaOps
+
+    ops = CudaOps()
+    yield ops
+    ops.synchronize()
+    ops.release()
+
+
+@pytest.fixture
+def ref_ops():
+    from reflex_core.backends.numpy_backend import NumpyOps
+
+    return NumpyOps()
+
+
+class CudaCtx:
+    """Raw device memory for kernel-level tests (used by the quant-kernel tests too)."""
+
+    def __init__(self):
+        from reflex_core.cuda import driver
+
+        self.driver = driver
+        self._live: set[int] = set()
+
+    def alloc(self, nbytes: int) -> int:
+        p = self.driver.alloc(nbytes)
+        self._live.add(p)
+        return p
+
+    def htod(self, ptr: int, data) -> None:
+        self.driver.htod(ptr, data)
+
+    def dtoh(self, ptr: int, nbytes: int) -> bytes:
+        return bytes(self.driver.dtoh(ptr, nbytes))
+
+    def free(self, ptr: int) -> None:
+        self._live.discard(ptr)
+        self.driver.free(ptr)
+
+    def kernels(self, module: str, package: str = "reflex_core"):
+        return self.driver.get_kernels(module, package)
+
+    def synchronize(self) -> None:
+        self.driver.synchronize()
+
+    def close(self) -> None:
+        for p in list(self._live):
+            self.free(p)
+
+
+@pytest.fixture
+def cuda_ctx(cuda_device):
+    ctx = CudaCtx()
+    yield ctx
+    ctx.synchronize()
+    ctx.close()
+
+
+@pytest.fixture
+def attach_both(cuda_ops, ref_ops, tmp_path):
+    """``attach_both({name: float32 array | (raw uint8 bytes, ne, ggml_type)}) -> (cuda, ref)``:
+    write the tensors into a GGUF (gguf-py's writer), open it with the core reader and attach it
+    to ``cuda_ops`` and ``ref_ops``. Arrays are F32 with ne = reversed(shape)."""
+    import numpy as np
+
+    opened = []
+
+    def attach(tensors: dict):
+        import gguf
+
+        from reflex_core.gguf import open_gguf
+
+        path = tmp_path / f"t{len(opened)}.gguf"
+        w = gguf.GGUFWriter(str(path), "test")
+        for name, t in tensors.items():
+            if isinstance(t, tuple):
+                from reflex_core.gguf import GGML_TYPES
+
+                raw, ne, ggml_type = t
+                info = GGML_TYPES[ggml_type]
+                row_bytes = ne[0] // info.block_size * info.type_size
+                arr = np.frombuffer(bytes(raw), np.uint8).reshape(
+                    tuple(reversed(tuple(ne[1:]))) + (row_bytes,))
+                w.add_tensor(name, arr, raw_dtype=gguf.GGMLQuantizationType(ggml_type))
+            else:
+                w.add_tensor(name, np.ascontiguousarray(t, dtype=np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        g = open_gguf(str(path))
+        opened.append(g)
+        cuda_ops.attach(g)
+        ref_ops.attach(g)
+        return cuda_ops, ref_ops
+
+    yield attach
+    cuda_ops.synchronize()
+    cuda_ops.release()
+    for g in opened:
+        g.close()

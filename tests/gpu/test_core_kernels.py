@@ -1,0 +1,371 @@
+"""Every core kernel (cuda/core.cu) against its NumPy twin (the NumpyOps op of the same name), on
+fresh random inputs and odd sizes. Kernels are reached through the CudaOps op that launches them
+(the op only checks shapes and packs parameters), plus a few raw launches.
+
+Cases whose id contains "big" are the realistic sizes (V = 151936, T = 300, n_kv ~ 700); the
+rest are small and odd. Failures print where the first mismatch is.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import numpy as np
+import pytest
+
+from reflex_core import sampling
+from reflex_core.ops import AttnMask, Batch, RopeParams
+
+pytestmark = pytest.mark.gpu
+
+V_BIG = 151936
+
+
+def rng_for(request) -> np.random.Generator:
+    return np.random.default_rng(abs(hash(request.node.name)) % 2**32)
+
+
+def close(got, want, rtol=1e-5, atol=1e-6, what=""):
+    got = np.asarray(got)
+    want = np.asarray(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    bad = ~np.isclose(got, want, rtol=rtol, atol=atol)
+    if bad.any():
+        i = tuple(int(v) for v in np.argwhere(bad)[0])
+        err = np.abs(got.astype(np.float64) - want)
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {bad.size} elements differ; first at {i}: got "
+            f"{got[i]!r}, want {want[i]!r}; max abs err {err.max():.3g}")
+
+
+def both(cuda_ops, ref_ops, batch):
+    return cuda_ops.prepare(batch), ref_ops.prepare(batch)
+
+
+# --- smoke / raw launch ----------------------------------------------------------------------
+def test_smoke(cuda_device):
+    from reflex_core.cuda import driver
+
+    r = driver.smoke()
+    assert r["sm"] == cuda_device.sm and r["image"] in ("sass", "ptx")
+
+
+def test_raw_launch_add(cuda_ctx, request):
+    rng = rng_for(request)
+    k = cuda_ctx.kernels("core")
+    for n in (1, 31, 256, 257, 100003):
+        a = rng.standard_normal(n).astype(np.float32)
+        b = rng.standard_normal(n).astype(np.float32)
+        pa, pb, py = cuda_ctx.alloc(4 * n), cuda_ctx.alloc(4 * n), cuda_ctx.alloc(4 * n)
+        cuda_ctx.htod(pa, a.tobytes())
+        cuda_ctx.htod(pb, b.tobytes())
+        k.launch("reflex_add", (n + 255) // 256, 256, "PPPi", (pa, pb, py, n))
+        y = np.frombuffer(cuda_ctx.dtoh(py, 4 * n), np.float32)
+        assert np.array_equal(y, a + b), f"n={n}"
+        for p in (pa, pb, py):
+            cuda_ctx.free(p)
+
+
+# --- elementwise -----------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(1,), (7, 33), (3, 257), (300, 1000)],
+                         ids=["1", "7x33", "3x257", "300x1000"])
+def test_add_swiglu(cuda_ops, ref_ops, shape, request):
+    rng = rng_for(request)
+    a = (rng.standard_normal(shape) * 4).astype(np.float32)
+    b = rng.standard_normal(shape).astype(np.float32)
+    da, db = cuda_ops.from_numpy(a), cuda_ops.from_numpy(b)
+    close(cuda_ops.to_numpy(cuda_ops.add(da, db)), ref_ops.add(a, b), 0, 0, "add")
+    close(cuda_ops.to_numpy(cuda_ops.swiglu(da, db)), ref_ops.swiglu(a, b), 2e-6, 1e-6, "swiglu")
+
+
+# --- rmsnorm ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("rows,n", [(1, 7), (7, 128), (5, 1000), (3, 5000), (64, 4096)],
+                         ids=["1x7", "7x128", "5x1000", "3x5000", "big-64x4096"])
+def test_rmsnorm(attach_both, rows, n, request):
+    rng = rng_for(request)
+    x = (rng.standard_normal((rows, n)) * 3).astype(np.float32)
+    g = (1.0 + 0.3 * rng.standard_normal(n)).astype(np.float32)
+    cuda_ops, ref_ops = attach_both({"norm.weight": g})
+    wc, wr = cuda_ops.weight("norm.weight"), ref_ops.weight("norm.weight")
+    dx = cuda_ops.from_numpy(x)
+    for eps in (1e-6, 1e-5):
+        close(cuda_ops.to_numpy(cuda_ops.rmsnorm(dx, wc, eps)), ref_ops.rmsnorm(x, wr, eps),
+              1e-5, 1e-6, f"rmsnorm w eps={eps}")
+        close(cuda_ops.to_numpy(cuda_ops.rmsnorm(dx, None, eps)), ref_ops.rmsnorm(x, None, eps),
+              1e-5, 1e-6, f"rmsnorm no-w eps={eps}")
+
+
+def test_rmsnorm_heads(cuda_ops, ref_ops, request):
+    """q/k-norm style: [T, H, d] normalised over d (a view as [T*H, d])."""
+    rng = rng_for(request)
+    x = rng.standard_normal((7, 5, 64)).astype(np.float32)
+    y = cuda_ops.rmsnorm(cuda_ops.from_numpy(x), None, 1e-6)
+    assert cuda_ops.shape(y) == (7, 5, 64)
+    close(cuda_ops.to_numpy(y), ref_ops.rmsnorm(x, None, 1e-6), 1e-5, 1e-6, "rmsnorm heads")
+
+
+# --- rope ------------------------------------------------------------------------------------
+ROPES = {
+    "neox": RopeParams(n_rot=128, mode="neox", freq_base=1e6),
+    "neox-partial": RopeParams(n_rot=32, mode="neox", freq_base=10000.0),
+    "norm": RopeParams(n_rot=64, mode="norm", freq_base=10000.0),
+    "norm-partial": RopeParams(n_rot=16, mode="norm", freq_base=500000.0),
+    "neox-yarn": RopeParams(n_rot=128, mode="neox", freq_base=1e6, freq_scale=0.25, ext_factor=1.0,
+                            attn_factor=1.0, n_ctx_orig=32768),
+    "norm-yarn-ds": RopeParams(n_rot=64, mode="norm", freq_base=10000.0, freq_scale=1 / 40,
+                               ext_factor=1.0, attn_factor=0.7071, beta_fast=32.0, beta_slow=1.0,
+                               n_ctx_orig=4096),
+    "neox-linear": RopeParams(n_rot=64, mode="neox", freq_base=10000.0, freq_scale=0.5),
+}
+
+
+@pytest.mark.parametrize("T,H,d", [(1, 1, 128), (7, 3, 128), (64, 16, 128), (300, 4, 256)],
+                         ids=["T1", "T7", "T64", "big-T300"])
+@pytest.mark.parametrize("name", list(ROPES))
+def test_rope(cuda_ops, ref_ops, name, T, H, d, request):
+    rng = rng_for(request)
+    p = ROPES[name]
+    if p.n_rot > d:
+        pytest.skip("n_rot > d")
+    x = rng.standard_normal((T, H, d)).astype(np.float32)
+    start = int(rng.integers(0, 40000))
+    pos = tuple(int(v) for v in rng.integers(0, 40000, T)) if T > 1 else (start,)
+    batch = Batch(tuple(range(T)), pos, 0, AttnMask.causal(0, T))
+    pc, pr = both(cuda_ops, ref_ops, batch)
+    got = cuda_ops.to_numpy(cuda_ops.rope(cuda_ops.from_numpy(x), pc, p))
+    close(got, ref_ops.rope(x, pr, p), 2e-6, 2e-6, f"rope {name}")
+
+
+# --- kv_write + attention --------------------------------------------------------------------
+def _cache_pair(cuda_ops, ref_ops, n_cells, Hkv, dk, dv, rng, n_filled):
+    cc = cuda_ops.new_kv_cache(1, n_cells, Hkv, dk, dv)
+    cr = ref_ops.new_kv_cache(1, n_cells, Hkv, dk, dv)
+    if n_filled:
+        k = rng.standard_normal((n_filled, Hkv, dk)).astype(np.float32)
+        v = rng.standard_normal((n_filled, Hkv, dv)).astype(np.float32)
+        b = Batch.causal(list(range(n_filled)), 0)
+        pc, pr = both(cuda_ops, ref_ops, b)
+        cuda_ops.kv_write(cc, 0, cuda_ops.from_numpy(k), cuda_ops.from_numpy(v), pc)
+        ref_ops.kv_write(cr, 0, k, v, pr)
+    return cc, cr
+
+
+def test_kv_write(cuda_ops, ref_ops, request):
+    rng = rng_for(request)
+    cc, cr = _cache_pair(cuda_ops, ref_ops, 50, 3, 64, 32, rng, 0)
+    for cell0, T in ((0, 7), (7, 1), (8, 30), (38, 12)):
+        k = rng.standard_normal((T, 3, 64)).astype(np.float32)
+        v = rng.standard_normal((T, 3, 32)).astype(np.float32)
+        b = Batch(tuple(range(T)), tuple(range(cell0, cell0 + T)), cell0,
+                  AttnMask.causal(cell0, T))
+        pc, pr = both(cuda_ops, ref_ops, b)
+        cuda_ops.kv_write(cc, 0, cuda_ops.from_numpy(k), cuda_ops.from_numpy(v), pc)
+        ref_ops.kv_write(cr, 0, k, v, pr)
+    close(cuda_ops.to_numpy(cc.k[0]), cr.k[0], 0, 0, "k cache")
+    close(cuda_ops.to_numpy(cc.v[0]), cr.v[0], 0, 0, "v cache")
+
+
+ATT_CASES = [  # (T, cell0, H, Hkv, dk, dv)
+    (1, 0, 4, 4, 64, 64),
+    (1, 37, 8, 4, 128, 128),
+    (1, 699, 16, 2, 128, 128),
+    (7, 0, 8, 1, 64, 64),
+    (7, 13, 16, 8, 256, 256),
+    (64, 5, 4, 2, 128, 128),
+    (5, 11, 6, 3, 192, 128),  # d_k != d_v (MLA-like)
+    (3, 2, 2, 1, 40, 72),  # head sizes not a multiple of 32
+    (300, 400, 16, 8, 128, 128),
+]
+ATT_IDS = [f"{'big-' if c[0] * c[2] * (c[0] + c[1]) > 10**6 else ''}T{c[0]}-c{c[1]}-H{c[2]}/{c[3]}"
+           f"-d{c[4]}/{c[5]}" for c in ATT_CASES]
+
+
+@pytest.mark.parametrize("T,cell0,H,Hkv,dk,dv", ATT_CASES, ids=ATT_IDS)
+def test_attention_causal(cuda_ops, ref_ops, T, cell0, H, Hkv, dk, dv, request):
+    rng = rng_for(request)
+    n_kv = cell0 + T
+    cc, cr = _cache_pair(cuda_ops, ref_ops, n_kv + 3, Hkv, dk, dv, rng, n_kv)
+    q = rng.standard_normal((T, H, dk)).astype(np.float32)
+    b = Batch.causal(list(range(T)), cell0)
+    pc, pr = both(cuda_ops, ref_ops, b)
+    scale = 1.0 / math.sqrt(dk)
+    got = cuda_ops.to_numpy(cuda_ops.attention(cuda_ops.from_numpy(q), cc, 0, pc, scale))
+    close(got, ref_ops.attention(q, cr, 0, pr, scale), 1e-4, 2e-5, "attention")
+
+
+@pytest.mark.parametrize("H,Hkv,d", [(8, 8, 64), (8, 4, 128), (16, 2, 256)])
+def test_attention_tree_mask(cuda_ops, ref_ops, H, Hkv, d, request):
+    """system1-style batch: a prompt of P tokens, then candidates that each see the prompt and
+    their own earlier tokens only."""
+    rng = rng_for(request)
+    P = 23
+    cands = [3, 1, 4, 2]
+    pe, os_, oe, pos = [], [], [], []
+    for t in range(P):
+        pe.append(t + 1), os_.append(0), oe.append(0), pos.append(t)
+    cell = P
+    for L in cands:
+        for j in range(L):
+            pe.append(P), os_.append(cell), oe.append(cell + j + 1), pos.append(P + j)
+        cell += L
+    T = len(pe)
+    mask = AttnMask(tuple(pe), tuple(os_), tuple(oe))
+    b = Batch(tuple(range(T)), tuple(pos), 0, mask)
+    cc, cr = _cache_pair(cuda_ops, ref_ops, T + 1, Hkv, d, d, rng, T)
+    q = rng.standard_normal((T, H, d)).astype(np.float32)
+    pc, pr = both(cuda_ops, ref_ops, b)
+    got = cuda_ops.to_numpy(cuda_ops.attention(cuda_ops.from_numpy(q), cc, 0, pc, 0.125))
+    close(got, ref_ops.attention(q, cr, 0, pr, 0.125), 1e-4, 2e-5, "tree attention")
+
+
+def test_attention_large_scores(cuda_ops, ref_ops, request):
+    """Peaked softmax (scores ~ 100s): the online max must keep it finite and exact."""
+    rng = rng_for(request)
+    cc, cr = _cache_pair(cuda_ops, ref_ops, 40, 2, 64, 64, rng, 33)
+    q = (rng.standard_normal((2, 4, 64)) * 20).astype(np.float32)
+    b = Batch.causal([0, 1], 31)
+    pc, pr = both(cuda_ops, ref_ops, b)
+    got = cuda_ops.to_numpy(cuda_ops.attention(cuda_ops.from_numpy(q), cc, 0, pc, 1.0))
+    assert np.isfinite(got).all()
+    close(got, ref_ops.attention(q, cr, 0, pr, 1.0), 1e-4, 1e-4, "peaked attention")
+
+
+# --- take_rows -------------------------------------------------------------------------------
+@pytest.mark.parametrize("rows", [[0], [6], [2, 3, 4], [5, 0, 5, 2], list(range(7))])
+def test_take_rows(cuda_ops, ref_ops, rows, request):
+    rng = rng_for(request)
+    x = rng.standard_normal((7, 1001)).astype(np.float32)
+    got = cuda_ops.to_numpy(cuda_ops.take_rows(cuda_ops.from_numpy(x), rows))
+    close(got, ref_ops.take_rows(x, rows), 0, 0, "take_rows")
+
+
+# --- argmax / token_logprobs -----------------------------------------------------------------
+@pytest.mark.parametrize("rows,V", [(1, 1), (1, 1000), (7, 4097), (3, V_BIG)],
+                         ids=["1x1", "1x1000", "7x4097", "big-3xV"])
+def test_argmax(cuda_ops, ref_ops, rows, V, request):
+    rng = rng_for(request)
+    x = rng.standard_normal((rows, V)).astype(np.float32)
+    assert cuda_ops.argmax(cuda_ops.from_numpy(x)) == ref_ops.argmax(x)
+    # ties: the first index of the maximum wins
+    xt = rng.integers(-3, 3, (rows, V)).astype(np.float32)
+    for r in range(rows):
+        xt[r, rng.integers(0, V, 3)] = 7.0
+    assert cuda_ops.argmax(cuda_ops.from_numpy(xt)) == ref_ops.argmax(xt)
+    xn = np.full((1, V), -np.inf, np.float32)
+    assert cuda_ops.argmax(cuda_ops.from_numpy(xn)) == [0]
+
+
+@pytest.mark.parametrize("rows,V", [(1, 10), (7, 1000), (4, V_BIG)],
+                         ids=["1x10", "7x1000", "big-4xV"])
+def test_token_logprobs(cuda_ops, ref_ops, rows, V, request):
+    rng = rng_for(request)
+    x = (rng.standard_normal((rows, V)) * 5).astype(np.float32)
+    tg = [int(t) for t in rng.integers(0, V, rows)]
+    got = cuda_ops.token_logprobs(cuda_ops.from_numpy(x), tg)
+    want = ref_ops.token_logprobs(x, tg)
+    close(np.array(got), np.array(want), 1e-6, 1e-5, "token_logprobs")
+
+
+# --- sampling --------------------------------------------------------------------------------
+SAMPLE_PARAMS = [  # (temperature, top_k, top_p)
+    (1.0, 0, 1.0), (0.7, 40, 1.0), (0.7, 0, 0.9), (0.8, 20, 0.95), (1.3, 1, 1.0),
+    (0.6, 0, 1e-9), (1.0, 0, 0.0), (2.0, 5000, 0.5), (0.5, 3, 0.3), (0.0, 0, 1.0),
+]
+
+
+def _logits(rng, kind, V):
+    if kind == "normal":
+        return (rng.standard_normal(V) * 3).astype(np.float32)
+    if kind == "ties":  # few distinct values: ties everywhere (top-k and top-p boundaries)
+        return rng.integers(-4, 3, V).astype(np.float32)
+    if kind == "peaked":
+        x = (rng.standard_normal(V) * 2).astype(np.float32)
+        x[rng.integers(0, V, 4)] = 25.0
+        return x
+    if kind == "neginf":  # masked tokens
+        x = (rng.standard_normal(V) * 3).astype(np.float32)
+        x[rng.random(V) < 0.5] = -np.inf
+        return x
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("V", [1, 7, 1000, 4097, V_BIG], ids=["V1", "V7", "V1000", "V4097",
+                                                               "big-V"])
+@pytest.mark.parametrize("kind", ["normal", "ties", "peaked", "neginf"])
+def test_sample_matches_reference(cuda_ops, V, kind, request):
+    rng = rng_for(request)
+    u_rng = sampling.Uniform(seed=V * 7 + len(kind))
+    draws = 12 if V == V_BIG else 40
+    mismatches = []
+    for i in range(draws):
+        x = _logits(rng, kind, V)
+        if kind == "neginf" and not np.isfinite(x).any():
+            x[0] = 0.0
+        T, k, p = SAMPLE_PARAMS[i % len(SAMPLE_PARAMS)]
+        u = u_rng.next()
+        want = sampling.sample_reference(x, T, k, p, u)
+        got = cuda_ops.sample(cuda_ops.from_numpy(x[None, :]), T, k, p, u)
+        if got != want:
+            mismatches.append(f"draw {i}: T={T} k={k} p={p} u={u!r}: got {got}, want {want}")
+    assert not mismatches, "\n".join(mismatches)
+
+
+def test_sample_last_row_and_edges(cuda_ops, request):
+    rng = rng_for(request)
+    x = (rng.standard_normal((3, 513)) * 3).astype(np.float32)
+    dx = cuda_ops.from_numpy(x)
+    for u in (0.0, 0.25, 0.5, 0.999999999):
+        for (T, k, p) in SAMPLE_PARAMS:
+            assert cuda_ops.sample(dx, T, k, p, u) == sampling.sample_reference(x[2], T, k, p, u)
+
+
+def test_sample_distribution(cuda_ops, request):
+    """Many draws on one small row follow sample_probs (kept set and weights)."""
+    rng = rng_for(request)
+    x = (rng.standard_normal(50) * 1.5).astype(np.float32)
+    probs = sampling.sample_probs(x, 0.9, 10, 0.8)
+    dx = cuda_ops.from_numpy(x[None, :])
+    counts = np.zeros(50)
+    for j in range(400):
+        u = (j + 0.5) / 400
+        counts[cuda_ops.sample(dx, 0.9, 10, 0.8, u)] += 1
+    assert set(np.flatnonzero(counts)) <= set(np.flatnonzero(probs))
+    close(counts / 400, probs, 0, 0.01, "sample distribution")
+
+
+# --- MoE -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("T,E,k", [(1, 8, 2), (7, 128, 8), (64, 60, 4), (3, 256, 8), (2, 512, 10)])
+@pytest.mark.parametrize("gating,norm,scale", [("softmax", True, 0.0), ("softmax", False, 2.5),
+                                                ("sigmoid", True, 1.0), ("softmax_weight", True, 0.0),
+                                                ("sqrt_softplus", True, 1.5)])
+def test_moe_route(cuda_ops, ref_ops, T, E, k, gating, norm, scale, request):
+    rng = rng_for(request)
+    x = (rng.standard_normal((T, E)) * 2).astype(np.float32)
+    ids_c, w_c = cuda_ops.moe_route(cuda_ops.from_numpy(x), k, gating, norm, scale)
+    ids_r, w_r = ref_ops.moe_route(x, k, gating, norm, scale)
+    ids_c, w_c = cuda_ops.to_numpy(ids_c), cuda_ops.to_numpy(w_c)
+    assert ids_c.shape == (T, k) and w_c.shape == (T, k)
+    # the order within the k selected does not matter (spec 4.5); compare sorted by expert id
+    oc, orr = np.argsort(ids_c, axis=1), np.argsort(ids_r, axis=1)
+    assert np.array_equal(np.take_along_axis(ids_c, oc, 1), np.take_along_axis(ids_r, orr, 1))
+    close(np.take_along_axis(w_c, oc, 1), np.take_along_axis(w_r, orr, 1), 1e-5, 1e-7, "weights")
+
+
+def test_moe_route_ties(cuda_ops, ref_ops):
+    """Equal router logits: the lowest expert indices are chosen."""
+    x = np.zeros((2, 16), np.float32)
+    x[1, [3, 9, 12]] = 1.0
+    ids_c, w_c = cuda_ops.moe_route(cuda_ops.from_numpy(x), 4)
+    ids_r, w_r = ref_ops.moe_route(x, 4)
+    assert sorted(cuda_ops.to_numpy(ids_c)[0]) == sorted(ids_r[0]) == [0, 1, 2, 3]
+    assert sorted(cuda_ops.to_numpy(ids_c)[1]) == sorted(ids_r[1]) == [0, 3, 9, 12]
+
+
+@pytest.mark.parametrize("T,k,n", [(1, 1, 1), (7, 8, 1000), (64, 4, 257)])
+def test_moe_combine(cuda_ops, ref_ops, T, k, n, request):
+    rng = rng_for(request)
+    y = rng.standard_normal((T, k, n)).astype(np.float32)
+    w = rng.random((T, k)).astype(np.float32)
+    got = cuda_ops.to_numpy(cuda_ops.moe_combine(cuda_ops.from_numpy(y), cuda_ops.from_numpy(w)))
+    close(got, ref_ops.moe_combine(y, w), 1e-5, 1e-6, "moe_combine")

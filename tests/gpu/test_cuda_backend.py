@@ -1,0 +1,212 @@
+"""CudaOps against NumpyOps: weights (attach, weight, dequantize, embed, matmul, moe_matmul) on tiny
+random GGUFs, batch preparation, views, and whole tiny models (prefill + decode + a tree batch).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from reflex_core.errors import ReflexError, UnsupportedTensorType
+from reflex_core.gguf import GGML_TYPES
+from reflex_core.ops import AttnMask, Batch
+
+pytestmark = pytest.mark.gpu
+
+F32, F16, Q4_0, Q8_0, Q4_K, Q6_K, BF16, IQ2_XXS = 0, 1, 2, 8, 12, 14, 30, 16
+# byte offsets of f16 scale fields per block (set to small sane values so outputs stay finite)
+F16_FIELDS = {Q4_0: [0], Q8_0: [0], Q4_K: [0, 2], Q6_K: [208]}
+
+
+def rng_for(request) -> np.random.Generator:
+    return np.random.default_rng(abs(hash(request.node.name)) % 2**32)
+
+
+def random_bytes(rng, t, ne) -> bytes:
+    n = int(np.prod(ne))
+    if t == F32:
+        return rng.standard_normal(n).astype(np.float32).tobytes()
+    if t == F16:
+        return rng.standard_normal(n).astype(np.float16).tobytes()
+    if t == BF16:
+        return (rng.standard_normal(n).astype(np.float32).view(np.uint32) >> 16).astype(
+            np.uint16).tobytes()
+    info = GGML_TYPES[t]
+    k = n // info.block_size
+    b = rng.integers(0, 256, (k, info.type_size), dtype=np.uint8)
+    for off in F16_FIELDS.get(t, []):
+        b[:, off:off + 2] = rng.uniform(0.002, 0.02, k).astype(np.float16).view(np.uint8).reshape(k, 2)
+    return b.tobytes()
+
+
+def close(got, want, rtol, atol, what):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    bad = ~np.isclose(got, want, rtol=rtol, atol=atol)
+    if bad.any():
+        i = tuple(int(v) for v in np.argwhere(bad)[0])
+        raise AssertionError(f"{what}: {int(bad.sum())}/{bad.size} differ; first at {i}: got "
+                             f"{got[i]!r}, want {want[i]!r}; max abs err "
+                             f"{np.abs(got.astype(np.float64) - want).max():.3g}")
+
+
+TYPES = [F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K]
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: GGML_TYPES[t].name)
+def test_weights_dequant_embed_matmul(attach_both, t, request):
+    rng = rng_for(request)
+    n_in, n_out = 512, 77
+    tensors = {
+        "w": (random_bytes(rng, t, [n_in, n_out]), [n_in, n_out], t),
+        "norm": rng.standard_normal(n_in).astype(np.float32),
+    }
+    cuda_ops, ref_ops = attach_both(tensors)
+    assert cuda_ops.upload_info["method"] in ("registered", "pageable")
+    wc, wr = cuda_ops.weight("w"), ref_ops.weight("w")
+    assert (wc.ne, wc.ggml_type) == (wr.ne, wr.ggml_type) == ((n_in, n_out), t)
+    assert cuda_ops.has_weight("w") and not cuda_ops.has_weight("nope")
+    # dequantize: bit-exact with gguf.quants
+    close(cuda_ops.to_numpy(cuda_ops.dequantize(wc)), ref_ops.dequantize(wr), 0, 0, "dequantize")
+    # embed: rows of the [n_in, n_out] tensor seen as n_out "tokens" of n_in
+    b = Batch.causal([5, 0, 76, 5, 33], 0)
+    pc, pr = cuda_ops.prepare(b), ref_ops.prepare(b)
+    close(cuda_ops.to_numpy(cuda_ops.embed(wc, pc)), ref_ops.embed(wr, pr), 0, 0, "embed")
+    # matmul: GEMV (T <= 8) and tiled (T > 8) paths
+    for T in (1, 3, 8, 9, 70):
+        x = rng.standard_normal((T, n_in)).astype(np.float32)
+        got = cuda_ops.to_numpy(cuda_ops.matmul(cuda_ops.from_numpy(x), wc))
+        want = ref_ops.matmul(x, wr)
+        scale = np.abs(want).max() + 1e-30
+        close(got / scale, want / scale, 0, 2e-5, f"matmul T={T}")
+
+
+def test_matmul_on_row_view(attach_both, request):
+    """take_rows of a contiguous run is a view (possibly unaligned); matmul must handle it."""
+    rng = rng_for(request)
+    cuda_ops, ref_ops = attach_both({"w": rng.standard_normal((33, 36)).astype(np.float32)})
+    x = rng.standard_normal((7, 36)).astype(np.float32)
+    for rows in ([6], [1, 2, 3], [0, 4]):
+        xs = cuda_ops.take_rows(cuda_ops.from_numpy(x), rows)
+        got = cuda_ops.to_numpy(cuda_ops.matmul(xs, cuda_ops.weight("w")))
+        close(got, ref_ops.matmul(x[rows], ref_ops.weight("w")), 1e-5, 1e-5, f"rows {rows}")
+
+
+def test_unsupported_type_names_tensor(attach_both, request):
+    rng = rng_for(request)
+    info = GGML_TYPES[IQ2_XXS]
+    cuda_ops, _ = attach_both({"blk.0.ffn_up.weight": (
+        rng.integers(0, 256, 2 * info.type_size, dtype=np.uint8).tobytes(), [512, 1], IQ2_XXS)})
+    with pytest.raises(UnsupportedTensorType, match=r"blk\.0\.ffn_up\.weight.*IQ2_XXS"):
+        cuda_ops.weight("blk.0.ffn_up.weight")
+
+
+@pytest.mark.parametrize("t", [F32, Q8_0, Q4_K], ids=lambda t: GGML_TYPES[t].name)
+@pytest.mark.parametrize("per_expert", [False, True], ids=["shared-x", "per-expert-x"])
+def test_moe_matmul(attach_both, t, per_expert, request):
+    rng = rng_for(request)
+    n_in, n_out, E, k, T = 256, 40, 6, 3, 5
+    cuda_ops, ref_ops = attach_both({"exps": (random_bytes(rng, t, [n_in, n_out, E]),
+                                              [n_in, n_out, E], t)})
+    logits = rng.standard_normal((T, E)).astype(np.float32)
+    ids_c, _ = cuda_ops.moe_route(cuda_ops.from_numpy(logits), k)
+    ids_r, _ = ref_ops.moe_route(logits, k)
+    ids_host = cuda_ops.to_numpy(ids_c)
+    shape = (T, k, n_in) if per_expert else (T, n_in)
+    x = rng.standard_normal(shape).astype(np.float32)
+    got = cuda_ops.to_numpy(cuda_ops.moe_matmul(cuda_ops.from_numpy(x), cuda_ops.weight("exps"),
+                                                ids_c))
+    want = ref_ops.moe_matmul(x, ref_ops.weight("exps"), ids_host)
+    scale = np.abs(want).max()
+    close(got / scale, want / scale, 0, 2e-5, "moe_matmul")
+    assert sorted(map(tuple, np.sort(ids_host, 1))) == sorted(map(tuple, np.sort(ids_r, 1)))
+
+
+def test_prepare_and_views(cuda_ops):
+    b = Batch.causal([1, 2, 3], 4)
+    pb = cuda_ops.prepare(b)
+    raw = cuda_ops.to_numpy(pb.buf)
+    assert raw.tolist() == [[1, 2, 3], [4, 5, 6], [5, 6, 7], [0, 0, 0], [0, 0, 0]]
+    bad = Batch((1, 2), (0, 1), 0, AttnMask((1, 5), (0, 0), (0, 0)))
+    with pytest.raises(ValueError, match="outside cells"):
+        cuda_ops.prepare(bad)
+    x = cuda_ops.from_numpy(np.arange(24, dtype=np.float32).reshape(2, 3, 4))
+    v = cuda_ops.view(x, (6, 4))
+    assert cuda_ops.shape(v) == (6, 4) and v.ptr == x.ptr
+    assert cuda_ops.shape(cuda_ops.view(x, (-1, 12))) == (2, 12)
+    with pytest.raises(ValueError):
+        cuda_ops.view(x, (5, 5))
+    del x  # the view keeps the memory alive
+    assert cuda_ops.to_numpy(v)[5].tolist() == [20.0, 21.0, 22.0, 23.0]
+
+
+def test_kv_cache_full(cuda_ops):
+    c = cuda_ops.new_kv_cache(1, 4, 1, 32, 32)
+    pb = cuda_ops.prepare(Batch.causal([1, 2, 3], 2))
+    k = cuda_ops.from_numpy(np.zeros((3, 1, 32), np.float32))
+    with pytest.raises(ReflexError, match="KV cache full"):
+        cuda_ops.kv_write(c, 0, k, k, pb)
+
+
+def test_allocator_reuses_memory(cuda_ops):
+    from reflex_core.cuda import driver
+
+    a = cuda_ops.from_numpy(np.zeros(1000, np.float32))
+    p = a.ptr
+    del a
+    b = cuda_ops.from_numpy(np.ones(1000, np.float32))
+    assert b.ptr == p  # the freed block came back from the cache
+    assert driver.pool_stats()["live_blocks"] >= 1
+
+
+# --- whole tiny models: GPU vs CPU ------------------------------------------------------------
+def _model(path, ops):
+    from reflex_core.gguf import open_gguf
+    from reflex_core.registry import get_host
+
+    g = open_gguf(str(path))
+    ops.attach(g)
+    cls = get_host().resolve(g.get("general.architecture")).load_model_class()
+    return g, cls.load(g, ops)
+
+
+@pytest.mark.parametrize("wt", ["F32", "Q8_0", "Q4_K"])
+def test_qwen3_forward_matches_numpy(model_files, cuda_ops, ref_ops, wt):
+    pytest.importorskip("reflex_qwen3")
+    from reflex_core.testing.modelwriter import ModelShape, tiny_kquant_shape
+
+    shape = tiny_kquant_shape("qwen3") if wt == "Q4_K" else ModelShape(arch="qwen3")
+    path = model_files(shape, wt, seed=3)
+    gc, mc = _model(path, cuda_ops)
+    gr, mr = _model(path, ref_ops)
+    rng = np.random.default_rng(7)
+    prompt = [int(t) for t in rng.integers(0, mc.n_vocab, 11)]
+    cc, cr = mc.new_cache(64), mr.new_cache(64)
+    b = Batch.causal(prompt, 0)
+    lc = cuda_ops.to_numpy(mc.forward(b, cc, list(range(len(prompt)))))
+    lr = mr.forward(b, cr, list(range(len(prompt))))
+    s = np.abs(lr).max()
+    close(lc / s, lr / s, 0, 2e-4, f"{wt} prefill logits")
+    pos = len(prompt)
+    for step in range(4):  # greedy decode, one token at a time
+        tok = ref_ops.argmax(lr[-1:])[0]
+        b = Batch.causal([tok], pos)
+        lc = mc.forward(b, cc, [0])
+        lr = mr.forward(b, cr, [0])
+        assert cuda_ops.argmax(lc) == ref_ops.argmax(lr) or np.isclose(
+            np.sort(lr[-1])[-1], np.sort(lr[-1])[-2], rtol=1e-4), f"decode step {step}"
+        close(cuda_ops.to_numpy(lc) / s, lr / s, 0, 2e-4, f"{wt} decode {step}")
+        pos += 1
+    # a system1-style tree batch after the prompt: two candidates of 2 and 3 tokens
+    base = pos
+    toks = [int(t) for t in rng.integers(0, mc.n_vocab, 5)]
+    pe = (base,) * 5
+    os_ = (base, base, base + 2, base + 2, base + 2)
+    oe = (base + 1, base + 2, base + 3, base + 4, base + 5)
+    positions = (base, base + 1, base, base + 1, base + 2)
+    b = Batch(tuple(toks), positions, base, AttnMask(pe, os_, oe))
+    lc = cuda_ops.to_numpy(mc.forward(b, cc, list(range(5))))
+    lr = mr.forward(b, cr, list(range(5)))
+    close(lc / s, lr / s, 0, 2e-4, f"{wt} tree batch")
+    lp_c = cuda_ops.token_logprobs(cuda_ops.from_numpy(lr), toks)
+    assert np.allclose(lp_c, ref_ops.token_logprobs(lr, toks), rtol=1e-6, atol=1e-5)

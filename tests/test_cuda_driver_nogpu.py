@@ -1,0 +1,346 @@
+"""reflex_core.cuda.driver without a GPU (CI): error messages, parameter packing, launch plumbing
+(against a fake cuda-bindings module), the mmap address helper, the upload fallback, no numpy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from reflex_core.cuda import driver
+from reflex_core.errors import CudaError, CudaUnavailable
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_py(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env=e, timeout=120)
+
+
+# --- errors when CUDA is unusable ------------------------------------------------------------
+def test_init_without_driver_is_one_clear_line():
+    r = run_py("""
+        from reflex_core.cuda import driver
+        from reflex_core.errors import CudaUnavailable
+        try:
+            d = driver.init()
+        except CudaUnavailable as e:
+            print("UNAVAILABLE", str(e))
+        else:
+            print("HAVE_GPU", d.name)
+        """)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.strip()
+    if out.startswith("HAVE_GPU"):
+        pytest.skip("this machine has a usable GPU")
+    assert out.startswith("UNAVAILABLE"), out
+    msg = out.split(" ", 1)[1]
+    assert "\n" not in msg and len(msg) < 400
+    assert any(s in msg for s in ("NVIDIA driver", "no CUDA GPU", "REFLEX_SKIP_CUDA",
+                                  "this GPU is")), msg
+    assert "Traceback" not in r.stderr
+
+
+def test_missing_bindings_is_one_clear_line():
+    r = run_py("""
+        import sys
+        sys.modules["cuda"] = None  # makes `from cuda.bindings import driver` fail
+        from reflex_core.cuda import driver
+        from reflex_core.errors import CudaUnavailable
+        try:
+            driver.init()
+        except CudaUnavailable as e:
+            print("MSG", e)
+        """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("MSG") and "cuda-bindings" in r.stdout
+    assert "pip install cuda-bindings" in r.stdout and r.stdout.count("\n") == 1
+
+
+def test_init_error_is_sticky_and_smoke_raises_same():
+    r = run_py("""
+        from reflex_core.cuda import driver
+        from reflex_core.errors import CudaUnavailable
+        msgs = []
+        for f in (driver.init, driver.smoke, driver.wait):
+            try:
+                f()
+                print("HAVE_GPU")
+                raise SystemExit(0)
+            except CudaUnavailable as e:
+                msgs.append(str(e))
+        print(len(set(msgs)))
+        """)
+    assert r.returncode == 0, r.stderr
+    if "HAVE_GPU" in r.stdout:
+        pytest.skip("this machine has a usable GPU")
+    assert r.stdout.strip() == "1"
+
+
+def test_start_init_async_reports_through_wait():
+    r = run_py("""
+        from reflex_core.cuda import driver
+        from reflex_core.errors import CudaUnavailable
+        fut = driver.start_init_async()
+        assert driver.start_init_async() is fut
+        try:
+            fut.result(timeout=60)
+            print("HAVE_GPU")
+        except CudaUnavailable as e:
+            print("OK", type(e).__name__)
+        """)
+    assert r.returncode == 0, r.stderr
+    if "HAVE_GPU" not in r.stdout:
+        assert r.stdout.strip() == "OK CudaUnavailable"
+
+
+def test_import_is_light():
+    r = run_py("""
+        import sys
+        import reflex_core.cuda.driver, reflex_core.backends.cuda_backend
+        heavy = [m for m in ("numpy", "gguf", "cuda.bindings.driver") if m in sys.modules]
+        print(heavy)
+        """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+# --- manifest / coverage ---------------------------------------------------------------------
+FULL = {"skipped": False, "nvcc": "13.0.88", "modules": {"core": "x"},
+        "sass": ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_103", "sm_110", "sm_120",
+                 "sm_121"], "ptx": "compute_121"}
+
+
+def test_image_for():
+    assert driver.image_for(90, FULL) == "sass"
+    assert driver.image_for(87, FULL) == "sass"  # sm_86 SASS runs on sm_87
+    one = dict(FULL, sass=["sm_90"], ptx="compute_90")
+    assert driver.image_for(90, one) == "sass"
+    assert driver.image_for(100, one) == "ptx"  # the driver JITs compute_90 PTX
+    assert driver.image_for(89, one) is None
+    assert driver.image_for(86, dict(FULL, sass=["sm_80"], ptx="compute_80")) == "sass"
+
+
+def test_coverage_error_message():
+    msg = driver.coverage_error(75, FULL)
+    assert msg == ("reflex_core was built for sm_80..sm_121 (PTX compute_121); this GPU is "
+                   "sm_75; rebuild with REFLEX_CUDA_ARCH=sm_75")
+    assert driver.coverage_error(90, FULL) is None
+
+
+def test_manifest_missing_or_skipped(tmp_path, monkeypatch):
+    monkeypatch.setenv("REFLEX_KERNEL_DIR", str(tmp_path))
+    with pytest.raises(CudaUnavailable, match="REFLEX_SKIP_CUDA.*reinstall without"):
+        driver.read_manifest()
+    (tmp_path / "manifest.json").write_text(json.dumps({"skipped": True, "modules": {}}))
+    with pytest.raises(CudaUnavailable) as ei:
+        driver.read_manifest()
+    assert "built with REFLEX_SKIP_CUDA=1" in str(ei.value)
+    assert "reinstall without REFLEX_SKIP_CUDA with nvcc available" in str(ei.value)
+    (tmp_path / "manifest.json").write_text(json.dumps(FULL))
+    assert driver.read_manifest()["ptx"] == "compute_121"
+
+
+# --- parameter packing -----------------------------------------------------------------------
+def test_packer_each_sig_char():
+    p = driver.packer("PiIqQfd")
+    vals = (0x7F00DEADBEEF, -5, 0xFFFFFFFE, -(2**40), 2**63 + 5, 1.1, 1.1)
+    addr = p.pack(vals)
+    assert addr == ctypes.addressof(p.ptrs)
+    want = [struct.pack("<Q", vals[0]), struct.pack("<i", -5), struct.pack("<I", 0xFFFFFFFE),
+            struct.pack("<q", -(2**40)), struct.pack("<Q", 2**63 + 5), struct.pack("<f", 1.1),
+            struct.pack("<d", 1.1)]
+    ptrs = (ctypes.c_void_p * 7).from_address(addr)
+    for i, w in enumerate(want):
+        # the i-th kernelParams pointer points at the i-th 8-byte slot holding the value
+        assert ptrs[i] == ctypes.addressof(p.buf) + 8 * i
+        assert ctypes.string_at(ptrs[i], len(w)) == w, f"param {i} ({p.sig[i]})"
+    # every slot is 8-byte aligned (the driver copies sizeof(param) bytes from each pointer)
+    assert all(ptrs[i] % 8 == 0 for i in range(7))
+    assert driver.packer("PiIqQfd") is p
+
+
+def test_packer_rejects_unknown_char():
+    with pytest.raises(ValueError, match="unknown parameter kind 'x'"):
+        driver.packer("Px")
+
+
+class FakeDriver:
+    """Stands in for cuda.bindings.driver: records launches, decoding kernelParams."""
+
+    class R(int):
+        name = "CUDA_ERROR_INVALID_VALUE"
+
+    def __init__(self, register_ok=True):
+        self.launches = []
+        self.copies = []
+        self.register_ok = register_ok
+        self.registered = []
+        self.CU_MEMHOSTREGISTER_READ_ONLY = 8
+
+    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
+        sig = f["sig"]
+        ptrs = (ctypes.c_void_p * len(sig)).from_address(params)
+        fmt = {"P": "<Q", "i": "<i", "I": "<I", "q": "<q", "Q": "<Q", "f": "<f", "d": "<d"}
+        vals = tuple(struct.unpack(fmt[c], ctypes.string_at(ptrs[i], struct.calcsize(fmt[c])))[0]
+                     for i, c in enumerate(sig))
+        self.launches.append((f["name"], (gx, gy, gz), (bx, by, bz), shmem, vals, extra))
+        return (0,)
+
+    def cuMemHostRegister(self, start, length, flags):
+        self.registered.append((start, length, flags))
+        return (0,) if self.register_ok else (FakeDriver.R(801),)
+
+    def cuMemcpyHtoD(self, dst, src, n):
+        self.copies.append((dst, src, n))
+        return (0,)
+
+    def cuGetErrorName(self, e):
+        return (1, None)
+
+    def cuGetErrorString(self, e):
+        return (1, None)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    fd = FakeDriver()
+    monkeypatch.setattr(driver, "_d", fd)
+    monkeypatch.setattr(driver, "_SUCCESS", 0)
+    monkeypatch.setattr(driver, "_STREAM", None)
+    monkeypatch.setattr(driver._tls, "bound", True, raising=False)
+    return fd
+
+
+def test_launch_passes_packed_params(fake):
+    k = driver.Kernels("core", "reflex_core", None, "sass")
+    sig = "PPPiiiidddddd"
+    k._fns["reflex_rope"] = {"name": "reflex_rope", "sig": sig}
+    args = (0x1000, 0x2000, 0x3000, 16, 128, 64, 1, 1e6, 0.25, 1.0, 1.0, 3.0, 27.0)
+    k.launch("reflex_rope", (16, 7), 64, sig, args)
+    name, grid, block, shmem, vals, extra = fake.launches[-1]
+    assert (name, grid, block, shmem, extra) == ("reflex_rope", (16, 7, 1), (64, 1, 1), 0, 0)
+    assert vals == args
+    k._fns["reflex_add"] = {"name": "reflex_add", "sig": "PPPi"}
+    k.launch("reflex_add", 3, (256,), "PPPi", (1, 2, 3, -1), shmem=128)
+    assert fake.launches[-1][1:5] == ((3, 1, 1), (256, 1, 1), 128, (1, 2, 3, -1))
+
+
+def test_launch_rejects_bad_args(fake):
+    k = driver.Kernels("core", "reflex_core", None, "sass")
+    k._fns["reflex_add"] = {"name": "reflex_add", "sig": "PPPi"}
+    with pytest.raises(ValueError, match="reflex_add: signature 'PPPi' has 4 parameters, got 3"):
+        k.launch("reflex_add", 1, 256, "PPPi", (1, 2, 3))
+    with pytest.raises(ValueError, match="do not fit signature"):
+        k.launch("reflex_add", 1, 256, "PPPi", (1, 2, 3, 2**31))
+    with pytest.raises(ValueError, match="do not fit signature"):
+        k.launch("reflex_add", 1, 256, "PPPi", (-1, 2, 3, 4))  # negative pointer
+
+
+def test_launch_error_names_the_kernel(fake, monkeypatch):
+    k = driver.Kernels("core", "reflex_core", None, "sass")
+    k._fns["reflex_add"] = {"name": "reflex_add", "sig": "PPPi"}
+    monkeypatch.setattr(fake, "cuLaunchKernel", lambda *a: (FakeDriver.R(1),))
+    with pytest.raises(CudaError, match=r"cuLaunchKernel\(reflex_add, grid=\(1,1,1\)"):
+        k.launch("reflex_add", 1, 256, "PPPi", (1, 2, 3, 4))
+
+
+def test_check():
+    r = FakeDriver.R(1)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(driver, "_SUCCESS", 0)
+        m.setattr(driver, "_d", FakeDriver())
+        assert driver.check((0, 5)) == 5
+        assert driver.check((0,)) is None
+        assert driver.check((0, 1, 2)) == (1, 2)
+        with pytest.raises(CudaError, match=r"cuFoo\(3\) failed: CUDA_ERROR_INVALID_VALUE"):
+            driver.check((r, 5), "cuFoo(3)")
+
+
+def test_packing_overhead(capsys):
+    """Not a timed assertion: prints what packing costs per launch on this machine."""
+    sig = "PPPPPPPiiiif"
+    p = driver.packer(sig)
+    args = (1, 2, 3, 4, 5, 6, 7, 16, 8, 128, 128, 0.125)
+    n = 50000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        p.st.pack_into(p.buf, 0, *args)
+    dt = (time.perf_counter() - t0) / n * 1e6
+    with capsys.disabled():
+        print(f"\n[reflex] kernel parameter packing, 12 params: {dt:.2f} us per launch")
+    assert dt > 0
+
+
+# --- host buffers: addresses, registration, upload --------------------------------------------
+def test_buffer_address_readonly_mmap(tmp_path):
+    data = os.urandom(3 * mmap.PAGESIZE + 123)
+    f = tmp_path / "w.bin"
+    f.write_bytes(data)
+    with open(f, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    addr, n = driver.buffer_address(mm)
+    assert n == len(data) and addr % mmap.PAGESIZE == 0
+    assert ctypes.string_at(addr, n) == data
+    assert ctypes.string_at(addr + 5000, 100) == data[5000:5100]
+    mm.close()  # the helper released its buffer export: closing works
+
+
+def test_buffer_address_other_buffers():
+    b = b"hello world"
+    addr, n = driver.buffer_address(b)
+    assert n == 11 and ctypes.string_at(addr, n) == b
+    ba = bytearray(b"abcdef")
+    a2, n2 = driver.buffer_address(memoryview(ba)[2:])
+    assert n2 == 4 and ctypes.string_at(a2, 4) == b"cdef"
+    with pytest.raises(TypeError):
+        driver.buffer_address(12345)
+
+
+def test_page_range():
+    P = 4096
+    assert driver.page_range(P * 3 + 10, 100, P) == (P * 3, P)
+    assert driver.page_range(P * 3, P, P) == (P * 3, P)
+    assert driver.page_range(P * 3 + 1, P, P) == (P * 3, 2 * P)
+
+
+@pytest.mark.parametrize("register_ok", [True, False])
+def test_upload_registers_then_copies(fake, tmp_path, register_ok):
+    fake.register_ok = register_ok
+    data = os.urandom(2 * mmap.PAGESIZE + 77)
+    f = tmp_path / "w.bin"
+    f.write_bytes(data)
+    with open(f, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    base, _ = driver.buffer_address(mm)
+    info = driver.upload_host_region(0xD000, mm, 100, len(data) - 100)
+    start, length, flags = fake.registered[-1]
+    assert start == base and start % mmap.PAGESIZE == 0 and length % mmap.PAGESIZE == 0
+    assert start + length >= base + len(data) and flags == 8
+    assert fake.copies[-1] == (0xD000, base + 100, len(data) - 100)
+    assert info["method"] == ("registered" if register_ok else "pageable")
+    assert (info["registration"] is not None) == register_ok
+    with pytest.raises(ValueError, match="outside a buffer"):
+        driver.upload_host_region(0xD000, mm, 100, len(data))
+
+
+def test_round_size():
+    assert driver._round_size(1) == 512
+    assert driver._round_size(513) == 1024
+    assert driver._round_size(1 << 20) == 1 << 20
+    assert driver._round_size((1 << 20) + 1) == 2 << 20
+    assert driver._round_size(5 * (1 << 20) - 3) == 5 << 20
