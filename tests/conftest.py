@@ -1,13 +1,8 @@
-import sys
-from pathlib import Path
+"""Shared fixtures. The tests run against the INSTALLED packages (scripts/test.sh installs the
+core and every plugin; for development use editable installs: pip install -e . -e plugins/*),
+so entry points, packaged kernels and the import graph are the ones users get."""
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-# Import the plugins from the source tree even where they are not pip-installed (the registry
-# still needs their entry points, i.e. an install, to resolve an architecture).
-for _plugin in ("qwen3", "qwen3_moe"):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins" / _plugin))
-
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(scope="session")

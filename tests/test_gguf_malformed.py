@@ -20,7 +20,6 @@ from gguf import GGMLQuantizationType as QT, GGUFValueType as VT  # noqa: E402
 from reflex_core.errors import GGUFError  # noqa: E402
 from reflex_core.gguf import open_gguf  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKENS = [f"tok{i}" for i in range(50)]
 
 
@@ -309,7 +308,6 @@ def test_huge_counts_under_memory_limit(tmp_path, base):
         paths.append(str(tmp_path / name))
     script = textwrap.dedent(f"""
         import resource, sys, time
-        sys.path.insert(0, {REPO!r})
         from reflex_core.errors import GGUFError
         from reflex_core.gguf import open_gguf
         resource.setrlimit(resource.RLIMIT_AS, (256 << 20, 256 << 20))

@@ -18,7 +18,6 @@ from gguf import GGMLQuantizationType as QT, GGUFValueType as VT  # noqa: E402
 from reflex_core import gguf as rg  # noqa: E402
 from reflex_core.errors import GGUFError  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # ------------------------------------------------------------------------------------------
 # Fixtures
@@ -336,7 +335,6 @@ def test_zero_dim_tensor_and_no_tensors(tmp_path):
 def test_no_numpy_or_gguf_import(small_file):
     code = (
         "import sys\n"
-        f"sys.path.insert(0, {REPO!r})\n"
         "from reflex_core.gguf import open_gguf\n"
         f"g = open_gguf({str(small_file)!r})\n"
         "g.metadata['a.str_big'].tolist(); g.metadata['a.f32'].tolist()\n"
