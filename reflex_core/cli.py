@@ -23,9 +23,15 @@ class Float6(float):
     """A float printed with 6 decimals (scores, probabilities)."""
 
 
+class Word(str):
+    """A value printed bare (an enum-like token such as sass/ptx), not as a quoted string."""
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, Float6):
         return f"{v:.6f}"
+    if isinstance(v, Word):
+        return str(v)
     if isinstance(v, float):
         return f"{v:.3f}"
     if isinstance(v, str):
@@ -43,6 +49,8 @@ def print_timings(t) -> None:
     click.echo("timings (ms from process start | duration ms):", err=True)
     for name, start, dur in t.report():
         click.echo(f"  {name:<28} {start:9.1f} | {dur:8.1f}", err=True)
+    for name, text in t.notes.items():
+        click.echo(f"  {name}: {text}", err=True)
 
 
 class ReflexGroup(click.Group):
@@ -144,7 +152,7 @@ def generate(args, quickstart, hub_model, revision, n_tokens, temperature, top_k
     model, prompt = resolve_model_prompt(args, quickstart, hub_model, revision, t)
     if not prompt:
         raise ReflexError("empty prompt: give at least one character of text")
-    lm, ids = engine.load(model, backend, t, prompt=prompt)
+    lm, ids = engine.load(model, backend, t, prompt=prompt, one_shot=True)
     for note in lm.notices:
         engine.warn(note)
     sampling = engine.Sampling(temperature, top_k, top_p, seed)
@@ -196,7 +204,7 @@ def system1(args, quickstart, hub_model, revision, candidates, normalize, backen
     for i, c in enumerate(candidates):
         if c == "":
             raise ReflexError(f"candidate {i} is empty: every --candidate needs some text")
-    lm, ids = engine.load(model, backend, t, prompt=prompt)
+    lm, ids = engine.load(model, backend, t, prompt=prompt, texts=candidates, one_shot=True)
     for note in lm.notices:
         engine.warn(note)
     tok = lm.require_tokenizer()
@@ -244,7 +252,7 @@ def smoke(as_json):
                                "device": r["device"], "sm": r["sm"], "image": r["image"]}))
     else:
         click.echo(status_line("REFLEX_SMOKE_OK", process_start_to_result_ms=ms,
-                               device=r["device"], sm=r["sm"], image=r["image"]))
+                               device=r["device"], sm=r["sm"], image=Word(r["image"])))
 
 
 @cli.command()

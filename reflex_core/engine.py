@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import random
 import sys
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from .background import Background, start_cuda_init
 from .errors import CudaUnavailable, ReflexError
 from .ops import Batch
 from .timing import Timings, since_process_start_ms
@@ -56,26 +56,51 @@ def _tokenizer_or_none(g: Any) -> Any:
     return Tokenizer.from_gguf(g)
 
 
+def prefetch(g: Any) -> None:
+    """Fault the tensor-data pages of the mmap in (MADV_POPULATE_READ; WILLNEED where the kernel
+    lacks it) on a background thread: with a cold page cache the disk reads overlap CUDA init,
+    and with a warm one the later cuMemHostRegister finds its page tables already filled. The
+    madvise call runs through ctypes, which releases the GIL."""
+
+    def run() -> None:
+        import ctypes
+        import mmap
+
+        from .cuda.driver import buffer_address  # plain ctypes; imports no CUDA
+
+        base, total = buffer_address(g.mm)
+        start = (base + g.data_offset) // mmap.PAGESIZE * mmap.PAGESIZE
+        end = base + total
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        if end > start and libc.madvise(start, end - start, 22) != 0:  # MADV_POPULATE_READ
+            libc.madvise(start, end - start, 3)  # MADV_WILLNEED: asynchronous readahead
+
+    Background(run)
+
+
 def load(path: str, backend: str = "auto", timings: Timings | None = None,
-         prompt: str | None = None) -> tuple[Loaded, list[int] | None]:
-    """Open ``path`` and build its model on ``backend``; also encode ``prompt`` when given
-    (encoding overlaps the weight upload). Returns (loaded, prompt_ids)."""
+         prompt: str | None = None, texts: Sequence[str] = (),
+         one_shot: bool = False) -> tuple[Loaded, list[int] | None]:
+    """Open ``path`` and build its model on ``backend``; also encode ``prompt`` when given.
+
+    ``texts`` are other strings the job will encode (system1 candidates): the tokenizer prepares
+    for them together with the prompt. ``one_shot``: the process exits after this job, so the
+    GPU upload skips unpinning the mmap pages. Returns (loaded, prompt_ids)."""
     t = timings or Timings()
     if backend not in BACKENDS:
         raise ReflexError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    # Python work on the main thread competes for the GIL with the CUDA init thread's short
+    # Python steps between driver calls: hand the GIL over sooner than the default 5 ms.
+    sys.setswitchinterval(0.0005)
 
-    cuda_init = None
-    if backend in ("auto", "cuda"):
-        t0 = t.mark("cuda_import_start")
-        from .cuda import driver
-
-        t.phase("import reflex_core.cuda", t0)
-        cuda_init = Background(driver.init)
+    cuda_init = start_cuda_init() if backend in ("auto", "cuda") else None
 
     from .gguf import open_gguf
 
     with t.span("parse gguf"):
         g = open_gguf(path)
+    prefetch(g)
     arch = g.get("general.architecture")
     if not isinstance(arch, str) or not arch:
         raise ReflexError(f"{path}: general.architecture is missing; is this a model GGUF?")
@@ -85,6 +110,19 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
 
         spec = get_host().resolve(arch)
         model_cls = spec.load_model_class()
+
+    # The tokenizer and the prompt's encoding: GIL-bound work, done while CUDA initialises.
+    prompt_ids: list[int] | None = None
+    with t.span("tokenizer"):
+        tok = _tokenizer_or_none(g)
+    if prompt is not None:
+        if tok is None:
+            raise ReflexError(f"{path}: this model has no tokenizer; text prompts cannot be "
+                              "encoded")
+        with t.span("encode prompt"):
+            if hasattr(tok, "prepare"):
+                tok.prepare([prompt, *texts])
+            prompt_ids = tok.encode(prompt)
 
     notices: list[str] = []
     device_name = ""
@@ -99,74 +137,26 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
                 if backend == "cuda":
                     raise
                 chosen = "cpu"
-                notices.append(f"notice: no usable GPU ({e}); running on the CPU backend")
+                notices.append(f"notice: no usable GPU ({str(e).split(';')[0]}); "
+                               "running on the CPU backend")
         t.phases.setdefault("CUDA init (thread)", cuda_init.span())
 
     from .backends import get_backend
 
     ops = get_backend(chosen)
-    prompt_ids: list[int] | None = None
-    upload_error: list[BaseException] = []
-
-    def upload() -> None:
-        try:
-            with t.span("weights to backend"):
-                ops.attach(g)
-        except BaseException as e:  # re-raised on the main thread
-            upload_error.append(e)
-
-    uploader = threading.Thread(target=upload, name="reflex-upload", daemon=True)
-    uploader.start()
-    try:
-        with t.span("tokenizer"):
-            tok = _tokenizer_or_none(g)
-        if prompt is not None:
-            if tok is None:
-                raise ReflexError(f"{path}: this model has no tokenizer; text prompts cannot be "
-                                  "encoded")
-            with t.span("encode prompt"):
-                prompt_ids = tok.encode(prompt)
-    finally:
-        uploader.join()
-    if upload_error:
-        raise upload_error[0]
+    with t.span("weights to backend"):
+        if chosen == "cuda":
+            ops.attach(g, keep_pinned=one_shot)
+        else:
+            ops.attach(g)
+    info = getattr(ops, "upload_info", None)
+    if info:
+        t.notes["upload"] = ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
+                                      for k, v in info.items())
     with t.span("bind weights"):
         model = model_cls.load(g, ops)
+    sys.setswitchinterval(0.005)
     return Loaded(path, g, arch, model, ops, tok, chosen, device_name, notices), prompt_ids
-
-
-class Background:
-    """Run ``fn`` on a daemon thread now; ``wait()`` returns its result or raises its error."""
-
-    def __init__(self, fn: Callable[[], Any]):
-        import time
-
-        self._fn = fn
-        self._result: Any = None
-        self._error: BaseException | None = None
-        self.t0 = time.perf_counter()
-        self.t1 = self.t0
-        self._thread = threading.Thread(target=self._run, name="reflex-bg", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        import time
-
-        try:
-            self._result = self._fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
-            self._error = e
-        finally:
-            self.t1 = time.perf_counter()
-
-    def wait(self) -> Any:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-    def span(self) -> tuple[float, float]:
-        return (self.t0, self.t1)
 
 
 # --------------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ class Timings:
     def __init__(self) -> None:
         self.marks: dict[str, float] = {"main": time.perf_counter()}
         self.phases: dict[str, tuple[float, float]] = {}
+        self.notes: dict[str, str] = {}  # free-form details printed after the phases
 
     def mark(self, name: str) -> float:
         t = time.perf_counter()

@@ -16,6 +16,8 @@ Each op's NumPy twin is the NumpyOps op of the same name; tests/gpu/ compares th
 
 from __future__ import annotations
 
+import time
+
 import struct
 from array import array
 from typing import Any, Sequence
@@ -155,8 +157,14 @@ class CudaOps(Ops):
         return t in quant_ops.SUPPORTED_TYPES
 
     # --- weights and state ----------------------------------------------------------------
-    def attach(self, gguf) -> None:
-        """Upload the file's whole tensor-data region: one cuMemAlloc, one host-registered copy."""
+    def attach(self, gguf, keep_pinned: bool = False) -> None:
+        """Upload the file's whole tensor-data region: one cuMemAlloc, one host-registered copy.
+
+        The registration is released as soon as the copy is done, unless ``keep_pinned`` (a
+        one-shot process that exits right after its first result skips the unpinning, ~ms per
+        GB). A registration must never outlive its mmap: CUDA would keep translating that
+        virtual range to the old pages, and a later mapping at the same address would upload
+        stale bytes."""
         self.release()
         self.gguf = gguf
         tensors = list(gguf.tensors.values())
@@ -169,6 +177,10 @@ class CudaOps(Ops):
             self._blob = driver.mem_alloc_raw(size)
             self.upload_info = driver.upload_host_region(self._blob, gguf.mm, start, size)
             self._registration = self.upload_info.pop("registration", None)
+            if not keep_pinned:
+                t0 = time.perf_counter()
+                self.release_host_registration()
+                self.upload_info["unregister_ms"] = (time.perf_counter() - t0) * 1e3
 
     def release_host_registration(self) -> None:
         """Unpin the mmap pages registered by attach (the upload is complete by then)."""
