@@ -140,6 +140,10 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
                 notices.append(f"notice: no usable GPU ({str(e).split(';')[0]}); "
                                "running on the CPU backend")
         t.phases.setdefault("CUDA init (thread)", cuda_init.span())
+        if chosen == "cuda":
+            from .cuda.driver import INIT_STEPS
+
+            t.notes["CUDA init"] = ", ".join(f"{k} {v:.1f}" for k, v in INIT_STEPS.items())
 
     from .backends import get_backend
 

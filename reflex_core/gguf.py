@@ -205,6 +205,28 @@ class GGUFArray(Sequence):
             return self._strs[i].encode("utf-8")  # valid UTF-8 round-trips exactly
         return self._raw_list()[i]
 
+    def raw_list(self) -> list[bytes]:
+        """Every string element's exact bytes, in order, without decoding them (split in bulk
+        at C speed; ~2x cheaper than decoding). The list is cached and shared: do not modify it."""
+        if self.elem_type != GGUF_TYPE_STRING:
+            raise TypeError(f"{self.key}: raw_list() is for string arrays")
+        if self._raw is None and self._strs is not None:  # already decoded: re-encode once
+            self._raw = [s.encode("utf-8") for s in self._strs]
+        return self._raw_list()
+
+    def raw_chunks(self):
+        """The string elements' exact bytes as consecutive lists (one per bulk block, ~1024
+        strings each), made on the fly and not kept: one pass over a big array without holding
+        all of its elements at once. Concatenated, the lists are raw_list()."""
+        if self.elem_type != GGUF_TYPE_STRING:
+            raise TypeError(f"{self.key}: raw_chunks() is for string arrays")
+        blocks = self._blocks
+        if self._raw is not None or blocks is None:
+            yield self.raw_list()
+            return
+        for blk in blocks:
+            yield self._block_raw(*blk)
+
     def __eq__(self, other):
         if isinstance(other, (GGUFArray, list, tuple)):
             return len(self) == len(other) and self.tolist() == list(other)
@@ -236,7 +258,10 @@ class GGUFArray(Sequence):
 
     def _raw_list(self) -> list[bytes]:
         if self._raw is None:
-            self._raw = [b for blk in self._blocks for b in self._block_raw(*blk)]
+            out: list[bytes] = []
+            for blk in self._blocks:
+                out += self._block_raw(*blk)  # list extend: C speed per element
+            self._raw = out
         return self._raw
 
     def _decode(self) -> None:

@@ -10,20 +10,40 @@ pre-tokenizer *name* (``tokenizer.ggml.pre``). We rebuild the Hugging Face pipel
 * pre-tokenizer = ``Split(regex, isolated)`` per regex of the ``pre`` type, then ``ByteLevel``;
 * added tokens = CONTROL (special) and USER_DEFINED tokens, in one call, in id order.
 
+Building that full BPE holds the GIL for ~200 ms (``BPE()`` alone ~100-190 ms in one call), so
+it is not on the cold path. ``from_gguf`` only splits the token strings (undecoded bytes) and
+builds the bytes -> id dict (~30 ms); the first ``encode`` checks the merges in bulk (~15-20 ms,
+once) and, like every later one (or ``prepare`` for several texts), builds a *prompt-scoped* BPE
+(notes, path (v); ~0.3-1 ms) and encodes with it:
+BPE on a pre-tokenized word only ever applies merges whose result is a substring of that word,
+and only the relative order of merge ranks matters. So a tiny ``models.BPE`` holding the vocab
+tokens that are substrings of the text's words, plus the merges producing them in rank order,
+gives exactly the full tokenizer's ids. Its words come from the same pipeline: split on the
+added tokens (leftmost-longest, as HF), normalize and pre-tokenize each piece with the same
+``tokenizers`` objects. Which merge produces a token: in convert_hf_to_gguf's layout merge i
+produces token 256+i; that is checked on the whole file, in bulk, before the fast path is used.
+Anything else (the check fails, an odd vocabulary layout, pathological texts with > 2e5 substring
+look-ups, ``REFLEX_TOKENIZER=full``) builds the full tokenizer once, lazily, and uses it from then
+on. ``last_path`` says which one encoded the last text, ``fast_reason`` why the fast path is off.
+No step holds the GIL for more than a few ms at a time (bulk work goes in chunks).
+
 Encoding follows llama.cpp's flags: ``parse_special=False`` leaves CONTROL tokens as text but still
 matches USER_DEFINED ones (``<think>``). Decoding is pure Python over the byte-level table, so it is
-exact per token (``token_bytes``) and tolerates ids HF does not know.
+exact per token (``token_bytes``), tolerates ids HF does not know, and never builds a BPE.
 """
 
 from __future__ import annotations
 
 import codecs
 import gc
+import os
 import re
 from dataclasses import dataclass
+from bisect import bisect_right
+from itertools import accumulate
 from typing import Any, Iterable
 
-from .errors import ModelError
+from .errors import ModelError, ReflexError
 
 __all__ = ["Tokenizer", "StreamDecoder", "PreTokenizerSpec", "PRETOKENIZERS"]
 
@@ -186,8 +206,82 @@ class StreamDecoder:
         return self._dec.decode(b"", final=True)
 
 
+
+# ------------------------------------------------------------------------------------------
+# The prompt-scoped path
+
+_MAX_CHECKS = 200_000  # substring look-ups for one call; beyond, the full build is cheaper
+_UNION_MAX = 1024  # new texts join the current mini BPE while it has at most this many tokens;
+#                    past that the next uncovered text starts a fresh one (rebuilds stay small)
+# Cost model of the fast path, in microseconds (measured: a mini BPE build ~40 us + ~0.5 us per
+# vocab/merge entry; a substring look-up ~0.1 us). Once the fast path has cost about one full
+# build (~200-250 ms for Qwen3), the full tokenizer is built: a long-running process that
+# encodes many different texts then pays for it once, and at most twice the cheaper choice.
+_COST_BUILD, _COST_ENTRY, _COST_CHECK = 40.0, 0.5, 0.1
+_MAX_FAST_COST = 200_000.0
+_SHORT_WORD = 32  # words up to this many bytes need no max-token-length bound
+_DICT_CHUNK = 16384  # tokens per dict.update in _bpe_vocab
+_DEL_ALL_BUT_SP_NUL = bytes(b for b in range(256) if b not in (0x20, 0x00))  # translate(None, _)
+
+
+class _NotFast(Exception):
+    """The prompt-scoped path cannot be used; the message says why."""
+
+
+def _mode() -> str:
+    """REFLEX_TOKENIZER=full builds the full tokenizer in from_gguf and always uses it."""
+    return "full" if os.environ.get("REFLEX_TOKENIZER", "").strip().lower() == "full" else "auto"
+
+
+def _raw_strings(v: Any) -> list[bytes]:
+    """The exact bytes of a string array's elements (GGUFArray: split in bulk, not decoded)."""
+    raw_list = getattr(v, "raw_list", None)
+    if raw_list is not None:
+        return raw_list()
+    return [s.encode("utf-8") for s in v]
+
+
+def _decode_all(raw: list[bytes]) -> list[str]:
+    joined = b"\0".join(raw)
+    if joined.count(b"\0") == len(raw) - 1:  # no NUL inside a string: one decode, one split
+        return joined.decode("utf-8").split("\0")
+    return [b.decode("utf-8") for b in raw]
+
+
+def _check_unicode(texts) -> None:
+    """A one-line error for text that is not valid Unicode (lone surrogates, e.g. from
+    undecodable command-line bytes); neither tokenizer path can encode it."""
+    for text in texts:
+        if isinstance(text, str):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ReflexError(f"the text is not valid Unicode (a lone surrogate at index {e.start}, "
+                                  "e.g. from undecodable bytes); it cannot be tokenized") from None
+
+
+def _utf8_error(src: Any, key: str):
+    if hasattr(src, "tolist"):
+        src.tolist()  # the GGUF reader raises GGUFError naming the string
+    raise ModelError(f"{key} is not valid UTF-8")
+
+
+def _n_checks(n_chars: int, bound: int) -> int:
+    """Substring look-ups for a word of n_chars characters when tokens have at most `bound`
+    bytes (so at most `bound` characters): an upper bound on what _collect does."""
+    if n_chars <= bound:
+        return n_chars * (n_chars + 1) // 2
+    return bound * (n_chars - bound) + bound * (bound + 1) // 2
+
+
 class Tokenizer:
-    """A GGUF model's tokenizer. Build with ``Tokenizer.from_gguf(open_gguf(path))``."""
+    """A GGUF model's tokenizer. Build with ``Tokenizer.from_gguf(open_gguf(path))``.
+
+    ``encode`` uses a prompt-scoped BPE when it can (``last_path == "fast"``), else the full
+    tokenizer, built once on first need (``last_path == "full"``); both give the same ids.
+    ``prepare(texts)`` builds one prompt-scoped BPE covering several texts (a prompt and its
+    candidates) so that encoding each of them afterwards costs only the encode itself.
+    """
 
     n_vocab: int
     bos_id: int | None
@@ -198,25 +292,61 @@ class Tokenizer:
     add_eos: bool
     eog_ids: frozenset[int]
     pre: str
+    last_path: str | None  # "fast" or "full": which tokenizer encoded the last text
+    fast_reason: str | None  # why the prompt-scoped path is off (None while it is usable)
 
-    def __init__(self, hf: Any, tokens: list[str], types: list[int], *, pre: str,
+    def __init__(self, *, spec: PreTokenizerSpec, pre: str, tb: bytes, raw: list[bytes] | None,
+                 strs: list[str] | None, vocab_b: dict[bytes, int] | None, k: int,
+                 added: list[tuple[int, str, bool]], merges_src: Any, hf: Any,
                  bos_id: int | None, eos_id: int | None, eot_id: int | None, pad_id: int | None,
                  add_bos: bool, add_eos: bool, eog_ids: frozenset[int]):
-        self._hf = hf
-        self._tokens = tokens
-        self._types = types
+        self._spec = spec
+        self._tb = tb  # token types, one byte each
+        self._raw = raw  # token bytes (fast mode) ...
+        self._strs = strs  # ... or token strings (full mode)
+        self._vocab_b = vocab_b  # BPE vocab, bytes -> id (fast mode)
+        self._k = k  # the BPE vocab is ids 0..k-1 (-1: another layout)
+        self._added = added  # (id, text, is CONTROL) in id order
+        self._merges_src = merges_src
+        self._tokens_src = None
+        self._hf_full = hf
         self._bytes_cache: dict[int, bytes] = {}
-        self.n_vocab = len(tokens)
+        self.n_vocab = len(tb)
         self.pre = pre
         self.bos_id, self.eos_id, self.eot_id, self.pad_id = bos_id, eos_id, eot_id, pad_id
         self.add_bos, self.add_eos = add_bos, add_eos
         self.eog_ids = eog_ids
+        self.last_path = None
+        # prompt-scoped state
+        self._fast: bool | None = None if hf is None else False  # None: not checked yet
+        self.fast_reason = None if hf is None else "REFLEX_TOKENIZER=full"
+        self._mblocks: list[bytes] = []  # merges, NUL-joined per chunk (after the bulk check)
+        self._mstarts: list[int] = []  # rank of each chunk's first merge
+        self._msplit: dict[int, list[bytes]] = {}  # chunks split so far
+        self._m = 0
+        self._merges_ok = False  # the bulk merge check passed
+        self._pins_checked = False
+        self._kb: int | None = None  # longest BPE token, bytes
+        self._comp: tuple | None = None
+        self._added_rx: tuple | None = None
+        self._pairs: dict[int, tuple[str, str]] = {}  # merge rank -> (a, b), decoded so far
+        self._cost = 0.0  # of the fast path so far (see _MAX_FAST_COST)
+        self._reset_mini()
+
+    def _reset_mini(self) -> None:
+        """Forget the prompt-scoped BPE (the next encode builds a new one)."""
+        self._cov: set[str] = set()  # words the mini BPE covers
+        self._sub: dict[str, int] = {}  # its vocab (without the added tokens)
+        self._sub_ids: set[int] = set()
+        self._ranks: set[int] = set()  # its merges
+        self._mini: Any = None
 
     # ---------------------------------------------------------------- construction
 
     @classmethod
     def from_gguf(cls, g: Any) -> "Tokenizer":
-        """Build from a parsed GGUF (``reflex_core.gguf.GGUFFile``). Raises ModelError (one line)."""
+        """Read a parsed GGUF (``reflex_core.gguf.GGUFFile``); cheap, builds no BPE unless
+        ``REFLEX_TOKENIZER=full``. Raises ModelError (one line)."""
         md = g.metadata
         model = md.get("tokenizer.ggml.model")
         if model is None or model in ("none", "no_vocab"):
@@ -232,29 +362,43 @@ class Tokenizer:
             what = "is missing" if pre is None else f"{pre!r} is not supported"
             raise ModelError(f"tokenizer.ggml.pre {what} (known: {known})")
 
-        tokens = _md_list(md, "tokenizer.ggml.tokens")
-        if not tokens:
+        src = md.get("tokenizer.ggml.tokens")
+        if src is None or len(src) == 0:
             raise ModelError("tokenizer.ggml.tokens is missing or empty")
-        n = len(tokens)
+        n = len(src)
         types = _md_list(md, "tokenizer.ggml.token_type")
         if types is None:
             types = [TT_NORMAL] * n
         elif len(types) != n:
             raise ModelError(f"tokenizer.ggml.token_type has {len(types)} entries for {n} tokens")
-        merges = _md_list(md, "tokenizer.ggml.merges") or []
-
         try:
             tb = bytes(types)  # C speed; token types are small ints
         except (ValueError, TypeError):
             tb = bytes(t if isinstance(t, int) and 0 <= t < 256 else 0 for t in types)
-        # (id, text, is CONTROL) of the added tokens, found at C speed
-        added = [(m.start(), tokens[m.start()], tb[m.start()] == TT_CONTROL)
-                 for m in re.finditer(b"[\x03\x04]", tb)]
+        merges_src = md.get("tokenizer.ggml.merges")
+        full = _mode() == "full"
 
         was_enabled = gc.isenabled()
-        gc.disable()  # ~300k small objects: GC passes would cost 50-100 ms here
+        gc.disable()  # ~150-300k small objects: GC passes would cost tens of ms here
         try:
-            hf, vocab = _build_hf(tokens, types, tb, added, merges, spec)
+            hf = raw = strs = vocab_b = None
+            k = -1
+            if full:  # the plain full build (the pre-fast-path behaviour; for debugging)
+                strs = _md_list(md, "tokenizer.ggml.tokens")
+                added = [(m.start(), strs[m.start()], tb[m.start()] == TT_CONTROL)
+                         for m in re.finditer(b"[\x03\x04]", tb)]
+                hf, vocab = _build_hf(strs, types, tb, added, _md_list(md, "tokenizer.ggml.merges") or [],
+                                      spec)
+                lookup = vocab.get
+            else:  # token bytes, decoded only when used
+                raw = _raw_strings(src)
+                try:
+                    added = [(m.start(), raw[m.start()].decode("utf-8"), tb[m.start()] == TT_CONTROL)
+                             for m in re.finditer(b"[\x03\x04]", tb)]
+                except UnicodeDecodeError:
+                    _utf8_error(src, "tokenizer.ggml.tokens")
+                vocab_b, k = _bpe_vocab(raw, tb)
+                lookup = lambda text: vocab_b.get(text.encode("utf-8"))  # noqa: E731
         finally:
             if was_enabled:
                 gc.enable()
@@ -272,7 +416,9 @@ class Tokenizer:
 
         def by_text(texts) -> int | None:
             for text in texts:
-                i = special_texts.get(text, vocab.get(text))
+                i = special_texts.get(text)
+                if i is None:
+                    i = lookup(text)
                 if i is not None:
                     return i
             return None
@@ -289,8 +435,11 @@ class Tokenizer:
         eog.update(i for i in (eos, eot, eom) if i is not None)
         add_bos = bool(md.get("tokenizer.ggml.add_bos_token", spec.add_bos_default))
         add_eos = bool(md.get("tokenizer.ggml.add_eos_token", False))
-        return cls(hf, tokens, types, pre=pre, bos_id=bos, eos_id=eos, eot_id=eot, pad_id=pad,
-                   add_bos=add_bos, add_eos=add_eos, eog_ids=frozenset(eog))
+        tok = cls(spec=spec, pre=pre, tb=tb, raw=raw, strs=strs, vocab_b=vocab_b, k=k, added=added,
+                  merges_src=merges_src, hf=hf, bos_id=bos, eos_id=eos, eot_id=eot, pad_id=pad,
+                  add_bos=add_bos, add_eos=add_eos, eog_ids=frozenset(eog))
+        tok._tokens_src = src
+        return tok
 
     # ---------------------------------------------------------------- encode / decode
 
@@ -298,15 +447,19 @@ class Tokenizer:
         """Token ids of ``text``. add_special: prepend BOS iff add_bos (append EOS iff add_eos).
         parse_special=False: CONTROL tokens in the text are encoded as plain text (USER_DEFINED
         ones such as ``<think>`` are still matched, like llama.cpp)."""
-        hf = self._hf
-        if parse_special:
-            ids = hf.encode(text, add_special_tokens=False).ids
-        else:
-            hf.encode_special_tokens = True
-            try:
+        try:
+            hf = self._encoder((text,), parse_special)
+            if parse_special:
                 ids = hf.encode(text, add_special_tokens=False).ids
-            finally:
-                hf.encode_special_tokens = False
+            else:
+                hf.encode_special_tokens = True
+                try:
+                    ids = hf.encode(text, add_special_tokens=False).ids
+                finally:
+                    hf.encode_special_tokens = False
+        except (UnicodeEncodeError, TypeError):
+            _check_unicode((text,))
+            raise
         if add_special:
             if self.add_bos and self.bos_id is not None:
                 ids = [self.bos_id] + ids
@@ -314,8 +467,25 @@ class Tokenizer:
                 ids.append(self.eos_id)
         return ids
 
+    def prepare(self, texts: Iterable[str], parse_special: bool = True) -> str:
+        """Build one prompt-scoped BPE covering all ``texts`` (e.g. a prompt and its
+        candidates), so that encoding any of them next reuses it. Optional: ``encode`` extends
+        the coverage by itself, at ~0.3 ms per new text. Returns "fast" or "full"."""
+        texts = list(texts)
+        try:
+            self._encoder(texts, parse_special)
+        except (UnicodeEncodeError, TypeError):
+            _check_unicode(texts)
+            raise
+        return self.last_path
+
+    @property
+    def full_built(self) -> bool:
+        """Whether the full tokenizer has been built (then every encode uses it)."""
+        return self._hf_full is not None
+
     def is_control(self, token_id: int) -> bool:
-        return 0 <= token_id < self.n_vocab and self._types[token_id] == TT_CONTROL
+        return 0 <= token_id < self.n_vocab and self._tb[token_id] == TT_CONTROL
 
     def token_bytes(self, token_id: int) -> bytes:
         """The exact bytes of one token; b"" for UNUSED ([PAD…]) and out-of-range ids."""
@@ -324,13 +494,13 @@ class Tokenizer:
             return b
         if not (0 <= token_id < self.n_vocab):
             return b""
-        tt = self._types[token_id]
-        text = self._tokens[token_id]
+        tt = self._tb[token_id]
         if tt == TT_UNUSED:
             b = b""
         elif tt in _ADDED:
-            b = text.encode("utf-8")
+            b = self._raw[token_id] if self._raw is not None else self._strs[token_id].encode("utf-8")
         else:
+            text = self.token_text(token_id)
             m = _BYTE_OF_CHAR
             try:
                 b = bytes([m[c] for c in text])
@@ -353,17 +523,318 @@ class Tokenizer:
 
     def token_text(self, token_id: int) -> str | None:
         """The token's string as stored in the GGUF (byte-level encoded), or None."""
-        return self._tokens[token_id] if 0 <= token_id < self.n_vocab else None
+        if not (0 <= token_id < self.n_vocab):
+            return None
+        if self._raw is not None:  # (a corrupt file's invalid UTF-8 shows as U+FFFD)
+            return self._raw[token_id].decode("utf-8", errors="replace")
+        return self._strs[token_id]
 
     def __repr__(self) -> str:
         return (f"Tokenizer(pre={self.pre!r}, n_vocab={self.n_vocab}, bos={self.bos_id}, "
                 f"eos={self.eos_id}, add_bos={self.add_bos})")
 
+    # ---------------------------------------------------------------- which BPE encodes
 
-def _build_hf(tokens: list[str], types: list[int], tb: bytes, added: list[tuple[int, str, bool]],
+    def _encoder(self, texts, parse_special: bool):
+        """The HF tokenizer that encodes ``texts`` exactly: the prompt-scoped one when it
+        can, else the full one. Sets last_path."""
+        if self._hf_full is None and self._fast is not False:
+            was_enabled = gc.isenabled()
+            gc.disable()
+            try:
+                hf = self._mini_for(texts, parse_special)
+            except _NotFast as e:
+                self._fast_off(str(e))
+            else:
+                self.last_path = "fast"
+                return hf
+            finally:
+                if was_enabled:
+                    gc.enable()
+        self.last_path = "full"
+        return self._full()
+
+    @property
+    def _hf(self):
+        """The full ``tokenizers.Tokenizer`` (built on first use)."""
+        return self._full()
+
+    def _full(self):
+        if self._hf_full is None:
+            was_enabled = gc.isenabled()
+            gc.disable()
+            try:
+                try:
+                    tokens = self._strs if self._strs is not None else _decode_all(self._raw)
+                except UnicodeDecodeError:
+                    _utf8_error(self._tokens_src, "tokenizer.ggml.tokens")
+                src = self._merges_src
+                try:
+                    if self._merges_ok and self._m:  # checked: one space, no NUL in each merge
+                        merges = b"\0".join(self._mblocks).decode("utf-8").split("\0")
+                    else:
+                        merges = (src.tolist() if hasattr(src, "tolist") else list(src)) if src else []
+                except UnicodeDecodeError:
+                    _utf8_error(src, "tokenizer.ggml.merges")
+                self._hf_full, _ = _build_hf(tokens, self._tb, self._tb, self._added, merges, self._spec)
+            finally:
+                if was_enabled:
+                    gc.enable()
+            self._fast_off("the full tokenizer is built", keep_reason=True)
+            self._mblocks, self._mstarts, self._msplit = [], [], {}
+        return self._hf_full
+
+    def _fast_off(self, reason: str, keep_reason: bool = False) -> None:
+        self._fast = False
+        if not (keep_reason and self.fast_reason):
+            self.fast_reason = reason
+        self._reset_mini()
+
+    def _check_fast(self) -> None:
+        """Whether a prompt-scoped BPE is exact for this vocabulary; raises _NotFast if not.
+        The merge check covers every merge, in bulk (~15 ms for Qwen3's 151k)."""
+        if self._raw is None:
+            raise _NotFast("no token bytes")
+        if self._spec.ignore_merges:
+            raise _NotFast("ignore_merges vocabularies use the full tokenizer")
+        k, vocab = self._k, self._vocab_b
+        if k < 0:
+            raise _NotFast("the BPE vocabulary is not ids 0..k-1")
+        if len(vocab) != k:
+            raise _NotFast("duplicate token texts in the BPE vocabulary")
+        texts = [text for _, text, _ in self._added]
+        if (len(set(texts)) != len(texts) or any(len(t) < 2 for t in texts)
+                or any(t.encode("utf-8") in vocab for t in texts)):
+            # duplicates / one-character / vocab-equal added tokens: HF's id rules get subtle
+            raise _NotFast("unusual added tokens")
+        src = self._merges_src
+        if not src:
+            chunks = ()
+        elif hasattr(src, "raw_chunks"):
+            chunks = src.raw_chunks()  # block by block: nothing big is allocated or kept
+        else:
+            chunks = (_raw_strings(src),)
+        raw, blocks, starts, m = self._raw, [], [], 0
+        for chunk in chunks:
+            c = len(chunk)
+            if not c:
+                continue
+            if 256 + m + c > k:
+                raise _NotFast(f"more merges than tokens after the first 256 ({k})")
+            joined = b"\0".join(chunk)
+            # every merge has exactly one space and no NUL (so joined splits back exactly) ...
+            if joined.translate(None, _DEL_ALL_BUT_SP_NUL) != b" \0" * (c - 1) + b" ":
+                raise _NotFast(f"a merge in {m}..{m + c - 1} is not 'a b' with exactly one space")
+            # ... and merge i without its space is token 256+i (so no other merge makes it)
+            if joined.replace(b" ", b"") != b"\0".join(raw[256 + m:256 + m + c]):
+                raise _NotFast(f"a merge in {m}..{m + c - 1} does not produce token 256+i")
+            blocks.append(joined)
+            starts.append(m)
+            m += c
+        self._mblocks, self._mstarts, self._m = blocks, starts, m
+        self._fast = self._merges_ok = True
+
+    def _mini_for(self, texts, parse_special: bool):
+        if self._fast is None:
+            self._check_fast()
+        words: set[str] = set()
+        for text in texts:
+            self._words(text, parse_special, words)
+        new = words - self._cov
+        if new and len(self._sub_ids) > _UNION_MAX:  # start a fresh mini BPE for these texts
+            self._reset_mini()
+            new = words
+        if new:
+            bound = self._kb
+            if bound is None and any(len(w) > _SHORT_WORD for w in new):
+                bound = self._kb = max(map(len, self._raw[:self._k]))
+            est = sum(_n_checks(len(w), bound or len(w)) for w in new)
+            if est > _MAX_CHECKS:
+                raise _NotFast(f"a text needs {est} substring look-ups (> {_MAX_CHECKS})")
+            self._charge(est * _COST_CHECK)
+            fresh = self._collect(new, bound) - self._sub_ids
+            if fresh:
+                raw, m, sub, ranks = self._raw, self._m, self._sub, self._ranks
+                for t in fresh:
+                    try:
+                        sub[raw[t].decode("utf-8")] = t
+                    except UnicodeDecodeError:
+                        raise _NotFast(f"token {t} is not valid UTF-8") from None
+                    if 256 <= t < 256 + m:
+                        ranks.add(t - 256)
+                self._sub_ids |= fresh
+                self._mini = None
+            if self._mini is None:
+                self._mini = self._build_mini()
+            self._cov |= new
+        elif self._mini is None:
+            self._mini = self._build_mini()
+        return self._mini
+
+    def _collect(self, words, bound: int | None) -> set[int]:
+        """Ids of the BPE vocab tokens that are substrings of ``words`` (at most ``bound``
+        bytes long; None: no bound needed, every word is short)."""
+        get = self._vocab_b.get
+        found: set[int] = set()
+        add = found.add
+        for w in words:
+            wb = w.encode("utf-8")
+            nb = len(wb)
+            if nb == len(w):
+                offs = range(nb + 1)
+            else:
+                offs = list(accumulate((len(c.encode("utf-8")) for c in w), initial=0))
+            kb = nb if bound is None else bound
+            last = len(offs)
+            for i in range(last - 1):
+                s = offs[i]
+                for j in range(i + 1, last):
+                    e = offs[j]
+                    if e - s > kb:
+                        break
+                    t = get(wb[s:e])
+                    if t is not None:
+                        add(t)
+        return found
+
+    def _build_mini(self):
+        try:
+            from tokenizers import Tokenizer as HFTokenizer
+
+            vocab = dict(self._sub)
+            for i, text, _ in self._added:  # pinned: BPE never makes them (checked above)
+                vocab[text] = i
+            pairs = self._pairs
+            merges = []
+            for r in sorted(self._ranks):
+                p = pairs.get(r)
+                if p is None:
+                    a, _, b = self._merge_raw(r).decode("utf-8").partition(" ")
+                    if not a or not b:
+                        raise _NotFast(f"merge {r} has an empty side")
+                    p = pairs[r] = (a, b)
+                merges.append(p)
+            self._charge(_COST_BUILD + _COST_ENTRY * (len(vocab) + len(merges)))
+            normalizer, pre_tokenizer, post, dec, added = self._components()
+            hf = HFTokenizer(_bpe_model(vocab, merges, self._spec))
+            if normalizer is not None:
+                hf.normalizer = normalizer
+            hf.pre_tokenizer = pre_tokenizer
+            hf.post_processor = post
+            hf.decoder = dec
+            if added:
+                hf.add_tokens(added)
+                if not self._pins_checked:  # first build: verify the pinned ids once
+                    for i, text, _ in self._added:
+                        if hf.token_to_id(text) != i:
+                            raise _NotFast(f"added token {text!r} did not keep id {i}")
+                    self._pins_checked = True
+            return hf
+        except _NotFast:
+            raise
+        except Exception as e:  # the full build reports an inconsistent file properly
+            raise _NotFast(f"the prompt-scoped BPE failed: {e}") from None
+
+    def _charge(self, cost: float) -> None:
+        self._cost += cost
+        if self._cost > _MAX_FAST_COST:
+            raise _NotFast("the fast path has cost about one full build so far")
+
+    def _merge_raw(self, r: int) -> bytes:
+        i = bisect_right(self._mstarts, r) - 1
+        parts = self._msplit.get(i)
+        if parts is None:
+            parts = self._msplit[i] = self._mblocks[i].split(b"\0")
+        return parts[r - self._mstarts[i]]
+
+    def _components(self):
+        if self._comp is None:
+            from tokenizers import AddedToken
+
+            normalizer, pre_tokenizer, post, dec = _pipeline(self._spec)
+            added = [AddedToken(text, normalized=False, special=ctl) for _, text, ctl in self._added]
+            self._comp = (normalizer, pre_tokenizer, post, dec, added)
+        return self._comp
+
+    def _words(self, text: str, parse_special: bool, out: set[str]) -> None:
+        """Add the pre-tokenized words HF's BPE will see for ``text`` to ``out``."""
+        normalizer, pre_tokenizer = self._components()[:2]
+        segs = self._segments(text, parse_special, 0)
+        if not parse_special:  # either way HF may treat a skipped special token: cover both
+            segs += self._segments(text, parse_special, 1)
+        for seg in segs:
+            if seg and normalizer is not None:
+                seg = normalizer.normalize_str(seg)
+            if seg:
+                out.update(w for w, _ in pre_tokenizer.pre_tokenize_str(seg))
+
+    def _segments(self, text: str, parse_special: bool, which: int) -> list[str]:
+        """``text`` split at the added tokens, leftmost-longest like HF's Aho-Corasick; with
+        parse_special=False CONTROL (special) tokens stay text: which=0 finds all matches and
+        skips the special ones, which=1 matches only the non-special tokens."""
+        if self._added_rx is None:
+            texts = {text: ctl for _, text, ctl in self._added if text}
+            alts = sorted(texts, key=len, reverse=True)
+            plain = [t for t in alts if not texts[t]]
+            mk = lambda ts: re.compile("|".join(map(re.escape, ts))) if ts else None  # noqa: E731
+            self._added_rx = (mk(alts), mk(plain), {t for t in alts if texts[t]})
+        rx = self._added_rx[which]
+        if rx is None or not text:
+            return [text]
+        skip = self._added_rx[2] if (which == 0 and not parse_special) else ()
+        segs, pos = [], 0
+        for mt in rx.finditer(text):
+            if skip and mt.group() in skip:
+                continue
+            if mt.start() > pos:
+                segs.append(text[pos:mt.start()])
+            pos = mt.end()
+        if pos < len(text):
+            segs.append(text[pos:])
+        return segs
+
+
+def _bpe_vocab(raw: list[bytes], tb: bytes) -> tuple[dict[bytes, int], int]:
+    """The BPE vocab (NORMAL/UNKNOWN/BYTE tokens) as bytes -> id, and k when it is ids 0..k-1
+    (else -1). A repeated text keeps its last id, as in _build_hf."""
+    n_in = tb.count(TT_NORMAL) + tb.count(TT_UNKNOWN) + tb.count(TT_BYTE)
+    if tb[:n_in].count(TT_NORMAL) == n_in:
+        vocab: dict[bytes, int] = {}
+        for i in range(0, n_in, _DICT_CHUNK):  # in C-speed chunks, so that another thread
+            j = min(i + _DICT_CHUNK, n_in)  # waiting for the GIL gets it within ~1 ms
+            vocab.update(zip(raw[i:j], range(i, j)))
+        return vocab, n_in
+    return {raw[i]: i for i in range(len(raw)) if tb[i] in _IN_BPE_VOCAB}, -1
+
+
+def _bpe_model(vocab: dict[str, int], merges: list[tuple[str, str]], spec: PreTokenizerSpec):
+    from tokenizers import models
+
+    return models.BPE(vocab, merges, dropout=None, unk_token=None, continuing_subword_prefix="",
+                      end_of_word_suffix="", fuse_unk=False, byte_fallback=False,
+                      ignore_merges=spec.ignore_merges)
+
+
+def _pipeline(spec: PreTokenizerSpec):
+    """(normalizer or None, pre-tokenizer, post-processor, decoder) of a ``pre`` type."""
+    from tokenizers import Regex, decoders, normalizers, pre_tokenizers, processors
+
+    if spec.normalizer == "NFC":
+        normalizer = normalizers.NFC()
+    elif spec.normalizer is None:
+        normalizer = None
+    else:
+        raise ModelError(f"unknown normalizer {spec.normalizer!r} in the pre-tokenizer table")
+    pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(_literal_escapes(r)), "isolated", invert=False) for r in spec.regexes]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+    return normalizer, pre_tokenizer, processors.ByteLevel(trim_offsets=False), decoders.ByteLevel()
+
+
+def _build_hf(tokens: list[str], types, tb: bytes, added: list[tuple[int, str, bool]],
               merges: list[str], spec: PreTokenizerSpec):
-    from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
+    """The full tokenizer (notes path (ii)). Returns (hf, vocab str -> id)."""
+    from tokenizers import AddedToken, Tokenizer as HFTokenizer
 
     n = len(tokens)
     # Fast path (Qwen layout): NORMAL tokens are ids 0..k-1, then the added tokens, then UNUSED.
@@ -383,34 +854,25 @@ def _build_hf(tokens: list[str], types: list[int], tb: bytes, added: list[tuple[
             vocab.setdefault(text, i)
 
     pairs = _split_merges_fast(merges)
-
-    def make_bpe(pairs):
-        return models.BPE(vocab, pairs, dropout=None, unk_token=None, continuing_subword_prefix="",
-                          end_of_word_suffix="", fuse_unk=False, byte_fallback=False,
-                          ignore_merges=spec.ignore_merges)
-
     try:
         try:
-            bpe = make_bpe(pairs if pairs is not None else _split_merges(merges))
+            bpe = _bpe_model(vocab, pairs if pairs is not None else _split_merges(merges), spec)
         except Exception:
             if pairs is None:
                 raise
-            bpe = make_bpe(_split_merges(merges))  # the fast split mis-paired: do it exactly
+            bpe = _bpe_model(vocab, _split_merges(merges), spec)  # the fast split mis-paired
     except ModelError:
         raise
     except Exception as e:
         raise ModelError(f"the GGUF's BPE vocabulary/merges are inconsistent: {e}") from None
 
     hf = HFTokenizer(bpe)
-    if spec.normalizer == "NFC":
-        hf.normalizer = normalizers.NFC()
-    elif spec.normalizer is not None:
-        raise ModelError(f"unknown normalizer {spec.normalizer!r} in the pre-tokenizer table")
-    hf.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(_literal_escapes(r)), "isolated", invert=False) for r in spec.regexes]
-        + [pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
-    hf.post_processor = processors.ByteLevel(trim_offsets=False)
-    hf.decoder = decoders.ByteLevel()
+    normalizer, pre_tokenizer, post, dec = _pipeline(spec)
+    if normalizer is not None:
+        hf.normalizer = normalizer
+    hf.pre_tokenizer = pre_tokenizer
+    hf.post_processor = post
+    hf.decoder = dec
     if added:
         hf.add_tokens([AddedToken(text, normalized=False, special=ctl) for _, text, ctl in added])
         seen: set[str] = set()

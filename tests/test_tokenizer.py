@@ -92,9 +92,17 @@ def model_path(tmp_path_factory):
     return write_model(p, ModelShape(n_layer=1), tokenizer="qwen3", seed=0)
 
 
-@pytest.fixture(scope="module")
-def tok(model_path):
-    return Tokenizer.from_gguf(open_gguf(model_path))
+@pytest.fixture(scope="module", params=["fast", "full"])
+def tok(model_path, request):
+    """Every test runs on both paths: the prompt-scoped BPE (default) and REFLEX_TOKENIZER=full."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("REFLEX_TOKENIZER", "full" if request.param == "full" else "")
+    try:
+        t = Tokenizer.from_gguf(open_gguf(model_path))
+    finally:
+        mp.undo()
+    t.mode = request.param
+    return t
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +111,15 @@ def ref():
 
 
 def test_encode_matches_reference(tok, ref):
-    bad = [(x, tok.encode(x), ref.encode(x).ids) for x in CORPUS if tok.encode(x) != ref.encode(x).ids]
+    bad, paths = [], set()
+    for x in CORPUS:
+        ids = tok.encode(x)
+        paths.add(tok.last_path)
+        if ids != ref.encode(x).ids:
+            bad.append((x, ids, ref.encode(x).ids))
     assert not bad, f"{len(bad)}/{len(CORPUS)} mismatches, first: {bad[0]!r}"
+    assert paths == {tok.mode}  # the path under test really ran (no silent fallback)
+    assert tok.full_built == (tok.mode == "full")
 
 
 def test_known_ids(tok):

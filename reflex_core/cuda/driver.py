@@ -250,11 +250,23 @@ def init(device: int = 0, preload: Sequence[str] | None = None) -> Device:
         return _device
 
 
+INIT_STEPS: dict[str, float] = {}  # step -> ms, filled by init (``--timings`` prints them)
+
+
 def _init(ordinal: int, preload: Sequence[str] | None) -> Device:
     # Load every kernel of a module when the module loads (on this, the init thread) rather than
     # at its first launch (inside the first forward pass, on the critical path).
     os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
+    t = time.perf_counter()
+
+    def step(name: str) -> None:
+        nonlocal t
+        now = time.perf_counter()
+        INIT_STEPS[name] = (now - t) * 1e3
+        t = now
+
     d = _bindings()
+    step("import cuda.bindings")
     try:
         r = d.cuInit(0)
     except Exception as e:  # noqa: BLE001 - DynamicLibNotFoundError and friends
@@ -272,6 +284,7 @@ def _init(ordinal: int, preload: Sequence[str] | None) -> Device:
             raise _unavailable("the NVIDIA driver is too old for this cuda-bindings; update the "
                                "driver or install an older cuda-bindings")
         raise _unavailable(f"cuInit failed: {_error_text(err)}")
+    step("cuInit")
     count = check(d.cuDeviceGetCount(), "cuDeviceGetCount")
     if count == 0:
         raise _unavailable("no CUDA GPU found; use --backend cpu")
@@ -293,8 +306,10 @@ def _init(ordinal: int, preload: Sequence[str] | None) -> Device:
     reason = coverage_error(sm, manifest)
     if reason:
         raise _unavailable(reason)
+    step("device queries")
     ctx = check(d.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
     check(d.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    step("primary context")
     device = Device(ordinal, dev, name, sm, total, drv_ver, ctx, image_for(sm, manifest) or "ptx")
     global _device
     _device = device  # get_kernels below needs it (init() resets it if this fails)
@@ -302,6 +317,7 @@ def _init(ordinal: int, preload: Sequence[str] | None) -> Device:
     names = list(manifest.get("modules", {})) if preload is None else list(preload)
     for m in names:
         get_kernels(m)
+        step(f"load {m}.fatbin")
     return device
 
 
