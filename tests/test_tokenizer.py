@@ -5,7 +5,6 @@ import subprocess
 import sys
 import textwrap
 import unicodedata
-from pathlib import Path
 
 import pytest
 import tokenizers
@@ -15,7 +14,6 @@ from reflex_core.gguf import open_gguf
 from reflex_core.testing.modelwriter import ModelShape, qwen3_tokenizer_json_path, write_model
 from reflex_core.tokenizer import PRETOKENIZERS, PreTokenizerSpec, Tokenizer
 
-REPO = Path(__file__).resolve().parent.parent
 
 HAND = [
     "",
@@ -288,7 +286,6 @@ def test_pretokenizer_table_is_open():
 def test_no_numpy_import(model_path):
     code = textwrap.dedent(f"""
         import sys
-        sys.path.insert(0, {str(REPO)!r})
         from reflex_core.gguf import open_gguf
         from reflex_core.tokenizer import Tokenizer
         tok = Tokenizer.from_gguf(open_gguf({str(model_path)!r}))

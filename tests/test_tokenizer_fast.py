@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 import unicodedata
-from pathlib import Path
 
 import pytest
 import tokenizers
@@ -22,7 +21,6 @@ from reflex_core.testing.modelwriter import ModelShape, qwen3_tokenizer_json_pat
 from reflex_core.tokenizer import Tokenizer
 from test_tokenizer import HAND, _Meta, _random_corpus
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _code_point_strings(n=150, seed=99):
@@ -379,7 +377,6 @@ def test_gguf_raw_list_and_chunks(tmp_path):
 def test_cold_path_imports_and_path(model_path):
     code = textwrap.dedent(f"""
         import sys
-        sys.path.insert(0, {str(REPO)!r})
         from reflex_core.gguf import open_gguf
         from reflex_core.tokenizer import Tokenizer
         tok = Tokenizer.from_gguf(open_gguf({str(model_path)!r}))
