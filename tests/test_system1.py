@@ -1,0 +1,163 @@
+"""system1: one tree-masked forward pass scores every candidate; checked against llama.cpp.
+
+For each candidate, llama.cpp (the oracle) runs prompt + that candidate as its own sequence with
+every position's logits; the candidate's score is the sum over its tokens of the full-vocabulary
+log-softmax at the preceding position. Reflex computes all candidates at once under the tree
+mask. With F32 weights and llama.cpp's KV cache in F32 both sides compute in float32: measured
+differences of the sums were <= 5e-6 (2026-11-29, sums of -7 to -37 over 1-5 tokens; float32
+rounding of logits of magnitude ~10 before the log-softmax). The bound is 1e-4 per token.
+
+These tests FAIL (never skip) when llama-cpp-python is missing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+try:
+    import llama_cpp  # noqa: F401  (the oracle; imported here to fail loudly, not to skip)
+
+    LLAMA_IMPORT_ERROR = None
+except Exception as e:  # pragma: no cover - depends on the environment
+    LLAMA_IMPORT_ERROR = e
+
+from reflex_core import system1
+from reflex_core.errors import ReflexError
+from reflex_core.ops import Batch
+from reflex_core.testing import oracle
+from reflex_core.testing.modelwriter import ModelShape
+
+PER_TOKEN = 1e-4
+
+SHAPES = {
+    "qwen3": ModelShape(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, head_dim=32, n_ff=96,
+                        n_vocab=200),
+    "qwen3moe": ModelShape(arch="qwen3moe", n_layer=2, n_embd=64, n_head=4, n_head_kv=2,
+                           head_dim=32, n_ff=96, n_expert=8, n_expert_used=2, n_ff_exp=64,
+                           n_vocab=200),
+}
+
+CANDS = [[7], [11, 3, 150], [42, 42], [199, 0, 5, 6, 7]]
+
+
+def log_softmax(row: np.ndarray) -> np.ndarray:
+    r = row.astype(np.float64)
+    m = r.max()
+    return r - m - math.log(np.exp(r - m).sum())
+
+
+def llama_scores(path, prompt, cands) -> list[float]:
+    out = []
+    for c in cands:
+        seq = list(prompt) + list(c)
+        logits = oracle.llama_logits(path, seq, n_prompt=len(seq), kv_type="f32")
+        out.append(sum(log_softmax(logits[len(prompt) - 1 + j])[tok] for j, tok in enumerate(c)))
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _need_llama():
+    if LLAMA_IMPORT_ERROR is not None:
+        pytest.fail("the system1 oracle tests need llama-cpp-python (pip install "
+                    f"llama-cpp-python==0.3.36, CPU build): {LLAMA_IMPORT_ERROR!r}", pytrace=False)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3moe"])
+def test_scores_match_llama_cpp(model_files, arch):
+    path = model_files(SHAPES[arch], weight_type="F32", seed=21)
+    prompt = oracle.random_tokens(200, 9, seed=5)
+    model = oracle.load_model(path)
+    ours = system1.score(model, model.ops, prompt, CANDS)
+    ref = llama_scores(path, prompt, CANDS)
+    for c, a, b in zip(CANDS, ours, ref):
+        assert abs(a - b) <= PER_TOKEN * len(c), (c, a, b)
+    # the candidate ranking is the oracle's
+    assert np.argsort(ours).tolist() == np.argsort(ref).tolist()
+
+
+@pytest.mark.oracle
+def test_recurrent_path_snapshot_scores_equal_tree_scores(model_files):
+    """A model that cannot use the tree mask (supports_tree_mask False, as a recurrent model
+    would) is scored from a snapshot of the prompt state: same numbers."""
+    path = model_files(SHAPES["qwen3"], weight_type="F32", seed=21)
+    prompt = oracle.random_tokens(200, 9, seed=5)
+    model = oracle.load_model(path)
+    tree = system1.score(model, model.ops, prompt, CANDS)
+    model.supports_tree_mask = False
+    snap = system1.score(model, model.ops, prompt, CANDS)
+    np.testing.assert_allclose(snap, tree, rtol=1e-5, atol=1e-5)
+    ref = llama_scores(path, prompt, CANDS)
+    for c, a, b in zip(CANDS, snap, ref):
+        assert abs(a - b) <= PER_TOKEN * len(c)
+
+
+def test_tree_batch_layout():
+    b, rows, targets = system1.tree_batch([10, 11, 12], [[20], [30, 31]])
+    assert b.tokens == (10, 11, 12, 20, 30, 31)
+    assert b.positions == (0, 1, 2, 3, 3, 4)  # each candidate continues the prompt
+    assert rows == [2, 2, 4] and targets == [20, 30, 31]
+    # candidate tokens see the prompt and their own earlier tokens, never another candidate's
+    assert b.mask.visible(3) == [0, 1, 2, 3]
+    assert b.mask.visible(4) == [0, 1, 2, 4]
+    assert b.mask.visible(5) == [0, 1, 2, 4, 5]
+    assert b.mask.visible(1) == [0, 1]
+
+
+def test_probabilities_entropy_and_normalize(model_files):
+    path = model_files(SHAPES["qwen3"], weight_type="F32", seed=21)
+    model = oracle.load_model(path)
+    prompt = oracle.random_tokens(200, 6, seed=1)
+    texts = [f"c{i}" for i in range(len(CANDS))]
+    r = system1.evaluate(model, model.ops, prompt, texts, CANDS)
+    scores = np.array([c.score for c in r.candidates])
+    p = np.exp(scores - scores.max())
+    p /= p.sum()
+    np.testing.assert_allclose([c.probability for c in r.candidates], p, rtol=1e-12)
+    assert r.best_idx == int(np.argmax(p))
+    assert abs(r.entropy - float(-(p * np.log(p)).sum())) < 1e-12
+    n = system1.evaluate(model, model.ops, prompt, texts, CANDS, normalize=True)
+    assert [c.score for c in n.candidates] == [c.score for c in r.candidates]  # sums reported
+    z = scores / np.array([len(c) for c in CANDS])
+    q = np.exp(z - z.max())
+    q /= q.sum()
+    np.testing.assert_allclose([c.probability for c in n.candidates], q, rtol=1e-12)
+
+
+def test_errors(model_files):
+    class Tok:
+        def encode(self, text, add_special=True):
+            return [] if text == "nothing" else [1]
+
+    with pytest.raises(ReflexError, match="no candidates"):
+        system1.tokenize_candidates(Tok(), [])
+    with pytest.raises(ReflexError, match="candidate 1 is empty"):
+        system1.tokenize_candidates(Tok(), ["a", ""])
+    with pytest.raises(ReflexError, match="tokenizes to no tokens"):
+        system1.tokenize_candidates(Tok(), ["a", "nothing"])
+    path = model_files(SHAPES["qwen3"], weight_type="F32", seed=21)
+    model = oracle.load_model(path)
+    limit = model.n_ctx_train
+    with pytest.raises(ReflexError, match="exceed the model's context length"):
+        system1.score(model, model.ops, [1] * (limit - 2), [[1, 2], [3, 4]])
+    with pytest.raises(ReflexError, match="empty prompt"):
+        system1.score(model, model.ops, [], [[1]])
+
+
+def test_one_forward_pass(model_files):
+    """Scoring runs exactly one model forward, whatever the number of candidates."""
+    path = model_files(SHAPES["qwen3"], weight_type="F32", seed=21)
+    model = oracle.load_model(path)
+    calls = []
+    real = model.forward
+
+    def counting(batch: Batch, cache, rows):
+        calls.append(batch.n_tokens)
+        return real(batch, cache, rows)
+
+    model.forward = counting
+    system1.score(model, model.ops, [1, 2, 3], CANDS)
+    assert calls == [3 + sum(map(len, CANDS))]
