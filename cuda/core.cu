@@ -13,8 +13,11 @@ Kernels (launch shape)
   reflex_add            y = a + b                         grid ceil(n/256), block 256   [PPPi]
   reflex_swiglu         y = silu(g) * u                   grid ceil(n/256), block 256   [PPPi]
   reflex_rmsnorm        per row x/sqrt(mean(x^2)+eps)*w   grid rows, block 256|1024     [PPPif]
+  reflex_add_rmsnorm    s = a + b; n = rmsnorm(s) * w      grid rows, block 256|1024     [PPPPPif]
   reflex_rope           NEOX / NORM rotation, YaRN        grid (H, T), block 128        [PPPiiiidddddd]
   reflex_kv_write       K and V rows into cache cells     grid ceil(n/256)<=4096, 256   [PPPPii]
+  reflex_qk_norm_rope_store  per-head RMSNorm + RoPE of q and k, K/V into the cache
+                                                          grid (H + H_kv, T), 128|256   [PPPPPPPPPiiiiiiifdddddd]
   reflex_attention      masked GQA softmax attention      grid (H, T), block 256        [PPPPPPPiiiif]
   reflex_take_rows      y[r] = x[rows[r]]                 grid (ceil(n/256), R), 256    [PPPi]
   reflex_argmax         first index of the row maximum    grid rows, block 1024         [PPi]
@@ -195,6 +198,36 @@ extern "C" __global__ void reflex_rmsnorm(const float* __restrict__ x, const flo
 }
 
 // ------------------------------------------------------------------------------------------
+// add_rmsnorm: the residual add and the next RMSNorm in one pass, one block per row:
+// s = a + b (stored), then n = s * (1 / sqrt(mean(s^2) + eps)) * w (w == NULL: no weight) --
+// the same arithmetic and reduction order as reflex_add followed by reflex_rmsnorm (same block
+// size), so bit-identical to them. Each thread re-reads only the s elements it wrote itself.
+
+extern "C" __global__ void reflex_add_rmsnorm(const float* __restrict__ a, const float* __restrict__ b,
+                                              const float* __restrict__ w, float* __restrict__ s,
+                                              float* __restrict__ y, int n, float eps) {
+    __shared__ float red[32];
+    const size_t off = (size_t)blockIdx.x * n;
+    const float* ar = a + off;
+    const float* br = b + off;
+    float* sr = s + off;
+    float* yr = y + off;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = ar[i] + br[i];
+        sr[i] = v;
+        ss += v * v;
+    }
+    ss = block_sum_f(ss, red);
+    const float r = 1.0f / sqrtf(ss / (float)n + eps);
+    if (w != nullptr) {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = sr[i] * r * w[i];
+    } else {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = sr[i] * r;
+    }
+}
+
+// ------------------------------------------------------------------------------------------
 // rope: block (h, t) rotates head h of token t. Pair i (< n_rot/2) is (i, i + n_rot/2) for
 // NEOX and (2i, 2i+1) for NORM; dims >= n_rot are copied. Angles in float64:
 //   theta_extrap = pos * base^(-2i/n_rot), theta_interp = freq_scale * theta_extrap,
@@ -247,6 +280,90 @@ extern "C" __global__ void reflex_kv_write(const float* __restrict__ k, const fl
     const int stride = gridDim.x * blockDim.x;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nk; i += stride) kc[i] = k[i];
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += stride) vc[i] = v[i];
+}
+
+// ------------------------------------------------------------------------------------------
+// qk_norm_rope_store: the attention prologue after the q/k/v projections, in one launch.
+// Block (hh, t), hh < H: query head hh of token t; hh >= H: KV head g = hh - H. The block
+//   1. stages the head (d_k floats) in shared memory and, when the norm is on (qn / kn flags),
+//      RMS-normalises it over d_k times the weight (weight NULL: none) -- reflex_rmsnorm's
+//      arithmetic: float32 sum of squares, x * r * w; with blockDim >= d_k (d_k <= 256) also its
+//      reduction order, so bit-identical;
+//   2. rotates it as reflex_rope (pairs (i, i + n_rot/2) NEOX / (2i, 2i+1) NORM, dims >= n_rot
+//      copied; angles in float64, YaRN);
+//   3. query heads: -> q_out [T, H, d_k]; KV heads: -> kc at cell row t (the host offsets kc and
+//      vc by cell0 rows) and v's head g (d_v floats, unchanged) -> vc.
+// q [T, H, d_k], k [T, H_kv, d_k], v [T, H_kv, d_v]; kc [cells, H_kv, d_k], vc [cells, H_kv, d_v].
+// d_k <= QKR_MAXD. Block 128 threads for d_k <= 128, else 256.
+
+#define QKR_MAXD 512
+
+extern "C" __global__ void reflex_qk_norm_rope_store(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ qn_w, const float* __restrict__ kn_w, float* __restrict__ q_out,
+    float* __restrict__ kc, float* __restrict__ vc, const int* __restrict__ pos, int H, int H_kv,
+    int dk, int dv, int qn, int kn, int n_rot, int neox, float eps, double freq_base,
+    double freq_scale, double ext_factor, double attn_factor, double corr_lo, double corr_hi) {
+    __shared__ float xs[QKR_MAXD];
+    __shared__ float red[32];
+    const int hh = blockIdx.x, t = blockIdx.y;
+    const bool is_q = hh < H;
+    const int h = is_q ? hh : hh - H;
+    const int nh = is_q ? H : H_kv;
+    const float* src = (is_q ? q : k) + ((size_t)t * nh + h) * dk;
+    float* dst = is_q ? q_out + ((size_t)t * H + h) * dk : kc + ((size_t)t * H_kv + h) * dk;
+    const bool norm = is_q ? qn != 0 : kn != 0;
+    const float* nw = is_q ? qn_w : kn_w;
+
+    // 1. stage (+ RMSNorm)
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+        const float x = src[i];
+        xs[i] = x;
+        ss += x * x;
+    }
+    if (norm) {  // block-uniform
+        ss = block_sum_f(ss, red);  // its __syncthreads also publishes xs
+        const float r = 1.0f / sqrtf(ss / (float)dk + eps);
+        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+            // own elements only: no barrier needed between this read and write
+            xs[i] = nw != nullptr ? xs[i] * r * nw[i] : xs[i] * r;
+        }
+    }
+    __syncthreads();
+
+    // 2. RoPE (reflex_rope's arithmetic)
+    const double p = (double)pos[t];
+    const int half = n_rot / 2;
+    double mscale = attn_factor;
+    if (ext_factor != 0.0) mscale *= 1.0 + 0.1 * log(1.0 / freq_scale);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const double theta_extrap = p * pow(freq_base, -2.0 * (double)i / (double)n_rot);
+        const double theta_interp = freq_scale * theta_extrap;
+        double theta = theta_interp;
+        if (ext_factor != 0.0) {
+            const double yv = ((double)i - corr_lo) / fmax(0.001, corr_hi - corr_lo);
+            const double ramp = 1.0 - fmin(1.0, fmax(0.0, yv));
+            const double mix = ramp * ext_factor;
+            theta = theta_interp * (1.0 - mix) + theta_extrap * mix;
+        }
+        double sn64, cs64;
+        sincos(theta, &sn64, &cs64);
+        const float cs = (float)(cs64 * mscale), sn = (float)(sn64 * mscale);
+        const int i0 = neox ? i : 2 * i;
+        const int i1 = neox ? i + half : 2 * i + 1;
+        const float a = xs[i0], b = xs[i1];
+        dst[i0] = a * cs - b * sn;
+        dst[i1] = a * sn + b * cs;
+    }
+    for (int i = n_rot + threadIdx.x; i < dk; i += blockDim.x) dst[i] = xs[i];
+
+    // 3. V of this KV head
+    if (!is_q) {
+        const float* vs = v + ((size_t)t * H_kv + h) * dv;
+        float* vd = vc + ((size_t)t * H_kv + h) * dv;
+        for (int i = threadIdx.x; i < dv; i += blockDim.x) vd[i] = vs[i];
+    }
 }
 
 // ------------------------------------------------------------------------------------------

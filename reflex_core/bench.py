@@ -58,6 +58,8 @@ def warm(path: str, backend: str = "auto", prompt: str = DEFAULT_PROMPT, reps: i
     for _ in range(2):  # warm-up: first launches, allocator pools
         prefill()
         system1.score(model, ops, ids, cand_ids)
+    launches = _launches_per_pass(lm.backend, prefill, lambda: system1.score(model, ops, ids,
+                                                                              cand_ids))
     pre, dec, s1 = [], [], []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -76,7 +78,20 @@ def warm(path: str, backend: str = "auto", prompt: str = DEFAULT_PROMPT, reps: i
             "n_prompt_tokens": len(ids), "n_decode": n_decode, "reps": reps,
             "candidates": list(candidates),
             "prefill_ms": summary(pre), "decode_ms_per_token": summary(dec),
-            "system1_ms": summary(s1)}
+            "system1_ms": summary(s1), "kernel_launches": launches}
+
+
+def _launches_per_pass(backend: str, prefill: Callable, score: Callable) -> dict:
+    """CUDA kernel launches of one prefill (incl. its argmax) and one system1 scoring pass."""
+    if backend != "cuda":
+        return {}
+    from .cuda import driver
+
+    n0 = driver.launch_count()
+    prefill()
+    n1 = driver.launch_count()
+    score()
+    return {"prefill": n1 - n0, "system1": driver.launch_count() - n1}
 
 
 # --------------------------------------------------------------------------------------------

@@ -153,6 +153,25 @@ def bind_moe(ops: Ops, i: int, n_embd: int, n_ff_exp: int, n_expert: int) -> Moe
 
 
 # --- blocks --------------------------------------------------------------------------------
+def residual_rmsnorm(ops: Ops, x, delta, w: Weight, eps: float):
+    """The pre-norm residual step of a block loop: ``(x + delta, rmsnorm(x + delta) * w)``
+    (one fused op); ``delta`` None (the first block) gives ``(x, rmsnorm(x) * w)``.
+
+    A layer loop keeps the last branch output pending and folds it into the next norm::
+
+        x, h = ops.embed(tok, pb), None
+        for layer in layers:
+            x, a = residual_rmsnorm(ops, x, h, layer.attn_norm, eps)
+            h = gqa_attention(ops, a, ...)
+            x, b = ops.add_rmsnorm(x, h, layer.ffn_norm, eps)
+            h = swiglu_ffn(ops, b, ...)
+        logits = lm_head(ops, x, out_norm, out_w, eps, rows, residual=h)
+    """
+    if delta is None:
+        return x, ops.rmsnorm(x, w, eps)
+    return ops.add_rmsnorm(x, delta, w, eps)
+
+
 def gqa_attention(ops: Ops, x, w: AttnWeights, cache: KVCache, layer: int, pb,
                   rope: RopeParams, eps: float, n_head: int, n_head_kv: int, head_dim: int,
                   head_dim_v: Optional[int] = None, scale: Optional[float] = None):
@@ -161,41 +180,38 @@ def gqa_attention(ops: Ops, x, w: AttnWeights, cache: KVCache, layer: int, pb,
     q/k/v projections; per-head RMSNorm of q and k (weights shared by heads) BEFORE RoPE when
     the norms are given; RoPE of q and k; K/V written to cells ``[cell0, cell0 + T)``; attention
     over cells ``[0, n_kv)`` under the batch mask with ``scale`` (default ``1/sqrt(head_dim)``);
-    output projection.
+    output projection. (``matmul_many`` and ``qk_norm_rope_store`` are those steps fused.)
     """
     dv = head_dim if head_dim_v is None else head_dim_v
     T = ops.shape(x)[0]
-    q = ops.view(ops.matmul(x, w.attn_q), (T, n_head, head_dim))
-    k = ops.view(ops.matmul(x, w.attn_k), (T, n_head_kv, head_dim))
-    v = ops.view(ops.matmul(x, w.attn_v), (T, n_head_kv, dv))
-    if w.attn_q_norm is not None:
-        q = ops.rmsnorm(q, w.attn_q_norm, eps)
-    if w.attn_k_norm is not None:
-        k = ops.rmsnorm(k, w.attn_k_norm, eps)
-    q = ops.rope(q, pb, rope)
-    k = ops.rope(k, pb, rope)
-    ops.kv_write(cache, layer, k, v, pb)
+    q, k, v = ops.matmul_many(x, (w.attn_q, w.attn_k, w.attn_v))
+    q = ops.qk_norm_rope_store(ops.view(q, (T, n_head, head_dim)),
+                               ops.view(k, (T, n_head_kv, head_dim)),
+                               ops.view(v, (T, n_head_kv, dv)),
+                               w.attn_q_norm, w.attn_k_norm, eps, pb, rope, cache, layer)
     o = ops.attention(q, cache, layer, pb, 1.0 / math.sqrt(head_dim) if scale is None else scale)
     return ops.matmul(o, w.attn_output)
 
 
 def swiglu_ffn(ops: Ops, x, gate: Weight, up: Weight, down: Weight):
     """``W_down · (silu(W_gate·x) ⊙ W_up·x)`` (spec §4.2)."""
-    return ops.matmul(ops.swiglu(ops.matmul(x, gate), ops.matmul(x, up)), down)
+    return ops.matmul(ops.matmul_swiglu(x, gate, up), down)
 
 
 def moe_ffn(ops: Ops, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: Weight,
             k: int, gating: str = "softmax", norm: bool = True, scale: float = 0.0):
     """Routed experts (spec §4.5, no selection bias, no groups): ``x [T, D]`` -> ``[T, D]``."""
     ids, weights = ops.moe_route(ops.matmul(x, router), k, gating, norm, scale)
-    g = ops.moe_matmul(x, gate_exps, ids)
-    u = ops.moe_matmul(x, up_exps, ids)
-    y = ops.moe_matmul(ops.swiglu(g, u), down_exps, ids)
+    y = ops.moe_matmul(ops.moe_matmul_swiglu(x, gate_exps, up_exps, ids), down_exps, ids)
     return ops.moe_combine(y, weights)
 
 
-def lm_head(ops: Ops, x, out_norm: Weight, out_w: Weight, eps: float, rows: Sequence[int]):
-    """Logits of the batch rows ``rows``: RMSNorm then ``W_out`` (spec §9), computed only for
-    the requested rows."""
-    h = ops.take_rows(x, rows)
-    return ops.matmul(ops.rmsnorm(h, out_norm, eps), out_w)
+def lm_head(ops: Ops, x, out_norm: Weight, out_w: Weight, eps: float, rows: Sequence[int],
+            residual=None):
+    """Logits of the batch rows ``rows``: RMSNorm then ``W_out`` (spec §9), the matmul computed
+    only for the requested rows. ``residual``: a last branch output still to be added to ``x``
+    (see :func:`residual_rmsnorm`); the add and the norm then run fused over all rows."""
+    if residual is None:
+        return ops.matmul(ops.rmsnorm(ops.take_rows(x, rows), out_norm, eps), out_w)
+    _, h = ops.add_rmsnorm(x, residual, out_norm, eps)
+    return ops.matmul(ops.take_rows(h, rows), out_w)

@@ -128,13 +128,15 @@ class KVCache:
 class Weight:
     """A GGUF tensor as a backend holds it. ``ne`` is GGUF order (innermost first)."""
 
-    __slots__ = ("name", "ggml_type", "ne", "data")
+    __slots__ = ("name", "ggml_type", "ne", "data", "meta")
 
-    def __init__(self, name: str, ggml_type: int, ne: tuple[int, ...], data: Any):
+    def __init__(self, name: str, ggml_type: int, ne: tuple[int, ...], data: Any,
+                 meta: Any = None):
         self.name = name
         self.ggml_type = ggml_type
         self.ne = ne
         self.data = data  # backend specific
+        self.meta = meta  # backend specific, precomputed when the weight is bound (or None)
 
     def __repr__(self) -> str:
         return f"Weight({self.name!r}, type={self.ggml_type}, ne={list(self.ne)})"
@@ -212,6 +214,61 @@ class Ops:
     def take_rows(self, x, rows: Sequence[int]):
         """Rows ``rows`` of ``x [T, n]``: ``[len(rows), n]``."""
         raise NotImplementedError
+
+    # --- fused ops ----------------------------------------------------------------------
+    # Each is defined as (and defaults to) a composition of the ops above; a backend overrides
+    # it to do the same work in fewer passes / launches. Results equal the composition up to
+    # float rounding (the CUDA kernels are bit-identical to their unfused kernels except where
+    # noted).
+
+    def matmul_many(self, x, ws: Sequence[Weight]) -> list:
+        """``[matmul(x, w) for w in ws]``: several weights (ne ``[n_in, n_i]``, any types) applied
+        to the same input ``x [T, n_in]`` -- the q/k/v projections. The CUDA backend computes
+        weights that share a GGML type in one launch (up to three per launch)."""
+        return [self.matmul(x, w) for w in ws]
+
+    def matmul_swiglu(self, x, gate: Weight, up: Weight):
+        """``swiglu(matmul(x, gate), matmul(x, up))``: the first half of a SwiGLU FFN, ``gate``
+        and ``up`` of ne ``[n_in, n_ff]``. One launch on CUDA when both have the same GGML type
+        (the per-token ``gate``/``up`` activations never reach memory)."""
+        return self.swiglu(self.matmul(x, gate), self.matmul(x, up))
+
+    def moe_matmul_swiglu(self, x, gate: Weight, up: Weight, ids):
+        """``swiglu(moe_matmul(x, gate, ids), moe_matmul(x, up, ids))``: the experts' first half
+        (``gate``/``up`` of ne ``[n_in, n_ff, E]``) -> ``[T, k, n_ff]``. One launch on CUDA when
+        both have the same GGML type."""
+        return self.swiglu(self.moe_matmul(x, gate, ids), self.moe_matmul(x, up, ids))
+
+    def add_rmsnorm(self, a, b, w: Weight | None, eps: float) -> tuple[Any, Any]:
+        """``(s, rmsnorm(s, w, eps))`` with ``s = add(a, b)``: a residual add and the following
+        RMSNorm (over the last dimension) in one pass."""
+        s = self.add(a, b)
+        return s, self.rmsnorm(s, w, eps)
+
+    def qk_norm_rope_store(self, q, k, v, q_norm: Weight | None, k_norm: Weight | None,
+                           eps: float, pb, rope: RopeParams, cache: KVCache, layer: int):
+        """The attention prologue after the projections; returns the rotated queries.
+
+        ``q [T, H, d_k]``, ``k [T, H_kv, d_k]``, ``v [T, H_kv, d_v]``. When ``q_norm`` is given,
+        q is RMS-normalised per head (over ``d_k``) times ``q_norm`` (ne ``[d_k]``), likewise k
+        with ``k_norm``; a None norm means no normalisation at all (not a weightless one). Then
+        q and k are rotated by ``rope`` at the batch positions, and k (rotated) and v go to the
+        layer's cache cells ``[cell0, cell0 + T)``. Returns q rotated ``[T, H, d_k]``. Equals::
+
+            if q_norm is not None: q = rmsnorm(q, q_norm, eps)
+            if k_norm is not None: k = rmsnorm(k, k_norm, eps)
+            q, k = rope(q, pb, rope), rope(k, pb, rope)
+            kv_write(cache, layer, k, v, pb)
+            return q
+        """
+        if q_norm is not None:
+            q = self.rmsnorm(q, q_norm, eps)
+        if k_norm is not None:
+            k = self.rmsnorm(k, k_norm, eps)
+        q = self.rope(q, pb, rope)
+        k = self.rope(k, pb, rope)
+        self.kv_write(cache, layer, k, v, pb)
+        return q
 
     # --- MoE (qwen3moe, qwen35moe, deepseek2) --------------------------------------------
     def moe_route(self, logits, k: int, gating: str = "softmax", norm: bool = True,

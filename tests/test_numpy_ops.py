@@ -629,3 +629,109 @@ def test_blocks_moe_ffn_and_swiglu_ffn(request, fake_gguf):
     y2 = blocks.swiglu_ffn(ops2, x, ops2.weight("g"), ops2.weight("u"), ops2.weight("d"))
     ref2 = [arrs["d"][0] @ (silu(arrs["g"][0] @ xt) * (arrs["u"][0] @ xt)) for xt in x]
     np.testing.assert_allclose(y2, ref2, rtol=1e-5, atol=1e-5)
+
+
+# --- fused ops: NumPy twins ----------------------------------------------------------------------
+def test_fused_twins_are_the_compositions(request, fake_gguf):
+    """matmul_many / matmul_swiglu / add_rmsnorm on NumpyOps: bit-identical to the unfused ops
+    (the oracle tests' numerics must not move), mixed weight types, odd sizes, T = 1 and 7."""
+    rng = rng_for(request)
+    D, F, n = 37, 11, 64
+    tensors = {"q": ((n, 24), Q8_0, random_weight_bytes(rng, Q8_0, (n, 24))),
+               "k": ((n, 8), Q4_0, random_weight_bytes(rng, Q4_0, (n, 8))),
+               "v": ((n, 8), F16, random_weight_bytes(rng, F16, (n, 8))),
+               "g": ((D, F), F32, rng.standard_normal((F, D)).astype(np.float32).tobytes()),
+               "u": ((D, F), F16, random_weight_bytes(rng, F16, (D, F))),
+               "nw": ((D,), F32, (1 + 0.2 * rng.standard_normal(D)).astype(np.float32).tobytes())}
+    for cache_weights in (True, False):
+        ops = ops_with(fake_gguf, tensors, cache_weights)
+        W = {name: ops.weight(name) for name in tensors}
+        for T in (1, 7):
+            x = rng.standard_normal((T, n)).astype(np.float32)
+            got = ops.matmul_many(x, [W["q"], W["k"], W["v"]])
+            for y, name in zip(got, "qkv"):
+                assert np.array_equal(y, ops.matmul(x, W[name])), name
+            xd = rng.standard_normal((T, D)).astype(np.float32)
+            assert np.array_equal(ops.matmul_swiglu(xd, W["g"], W["u"]),
+                                  ops.swiglu(ops.matmul(xd, W["g"]), ops.matmul(xd, W["u"])))
+            a = (rng.standard_normal((T, D)) * 3).astype(np.float32)
+            b = rng.standard_normal((T, D)).astype(np.float32)
+            for w in (W["nw"], None):
+                s, y = ops.add_rmsnorm(a, b, w, 1e-6)
+                assert np.array_equal(s, ops.add(a, b))
+                assert np.array_equal(y, ops.rmsnorm(ops.add(a, b), w, 1e-6))
+                assert s.dtype == y.dtype == np.float32
+
+
+@pytest.mark.parametrize("norms", [(True, True), (False, False), (True, False)])
+@pytest.mark.parametrize("mode,ext", [("neox", 0.0), ("norm", 0.0), ("neox", 1.0), ("norm", 1.0)])
+@pytest.mark.parametrize("T,H,Hkv,d,dv", [(1, 4, 2, 8, 8), (7, 6, 3, 10, 6), (5, 3, 1, 9, 4)])
+def test_qk_norm_rope_store_vs_naive(request, fake_gguf, norms, mode, ext, T, H, Hkv, d, dv):
+    """The fused attention prologue: naive per-head RMSNorm (float64) then naive RoPE, and the
+    cache cells [cell0, cell0 + T) hold rotated k and v; bit-identical to the unfused ops."""
+    rng = rng_for(request)
+    n_rot = d - d % 2 if mode == "neox" else max(2, (d - 2) - (d - 2) % 2)
+    p = RopeParams(n_rot=n_rot, mode=mode, freq_base=10000.0,
+                   freq_scale=0.25 if ext else 1.0, ext_factor=ext, attn_factor=1.0,
+                   n_ctx_orig=64 if ext else 0)
+    qg = (1 + 0.3 * rng.standard_normal(d)).astype(np.float32)
+    kg = (1 + 0.3 * rng.standard_normal(d)).astype(np.float32)
+    ops = ops_with(fake_gguf, {"qn": ((d,), F32, qg.tobytes()), "kn": ((d,), F32, kg.tobytes())})
+    qn = ops.weight("qn") if norms[0] else None
+    kn = ops.weight("kn") if norms[1] else None
+    q = (rng.standard_normal((T, H, d)) * 2).astype(np.float32)
+    k = (rng.standard_normal((T, Hkv, d)) * 2).astype(np.float32)
+    v = rng.standard_normal((T, Hkv, dv)).astype(np.float32)
+    cell0 = 3
+    batch = Batch(tuple(range(T)), tuple(int(x) for x in rng.integers(0, 500, T)), cell0,
+                  AttnMask.causal(cell0, T))
+    pb = ops.prepare(batch)
+    cache = ops.new_kv_cache(2, cell0 + T + 1, Hkv, d, dv)
+    eps = 1e-6
+    got = ops.qk_norm_rope_store(q, k, v, qn, kn, eps, pb, p, cache, 1)
+
+    def naive_norm(x, g):
+        x = x.astype(np.float64)
+        r = x / np.sqrt((x * x).sum(-1, keepdims=True) / x.shape[-1] + eps)
+        return r * g.astype(np.float64)
+
+    pos = np.array(batch.positions)
+    want_q = naive_rope(naive_norm(q, qg) if norms[0] else q, pos, p)
+    want_k = naive_rope(naive_norm(k, kg) if norms[1] else k, pos, p)
+    np.testing.assert_allclose(got, want_q, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(cache.k[1][cell0:cell0 + T], want_k, rtol=2e-5, atol=2e-5)
+    assert np.array_equal(cache.v[1][cell0:cell0 + T], v)
+    assert not cache.k[1][:cell0].any() and not cache.k[1][cell0 + T:].any()
+    assert not cache.k[0].any() and not cache.v[0].any()
+    # == the unfused ops, bit for bit
+    c2 = ops.new_kv_cache(2, cell0 + T + 1, Hkv, d, dv)
+    q2 = ops.rmsnorm(q, qn, eps) if qn is not None else q
+    k2 = ops.rmsnorm(k, kn, eps) if kn is not None else k
+    q2, k2 = ops.rope(q2, pb, p), ops.rope(k2, pb, p)
+    ops.kv_write(c2, 1, k2, v, pb)
+    assert np.array_equal(got, q2) and np.array_equal(cache.k[1], c2.k[1])
+
+
+def test_blocks_residual_rmsnorm_and_lm_head(request, fake_gguf):
+    """blocks.residual_rmsnorm (None delta: plain norm) and lm_head(residual=...) == the unfused
+    add / take_rows / rmsnorm / matmul."""
+    from reflex_core import blocks
+
+    rng = rng_for(request)
+    D, V, T = 16, 9, 5
+    ops = ops_with(fake_gguf, {
+        "n": ((D,), F32, (1 + 0.1 * rng.standard_normal(D)).astype(np.float32).tobytes()),
+        "o": ((D, V), F32, rng.standard_normal((V, D)).astype(np.float32).tobytes())})
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    h = rng.standard_normal((T, D)).astype(np.float32)
+    nw, ow = ops.weight("n"), ops.weight("o")
+    x1, a = blocks.residual_rmsnorm(ops, x, None, nw, 1e-6)
+    assert x1 is x and np.array_equal(a, ops.rmsnorm(x, nw, 1e-6))
+    x2, b = blocks.residual_rmsnorm(ops, x, h, nw, 1e-6)
+    assert np.array_equal(x2, x + h) and np.array_equal(b, ops.rmsnorm(x + h, nw, 1e-6))
+    for rows in ([4], [1, 2, 3], [3, 0]):
+        want = ops.matmul(ops.rmsnorm(ops.take_rows(ops.add(x, h), rows), nw, 1e-6), ow)
+        got = blocks.lm_head(ops, x, nw, ow, 1e-6, rows, residual=h)
+        assert np.array_equal(got, want), rows
+        assert np.array_equal(blocks.lm_head(ops, x, nw, ow, 1e-6, rows),
+                              ops.matmul(ops.rmsnorm(ops.take_rows(x, rows), nw, 1e-6), ow))

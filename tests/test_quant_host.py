@@ -307,7 +307,7 @@ def test_launcher_choices():
             assert grid == ((1000 + 63) // 64, (T + 63) // 64, 1) and block == (256, 1, 1)
         else:
             assert grid == (125, 1, 1) and block == (128, 1, 1)
-        assert args == (W, X, Y, T, 1024, 1000, 576)
+        assert args == (W, 0, 0, X, Y, 0, 0, T, 1024, 1000, 0, 0, 576, 0)
     # misaligned weights: Q4_K needs 16 bytes for the GEMV -> tiled; Q6_K only 2
     q.matmul(k, W + 2, 12, X, Y, 1, 1024, 10)
     assert k.calls[-1][0] == "reflex_matmul_tiled_q4_k"
@@ -318,7 +318,26 @@ def test_launcher_choices():
     q.moe_matmul(k, W, 8, X, 4 << 20, Y, 70000, 8, 2048, 768, 128, x_per_expert=True)
     name, grid, block, sig, args = k.calls[-1]
     assert name == "reflex_moe_matmul_q8_0" and grid == (96, 65535, 1)
-    assert args[4:] == (70000, 8, 2048, 768, 2176, 768 * 2176, 1, 128)
+    assert args[1] == 0 and args[5:] == (70000, 8, 2048, 768, 2176, 768 * 2176, 1, 128, 0)
+    q.moe_matmul(k, W, 8, X, 4 << 20, Y, 3, 8, 2048, 768, 128, up_ptr=W + 4096)  # SwiGLU
+    name, grid, block, sig, args = k.calls[-1]
+    assert grid == (192, 24, 1) and args[1] == W + 4096 and args[-1] == 1
+    # several weights per launch: GEMV blocks of 8 rows per segment, tiled blocks of 64
+    q.matmul_multi(k, 8, X, 5, 1024, [W, W + 2, W + 4], [Y, Y + 4, Y + 8], [2048, 1024, 1000])
+    name, grid, block, sig, args = k.calls[-1]
+    assert name == "reflex_matmul_gemv8_q8_0" and grid == (256 + 128 + 125, 1, 1)
+    assert args == (W, W + 2, W + 4, X, Y, Y + 4, Y + 8, 5, 1024, 2048, 1024, 1000, 1088, 0)
+    q.matmul_multi(k, 8, X, 9, 1024, [W, W + 2], [Y, Y + 4], [2048, 1000])
+    assert k.calls[-1][:2] == ("reflex_matmul_tiled_q8_0", (32 + 16, 1, 1))
+    q.matmul_multi(k, 12, X, 1, 1024, [W, W + 16], [Y], [3072, 3072], swiglu=True)
+    name, grid, block, sig, args = k.calls[-1]
+    assert name == "reflex_matmul_gemv1_q4_k" and grid == (768, 1, 1) and args[-1] == 1
+    q.matmul_multi(k, 12, X, 1, 1024, [W, W + 8], [Y], [3072, 3072], swiglu=True)  # misaligned up
+    assert k.calls[-1][:2] == ("reflex_matmul_tiled_q4_k", (96, 1, 1))
+    with pytest.raises(ValueError):
+        q.matmul_multi(k, 12, X, 1, 1024, [W, W, W, W], [Y] * 4, [8] * 4)
+    with pytest.raises(ValueError):
+        q.matmul_multi(k, 12, X, 1, 1024, [W, W], [Y], [8, 16], swiglu=True)
     q.dequant(k, W, 14, 256 * 3, Y)
     assert k.calls[-1][:2] == ("reflex_dequant_q6_k", (1, 1, 1))
     q.embed(k, W, 2, X, Y, 5, 64, n_vocab=100)

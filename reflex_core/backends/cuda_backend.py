@@ -8,6 +8,11 @@
   collected (CPython frees it as soon as the last reference goes).
 * Kernels: the core module (``cuda/core.cu``) for everything but the weight ops, which go through
   :mod:`reflex_core.cuda.quant_ops` (``cuda/quant.cu``).
+* Fused ops (``matmul_many``, ``matmul_swiglu``, ``moe_matmul_swiglu``, ``add_rmsnorm``,
+  ``qk_norm_rope_store``): one launch each where the unfused ops need 2-6; a dense Qwen3 layer is
+  8 launches. Hot-path ops avoid per-call work: weights carry their launch plan
+  (``Weight.meta``, a ``quant_ops.MatPlan`` made in :meth:`CudaOps.weight`), RoPE arguments are
+  cached per RopeParams object, ops with several outputs take them from one allocation.
 * Nothing comes back to the host except ``argmax``/``sample``/``token_logprobs`` results (and
   ``to_numpy`` for tests and ``reflex check``). No numpy import on this path.
 
@@ -31,6 +36,7 @@ _F32 = 0
 _ITEMSIZE = {"f32": 4, "i32": 4, "f64": 8}
 _GATING = {"softmax": 1, "sigmoid": 2, "softmax_weight": 3, "sqrt_softplus": 4}
 _ATT_MAX_HEAD = 256
+_QKR_MAX_HEAD = 512
 _MOE_MAX_E, _MOE_MAX_K = 1024, 64
 
 
@@ -53,34 +59,36 @@ class _Block:
 
     def __init__(self, nbytes: int):
         self.nbytes = nbytes
-        self.ptr = driver.alloc(nbytes)
+        self.ptr = _alloc(nbytes)
 
     def __del__(self) -> None:
         try:
-            driver.free(self.ptr)
+            _free(self.ptr)
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 
 
+_alloc, _free = driver.alloc, driver.free
+
+
 class DeviceArray:
     """A row-major device tensor: ``ptr`` (int), NumPy-order ``shape``, ``owner`` (what keeps the
-    memory alive: a pool block, another array's owner for views, or None for borrowed memory)."""
+    memory alive: a pool block, another array's owner for views, or None for borrowed memory),
+    ``size`` (element count)."""
 
-    __slots__ = ("ptr", "shape", "owner", "dtype")
+    __slots__ = ("ptr", "shape", "owner", "dtype", "size")
 
-    def __init__(self, ptr: int, shape: tuple[int, ...], owner: Any, dtype: str = "f32"):
+    def __init__(self, ptr: int, shape: tuple[int, ...], owner: Any, dtype: str = "f32",
+                 size: int | None = None):
         self.ptr = ptr
         self.shape = shape
         self.owner = owner
         self.dtype = dtype
-
-    @property
-    def size(self) -> int:
-        return _prod(self.shape)
+        self.size = _prod(shape) if size is None else size
 
     @property
     def nbytes(self) -> int:
-        return _prod(self.shape) * _ITEMSIZE[self.dtype]
+        return self.size * _ITEMSIZE[self.dtype]
 
     @property
     def ndim(self) -> int:
@@ -92,8 +100,28 @@ class DeviceArray:
 
 def empty(shape: Sequence[int], dtype: str = "f32") -> DeviceArray:
     shape = tuple(int(s) for s in shape)
-    blk = _Block(max(1, _prod(shape)) * _ITEMSIZE[dtype])
-    return DeviceArray(blk.ptr, shape, blk, dtype)
+    n = _prod(shape)
+    blk = _Block(max(1, n) * _ITEMSIZE[dtype])
+    return DeviceArray(blk.ptr, shape, blk, dtype, n)
+
+
+def _empty_f32(shape: tuple[int, ...], n: int) -> DeviceArray:
+    """``empty`` for the hot path: ``shape`` a tuple of ints, ``n`` its product, float32."""
+    blk = _Block(4 * n if n else 4)
+    return DeviceArray(blk.ptr, shape, blk, "f32", n)
+
+
+def _empty_f32_many(shapes: Sequence[tuple[int, ...]], sizes: Sequence[int]) -> list[DeviceArray]:
+    """Several float32 arrays carved from ONE pool block (each at a 256-byte aligned offset):
+    one allocation instead of several; the block lives as long as any of them."""
+    offs = []
+    total = 0
+    for n in sizes:
+        offs.append(total)
+        total += (4 * n + 255) & ~255
+    blk = _Block(total or 4)
+    base = blk.ptr
+    return [DeviceArray(base + o, sh, blk, "f32", n) for o, sh, n in zip(offs, shapes, sizes)]
 
 
 class Prepared:
@@ -135,6 +163,15 @@ class CudaOps(Ops):
         self._f32: dict[str, DeviceArray] = {}
         self._quant_ops: Any = None
         self._quant_k: Any = None
+        self._rope_p: Any = None  # the RopeParams whose kernel arguments _rope_a holds
+        self._rope_a: tuple = ()
+        from ..cuda import quant_ops  # no numpy; its kernels load on first use (_q)
+
+        self._quant_ops = quant_ops
+
+    def _qkern(self) -> Any:
+        k = self._quant_k
+        return k if k is not None else self._q()[1]
 
     # --- quantized-weight kernels (reflex_core.cuda.quant_ops) --------------------------------
     def _q(self) -> tuple[Any, Any]:
@@ -216,10 +253,22 @@ class CudaOps(Ops):
             raise UnsupportedTensorType(
                 f"tensor {name!r} has GGML type {_type_name(t)} ({t}), which the CUDA backend "
                 f"cannot compute with; use --backend cpu or a file quantized with a supported type")
-        w = Weight(name, t, tuple(int(n) for n in info.ne),
-                   self._blob + (int(info.offset) - self._data_offset))
+        from ..cuda import quant_ops
+
+        ne = tuple(int(n) for n in info.ne)
+        ptr = self._blob + (int(info.offset) - self._data_offset)
+        w = Weight(name, t, ne, ptr, quant_ops.plan(t, ne, ptr, name))
         self._weights[name] = w
         return w
+
+    def _meta(self, w: Weight):
+        """``w.meta`` (the weight's quant_ops.MatPlan), made now for a Weight built elsewhere."""
+        m = w.meta
+        if m is None or getattr(m, "ggml_type", None) != w.ggml_type:
+            from ..cuda import quant_ops
+
+            m = quant_ops.plan(w.ggml_type, w.ne, w.data, w.name)
+        return m
 
     def dequantize(self, w: Weight) -> DeviceArray:
         """The whole weight as float32 ``[ne reversed]`` on the device (``reflex check``)."""
@@ -235,6 +284,8 @@ class CudaOps(Ops):
 
     def _f32_vector(self, w: Weight, n: int) -> int:
         """Device address of ``w`` (ne [n]) as float32 (norm weights are F32 in these files)."""
+        if w.ggml_type == _F32 and w.meta is not None and w.meta.n_elements == n:
+            return w.data  # the hot path: F32 norm weights
         if _prod(w.ne) != n:
             raise ValueError(f"{w.name!r} has {_prod(w.ne)} elements, the rows have {n}")
         if w.ggml_type == _F32:
@@ -283,12 +334,23 @@ class CudaOps(Ops):
         return x.shape
 
     def view(self, x, shape: Sequence[int]):
+        shape_t = tuple(shape)
+        n = 1
+        for v in shape_t:
+            if type(v) is not int or v < 0:  # -1, numpy ints: the general path
+                return self._view_general(x, shape)
+            n *= v
+        if n != x.size:
+            raise ValueError(f"view: cannot view {x.shape} as {shape_t}")
+        return DeviceArray(x.ptr, shape_t, x.owner, x.dtype, n)
+
+    def _view_general(self, x, shape: Sequence[int]):
         shape = [int(s) for s in shape]
         if shape.count(-1) == 1:
             known = _prod(s for s in shape if s != -1)
             shape[shape.index(-1)] = x.size // known if known else 0
         shape_t = tuple(shape)
-        if _prod(shape_t) != x.size:
+        if _prod(shape_t) != x.size or any(s < 0 for s in shape_t):
             raise ValueError(f"view: cannot view {x.shape} as {shape_t}")
         return DeviceArray(x.ptr, shape_t, x.owner, x.dtype)
 
@@ -315,26 +377,135 @@ class CudaOps(Ops):
         return out
 
     def matmul(self, x, w: Weight) -> DeviceArray:
-        if len(w.ne) > 2 and any(n != 1 for n in w.ne[2:]):
-            raise ValueError(f"matmul with 3-D weight {w.name!r}; use moe_matmul")
-        n_in, n_out = w.ne[0], (w.ne[1] if len(w.ne) > 1 else 1)
-        if x.shape[-1] != n_in:
-            raise ValueError(f"matmul: input has {x.shape[-1]} columns, {w.name!r} expects {n_in}")
+        m = w.meta if w.meta is not None else self._meta(w)
+        if m.error is not None:
+            raise ValueError(m.error)
+        shape = x.shape
+        n_in, n_out = m.n_in, m.n_out
+        if shape[-1] != n_in:
+            raise ValueError(f"matmul: input has {shape[-1]} columns, {w.name!r} expects {n_in}")
         T = x.size // n_in
-        y = empty(x.shape[:-1] + (n_out,))
-        if T:
-            qo, qk = self._q()
-            qo.matmul(qk, w.data, w.ggml_type, x.ptr, y.ptr, T, n_in, n_out)
+        y = _empty_f32(shape[:-1] + (n_out,), T * n_out)
+        if T and n_out:
+            self._quant_ops.matmul_planned(self._qkern(), m, x.ptr, T, (w.data, 0, 0),
+                                           (y.ptr, 0, 0), (n_out, 0, 0), False, m.gemv_w_ok)
+        return y
+
+    def matmul_many(self, x, ws: Sequence[Weight]) -> list:
+        """Weights of the same GGML type go in one launch (up to three: q/k/v); bit-identical to
+        separate matmuls. The outputs share one allocation (256-byte aligned offsets)."""
+        shape = x.shape
+        lead, n_in = shape[:-1], shape[-1]
+        T = x.size // n_in if n_in else 0
+        metas = []
+        offs = []
+        total = 0
+        t0 = ws[0].ggml_type if ws else 0
+        one_type = True
+        gemv_ok = True
+        for w in ws:
+            m = w.meta if w.meta is not None else self._meta(w)
+            if m.error is not None:
+                raise ValueError(m.error)
+            if m.n_in != n_in:
+                raise ValueError(f"matmul: input has {n_in} columns, {w.name!r} expects {m.n_in}")
+            metas.append(m)
+            offs.append(total)
+            total += (4 * T * m.n_out + 255) & ~255
+            one_type = one_type and w.ggml_type == t0
+            gemv_ok = gemv_ok and m.gemv_w_ok
+        blk = _Block(total or 4)
+        base = blk.ptr
+        outs = [DeviceArray(base + o, lead + (m.n_out,), blk, "f32", T * m.n_out)
+                for o, m in zip(offs, metas)]
+        if T == 0 or not ws:
+            return outs
+        qo, qk = self._quant_ops, self._qkern()
+        n = len(ws)
+        if one_type and n <= 3:  # q/k/v of one type: one launch
+            pad = (0,) * (3 - n)
+            qo.matmul_planned(qk, metas[0], x.ptr, T, tuple(w.data for w in ws) + pad,
+                              tuple(y.ptr for y in outs) + pad,
+                              tuple(m.n_out for m in metas) + pad, False, gemv_ok)
+            return outs
+        groups: dict[int, list[int]] = {}
+        for i, w in enumerate(ws):
+            groups.setdefault(w.ggml_type, []).append(i)
+        for idx in groups.values():  # one launch per type and 3 weights
+            for c in range(0, len(idx), 3):
+                run = idx[c:c + 3]
+                pad = (0,) * (3 - len(run))
+                qo.matmul_planned(qk, metas[run[0]], x.ptr, T,
+                                  tuple(ws[k].data for k in run) + pad,
+                                  tuple(outs[k].ptr for k in run) + pad,
+                                  tuple(metas[k].n_out for k in run) + pad, False,
+                                  all(metas[k].gemv_w_ok for k in run))
+        return outs
+
+    def matmul_swiglu(self, x, gate: Weight, up: Weight) -> DeviceArray:
+        """One launch when gate and up share a GGML type (bit-identical to matmul, matmul,
+        swiglu); otherwise those three ops."""
+        mg = gate.meta if gate.meta is not None else self._meta(gate)
+        mu = up.meta if up.meta is not None else self._meta(up)
+        if (gate.ggml_type != up.ggml_type or mg.error is not None or mu.error is not None
+                or mg.n_in != mu.n_in or mg.n_out != mu.n_out):
+            return self.swiglu(self.matmul(x, gate), self.matmul(x, up))
+        shape = x.shape
+        n_in, n_out = mg.n_in, mg.n_out
+        if shape[-1] != n_in:
+            raise ValueError(f"matmul: input has {shape[-1]} columns, {gate.name!r} expects "
+                             f"{n_in}")
+        T = x.size // n_in
+        y = _empty_f32(shape[:-1] + (n_out,), T * n_out)
+        if T and n_out:
+            self._quant_ops.matmul_planned(self._qkern(), mg, x.ptr, T, (gate.data, up.data, 0),
+                                           (y.ptr, 0, 0), (n_out, 0, 0), True,
+                                           mg.gemv_w_ok and mu.gemv_w_ok)
         return y
 
     def rmsnorm(self, x, w: Weight | None, eps: float) -> DeviceArray:
-        rows, n = self._rows(x)
+        shape = x.shape
+        n = shape[-1] if shape else 1
+        rows = x.size // n if n else 0
         wp = 0 if w is None else self._f32_vector(w, n)
-        y = empty(x.shape)
+        y = _empty_f32(shape, x.size)
         if rows:
             self.k.launch("reflex_rmsnorm", rows, 1024 if n >= 4096 else 256, "PPPif",
                           (x.ptr, wp, y.ptr, n, eps))
         return y
+
+    def add_rmsnorm(self, a, b, w: Weight | None, eps: float) -> tuple[DeviceArray, DeviceArray]:
+        shape = a.shape
+        if shape != b.shape:
+            raise ValueError(f"add_rmsnorm: shapes {shape} and {b.shape} differ")
+        n = shape[-1] if shape else 1
+        size = a.size
+        rows = size // n if n else 0
+        wp = 0 if w is None else self._f32_vector(w, n)
+        # s and y from one allocation (s at a 256-byte aligned offset after y)
+        off = (4 * size + 255) & ~255
+        blk = _Block(2 * off or 4)
+        y = DeviceArray(blk.ptr, shape, blk, "f32", size)
+        s = DeviceArray(blk.ptr + off, shape, blk, "f32", size)
+        if rows:
+            self.k.launch("reflex_add_rmsnorm", rows, 1024 if n >= 4096 else 256, "PPPPPif",
+                          (a.ptr, b.ptr, wp, s.ptr, y.ptr, n, eps))
+        return s, y
+
+    def _rope_args(self, p: RopeParams) -> tuple:
+        """(n_rot, neox, freq_base, freq_scale, ext_factor, attn_factor, corr_lo, corr_hi) of
+        ``p``, checked; cached for the last RopeParams object (every layer passes the same)."""
+        if p is self._rope_p:
+            return self._rope_a
+        if p.n_rot % 2:
+            raise ValueError(f"rope: n_rot {p.n_rot} must be even")
+        if p.mode not in ("neox", "norm"):
+            raise ValueError(f"rope: unknown mode {p.mode!r}")
+        lo, hi = p.corr_dims() if p.ext_factor != 0.0 else (0.0, 0.0)
+        a = (p.n_rot, 1 if p.mode == "neox" else 0, float(p.freq_base), float(p.freq_scale),
+             float(p.ext_factor), float(p.attn_factor), float(lo), float(hi))
+        self._rope_p, self._rope_a = p, a
+        return a
 
     def rope(self, x, pb, p: RopeParams) -> DeviceArray:
         T, H, d = x.shape
@@ -343,22 +514,24 @@ class CudaOps(Ops):
             raise ValueError(f"rope: n_rot {n} must be even and <= head size {d}")
         if T != pb.n_tokens:
             raise ValueError(f"rope: {T} rows but {pb.n_tokens} positions")
-        if p.mode not in ("neox", "norm"):
-            raise ValueError(f"rope: unknown mode {p.mode!r}")
-        lo, hi = p.corr_dims() if p.ext_factor != 0.0 else (0.0, 0.0)
-        y = empty(x.shape)
+        n_rot, neox, fb, fs, ext, af, lo, hi = self._rope_args(p)
+        y = _empty_f32(x.shape, x.size)
         if T and H:
             self.k.launch("reflex_rope", (H, T), 64 if n <= 128 else 128, "PPPiiiidddddd",
-                          (x.ptr, y.ptr, pb.positions, H, d, n, 1 if p.mode == "neox" else 0,
-                           p.freq_base, p.freq_scale, p.ext_factor, p.attn_factor, lo, hi))
+                          (x.ptr, y.ptr, pb.positions, H, d, n_rot, neox, fb, fs, ext, af, lo,
+                           hi))
         return y
+
+    def _check_cells(self, cache: KVCache, pb) -> None:
+        c0, T = pb.cell0, pb.n_tokens
+        if c0 + T > cache.n_cells:
+            raise ReflexError(f"KV cache full: cells [{c0}, {c0 + T}) requested, "
+                              f"{cache.n_cells} allocated")
 
     def kv_write(self, cache: KVCache, layer: int, k, v, pb) -> None:
         T = pb.n_tokens
         c0 = pb.cell0
-        if c0 + T > cache.n_cells:
-            raise ReflexError(f"KV cache full: cells [{c0}, {c0 + T}) requested, "
-                              f"{cache.n_cells} allocated")
+        self._check_cells(cache, pb)
         rk = cache.n_kv_heads * cache.head_dim_k
         rv = cache.n_kv_heads * cache.head_dim_v
         nk, nv = T * rk, T * rv
@@ -370,6 +543,38 @@ class CudaOps(Ops):
             self.k.launch("reflex_kv_write", min(4096, (n + 255) // 256), 256, "PPPPii",
                           (k.ptr, v.ptr, cache.k[layer].ptr + 4 * c0 * rk,
                            cache.v[layer].ptr + 4 * c0 * rv, nk, nv))
+
+    def qk_norm_rope_store(self, q, k, v, q_norm: Weight | None, k_norm: Weight | None,
+                           eps: float, pb, rope: RopeParams, cache: KVCache, layer: int):
+        """One launch: per-head norms, RoPE of q and k, K/V into the cache (reflex_rmsnorm /
+        reflex_rope / reflex_kv_write arithmetic; bit-identical for head sizes <= 256)."""
+        T, H, dk = q.shape
+        Hkv, dv = cache.n_kv_heads, cache.head_dim_v
+        if k.shape != (T, Hkv, dk) or v.shape != (T, Hkv, dv) or dk != cache.head_dim_k:
+            raise ValueError(f"qk_norm_rope_store: q {q.shape}, k {k.shape}, v {v.shape} do not "
+                             f"match a cache of {Hkv} heads x {cache.head_dim_k}/{dv}")
+        if T != pb.n_tokens:
+            raise ValueError(f"qk_norm_rope_store: {T} rows but {pb.n_tokens} positions")
+        if dk > _QKR_MAX_HEAD:
+            raise ReflexError(f"qk_norm_rope_store: head size {dk} > {_QKR_MAX_HEAD} is not "
+                              "supported by the CUDA kernel")
+        n_rot, neox, fb, fs, ext, af, lo, hi = self._rope_args(rope)
+        if n_rot > dk:
+            raise ValueError(f"rope: n_rot {n_rot} must be even and <= head size {dk}")
+        self._check_cells(cache, pb)
+        qn = 0 if q_norm is None else self._f32_vector(q_norm, dk)
+        kn = 0 if k_norm is None else self._f32_vector(k_norm, dk)
+        out = _empty_f32(q.shape, q.size)
+        if T:
+            c0 = pb.cell0
+            self.k.launch("reflex_qk_norm_rope_store", (H + Hkv, T), 128 if dk <= 128 else 256,
+                          "PPPPPPPPPiiiiiiiifdddddd",
+                          (q.ptr, k.ptr, v.ptr, qn, kn, out.ptr,
+                           cache.k[layer].ptr + 4 * c0 * Hkv * dk,
+                           cache.v[layer].ptr + 4 * c0 * Hkv * dv, pb.positions, H, Hkv, dk, dv,
+                           0 if q_norm is None else 1, 0 if k_norm is None else 1, n_rot, neox,
+                           eps, fb, fs, ext, af, lo, hi))
+        return out
 
     def attention(self, q, cache: KVCache, layer: int, pb, scale: float) -> DeviceArray:
         T, H, dk = q.shape
@@ -384,7 +589,7 @@ class CudaOps(Ops):
                               "supported by the CUDA kernels")
         if pb.n_kv > cache.n_cells:
             raise ReflexError(f"attention over {pb.n_kv} cells, the cache has {cache.n_cells}")
-        out = empty((T, H * dv))
+        out = _empty_f32((T, H * dv), T * H * dv)
         if T and H:
             self.k.launch("reflex_attention", (H, T), 256, "PPPPPPPiiiif",
                           (q.ptr, cache.k[layer].ptr, cache.v[layer].ptr, out.ptr,
@@ -394,8 +599,8 @@ class CudaOps(Ops):
     def _elementwise(self, kernel: str, a, b) -> DeviceArray:
         if a.shape != b.shape:
             raise ValueError(f"{kernel[7:]}: shapes {a.shape} and {b.shape} differ")
-        y = empty(a.shape)
         n = a.size
+        y = _empty_f32(a.shape, n)
         if n:
             self.k.launch(kernel, (n + 255) // 256, 256, "PPPi", (a.ptr, b.ptr, y.ptr, n))
         return y
@@ -444,6 +649,15 @@ class CudaOps(Ops):
         return ids, w
 
     def moe_matmul(self, x, w: Weight, ids) -> DeviceArray:
+        return self._moe_matmul(x, w, None, ids)
+
+    def moe_matmul_swiglu(self, x, gate: Weight, up: Weight, ids) -> DeviceArray:
+        """One launch when gate and up share type and shape (else the three ops)."""
+        if gate.ggml_type != up.ggml_type or tuple(gate.ne) != tuple(up.ne):
+            return self.swiglu(self.moe_matmul(x, gate, ids), self.moe_matmul(x, up, ids))
+        return self._moe_matmul(x, gate, up, ids)
+
+    def _moe_matmul(self, x, w: Weight, up: Weight | None, ids) -> DeviceArray:
         if len(w.ne) != 3:
             raise ValueError(f"moe_matmul: {w.name!r} is not a 3-D expert tensor")
         n_in, n_out, E = w.ne
@@ -454,11 +668,11 @@ class CudaOps(Ops):
             raise ValueError(f"moe_matmul: input shape {x.shape}, expected {list(want)}")
         if x.ptr % 16:  # a row view of another array: the MoE kernels need 16-byte alignment
             x = self._copy(x)
-        y = empty((T, k, n_out))
+        y = _empty_f32((T, k, n_out), T * k * n_out)
         if T and k:
             qo, qk = self._q()
             qo.moe_matmul(qk, w.data, w.ggml_type, x.ptr, ids.ptr, y.ptr, T, k, n_in, n_out, E,
-                          per_expert)
+                          per_expert, up_ptr=0 if up is None else up.data)
         return y
 
     def moe_combine(self, y, weights) -> DeviceArray:

@@ -357,6 +357,14 @@ class NumpyOps(Ops):
     def take_rows(self, x, rows: Sequence[int]) -> np.ndarray:
         return np.ascontiguousarray(np.asarray(x)[np.asarray(list(rows), dtype=np.int64)])
 
+    # --- fused ops: the NumPy twins are exactly the compositions that define them (Ops), so
+    # the reference numerics are those of the unfused ops, bit for bit ----------------------
+    matmul_many = Ops.matmul_many
+    matmul_swiglu = Ops.matmul_swiglu
+    moe_matmul_swiglu = Ops.moe_matmul_swiglu
+    add_rmsnorm = Ops.add_rmsnorm
+    qk_norm_rope_store = Ops.qk_norm_rope_store
+
     # --- MoE -----------------------------------------------------------------------------
     def moe_route(self, logits, k: int, gating: str = "softmax", norm: bool = True,
                   scale: float = 0.0):

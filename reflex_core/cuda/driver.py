@@ -23,7 +23,8 @@ int ``kernelParams`` straight through as ``void**`` (no per-launch conversion). 
 parameters ~0.35 us (``tests/test_cuda_driver_nogpu.py::test_packing_overhead`` prints it),
 cuda-bindings' ``cuLaunchKernel`` wrapper ~0.35 us, the whole ``Kernels.launch`` ~1.4-2 us of
 Python before the driver's own cost. The buffers are shared per signature: launch from one
-thread at a time (the engine does).
+thread at a time (the engine does). :func:`launch_count` counts every launch of the process
+(benchmarks and tests take differences around a forward pass).
 
 Modules load eagerly (``CUDA_MODULE_LOADING=EAGER`` unless set) on the init thread, so no kernel
 is loaded lazily inside the first forward pass. ``REFLEX_KERNEL_DIR`` points the core at another
@@ -450,6 +451,13 @@ class ParamPacker:
 
 
 _PACKERS: dict[str, ParamPacker] = {}
+_n_launches = 0  # every Kernels.launch of the process (debug / benchmarks: launch_count())
+
+
+def launch_count() -> int:
+    """Kernel launches made through :meth:`Kernels.launch` so far in this process (count the
+    launches of a forward pass as a difference)."""
+    return _n_launches
 
 
 def packer(sig: str) -> ParamPacker:
@@ -468,6 +476,7 @@ class Kernels:
         self.handle = handle
         self.image = image  # "sass" or "ptx" for this device
         self._fns: dict[str, Any] = {}
+        self._ents: dict[str, tuple[Any, str, ParamPacker]] = {}  # name -> (fn, sig, packer)
 
     def function(self, name: str) -> Any:
         f = self._fns.get(name)
@@ -485,12 +494,11 @@ class Kernels:
     def launch(self, name: str, grid: Any, block: Any, sig: str, args: Sequence[Any],
                shmem: int = 0) -> None:
         """Launch ``name`` on the default stream. ``grid``/``block``: int or (x[, y[, z]])."""
-        f = self._fns.get(name)
-        if f is None:
-            f = self.function(name)
-        p = _PACKERS.get(sig)
-        if p is None:
-            p = packer(sig)
+        global _n_launches
+        ent = self._ents.get(name)
+        if ent is None or ent[1] != sig:
+            ent = self._ents[name] = (self.function(name), sig, packer(sig))
+        f, _, p = ent
         if len(args) != p.n:
             raise ValueError(f"{name}: signature {sig!r} has {p.n} parameters, got {len(args)}")
         try:
@@ -500,14 +508,19 @@ class Kernels:
                              f"({e})") from None
         if type(grid) is int:
             gx, gy, gz = grid, 1, 1
+        elif len(grid) == 3:
+            gx, gy, gz = grid
         else:
             gx, gy, gz = (tuple(grid) + (1, 1))[:3]
         if type(block) is int:
             bx, by, bz = block, 1, 1
+        elif len(block) == 3:
+            bx, by, bz = block
         else:
             bx, by, bz = (tuple(block) + (1, 1))[:3]
         if not getattr(_tls, "bound", False):
             _bind_this_thread()
+        _n_launches += 1
         r = _d.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, _STREAM, p.addr, 0)
         if r[0] != _SUCCESS:
             raise CudaError(f"cuLaunchKernel({name}, grid=({gx},{gy},{gz}), "
@@ -577,10 +590,12 @@ class _Pool:
         self.sizes: dict[int, int] = {}  # live pool pointer -> bucket size
         self.cached_bytes = 0
         self.live_bytes = 0
-        self.lock = threading.Lock()
+        # re-entrant: a garbage collection triggered inside a locked section may run a block's
+        # __del__ -> release() on this very thread
+        self.lock = threading.RLock()
 
     def alloc(self, nbytes: int) -> int:
-        size = _round_size(max(1, int(nbytes)))
+        size = 512 if nbytes <= 512 else _round_size(int(nbytes))
         with self.lock:
             lst = self.free.get(size)
             if lst:
@@ -601,7 +616,10 @@ class _Pool:
             if size is None:
                 raise ValueError(f"free({ptr:#x}): not a pointer from driver.alloc (double free?)")
             self.live_bytes -= size
-            self.free.setdefault(size, []).append(ptr)
+            lst = self.free.get(size)
+            if lst is None:
+                lst = self.free[size] = []
+            lst.append(ptr)
             self.cached_bytes += size
 
     def trim(self) -> int:

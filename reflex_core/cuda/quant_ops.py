@@ -17,6 +17,12 @@ section as one buffer keeps every tensor 32-byte aligned):
 * weights: 16-byte aligned for the GEMV path of Q4_K / Q5_K / F32 / F16 / BF16, 2-byte for the
   others. :func:`matmul` falls back to the (slower for small T) tiled kernel when a GEMV
   requirement does not hold; :func:`moe_matmul` raises ValueError instead.
+
+Fused launches: :func:`matmul_multi` runs up to three weights of one type against the same
+input in one launch (q/k/v), or gate/up with the SwiGLU product as the output;
+:func:`moe_matmul` with ``up_ptr`` does the same for expert tensors. The CUDA backend plans each
+weight once (:class:`MatPlan`, kept in ``Weight.meta``) and launches through
+:func:`matmul_planned`, the per-call path without re-deriving sizes, names or alignment.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ SUPPORTED_TYPES: frozenset[int] = frozenset(_TYPES)
 
 GEMV_MAX_T = 8  # T <= this: GEMV kernels; above: the tiled kernel
 _GEMV_THREADS = 128  # 4 warps
+_GEMV_WARPS = 4
 _GEMV_ROWS = 8  # output rows per GEMV block (4 warps x 2 rows)
 _TILE_M = 64  # tiled kernel: output rows per block
 _TILE_N = 64  # tiled kernel: tokens per block
@@ -124,51 +131,153 @@ def _gemv_ok(ggml_type: int, w_ptr: int, x_ptr: int, n_in: int) -> bool:
     return bs > 1 or n_in % 8 == 0
 
 
+# reflex_matmul_{gemv*,tiled}_<t>(w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, n2, row_bytes, mode)
+_MM_SIG = "PPPPPPPiiiiiqi"
+_TT_INDEX = (0, 0, 1, 2, 2, 3, 3, 3, 3)  # T (<= 8) -> index of the gemv1/2/4/8 kernel
+MAX_SEGMENTS = 3  # weights per matmul launch
+
+
+class MatPlan:
+    """What a weight's matmul launches need, computed once when the weight is bound (the CUDA
+    backend keeps it in ``Weight.meta``): sizes, kernel names, GEMV eligibility of its address.
+    ``error`` is why the weight cannot be a matmul operand (None when it can)."""
+
+    __slots__ = ("ggml_type", "n_in", "n_out", "n_elements", "row_bytes", "gemv", "tiled",
+                 "gemv_w_ok", "error")
+
+    def __init__(self, ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight"):
+        suffix, tname, bs, _, align = _info(ggml_type)
+        self.ggml_type = ggml_type
+        self.n_in = ne[0] if ne else 1
+        self.n_out = ne[1] if len(ne) > 1 else 1
+        n = 1
+        for v in ne:
+            n *= v
+        self.n_elements = n
+        self.gemv = tuple(f"reflex_matmul_gemv{tt}_{suffix}" for tt in (1, 2, 4, 8))
+        self.tiled = f"reflex_matmul_tiled_{suffix}"
+        self.error: str | None = None
+        self.row_bytes = 0
+        if len(ne) > 2 and any(v != 1 for v in ne[2:]):
+            self.error = f"matmul with 3-D weight {name!r}; use moe_matmul"
+        elif self.n_in <= 0 or self.n_in % bs:
+            self.error = (f"{name!r} ({tname}): row length {self.n_in} is not a positive multiple "
+                          f"of the block size {bs}")
+        elif not (0 <= self.n_in <= _INT32_MAX and 0 <= self.n_out <= _INT32_MAX):
+            self.error = f"{name!r}: shape {list(ne)} is out of range for the kernels"
+        else:
+            self.row_bytes = self.n_in // bs * _TYPES[ggml_type][3]
+        self.gemv_w_ok = w_ptr % align == 0 and (bs > 1 or self.n_in % 8 == 0)
+
+
+def plan(ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight") -> MatPlan:
+    return MatPlan(ggml_type, tuple(int(v) for v in ne), int(w_ptr), name)
+
+
+def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: tuple,
+                   n_outs: tuple, swiglu: bool = False, gemv_w_ok: bool = True) -> None:
+    """The launch behind :func:`matmul` / :func:`matmul_multi` for weights already planned:
+    ``w_ptrs`` / ``y_ptrs`` / ``n_outs`` are 3-tuples (unused segments 0), all weights of
+    ``p``'s type and n_in; ``gemv_w_ok``: every weight pointer suits the GEMV kernels. No
+    checks here beyond the GEMV/tiled choice (the callers checked)."""
+    if T > _INT32_MAX:
+        raise ValueError(f"T={T} is out of range for the kernels (0 .. 2**31-1)")
+    n0, n1, n2 = n_outs
+    mode = 1 if swiglu else 0
+    args = (w_ptrs[0], w_ptrs[1], w_ptrs[2], x_ptr, y_ptrs[0], y_ptrs[1], y_ptrs[2], T, p.n_in,
+            n0, n1, n2, p.row_bytes, mode)
+    if T <= GEMV_MAX_T and gemv_w_ok and x_ptr % 16 == 0:
+        if swiglu:
+            gx = (n0 + _GEMV_WARPS - 1) // _GEMV_WARPS
+        else:
+            r = _GEMV_ROWS
+            gx = (n0 + r - 1) // r + (n1 + r - 1) // r + (n2 + r - 1) // r
+        kern.launch(p.gemv[_TT_INDEX[T]], (gx, 1, 1), (_GEMV_THREADS, 1, 1), _MM_SIG, args)
+        return
+    if swiglu:
+        gx = (n0 + _TILE_M // 2 - 1) // (_TILE_M // 2)
+    else:
+        m = _TILE_M
+        gx = (n0 + m - 1) // m + (n1 + m - 1) // m + (n2 + m - 1) // m
+    gy = (T + _TILE_N - 1) // _TILE_N
+    if gy > _MAX_GRID_Y:
+        raise ValueError(f"matmul: T={T} tokens is more than the tiled kernel's grid allows")
+    kern.launch(p.tiled, (gx, gy, 1), (_TILE_THREADS, 1, 1), _MM_SIG, args)
+
+
 def matmul(kern, w_ptr: int, ggml_type: int, x_ptr: int, y_ptr: int, T: int, n_in: int,
            n_out: int) -> None:
     """``y [T, n_out] = x [T, n_in] . W^T`` for ``w`` of ne ``[n_in, n_out]`` in GGML type
     ``ggml_type`` (float32 activations, float32 accumulation). T <= 8: a GEMV kernel (one warp per
     2 output rows, each weight byte read once for all T tokens); larger T: the tiled kernel."""
-    suffix, _, _, _, _ = _info(ggml_type)
+    _info(ggml_type)
     rb = row_bytes(ggml_type, n_in)
     _check_int32(T=T, n_in=n_in, n_out=n_out)
     if T == 0 or n_out == 0:
         return
-    if T <= GEMV_MAX_T and _gemv_ok(ggml_type, w_ptr, x_ptr, n_in):
-        tt = 1 if T == 1 else 2 if T == 2 else 4 if T <= 4 else 8
-        grid = (n_out + _GEMV_ROWS - 1) // _GEMV_ROWS
-        kern.launch(f"reflex_matmul_gemv{tt}_{suffix}", (grid, 1, 1), (_GEMV_THREADS, 1, 1),
-                    "PPPiiiq", (w_ptr, x_ptr, y_ptr, T, n_in, n_out, rb))
+    p = MatPlan(ggml_type, (n_in, n_out), w_ptr)
+    assert p.row_bytes == rb
+    matmul_planned(kern, p, x_ptr, T, (w_ptr, 0, 0), (y_ptr, 0, 0), (n_out, 0, 0),
+                   gemv_w_ok=p.gemv_w_ok)
+
+
+def matmul_multi(kern, ggml_type: int, x_ptr: int, T: int, n_in: int,
+                 w_ptrs: list[int], y_ptrs: list[int], n_outs: list[int],
+                 swiglu: bool = False) -> None:
+    """Up to :data:`MAX_SEGMENTS` weights of one GGML type and the same ``n_in`` against one
+    ``x [T, n_in]`` in one launch: ``y_i [T, n_outs[i]] = x . W_i^T``, each bit-identical to
+    :func:`matmul` of that weight alone. ``swiglu``: exactly two weights (gate, up) of the same
+    ``n_out`` and one output ``y_ptrs[0]`` = ``silu(x . W_gate^T) * (x . W_up^T)`` (bit-identical to
+    the two matmuls followed by the core's reflex_swiglu)."""
+    _info(ggml_type)
+    k = len(w_ptrs)
+    if not 1 <= k <= MAX_SEGMENTS or len(n_outs) != k:
+        raise ValueError(f"matmul_multi: 1..{MAX_SEGMENTS} weights, got {k}")
+    if swiglu and (k != 2 or n_outs[0] != n_outs[1]):
+        raise ValueError("matmul_multi swiglu: two weights (gate, up) of the same n_out")
+    if len(y_ptrs) != (1 if swiglu else k):
+        raise ValueError(f"matmul_multi: {len(y_ptrs)} outputs for {k} weights")
+    row_bytes(ggml_type, n_in)
+    _check_int32(T=T, n_in=n_in, **{f"n_out{i}": n for i, n in enumerate(n_outs)})
+    if T == 0 or max(n_outs) == 0:
         return
-    gx = (n_out + _TILE_M - 1) // _TILE_M
-    gy = (T + _TILE_N - 1) // _TILE_N
-    if gy > _MAX_GRID_Y:
-        raise ValueError(f"matmul: T={T} tokens is more than the tiled kernel's grid allows")
-    kern.launch(f"reflex_matmul_tiled_{suffix}", (gx, gy, 1), (_TILE_THREADS, 1, 1), "PPPiiiq",
-                (w_ptr, x_ptr, y_ptr, T, n_in, n_out, rb))
+    p = MatPlan(ggml_type, (n_in, n_outs[0]), w_ptrs[0])
+    ok = all(MatPlan(ggml_type, (n_in, n), w).gemv_w_ok for w, n in zip(w_ptrs, n_outs))
+    pad = (0,) * (MAX_SEGMENTS - k)
+    ys = tuple(y_ptrs) + (0,) * (MAX_SEGMENTS - len(y_ptrs))
+    matmul_planned(kern, p, x_ptr, T, tuple(w_ptrs) + pad, ys,
+                   tuple(n_outs) + pad if not swiglu else (n_outs[0], 0, 0), swiglu, ok)
 
 
 def moe_matmul(kern, w_ptr: int, ggml_type: int, x_ptr: int, ids_ptr: int, y_ptr: int, T: int,
-               k: int, n_in: int, n_out: int, n_expert: int, x_per_expert: bool = False) -> None:
+               k: int, n_in: int, n_out: int, n_expert: int, x_per_expert: bool = False,
+               up_ptr: int = 0) -> None:
     """MoE gather-matmul over the 3-D expert tensor ``w`` (ne ``[n_in, n_out, n_expert]``): for
     token t and slot j, ``y[t, j, :] = W[ids[t, j]] . x_row`` with ``x_row = x[t]`` (``x [T, n_in]``
     shared by the k slots) or ``x[t, j]`` (``x [T, k, n_in]``, ``x_per_expert=True``). ``ids`` is
     the int32 ``[T, k]`` device array from the router (read on the device); ``y`` is
     ``[T, k, n_out]`` float32. Only the selected experts' weights are read. An id outside
-    ``[0, n_expert)`` yields NaN outputs for that slot."""
+    ``[0, n_expert)`` yields NaN outputs for that slot. ``up_ptr`` (an expert tensor of the same
+    type and shape): SwiGLU, ``y[t, j, :] = silu(W . x_row) * (W_up . x_row)`` in the same launch
+    (``w`` the gate experts)."""
     suffix, name, _, _, _ = _info(ggml_type)
     rb = row_bytes(ggml_type, n_in)
     _check_int32(T=T, k=k, n_in=n_in, n_out=n_out, n_expert=n_expert, slots=T * k)
     if T == 0 or k == 0 or n_out == 0:
         return
-    if not _gemv_ok(ggml_type, w_ptr, x_ptr, n_in):
+    if not _gemv_ok(ggml_type, w_ptr, x_ptr, n_in) or (
+            up_ptr and not _gemv_ok(ggml_type, up_ptr, x_ptr, n_in)):
         raise ValueError(f"moe_matmul {name}: weights at {w_ptr:#x} / activations at {x_ptr:#x} "
                          f"are not aligned as the kernel needs (see reflex_core.cuda.quant_ops), "
                          f"or n_in={n_in} is not a multiple of 8")
-    grid = ((n_out + _GEMV_ROWS - 1) // _GEMV_ROWS, min(T * k, _MAX_GRID_Y), 1)
-    kern.launch(f"reflex_moe_matmul_{suffix}", grid, (_GEMV_THREADS, 1, 1), "PPPPiiiiqqii",
-                (w_ptr, x_ptr, ids_ptr, y_ptr, T, k, n_in, n_out, rb, n_out * rb,
-                 1 if x_per_expert else 0, n_expert))
+    if up_ptr:
+        gx = (n_out + _GEMV_WARPS - 1) // _GEMV_WARPS
+    else:
+        gx = (n_out + _GEMV_ROWS - 1) // _GEMV_ROWS
+    grid = (gx, min(T * k, _MAX_GRID_Y), 1)
+    kern.launch(f"reflex_moe_matmul_{suffix}", grid, (_GEMV_THREADS, 1, 1), "PPPPPiiiiqqiii",
+                (w_ptr, up_ptr, x_ptr, ids_ptr, y_ptr, T, k, n_in, n_out, rb, n_out * rb,
+                 1 if x_per_expert else 0, n_expert, 1 if up_ptr else 0))
 
 
 def kernel_names() -> list[str]:

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from reflex_core import sampling
-from reflex_core.ops import AttnMask, Batch, RopeParams
+from reflex_core.errors import ReflexError
+from reflex_core.ops import AttnMask, Batch, Ops, RopeParams
 
 pytestmark = pytest.mark.gpu
 
@@ -105,6 +106,36 @@ def test_rmsnorm_heads(cuda_ops, ref_ops, request):
     close(cuda_ops.to_numpy(y), ref_ops.rmsnorm(x, None, 1e-6), 1e-5, 1e-6, "rmsnorm heads")
 
 
+@pytest.mark.parametrize("rows,n", [(1, 7), (7, 128), (5, 1000), (3, 5000), (64, 4096)],
+                         ids=["1x7", "7x128", "5x1000", "3x5000", "big-64x4096"])
+def test_add_rmsnorm(attach_both, rows, n, request):
+    """Fused residual add + RMSNorm: vs the NumPy twin, and bit-identical to the CUDA add then
+    rmsnorm (same arithmetic, same reduction order)."""
+    rng = rng_for(request)
+    a = (rng.standard_normal((rows, n)) * 3).astype(np.float32)
+    b = rng.standard_normal((rows, n)).astype(np.float32)
+    g = (1.0 + 0.3 * rng.standard_normal(n)).astype(np.float32)
+    cuda_ops, ref_ops = attach_both({"norm.weight": g})
+    da, db = cuda_ops.from_numpy(a), cuda_ops.from_numpy(b)
+    for wc, wr in ((cuda_ops.weight("norm.weight"), ref_ops.weight("norm.weight")), (None, None)):
+        s, y = cuda_ops.add_rmsnorm(da, db, wc, 1e-6)
+        s_ref, y_ref = ref_ops.add_rmsnorm(a, b, wr, 1e-6)
+        close(cuda_ops.to_numpy(s), s_ref, 0, 0, "add_rmsnorm sum")
+        close(cuda_ops.to_numpy(y), y_ref, 1e-5, 1e-6, f"add_rmsnorm norm w={wc is not None}")
+        s2 = cuda_ops.add(da, db)
+        y2 = cuda_ops.rmsnorm(s2, wc, 1e-6)
+        # same arithmetic and order (bit-identical on the emulator); the tolerance only allows
+        # nvcc contracting differently in the two kernels
+        close(cuda_ops.to_numpy(y), cuda_ops.to_numpy(y2), 5e-7, 1e-12,
+              "add_rmsnorm vs add+rmsnorm")
+    # [T, H, d] inputs (normalised over the last dimension)
+    s, y = cuda_ops.add_rmsnorm(cuda_ops.view(da, (rows, 1, n)), cuda_ops.view(db, (rows, 1, n)),
+                                None, 1e-5)
+    assert cuda_ops.shape(y) == (rows, 1, n)
+    with pytest.raises(ValueError, match="differ"):
+        cuda_ops.add_rmsnorm(da, cuda_ops.view(db, (rows * n,)), None, 1e-6)
+
+
 # --- rope ------------------------------------------------------------------------------------
 ROPES = {
     "neox": RopeParams(n_rot=128, mode="neox", freq_base=1e6),
@@ -135,6 +166,87 @@ def test_rope(cuda_ops, ref_ops, name, T, H, d, request):
     pc, pr = both(cuda_ops, ref_ops, batch)
     got = cuda_ops.to_numpy(cuda_ops.rope(cuda_ops.from_numpy(x), pc, p))
     close(got, ref_ops.rope(x, pr, p), 2e-6, 2e-6, f"rope {name}")
+
+
+# --- qk_norm_rope_store ---------------------------------------------------------------------
+QKR_CASES = [  # (T, cell0, H, Hkv, d, dv)
+    (1, 0, 4, 4, 64, 64),
+    (1, 37, 16, 8, 128, 128),
+    (7, 5, 8, 2, 128, 128),
+    (7, 0, 6, 1, 64, 64),
+    (64, 3, 4, 2, 128, 128),
+    (5, 2, 4, 2, 192, 128),  # d_k != d_v, d_k > 128 (256-thread blocks)
+    (3, 1, 2, 1, 40, 72),  # head sizes not a multiple of 32
+    (300, 11, 16, 8, 128, 128),
+]
+QKR_IDS = [f"{'big-' if c[0] >= 300 else ''}T{c[0]}-c{c[1]}-H{c[2]}/{c[3]}-d{c[4]}/{c[5]}"
+           for c in QKR_CASES]
+QKR_ROPES = ["neox", "norm-partial", "neox-yarn", "norm-yarn-ds"]
+
+
+@pytest.mark.parametrize("norms", ["qk", "none", "q"])
+@pytest.mark.parametrize("rope", QKR_ROPES)
+@pytest.mark.parametrize("T,cell0,H,Hkv,d,dv", QKR_CASES, ids=QKR_IDS)
+def test_qk_norm_rope_store(attach_both, T, cell0, H, Hkv, d, dv, rope, norms, request):
+    """The fused attention prologue vs the NumPy twin (rmsnorm, rope, kv_write) and vs the CUDA
+    unfused ops (bit-identical for d <= 256): returned q, the cache's K and V rows written, and
+    the cells around them untouched."""
+    rng = rng_for(request)
+    p = ROPES[rope]
+    if p.n_rot > d:
+        p = RopeParams(n_rot=d - d % 2, mode=p.mode, freq_base=p.freq_base,
+                       freq_scale=p.freq_scale, ext_factor=p.ext_factor,
+                       attn_factor=p.attn_factor, beta_fast=p.beta_fast, beta_slow=p.beta_slow,
+                       n_ctx_orig=p.n_ctx_orig)
+    qg = (1.0 + 0.3 * rng.standard_normal(d)).astype(np.float32)
+    kg = (1.0 + 0.3 * rng.standard_normal(d)).astype(np.float32)
+    cuda_ops, ref_ops = attach_both({"qn": qg, "kn": kg})
+    qn = (cuda_ops.weight("qn"), ref_ops.weight("qn")) if "q" in norms else (None, None)
+    kn = (cuda_ops.weight("kn"), ref_ops.weight("kn")) if "k" in norms else (None, None)
+    q = (rng.standard_normal((T, H, d)) * 2).astype(np.float32)
+    k = (rng.standard_normal((T, Hkv, d)) * 2).astype(np.float32)
+    v = rng.standard_normal((T, Hkv, dv)).astype(np.float32)
+    n_cells = cell0 + T + 2
+    pos = tuple(int(x) for x in rng.integers(0, 40000, T))
+    batch = Batch(tuple(range(T)), pos, cell0, AttnMask.causal(cell0, T))
+    pc, pr = both(cuda_ops, ref_ops, batch)
+    caches = []
+    for _ in range(2):  # fused, unfused (CUDA)
+        cc = cuda_ops.new_kv_cache(2, n_cells, Hkv, d, dv)
+        caches.append(cc)
+    cr = ref_ops.new_kv_cache(2, n_cells, Hkv, d, dv)
+    dq, dk_, dv_ = cuda_ops.from_numpy(q), cuda_ops.from_numpy(k), cuda_ops.from_numpy(v)
+    eps = 1e-6
+    got = cuda_ops.qk_norm_rope_store(dq, dk_, dv_, qn[0], kn[0], eps, pc, p, caches[0], 1)
+    want = ref_ops.qk_norm_rope_store(q, k, v, qn[1], kn[1], eps, pr, p, cr, 1)
+    assert cuda_ops.shape(got) == (T, H, d)
+    close(cuda_ops.to_numpy(got), want, 2e-5, 2e-5, "q")
+    kc = cuda_ops.to_numpy(caches[0].k[1])
+    close(kc, cr.k[1], 2e-5, 2e-5, "k cache")
+    close(cuda_ops.to_numpy(caches[0].v[1]), cr.v[1], 0, 0, "v cache")
+    assert not kc[:cell0].any() and not kc[cell0 + T:].any(), "cells outside the batch written"
+    assert not cuda_ops.to_numpy(caches[0].k[0]).any(), "another layer written"
+    # the unfused CUDA ops: the same arithmetic (bit-identical on the emulator; the tolerance
+    # only allows nvcc contracting a*c - b*s differently in the two kernels)
+    u = Ops.qk_norm_rope_store(cuda_ops, dq, dk_, dv_, qn[0], kn[0], eps, pc, p, caches[1], 1)
+    close(cuda_ops.to_numpy(got), cuda_ops.to_numpy(u), 1e-6, 1e-6, "q vs unfused")
+    close(kc, cuda_ops.to_numpy(caches[1].k[1]), 1e-6, 1e-6, "k cache vs unfused")
+    close(cuda_ops.to_numpy(caches[1].v[1]), cr.v[1], 0, 0, "v cache (unfused)")
+
+
+def test_qk_norm_rope_store_errors(cuda_ops):
+    c = cuda_ops.new_kv_cache(1, 4, 2, 64, 64)
+    pb = cuda_ops.prepare(Batch.causal([1, 2, 3], 2))
+    q = cuda_ops.from_numpy(np.zeros((3, 4, 64), np.float32))
+    k = cuda_ops.from_numpy(np.zeros((3, 2, 64), np.float32))
+    p = ROPES["neox-partial"]
+    with pytest.raises(ReflexError, match="KV cache full"):
+        cuda_ops.qk_norm_rope_store(q, k, k, None, None, 1e-6, pb, p, c, 0)
+    pb = cuda_ops.prepare(Batch.causal([1, 2, 3], 0))
+    with pytest.raises(ValueError, match="do not match"):
+        cuda_ops.qk_norm_rope_store(q, q, k, None, None, 1e-6, pb, p, c, 0)
+    with pytest.raises(ValueError, match="n_rot"):
+        cuda_ops.qk_norm_rope_store(q, k, k, None, None, 1e-6, pb, RopeParams(n_rot=66), c, 0)
 
 
 # --- kv_write + attention --------------------------------------------------------------------

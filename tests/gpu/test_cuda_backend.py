@@ -92,6 +92,61 @@ def test_matmul_on_row_view(attach_both, request):
         close(got, ref_ops.matmul(x[rows], ref_ops.weight("w")), 1e-5, 1e-5, f"rows {rows}")
 
 
+# q/k/v-like weight sets: (types of q, k, v); mixed types split into per-type launches
+MANY_SETS = [(F32, F32, F32), (Q8_0, Q8_0, Q8_0), (Q4_K, Q4_K, Q6_K), (Q6_K, Q4_0, Q6_K),
+             (BF16, F16, F16)]
+
+
+@pytest.mark.parametrize("types", MANY_SETS,
+                         ids=lambda ts: "-".join(GGML_TYPES[t].name for t in ts))
+def test_matmul_many_and_swiglu(attach_both, types, request):
+    """matmul_many == the separate matmuls (bit for bit: the same kernel per row) and the NumPy
+    twin; matmul_swiglu == swiglu(matmul, matmul) within rounding, and the twin. T = 1 and 7
+    (GEMV), 9 and 64 (tiled), 300 (tiled, several token tiles)."""
+    rng = rng_for(request)
+    n_in = 512
+    n_outs = (96, 40, 40)  # q: 2x the k/v rows (GQA); odd multiples of 8
+    tensors = {f"w{i}": (random_bytes(rng, t, [n_in, n]), [n_in, n], t)
+               for i, (t, n) in enumerate(zip(types, n_outs))}
+    tensors["up"] = (random_bytes(rng, types[0], [n_in, 96]), [n_in, 96], types[0])
+    cuda_ops, ref_ops = attach_both(tensors)
+    wc = [cuda_ops.weight(f"w{i}") for i in range(3)]
+    wr = [ref_ops.weight(f"w{i}") for i in range(3)]
+    for T in (1, 7, 9, 64, 300):
+        x = rng.standard_normal((T, n_in)).astype(np.float32)
+        dx = cuda_ops.from_numpy(x)
+        got = cuda_ops.matmul_many(dx, wc)
+        want = ref_ops.matmul_many(x, wr)
+        assert len(got) == 3
+        for i in range(3):
+            g = cuda_ops.to_numpy(got[i])
+            assert g.shape == (T, n_outs[i])
+            single = cuda_ops.to_numpy(cuda_ops.matmul(dx, wc[i]))
+            close(g, single, 0, 0, f"matmul_many[{i}] vs matmul T={T}")
+            scale = np.abs(want[i]).max() + 1e-30
+            close(g / scale, want[i] / scale, 0, 2e-5, f"matmul_many[{i}] vs NumPy T={T}")
+        assert [cuda_ops.shape(y) for y in cuda_ops.matmul_many(dx, wc[1:2])] == [(T, 40)]
+        # SwiGLU: gate w0 (96 rows) and up "up" (same type and shape)
+        gate_c, up_c = wc[0], cuda_ops.weight("up")
+        y = cuda_ops.to_numpy(cuda_ops.matmul_swiglu(dx, gate_c, up_c))
+        unf = cuda_ops.to_numpy(cuda_ops.swiglu(cuda_ops.matmul(dx, gate_c),
+                                                cuda_ops.matmul(dx, up_c)))
+        scale = np.abs(unf).max() + 1e-30
+        close(y / scale, unf / scale, 4e-6, 1e-7, f"matmul_swiglu vs unfused T={T}")
+        want = ref_ops.matmul_swiglu(x, wr[0], ref_ops.weight("up"))
+        close(y / scale, want / scale, 0, 4e-5, f"matmul_swiglu vs NumPy T={T}")
+    # different types / shapes: the unfused fallback
+    x = rng.standard_normal((3, n_in)).astype(np.float32)
+    dx = cuda_ops.from_numpy(x)
+    if types[1] == types[2]:
+        y = cuda_ops.to_numpy(cuda_ops.matmul_swiglu(dx, wc[1], wc[2]))
+        want = ref_ops.matmul_swiglu(x, wr[1], wr[2])
+        scale = np.abs(want).max() + 1e-30
+        close(y / scale, want / scale, 0, 4e-5, "matmul_swiglu k/v")
+    with pytest.raises(ValueError, match="columns"):
+        cuda_ops.matmul_many(cuda_ops.from_numpy(np.zeros((2, 64), np.float32)), wc)
+
+
 def test_unsupported_type_names_tensor(attach_both, request):
     rng = rng_for(request)
     info = GGML_TYPES[IQ2_XXS]
@@ -120,6 +175,15 @@ def test_moe_matmul(attach_both, t, per_expert, request):
     scale = np.abs(want).max()
     close(got / scale, want / scale, 0, 2e-5, "moe_matmul")
     assert sorted(map(tuple, np.sort(ids_host, 1))) == sorted(map(tuple, np.sort(ids_r, 1)))
+    # the fused gate/up: vs the unfused CUDA ops and the NumPy twin (same expert tensor as up)
+    dx, w = cuda_ops.from_numpy(x), cuda_ops.weight("exps")
+    got = cuda_ops.to_numpy(cuda_ops.moe_matmul_swiglu(dx, w, w, ids_c))
+    unf = cuda_ops.to_numpy(cuda_ops.swiglu(cuda_ops.moe_matmul(dx, w, ids_c),
+                                            cuda_ops.moe_matmul(dx, w, ids_c)))
+    scale = np.abs(unf).max()
+    close(got / scale, unf / scale, 4e-6, 1e-7, "moe_matmul_swiglu vs unfused")
+    want = ref_ops.moe_matmul_swiglu(x, ref_ops.weight("exps"), ref_ops.weight("exps"), ids_host)
+    close(got / scale, want / scale, 0, 4e-5, "moe_matmul_swiglu vs NumPy")
 
 
 def test_prepare_and_views(cuda_ops):
@@ -210,3 +274,25 @@ def test_qwen3_forward_matches_numpy(model_files, cuda_ops, ref_ops, wt):
     close(lc / s, lr / s, 0, 2e-4, f"{wt} tree batch")
     lp_c = cuda_ops.token_logprobs(cuda_ops.from_numpy(lr), toks)
     assert np.allclose(lp_c, ref_ops.token_logprobs(lr, toks), rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3moe"])
+def test_launches_per_forward(model_files, cuda_ops, arch):
+    """The fused ops at work: a dense Qwen3 layer is 8 launches (add+norm, q/k/v, q/k norm +
+    RoPE + KV store, attention, output projection, add+norm, gate/up/SwiGLU, down), a Qwen3-MoE
+    layer 11 (router, route, experts gate/up/SwiGLU, experts down, combine); plus embed, the
+    final add+norm and the LM head (and take_rows for scattered rows)."""
+    from reflex_core.cuda import driver
+    from reflex_core.testing.modelwriter import ModelShape
+
+    shape = ModelShape(arch=arch, n_layer=3, n_embd=64, n_head=4, n_head_kv=2, head_dim=32,
+                       n_ff=96, **({"n_expert": 8, "n_expert_used": 2, "n_ff_exp": 64}
+                                   if arch == "qwen3moe" else {}))
+    _, m = _model(model_files(shape, "Q8_0", seed=5), cuda_ops)
+    per_layer = 8 if arch == "qwen3" else 11
+    cache = m.new_cache(32)
+    for tokens, start, rows, extra in (([3], 0, [0], 0), ([1, 2, 3, 4, 5], 1, [4], 0),
+                                       (list(range(12)), 6, [0, 11], 1)):
+        n0 = driver.launch_count()
+        m.forward(Batch.causal(tokens, start), cache, rows)
+        assert driver.launch_count() - n0 == 3 + per_layer * 3 + extra, (tokens, rows)

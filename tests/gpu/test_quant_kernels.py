@@ -7,7 +7,10 @@
   300 and n_out in 1, 33, 257, 1000 with one, three and many blocks per row; both paths (GEMV,
   tiled) forced explicitly too, and weight pointers off by 2 bytes (funnel-shifted loads /
   tiled fallback). Tolerance 1e-5 * sqrt(n_in) * (|x| . |W|^T);
+* matmul_multi: 1-3 weights per launch bit-identical to the single matmuls (same path); the fused SwiGLU
+  (gate/up) within a few ulp of silu(g) * u of the single matmuls;
 * moe_matmul: repeated expert ids, x shared or per slot, T = 1, 4, 37, an invalid id -> NaN;
+  the SwiGLU mode (gate and up experts in one launch) vs silu(g) * u of the two plain launches;
 * a bandwidth report of the T = 1 GEMV on large matrices (printed, never asserted: `-rP`).
 """
 
@@ -105,6 +108,14 @@ def check_matmul(y, wf, x, what):
         i = np.unravel_index(np.argmax(err / tol), err.shape)
         raise AssertionError(f"{what}: {(err > tol).sum()} of {err.size} out of tolerance; "
                              f"worst at {i}: got {y[i]!r} want {ref[i]!r} tol {tol[i]:.3g}")
+
+
+MM_SIG = "PPPPPPPiiiiiqi"  # w0 w1 w2 x y0 y1 y2 T n_in n0 n1 n2 row_bytes mode
+
+
+def mm_args(wp, xp, yp, T, n_in, n_out, rb):
+    """Raw matmul kernel arguments for one weight (segments 1 and 2 empty, mode 0)."""
+    return (wp, 0, 0, xp, yp, 0, 0, T, n_in, n_out, 0, 0, rb, 0)
 
 
 def n_in_cases(name):
@@ -240,7 +251,7 @@ def test_matmul_forced_paths(qk, name):
             for T in sorted({1, tt // 2 or 1, tt}):
                 if off == 0:
                     kern.launch(f"reflex_matmul_gemv{tt}_{suffix}", ((n_out + 7) // 8, 1, 1),
-                                (128, 1, 1), "PPPiiiq", (wp, xp, yp, T, n_in, n_out, rb))
+                                (128, 1, 1), MM_SIG, mm_args(wp, xp, yp, T, n_in, n_out, rb))
                     y = download(ctx, yp, T * n_out).reshape(T, n_out)
                     check_matmul(y, wf, x[:T], f"{name} gemv{tt} T={T}")
                 quant_ops.matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
@@ -248,7 +259,7 @@ def test_matmul_forced_paths(qk, name):
                 check_matmul(y, wf, x[:T], f"{name} matmul T={T} w+{off}")
         for T in (1, 5):
             kern.launch(f"reflex_matmul_tiled_{suffix}", ((n_out + 63) // 64, 1, 1), (256, 1, 1),
-                        "PPPiiiq", (wp, xp, yp, T, n_in, n_out, rb))
+                        MM_SIG, mm_args(wp, xp, yp, T, n_in, n_out, rb))
             y = download(ctx, yp, T * n_out).reshape(T, n_out)
             check_matmul(y, wf, x[:T], f"{name} tiled T={T} w+{off}")
 
@@ -268,6 +279,72 @@ def test_matmul_float_odd_n_in(qk, name):
             quant_ops.matmul(kern, wp, TYPES[name], xp, yp, T, n_in, 19)
             y = download(ctx, yp, T * 19).reshape(T, 19)
             check_matmul(y, wf, x[:T], f"{name} n_in={n_in} T={T}")
+
+
+# ----------------------------------------------------------------------------------------------
+# several weights per launch (q/k/v) and the fused SwiGLU (gate/up)
+
+
+def _silu_mul(g, u):
+    g = g.astype(np.float32)
+    with np.errstate(over="ignore"):
+        return (g / (np.float32(1.0) + np.exp(-g)) * u).astype(np.float32)
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_matmul_multi_and_swiglu(qk, name):
+    """matmul_multi: every output bit-identical to quant_ops.matmul of its weight alone (same
+    per-row arithmetic), GEMV and tiled, odd row counts, 1-3 segments, a weight 2 bytes off
+    (funnel-shifted loads or the tiled fallback). swiglu: bit-identical to silu(g) * u of the
+    single matmuls for the GEMV path; the tiled path within float rounding of them."""
+    ctx, kern = qk
+    rng = np.random.default_rng(500 + TYPES[name])
+    t = TYPES[name]
+    n_in = n_in_cases(name)[1]
+    n_outs = [37, 9, 70]
+    ws = []
+    for i, n in enumerate(n_outs):
+        raw, wf = random_weights(rng, name, n, n_in)
+        _, wp = upload(ctx, raw, pad_front=2 if i == 1 else 0)
+        ws.append((wp, wf, n))
+    x = rng.standard_normal((70, n_in)).astype(np.float32)
+    _, xp = upload(ctx, x)
+    for T in (1, 2, 5, 8, 9, 70):
+        singles = []
+        for wp, wf, n in ws:
+            yp = ctx.alloc(4 * T * n)
+            quant_ops.matmul(kern, wp, t, xp, yp, T, n_in, n)
+            singles.append(download(ctx, yp, T * n).reshape(T, n))
+            check_matmul(singles[-1], wf, x[:T], f"{name} single T={T}")
+        for segs in ([0], [0, 2], [0, 1, 2], [2, 1]):
+            yps = [ctx.alloc(4 * T * n_outs[i]) for i in segs]
+            quant_ops.matmul_multi(kern, t, xp, T, n_in, [ws[i][0] for i in segs], yps,
+                                   [n_outs[i] for i in segs])
+            small = T <= quant_ops.GEMV_MAX_T
+            group_gemv = small and all(quant_ops._gemv_ok(t, ws[i][0], xp, n_in) for i in segs)
+            for i, yp in zip(segs, yps):
+                y = download(ctx, yp, T * n_outs[i]).reshape(T, n_outs[i])
+                if group_gemv == (small and quant_ops._gemv_ok(t, ws[i][0], xp, n_in)):
+                    assert_bits_equal(y, singles[i], f"{name} multi {segs} seg {i} T={T}")
+                else:  # a misaligned weight sends the whole group to the tiled kernel
+                    check_matmul(y, ws[i][1], x[:T], f"{name} multi {segs} seg {i} T={T}")
+        # swiglu: gate = weight 0, up = the first 37 rows of weight 2 (same n_out)
+        yp = ctx.alloc(4 * T * 37)
+        quant_ops.matmul_multi(kern, t, xp, T, n_in, [ws[0][0], ws[2][0]], [yp], [37, 37],
+                               swiglu=True)
+        y = download(ctx, yp, T * 37).reshape(T, 37)
+        # same g and u bits as the single matmuls; silu's expf vs NumPy's exp: a few ulp
+        want = _silu_mul(singles[0], singles[2][:, :37])
+        np.testing.assert_allclose(y, want, rtol=4e-6, atol=1e-6 * (np.abs(want).max() + 1),
+                                   err_msg=f"{name} swiglu T={T}")
+    # a misaligned gate in swiglu: both weights must be eligible, else the tiled kernel runs
+    yp = ctx.alloc(4 * 3 * 9)
+    quant_ops.matmul_multi(kern, t, xp, 3, n_in, [ws[1][0], ws[1][0]], [yp], [9, 9], swiglu=True)
+    yq = ctx.alloc(4 * 3 * 9)
+    quant_ops.matmul(kern, ws[1][0], t, xp, yq, 3, n_in, 9)
+    y1 = download(ctx, yq, 27).reshape(3, 9)
+    np.testing.assert_allclose(download(ctx, yp, 27).reshape(3, 9), _silu_mul(y1, y1),
+                               rtol=4e-6, atol=1e-6 * (np.abs(y1).max() ** 2 + 1))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -299,6 +376,30 @@ def test_moe_matmul(qk, name):
                     xr = x[t, j] if per_expert else x[t]
                     check_matmul(y[t, j][None], wf[ids[t, j]], xr[None],
                                  f"{name} moe T={T} t={t} j={j} per_expert={per_expert}")
+    # SwiGLU mode: gate = these experts, up = a second expert tensor; one launch
+    raw_u, wf_u = random_weights(rng, name, E * n_out, n_in)
+    wf_u = wf_u.reshape(E, n_out, n_in)
+    _, up = upload(ctx, raw_u)
+    T = 6
+    ids = rng.integers(0, E, size=(T, k)).astype(np.int32)
+    ids[1, 0] = E  # invalid: a NaN row
+    _, ip = upload(ctx, ids)
+    for per_expert in (False, True):
+        x = rng.standard_normal((T, k, n_in) if per_expert else (T, n_in)).astype(np.float32)
+        _, xp = upload(ctx, x)
+        outs = []
+        for wptr, upp in ((wp, 0), (up, 0), (wp, up)):
+            yp = ctx.alloc(4 * T * k * n_out)
+            quant_ops.moe_matmul(kern, wptr, TYPES[name], xp, ip, yp, T, k, n_in, n_out, E,
+                                 x_per_expert=per_expert, up_ptr=upp)
+            outs.append(download(ctx, yp, T * k * n_out).reshape(T, k, n_out))
+        g, u, y = outs
+        assert np.isnan(y[1, 0]).all() and not np.isnan(np.delete(y.reshape(T * k, -1), k, 0)).any()
+        ok = ~np.isnan(g)
+        want = _silu_mul(g, u)
+        np.testing.assert_allclose(y[ok], want[ok], rtol=4e-6,
+                                   atol=1e-6 * (np.abs(want[ok]).max() + 1),
+                                   err_msg=f"{name} moe swiglu per_expert={per_expert}")
     # an invalid id: NaN for that slot only
     ids = np.array([[1, E, 0]], dtype=np.int32)[:, :k]
     _, ip = upload(ctx, ids)

@@ -586,20 +586,17 @@ struct rx_lu<RX_Q6_K> {
 
 // ==========================================================================================
 // The GEMV lane loop, shared by the kernels (cuda/quant.cu) and the host harness (which runs it
-// for lanes 0..31 and sums): lane `lane` of the warp that owns rows [row0, row0 + R) accumulates
-// its partial dot products acc[r][t] = sum over its units of W[row0 + r, i] * x[t, i], for
-// t < T (TT >= T; tokens t >= T contribute zeros). Rows past n_out read row n_out - 1 (the
-// caller does not store them). x rows are n_in floats apart and 16-byte aligned.
+// for lanes 0..31 and sums): lane `lane` of a warp that owns R weight rows (row r starts at
+// rp[r]; the rows may come from different matrices of the same type and n_in) accumulates its
+// partial dot products acc[r][t] = sum over its units of W_r[i] * x[t, i], for t < T (TT >= T;
+// tokens t >= T contribute zeros). x rows are n_in floats apart and 16-byte aligned.
 
 template <int TYPE, int TT, int R, bool EXACT = false>
-RX_HD void rx_gemv_lane(const uint8_t* __restrict__ w, const float* __restrict__ x, int T, int n_in,
-                        int n_out, long long row_bytes, int row0, int lane, float (&acc)[R][TT]) {
+RX_HD void rx_gemv_rows(const uint8_t* const (&rp)[R], const float* __restrict__ x, int T, int n_in,
+                        int lane, float (&acc)[R][TT]) {
     typedef rx_lu<TYPE> L;
-    const uint8_t* rp[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        const int row = row0 + r < n_out ? row0 + r : n_out - 1;
-        rp[r] = w + (long long)row * row_bytes;
 #pragma unroll
         for (int t = 0; t < TT; ++t) acc[r][t] = 0.0f;
     }
@@ -639,4 +636,18 @@ RX_HD void rx_gemv_lane(const uint8_t* __restrict__ w, const float* __restrict__
             }
         }
     }
+}
+
+// The same for the R consecutive rows [row0, row0 + R) of one matrix w; rows past n_out read
+// row n_out - 1 (the caller does not store them).
+template <int TYPE, int TT, int R, bool EXACT = false>
+RX_HD void rx_gemv_lane(const uint8_t* __restrict__ w, const float* __restrict__ x, int T, int n_in,
+                        int n_out, long long row_bytes, int row0, int lane, float (&acc)[R][TT]) {
+    const uint8_t* rp[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int row = row0 + r < n_out ? row0 + r : n_out - 1;
+        rp[r] = w + (long long)row * row_bytes;
+    }
+    rx_gemv_rows<TYPE, TT, R, EXACT>(rp, x, T, n_in, lane, acc);
 }

@@ -58,12 +58,15 @@ class Qwen3(Model):
     def forward(self, batch: Batch, cache: KVCache, out_rows: Sequence[int]) -> Any:
         ops, hp = self.ops, self.hp
         pb = ops.prepare(batch)
-        x = ops.embed(self.token_embd, pb)
+        # pre-norm residual blocks; h, the last branch output, is added to x by the next
+        # (fused add + RMSNorm) op
+        x, h = ops.embed(self.token_embd, pb), None
         for i, layer in enumerate(self.layers):
-            a = ops.rmsnorm(x, layer.attn_norm, hp.eps)
-            x = ops.add(x, blocks.gqa_attention(ops, a, layer.attn, cache, i, pb, hp.rope, hp.eps,
-                                                hp.n_head, hp.n_head_kv, hp.head_dim))
-            b = ops.rmsnorm(x, layer.ffn_norm, hp.eps)
+            x, a = blocks.residual_rmsnorm(ops, x, h, layer.attn_norm, hp.eps)
+            h = blocks.gqa_attention(ops, a, layer.attn, cache, i, pb, hp.rope, hp.eps,
+                                     hp.n_head, hp.n_head_kv, hp.head_dim)
+            x, b = ops.add_rmsnorm(x, h, layer.ffn_norm, hp.eps)
             f = layer.ffn
-            x = ops.add(x, blocks.swiglu_ffn(ops, b, f.ffn_gate, f.ffn_up, f.ffn_down))
-        return blocks.lm_head(ops, x, self.output_norm, self.output, hp.eps, out_rows)
+            h = blocks.swiglu_ffn(ops, b, f.ffn_gate, f.ffn_up, f.ffn_down)
+        return blocks.lm_head(ops, x, self.output_norm, self.output, hp.eps, out_rows,
+                              residual=h)

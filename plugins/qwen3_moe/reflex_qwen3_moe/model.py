@@ -9,8 +9,9 @@ no weight scale, no selection bias, no groups, no shared experts:
     w_e   = probs[e] / max(Σ_S probs, 6.103515625e-5)
     out   = Σ_{e∈S} w_e · W_down[e] · (silu(W_gate[e]·b) ⊙ W_up[e]·b)
 
-written with the core ops ``moe_route`` / ``moe_matmul`` / ``moe_combine`` (``blocks.moe_ffn``):
-the selected expert ids stay backend tensors, nothing goes to the host during a forward pass.
+written with the core ops ``moe_route`` / ``moe_matmul_swiglu`` / ``moe_matmul`` / ``moe_combine``
+(``blocks.moe_ffn``): the selected expert ids stay backend tensors, nothing goes to the host
+during a forward pass.
 Hyper-parameters and weight groups come from the core; nothing here depends on another plugin.
 """
 
@@ -73,14 +74,16 @@ class Qwen3MoE(Model):
     def forward(self, batch: Batch, cache: KVCache, out_rows: Sequence[int]) -> Any:
         ops, hp = self.ops, self.hp
         pb = ops.prepare(batch)
-        x = ops.embed(self.token_embd, pb)
+        # pre-norm residual blocks; h, the last branch output, is added to x by the next
+        # (fused add + RMSNorm) op
+        x, h = ops.embed(self.token_embd, pb), None
         for i, layer in enumerate(self.layers):
-            a = ops.rmsnorm(x, layer.attn_norm, hp.eps)
-            x = ops.add(x, blocks.gqa_attention(ops, a, layer.attn, cache, i, pb, hp.rope, hp.eps,
-                                                hp.n_head, hp.n_head_kv, hp.head_dim))
-            b = ops.rmsnorm(x, layer.ffn_norm, hp.eps)
+            x, a = blocks.residual_rmsnorm(ops, x, h, layer.attn_norm, hp.eps)
+            h = blocks.gqa_attention(ops, a, layer.attn, cache, i, pb, hp.rope, hp.eps,
+                                     hp.n_head, hp.n_head_kv, hp.head_dim)
+            x, b = ops.add_rmsnorm(x, h, layer.ffn_norm, hp.eps)
             m = layer.moe
-            x = ops.add(x, blocks.moe_ffn(ops, b, m.ffn_gate_inp, m.ffn_gate_exps, m.ffn_up_exps,
-                                          m.ffn_down_exps, hp.n_expert_used, GATING, NORM_TOPK,
-                                          W_SCALE))
-        return blocks.lm_head(ops, x, self.output_norm, self.output, hp.eps, out_rows)
+            h = blocks.moe_ffn(ops, b, m.ffn_gate_inp, m.ffn_gate_exps, m.ffn_up_exps,
+                               m.ffn_down_exps, hp.n_expert_used, GATING, NORM_TOPK, W_SCALE)
+        return blocks.lm_head(ops, x, self.output_norm, self.output, hp.eps, out_rows,
+                              residual=h)
