@@ -60,6 +60,7 @@ class CheckResult:
     positions: list[PositionRow] = field(default_factory=list)
     dequant: list[DequantRow] = field(default_factory=list)
     device: str = ""
+    reference_dequant: str = "gguf.quants"
 
     @property
     def ok(self) -> bool:
@@ -122,7 +123,30 @@ def check_dequant(g: Any, gpu_ops: Any, max_per_type: int = 3,
     return rows
 
 
-def run_check(path: str, prompt: str | None = None, n_decode: int = 4) -> CheckResult:
+GPU_DEQUANT_ABOVE = 2 << 30  # bytes of tensor data
+
+
+def _gpu_dequantizer(gpu_ops: Any):
+    """A NumpyOps dequantizer backed by the GPU kernels (bit-exact with gguf.quants: the
+    dequantization check of this same run verifies it on every type in the file)."""
+    from .ops import Weight
+
+    def dq(w: Any, expert: int | None) -> Any:
+        gw = gpu_ops.weight(w.name)
+        if expert is not None:
+            per = gw.ne[0] * gw.ne[1]
+            from .gguf import GGML_TYPES
+
+            info = GGML_TYPES[gw.ggml_type]
+            nbytes = per // info.block_size * info.type_size
+            gw = Weight(gw.name, gw.ggml_type, tuple(gw.ne[:2]), gw.data + expert * nbytes)
+        return gpu_ops.to_numpy(gpu_ops.dequantize(gw))
+
+    return dq
+
+
+def run_check(path: str, prompt: str | None = None, n_decode: int = 4,
+              reference_dequant: str = "auto") -> CheckResult:
     from .backends import get_backend
     from .cuda import driver
     from .engine import _tokenizer_or_none
@@ -149,6 +173,12 @@ def run_check(path: str, prompt: str | None = None, n_decode: int = 4) -> CheckR
     gpu_ops.attach(g)
     ref_ops = get_backend("cpu")
     ref_ops.attach(g)
+    total = sum(ti.nbytes for ti in g.tensors.values())
+    if reference_dequant not in ("auto", "cpu", "gpu"):
+        raise ValueError(f"reference_dequant must be auto, cpu or gpu, not {reference_dequant!r}")
+    if reference_dequant == "gpu" or (reference_dequant == "auto" and total > GPU_DEQUANT_ABOVE):
+        ref_ops.dequantizer = _gpu_dequantizer(gpu_ops)
+        res.reference_dequant = "gpu"
     gpu_m, ref_m = cls.load(g, gpu_ops), cls.load(g, ref_ops)
     ids = [i % ref_m.n_vocab for i in ids]
     n = len(ids) + n_decode

@@ -260,17 +260,23 @@ def smoke(as_json):
 @click.argument("prompt", required=False)
 @click.option("--steps", default=4, show_default=True, type=click.IntRange(min=0),
               help="Single-token decode steps after the prompt batch.")
+@click.option("--reference-dequant", type=click.Choice(["auto", "cpu", "gpu"]), default="auto",
+              show_default=True,
+              help="How the NumPy reference gets float weights: gguf.quants (cpu), or the GPU's "
+                   "dequantization, itself checked bit for bit in the same run (gpu; auto picks "
+                   "it for files over 2 GiB, where gguf.quants would take minutes).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def check(model, prompt, steps, as_json):
+def check(model, prompt, steps, reference_dequant, as_json):
     """Compare the GPU forward with the NumPy reference (logits at every position) and the GPU
     dequantization of every tensor type in MODEL with gguf.quants (bit for bit)."""
     from . import check as chk
 
-    res = chk.run_check(model, prompt, steps)
+    res = chk.run_check(model, prompt, steps, reference_dequant)
     worst = max((r.max_rel for r in res.positions), default=0.0)
     agree = sum(r.top1_ref == r.top1_gpu for r in res.positions)
     tag = "REFLEX_CHECK_OK" if res.ok else "REFLEX_CHECK_FAIL"
-    summary = dict(device=res.device, positions=len(res.positions), top1_agree=agree,
+    summary = dict(device=res.device, reference_dequant=Word(res.reference_dequant),
+                   positions=len(res.positions), top1_agree=agree,
                    max_rel=Float6(worst), rel_bound=Float6(chk.REL_BOUND),
                    dequant_tensors=len(res.dequant),
                    dequant_mismatches=sum(max(r.mismatches, 0) for r in res.dequant),

@@ -145,6 +145,11 @@ class NumpyOps(Ops):
 
     def __init__(self, cache_weights: bool = True) -> None:
         self.cache_weights = cache_weights
+        # Optional replacement for gguf.quants: ``dequantizer(weight, expert) -> float32 array``
+        # in NumPy order (``expert`` None for the whole tensor). ``reflex check`` on files of tens
+        # of GB plugs in the GPU's dequantization (itself checked bit for bit against gguf.quants)
+        # because gguf.quants decodes K-quants at ~50 M values/s.
+        self.dequantizer = None
         self.gguf: Any = None
         self._weights: dict[str, Weight] = {}
         self._f32: dict[Any, np.ndarray] = {}
@@ -194,7 +199,10 @@ class NumpyOps(Ops):
         """The whole weight as float32 in NumPy order (``ne`` reversed); cached if enabled."""
         a = self._f32.get(w.name)
         if a is None:
-            a = dequantize_rows(w.data.raw, w.ggml_type)
+            if self.dequantizer is not None:
+                a = self.dequantizer(w, None)
+            else:
+                a = dequantize_rows(w.data.raw, w.ggml_type)
             if self.cache_weights:
                 self._f32[w.name] = a
         return a
@@ -206,7 +214,10 @@ class NumpyOps(Ops):
             a = self._f32.get(w.name)
             if a is not None:
                 return a[e]
-            a = dequantize_rows(w.data.raw[e], w.ggml_type)
+            if self.dequantizer is not None:
+                a = self.dequantizer(w, e)
+            else:
+                a = dequantize_rows(w.data.raw[e], w.ggml_type)
             if self.cache_weights:
                 self._f32[key] = a
         return a
