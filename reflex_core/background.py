@@ -36,6 +36,10 @@ class Background:
             raise self._error
         return self._result
 
+    def succeeded(self) -> bool:
+        """Finished without raising (False while still running)."""
+        return not self._thread.is_alive() and self._error is None
+
     def span(self) -> tuple[float, float]:
         return (self.t0, self.t1)
 
