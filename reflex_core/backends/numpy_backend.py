@@ -243,9 +243,7 @@ class NumpyOps(Ops):
 
     def view(self, x, shape: Sequence[int]):
         x = np.ascontiguousarray(x)
-        y = x.view()
-        y.shape = tuple(int(s) for s in shape)  # raises rather than copying
-        return y
+        return x.reshape(tuple(int(s) for s in shape))  # contiguous: a view, never a copy
 
     def embed(self, w: Weight, pb) -> np.ndarray:
         n_vocab = w.ne[1]
