@@ -167,3 +167,29 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+def core_include_dir() -> Path:
+    """The core's shared device headers: packaged (installed core) or in the source tree."""
+    here = Path(__file__).resolve().parent
+    for cand in (here / "include", here.parent / "cuda" / "include"):
+        if (cand / "reflex").is_dir():
+            return cand
+    raise BuildError("the Reflex core's CUDA headers (reflex/*.cuh) were not found")
+
+
+def plugin_cmdclass(plugin_root: Path, package: str) -> dict:
+    """setuptools ``cmdclass`` for an architecture plugin: its ``build_py`` first compiles
+    ``<plugin_root>/cuda/*.cu`` (if any) into ``<package>/kernels/`` against the core's headers."""
+    from setuptools.command.build_py import build_py
+
+    root = Path(plugin_root)
+
+    class BuildPyWithKernels(build_py):
+        def run(self):
+            if list((root / "cuda").glob("*.cu")):
+                pkg = root / package if self.editable_mode else Path(self.build_lib) / package
+                build_kernels(root / "cuda", pkg / "kernels", [core_include_dir(), root / "cuda"])
+            super().run()
+
+    return {"build_py": BuildPyWithKernels}

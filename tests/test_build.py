@@ -64,3 +64,21 @@ def test_compiles_a_module_into_a_fatbin_with_a_manifest(monkeypatch, tmp_path):
     (src / "broken.cu").write_text("this is not C++\n")
     with pytest.raises(_build.BuildError, match="nvcc failed on"):
         _build.build_kernels(src, tmp_path / "out2", log=lambda s: None)
+
+
+def test_a_plugin_kernel_compiles_against_the_core_headers(monkeypatch, tmp_path):
+    """What plugin_cmdclass does for a plugin's cuda/*.cu: compile with the core's headers."""
+    monkeypatch.delenv("REFLEX_SKIP_CUDA", raising=False)
+    monkeypatch.setenv("REFLEX_CUDA_ARCH", "sm_90")
+    (tmp_path / "cuda").mkdir()
+    (tmp_path / "cuda" / "moe_extra.cu").write_text(
+        '#include "reflex/common.cuh"\n'
+        'extern "C" __global__ void myplugin_half(const unsigned short* h, float* y) {\n'
+        '    y[threadIdx.x] = rx_f16_to_f32(h[threadIdx.x]);\n}\n')
+    inc = _build.core_include_dir()
+    assert (inc / "reflex" / "quants.cuh").exists()
+    m = _build.build_kernels(tmp_path / "cuda", tmp_path / "pkg" / "kernels",
+                             [inc, tmp_path / "cuda"], log=lambda s: None)
+    assert "moe_extra" in m["modules"]
+    cmd = _build.plugin_cmdclass(tmp_path, "pkg")
+    assert "build_py" in cmd
