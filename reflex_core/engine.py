@@ -149,16 +149,19 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
 
     ops = get_backend(chosen)
     with t.span("weights to backend"):
-        if chosen == "cuda":
-            ops.attach(g, keep_pinned=one_shot)
+        if chosen == "cuda":  # the copy runs on threads while the model binds its weights
+            ops.attach(g, keep_pinned=one_shot, wait=False)
         else:
             ops.attach(g)
+    with t.span("bind weights"):
+        model = model_cls.load(g, ops)
+    if chosen == "cuda":
+        with t.span("wait for the upload"):
+            ops.wait_attached()
     info = getattr(ops, "upload_info", None)
     if info:
         t.notes["upload"] = ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
                                       for k, v in info.items())
-    with t.span("bind weights"):
-        model = model_cls.load(g, ops)
     sys.setswitchinterval(0.005)
     return Loaded(path, g, arch, model, ops, tok, chosen, device_name, notices), prompt_ids
 

@@ -194,14 +194,17 @@ class CudaOps(Ops):
         return t in quant_ops.SUPPORTED_TYPES
 
     # --- weights and state ----------------------------------------------------------------
-    def attach(self, gguf, keep_pinned: bool = False) -> None:
-        """Upload the file's whole tensor-data region: one cuMemAlloc, one host-registered copy.
+    def attach(self, gguf, keep_pinned: bool = False, wait: bool = True) -> None:
+        """Upload the file's whole tensor-data region: one cuMemAlloc, then the pipelined
+        host-registered copy of :func:`driver.upload_host_region`.
 
-        The registration is released as soon as the copy is done, unless ``keep_pinned`` (a
-        one-shot process that exits right after its first result skips the unpinning, ~ms per
-        GB). A registration must never outlive its mmap: CUDA would keep translating that
-        virtual range to the old pages, and a later mapping at the same address would upload
-        stale bytes."""
+        ``wait=False`` returns once the device memory exists (weights can be bound: their
+        addresses are known) and leaves the copy running on a thread; :meth:`wait_attached`
+        joins it (the engine binds the model meanwhile). The registration is released as soon as
+        the copy is done, unless ``keep_pinned`` (a one-shot process that exits right after its
+        first result skips the unpinning). A registration must never outlive its mmap: CUDA
+        would keep translating that virtual range to the old pages, and a later mapping at the
+        same address would upload stale bytes."""
         self.release()
         self.gguf = gguf
         tensors = list(gguf.tensors.values())
@@ -210,14 +213,31 @@ class CudaOps(Ops):
         size = end - start
         self._data_offset = start
         self._blob_size = size
-        if size > 0:
-            self._blob = driver.mem_alloc_raw(size)
-            self.upload_info = driver.upload_host_region(self._blob, gguf.mm, start, size)
-            self._registration = self.upload_info.pop("registration", None)
+        if size <= 0:
+            return
+        self._blob = driver.mem_alloc_raw(size)
+
+        def upload() -> None:
+            info = driver.upload_host_region(self._blob, gguf.mm, start, size)
+            self._registration = info.pop("registration", None)
             if not keep_pinned:
                 t0 = time.perf_counter()
                 self.release_host_registration()
-                self.upload_info["unregister_ms"] = (time.perf_counter() - t0) * 1e3
+                info["unregister_ms"] = (time.perf_counter() - t0) * 1e3
+            self.upload_info = info
+
+        if wait:
+            upload()
+            return
+        from ..background import Background
+
+        self._upload = Background(upload)
+
+    def wait_attached(self) -> None:
+        """Block until an ``attach(wait=False)`` upload is complete (re-raising its error)."""
+        up, self._upload = getattr(self, "_upload", None), None
+        if up is not None:
+            up.wait()
 
     def release_host_registration(self) -> None:
         """Unpin the mmap pages registered by attach (the upload is complete by then)."""
@@ -227,6 +247,10 @@ class CudaOps(Ops):
 
     def release(self) -> None:
         """Free the weights (device) and unpin the host pages; the ops can attach again."""
+        try:
+            self.wait_attached()
+        except Exception:  # noqa: BLE001 - releasing anyway
+            pass
         self.release_host_registration()
         self._weights.clear()
         self._f32.clear()

@@ -801,28 +801,107 @@ def host_register(addr: int, nbytes: int, keepalive: Any = None,
     return HostRegistration(start, length, keepalive), ""
 
 
-def upload_host_region(dst: int, src: Any, offset: int, nbytes: int,
-                       register: bool = True) -> dict:
-    """Copy ``src[offset : offset+nbytes]`` (an mmap or any buffer) to device ``dst``: register
-    the range read-only and copy once (the fast cold path); pageable copy if registration fails.
+class Registrations:
+    """Several page-locked ranges released together (the chunks of one upload)."""
 
-    Returns {"method": "registered"|"pageable", "register_ms", "copy_ms", "registration",
-    "why"}; the caller keeps "registration" (release() it when idle, or let the process exit).
-    """
+    def __init__(self, regs: list) -> None:
+        self.regs = regs
+
+    def release(self) -> None:
+        for r in self.regs:
+            r.release()
+        self.regs = []
+
+
+UPLOAD_CHUNK = 64 << 20  # bytes per registered chunk
+UPLOAD_THREADS = 4
+
+
+def upload_host_region(dst: int, src: Any, offset: int, nbytes: int,
+                       register: bool = True, chunk: int | None = None,
+                       threads: int | None = None) -> dict:
+    """Copy ``src[offset : offset+nbytes]`` (an mmap or any buffer) to device ``dst``.
+
+    The cold-path weight upload. The page-aligned range is cut into chunks (UPLOAD_CHUNK); a few
+    worker threads each page-lock a chunk (``cuMemHostRegister`` READ_ONLY: CPU work, pinning
+    the pages) and queue its copy on their own stream (``cuMemcpyHtoDAsync``: DMA), so pinning
+    the next chunks overlaps the copies of the previous ones. A chunk whose registration is
+    refused is copied from pageable memory instead. Returns when every byte is on the device:
+    {"method", "register_ms" (summed over chunks), "copy_ms" (wall), "chunks", "threads",
+    "registration", "why"}; the caller keeps "registration" and releases it (or lets the
+    process exit)."""
     _ensure()
     base, total = buffer_address(src)
     if offset < 0 or offset + nbytes > total:
         raise ValueError(f"upload range [{offset}, {offset + nbytes}) outside a buffer of {total}")
     addr = base + offset
     t0 = time.perf_counter()
-    reg, why = (host_register(addr, nbytes, keepalive=src) if register and nbytes
-                else (None, "not requested"))
-    t1 = time.perf_counter()
-    if nbytes:
-        check(_d.cuMemcpyHtoD(dst, addr, nbytes), f"cuMemcpyHtoD(weights, {nbytes} bytes)")
-    t2 = time.perf_counter()
-    return {"method": "registered" if reg else "pageable", "register_ms": (t1 - t0) * 1e3,
-            "copy_ms": (t2 - t1) * 1e3, "registration": reg, "why": why}
+    if not (register and nbytes):
+        if nbytes:
+            check(_d.cuMemcpyHtoD(dst, addr, nbytes), f"cuMemcpyHtoD(weights, {nbytes} bytes)")
+        return {"method": "pageable", "register_ms": 0.0,
+                "copy_ms": (time.perf_counter() - t0) * 1e3, "chunks": 1, "threads": 0,
+                "registration": None, "why": "not requested"}
+    chunk = max(_mmap.PAGESIZE, (chunk or UPLOAD_CHUNK) // _mmap.PAGESIZE * _mmap.PAGESIZE)
+    start, length = page_range(addr, nbytes)
+    spans = [(s, min(chunk, start + length - s)) for s in range(start, start + length, chunk)]
+    n_threads = max(1, min(threads or UPLOAD_THREADS, len(spans)))
+    lock = threading.Lock()
+    todo = iter(range(len(spans)))
+    regs: list = []
+    reg_ms = [0.0]
+    why: list[str] = []
+    errors: list[BaseException] = []
+    flags = _d.CU_MEMHOSTREGISTER_READ_ONLY
+
+    def worker() -> None:
+        try:
+            _ensure()
+            stream = check(_d.cuStreamCreate(0), "cuStreamCreate")
+            try:
+                while True:
+                    with lock:
+                        i = next(todo, None)
+                    if i is None:
+                        break
+                    s0, n = spans[i]
+                    lo, hi = max(s0, addr), min(s0 + n, addr + nbytes)
+                    r0 = time.perf_counter()
+                    r = _d.cuMemHostRegister(s0, n, flags)
+                    r1 = time.perf_counter()
+                    if r[0] == _SUCCESS:
+                        with lock:
+                            regs.append(HostRegistration(s0, n, src))
+                            reg_ms[0] += (r1 - r0) * 1e3
+                        check(_d.cuMemcpyHtoDAsync(dst + (lo - addr), lo, hi - lo, stream),
+                              f"cuMemcpyHtoDAsync(weights, {hi - lo} bytes)")
+                    else:
+                        with lock:
+                            why.append(_error_text(r[0]))
+                        check(_d.cuMemcpyHtoD(dst + (lo - addr), lo, hi - lo),
+                              f"cuMemcpyHtoD(weights, {hi - lo} bytes)")
+                check(_d.cuStreamSynchronize(stream), "cuStreamSynchronize")
+            finally:
+                _d.cuStreamDestroy(stream)
+        except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
+            errors.append(e)
+
+    pool = [threading.Thread(target=worker, name=f"reflex-upload-{k}", daemon=True)
+            for k in range(n_threads - 1)]
+    for th in pool:
+        th.start()
+    worker()  # the calling thread works too
+    for th in pool:
+        th.join()
+    registration = Registrations(regs)
+    if errors:
+        registration.release()
+        raise errors[0]
+    method = "registered" if not why else ("pageable" if not regs else "mixed")
+    return {"method": method, "register_ms": reg_ms[0],
+            "copy_ms": (time.perf_counter() - t0) * 1e3, "chunks": len(spans),
+            "threads": n_threads, "registration": registration,
+            "why": why[0] if why else ""}
 
 
 # ----------------------------------------------------------------------------------------------
