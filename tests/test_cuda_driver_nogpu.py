@@ -209,6 +209,25 @@ class FakeDriver:
         self.copies.append((dst, src, n))
         return (0,)
 
+    def cuMemcpyHtoDAsync(self, dst, src, n, stream):
+        self.copies.append((dst, src, n))
+        return (0,)
+
+    def cuStreamCreate(self, flags):
+        return (0, object())
+
+    def cuStreamSynchronize(self, stream):
+        return (0,)
+
+    def cuStreamDestroy(self, stream):
+        return (0,)
+
+    def cuCtxSetCurrent(self, ctx):  # worker threads bind the context
+        return (0,)
+
+    def cuMemHostUnregister(self, start):
+        return (0,)
+
     def cuGetErrorName(self, e):
         return (1, None)
 
@@ -223,6 +242,10 @@ def fake(monkeypatch):
     monkeypatch.setattr(driver, "_SUCCESS", 0)
     monkeypatch.setattr(driver, "_STREAM", None)
     monkeypatch.setattr(driver._tls, "bound", True, raising=False)
+    if driver._device is None:  # worker threads bind "the context" of a stand-in device
+        import types
+
+        monkeypatch.setattr(driver, "_device", types.SimpleNamespace(ctx=None))
     return fd
 
 
@@ -333,9 +356,30 @@ def test_upload_registers_then_copies(fake, tmp_path, register_ok):
     assert start + length >= base + len(data) and flags == 8
     assert fake.copies[-1] == (0xD000, base + 100, len(data) - 100)
     assert info["method"] == ("registered" if register_ok else "pageable")
-    assert (info["registration"] is not None) == register_ok
+    assert bool(info["registration"].regs) == register_ok
     with pytest.raises(ValueError, match="outside a buffer"):
         driver.upload_host_region(0xD000, mm, 100, len(data))
+
+
+def test_upload_in_chunks_covers_the_range_exactly(fake, tmp_path):
+    """Chunks are page-aligned and disjoint, and their copies tile [offset, offset+n) once."""
+    data = os.urandom(7 * mmap.PAGESIZE + 123)
+    f = tmp_path / "w.bin"
+    f.write_bytes(data)
+    with open(f, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    base, _ = driver.buffer_address(mm)
+    off, n = 300, len(data) - 300 - 11
+    info = driver.upload_host_region(0x10000, mm, off, n, chunk=2 * mmap.PAGESIZE, threads=3)
+    regs = sorted(fake.registered)
+    assert info["chunks"] == len(regs) == 4 and info["threads"] == 3
+    for (s0, l0, _), (s1, _, _) in zip(regs, regs[1:]):
+        assert s0 % mmap.PAGESIZE == 0 and s0 + l0 == s1
+    copies = sorted(fake.copies, key=lambda c: c[1])
+    assert copies[0][1] == base + off and copies[0][0] == 0x10000
+    for (d0, s0, n0), (d1, s1, _) in zip(copies, copies[1:]):
+        assert s0 + n0 == s1 and d1 - d0 == s1 - s0
+    assert sum(c[2] for c in copies) == n
 
 
 def test_round_size():
