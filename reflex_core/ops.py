@@ -159,6 +159,24 @@ class Ops:
     def has_weight(self, name: str) -> bool:
         raise NotImplementedError
 
+    def _tensor_info(self, name: str, supported: Any, cannot: str) -> tuple[Any, int, tuple]:
+        """(info, ggml_type, ne) of tensor ``name`` of the attached file (``self.gguf``), with the
+        errors every backend raises: not attached, missing tensor (ModelError), a GGML type
+        ``supported(t)`` rejects (UnsupportedTensorType, ``cannot`` says why)."""
+        from .errors import ModelError, ReflexError, UnsupportedTensorType
+        from .gguf import GGML_TYPES
+
+        if getattr(self, "gguf", None) is None:
+            raise ReflexError(f"{type(self).__name__}.weight() before attach()")
+        info = self.gguf.tensors.get(name)
+        if info is None:
+            raise ModelError(f"tensor {name!r} is missing from the file")
+        t = int(info.ggml_type)
+        if not supported(t):
+            tname = GGML_TYPES[t].name if t in GGML_TYPES else f"type {t}"
+            raise UnsupportedTensorType(f"tensor {name!r} has GGML type {tname} ({t}), {cannot}")
+        return info, t, tuple(int(n) for n in info.ne)
+
     def new_kv_cache(self, n_layers: int, n_cells: int, n_kv_heads: int, head_dim_k: int,
                      head_dim_v: int) -> KVCache:
         raise NotImplementedError

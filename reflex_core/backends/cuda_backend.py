@@ -28,8 +28,7 @@ from array import array
 from typing import Any, Sequence
 
 from ..cuda import driver
-from ..errors import ModelError, ReflexError, UnsupportedTensorType
-from ..gguf import GGML_TYPES
+from ..errors import ReflexError
 from ..ops import Batch, KVCache, Ops, RopeParams, Weight
 
 _F32 = 0
@@ -45,11 +44,6 @@ def _prod(shape: Sequence[int]) -> int:
     for s in shape:
         n *= s
     return n
-
-
-def _type_name(t: int) -> str:
-    info = GGML_TYPES.get(t)
-    return info.name if info else f"type {t}"
 
 
 class _Block:
@@ -267,19 +261,11 @@ class CudaOps(Ops):
         w = self._weights.get(name)
         if w is not None:
             return w
-        if self.gguf is None:
-            raise ReflexError("CudaOps.weight() before attach()")
-        info = self.gguf.tensors.get(name)
-        if info is None:
-            raise ModelError(f"tensor {name!r} is missing from the file")
-        t = int(info.ggml_type)
-        if not self._supported(t):
-            raise UnsupportedTensorType(
-                f"tensor {name!r} has GGML type {_type_name(t)} ({t}), which the CUDA backend "
-                f"cannot compute with; use --backend cpu or a file quantized with a supported type")
+        info, t, ne = self._tensor_info(
+            name, self._supported, "which the CUDA backend cannot compute with; use --backend "
+            "cpu or a file quantized with a supported type")
         from ..cuda import quant_ops
 
-        ne = tuple(int(n) for n in info.ne)
         ptr = self._blob + (int(info.offset) - self._data_offset)
         w = Weight(name, t, ne, ptr, quant_ops.plan(t, ne, ptr, name))
         self._weights[name] = w

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import sampling
-from ..errors import ModelError, ReflexError, UnsupportedTensorType
+from ..errors import ModelError, ReflexError
 from ..ops import Batch, KVCache, Ops, RopeParams, Weight
 
 _F32, _F16, _BF16 = 0, 1, 30
@@ -167,17 +167,8 @@ class NumpyOps(Ops):
         w = self._weights.get(name)
         if w is not None:
             return w
-        if self.gguf is None:
-            raise ReflexError("NumpyOps.weight() before attach()")
-        info = self.gguf.tensors.get(name)
-        if info is None:
-            raise ModelError(f"tensor {name!r} is missing from the file")
-        t = int(info.ggml_type)
-        if not type_supported(t):
-            raise UnsupportedTensorType(
-                f"tensor {name!r} has GGML type {_type_name(t)} ({t}), which the CPU backend "
-                f"cannot dequantize")
-        ne = tuple(int(n) for n in info.ne)
+        info, t, ne = self._tensor_info(name, type_supported,
+                                        "which the CPU backend cannot dequantize")
         block, size = _quant_sizes(t)
         if ne[0] % block:
             raise ModelError(f"tensor {name!r}: row length {ne[0]} is not a multiple of the "
