@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -25,7 +26,8 @@ PROMPT = "The capital of France is"
 HERE = Path(__file__).resolve().parent
 
 
-def engines(model: str, llama_simple: str | None, system1: bool) -> dict[str, list[str]]:
+def engines(model: str, llama_simple: str | None, system1: bool,
+            extra: list[str] = ()) -> dict[str, list[str]]:
     if system1:  # the peers have no single-pass scorer: reflex system1 alone
         return {"reflex system1": rb.reflex_cmd() + [
             "system1", model, PROMPT, "--backend", "cuda", "--candidate", " Paris",
@@ -41,6 +43,9 @@ def engines(model: str, llama_simple: str | None, system1: bool) -> dict[str, li
                                  PROMPT]
     except ImportError:
         pass
+    for spec in extra:  # NAME=COMMAND LINE with {model} and {prompt}
+        name, line = spec.split("=", 1)
+        e[name] = [w.format(model=model, prompt=PROMPT) for w in shlex.split(line)]
     return e
 
 
@@ -54,6 +59,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--system1", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--idle-s", type=float, default=3.0)
+    ap.add_argument("--extra", action="append", default=[], metavar="NAME=CMD",
+                    help="another engine: a command line with {model} and {prompt} (A/B runs: "
+                         "'reflex venv=/venv/bin/reflex generate {model} {prompt} -n 1')")
+    ap.add_argument("--only-extra", action="store_true", help="run only the --extra engines")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     energy = rb.Energy()
@@ -64,7 +73,9 @@ def main(argv: list[str]) -> int:
     modes = [False, True] if a.both_caches else [a.drop_cache]
     for model in a.models.split(","):
         for drop in modes:
-            eng = engines(model, a.llama_simple, a.system1)
+            eng = engines(model, a.llama_simple, a.system1, a.extra)
+            if a.only_extra:
+                eng = {k: v for k, v in eng.items() if any(x.startswith(k + "=") for x in a.extra)}
             runs: dict[str, list[dict]] = {k: [] for k in eng}
             method = ""
             for i in range(a.runs):
@@ -88,7 +99,7 @@ def main(argv: list[str]) -> int:
     for res in results:
         ok = {k: [r for r in v if r["rc"] == 0] for k, v in res["runs"].items()}
         med = {k: statistics.median(r["wall_s"] for r in v) for k, v in ok.items() if v}
-        base = med.get("reflex") or med.get("reflex system1")
+        base = med.get("reflex") or med.get("reflex system1") or next(iter(med.values()), None)
         for k, v in ok.items():
             if not v:
                 print(f"| {Path(res['model']).name} | {res['page_cache']} | {k} | all runs failed | | | |")

@@ -166,7 +166,8 @@ def measure(cmd: list[str], energy: Energy, idle_w: float | None, settle: float 
 
 
 def reflex_cmd() -> list[str]:
-    exe = shutil.which("reflex", path=os.path.dirname(sys.executable))
+    exe = (shutil.which("reflex", path=os.path.dirname(sys.executable))
+           or shutil.which("reflex"))
     return [exe] if exe else [sys.executable, "-m", "reflex_core"]
 
 

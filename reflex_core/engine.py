@@ -6,8 +6,8 @@ The load path is the product's cold path. Its order is deliberate:
    the GIL and take ~0.2 s; everything below overlaps with it);
 2. the GGUF header, metadata and tensor directory are parsed (core reader, no numpy);
 3. the architecture's plugin is resolved and only that plugin is imported;
-4. once the context is ready the weights go to the GPU in one copy from the mmap, on a thread,
-   while the tokenizer is built and the prompt encoded on the main thread;
+4. once the context is ready the weights go to the GPU from the mmap, on threads, while the
+   kernel modules load on the init thread;
 5. the model binds its weights and the first forward pass runs.
 
 Nothing here imports numpy, gguf or huggingface_hub unless the CPU backend is chosen.
@@ -140,10 +140,6 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
                 notices.append(f"notice: no usable GPU ({str(e).split(';')[0]}); "
                                "running on the CPU backend")
         t.phases.setdefault("CUDA init (thread)", cuda_init.span())
-        if chosen == "cuda":
-            from .cuda.driver import INIT_STEPS
-
-            t.notes["CUDA init"] = ", ".join(f"{k} {v:.1f}" for k, v in INIT_STEPS.items())
 
     from .backends import get_backend
 
@@ -158,6 +154,11 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
     if chosen == "cuda":
         with t.span("wait for the upload"):
             ops.wait_attached()
+    if cuda_init is not None and chosen == "cuda":
+        from .cuda.driver import INIT_STEPS
+
+        t.phases.setdefault("CUDA modules (thread)", cuda_init.modules_span())
+        t.notes["CUDA init"] = ", ".join(f"{k} {v:.1f}" for k, v in INIT_STEPS.items())
     info = getattr(ops, "upload_info", None)
     if info:
         t.notes["upload"] = ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"

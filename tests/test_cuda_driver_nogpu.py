@@ -8,6 +8,7 @@ import ctypes
 import json
 import mmap
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -55,20 +56,107 @@ def test_init_without_driver_is_one_clear_line():
     assert "Traceback" not in r.stderr
 
 
-def test_missing_bindings_is_one_clear_line():
+@pytest.fixture(scope="module")
+def stub_libcuda(tmp_path_factory) -> Path:
+    """tests/native/stub_libcuda.c built as ``libcuda.so.1``: a driver the early init can
+    talk to without a GPU. Returns the folder to put on LD_LIBRARY_PATH."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.fail("no C compiler (cc/gcc): these tests build tests/native/stub_libcuda.c")
+    out = tmp_path_factory.mktemp("stubcuda")
+    proc = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-o",
+                           str(out / "libcuda.so.1"), str(ROOT / "tests/native/stub_libcuda.c")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def _with_stub(stub: Path, **knobs: str) -> dict:
+    env = {"LD_LIBRARY_PATH": str(stub) + os.pathsep + os.environ.get("LD_LIBRARY_PATH", "")}
+    env.update({k: str(v) for k, v in knobs.items()})
+    return env
+
+
+INIT_AND_PRINT = """
+    import sys
+    {pre}
+    from reflex_core.cuda import driver
+    from reflex_core.errors import CudaUnavailable
+    try:
+        driver.init()
+    except CudaUnavailable as e:
+        print("MSG", e)
+    else:
+        print("INIT_OK")
+    """
+
+
+def test_missing_bindings_is_one_clear_line(stub_libcuda):
+    # The driver answers (the stub), but cuda-bindings cannot be imported.
+    r = run_py(INIT_AND_PRINT.format(pre='sys.modules["cuda"] = None'), env=_with_stub(stub_libcuda))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("MSG") and "cuda-bindings" in r.stdout, r.stdout
+    assert "pip install cuda-bindings" in r.stdout and r.stdout.count("\n") == 1
+
+
+@pytest.mark.parametrize("knobs,expect", [
+    ({"STUB_CUINIT": 100}, "no CUDA GPU found; use --backend cpu"),
+    ({"STUB_COUNT": 0}, "no CUDA GPU found; use --backend cpu"),
+    ({"STUB_CUINIT": 35}, "the NVIDIA driver is too old"),
+    ({"STUB_CUINIT": 999}, "cuInit failed: CUDA_ERROR_UNKNOWN (unknown error)"),
+    ({"STUB_CUINIT": 4242}, "cuInit failed: CUresult 4242"),
+    ({"STUB_CTX": 2}, "cuDevicePrimaryCtxRetain failed: CUDA_ERROR_OUT_OF_MEMORY (out of memory)"),
+    ({"STUB_SM": 50}, "this GPU is sm_50"),
+])
+def test_early_init_errors_are_one_line(stub_libcuda, knobs, expect):
+    r = run_py(INIT_AND_PRINT.format(pre=""), env=_with_stub(stub_libcuda, **knobs))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("MSG "), r.stdout
+    msg = r.stdout[4:].strip()
+    assert expect in msg and "\n" not in msg, msg
+    assert "Traceback" not in r.stderr
+
+
+def test_early_init_adopts_the_stub_context(stub_libcuda):
+    # Success path of the ctypes init: the context handle is the stub's, current on the thread
+    # that ran it, and every step is timed.
+    r = run_py("""
+        import ctypes
+        from reflex_core.cuda import early
+        e = early.run(0)
+        lib = ctypes.CDLL("libcuda.so.1")
+        cur = ctypes.c_void_p()
+        assert lib.cuCtxGetCurrent(ctypes.byref(cur)) == 0
+        print(e.name, e.sm, e.count, e.total_mem, e.driver_version, e.ctx == cur.value,
+              sorted(e.steps))
+        try:
+            early.run(3)
+        except early.EarlyError as err:
+            print("ERR", err.step, err.detail)
+        """, env=_with_stub(stub_libcuda, STUB_SM=89))
+    assert r.returncode == 0, r.stderr
+    first, second = r.stdout.strip().splitlines()
+    assert first.startswith("Stub GPU 89 1 17179869184 13000 True"), first
+    assert "'cuInit'" in first and "'primary context'" in first and "'dlopen libcuda'" in first
+    assert second == "ERR cuDeviceGet GPU 3 does not exist (1 visible)"
+
+
+def test_cuda_start_reports_failure_through_wait(stub_libcuda):
+    # The background start (two threads) hands the init error to wait(); succeeded() is False.
     r = run_py("""
         import sys
-        sys.modules["cuda"] = None  # makes `from cuda.bindings import driver` fail
-        from reflex_core.cuda import driver
+        sys.modules["cuda"] = None
+        from reflex_core import background
         from reflex_core.errors import CudaUnavailable
+        s = background.start_cuda_init()
+        assert background.start_cuda_init() is s
         try:
-            driver.init()
+            s.wait()
         except CudaUnavailable as e:
-            print("MSG", e)
-        """)
+            print("OK", s.succeeded(), "cuda-bindings" in str(e))
+        """, env=_with_stub(stub_libcuda))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("MSG") and "cuda-bindings" in r.stdout
-    assert "pip install cuda-bindings" in r.stdout and r.stdout.count("\n") == 1
+    assert r.stdout.strip() == "OK False True"
 
 
 def test_init_error_is_sticky_and_smoke_raises_same():

@@ -146,7 +146,8 @@ class CudaOps(Ops):
 
     def __init__(self, device: int = 0) -> None:
         self.device = driver.current_device()
-        self.k = driver.get_kernels("core")
+        # self.k (the core module) is fetched on first use (__getattr__): on the cold path the
+        # modules are still loading on the init thread while the weights upload.
         self.gguf: Any = None
         self._blob = 0
         self._blob_size = 0
@@ -162,6 +163,12 @@ class CudaOps(Ops):
         from ..cuda import quant_ops  # no numpy; its kernels load on first use (_q)
 
         self._quant_ops = quant_ops
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "k":
+            k = self.k = driver.get_kernels("core")
+            return k
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _qkern(self) -> Any:
         k = self._quant_k

@@ -224,9 +224,11 @@ def _unavailable(msg: str) -> CudaUnavailable:
     return CudaUnavailable(msg)
 
 
-def init(device: int = 0, preload: Sequence[str] | None = None) -> Device:
+def init(device: int = 0, preload: Sequence[str] | None = None, early_result: Any = None) -> Device:
     """cuInit, device lookup, kernel coverage check, primary context (current on this thread),
     then load the core's modules (``preload``: module names; None = all in the manifest).
+    ``early_result``: what :func:`reflex_core.cuda.early.run` returned (or raised) on this
+    thread already, so the ctypes steps ran before this module was even imported.
 
     Idempotent and thread-safe; safe to run on a background thread. Raises CudaUnavailable
     (one line) for: no cuda-bindings, no driver, no device, a GPU the shipped kernels do not
@@ -240,7 +242,7 @@ def init(device: int = 0, preload: Sequence[str] | None = None) -> Device:
         if _init_error is not None:
             raise _init_error
         try:
-            _device = _init(device, preload)
+            _device = _init(device, preload, early_result)
         except (CudaUnavailable, CudaError) as e:
             _device = None
             err = e if isinstance(e, CudaUnavailable) else CudaUnavailable(
@@ -254,72 +256,66 @@ def init(device: int = 0, preload: Sequence[str] | None = None) -> Device:
 INIT_STEPS: dict[str, float] = {}  # step -> ms, filled by init (``--timings`` prints them)
 
 
-def _init(ordinal: int, preload: Sequence[str] | None) -> Device:
-    # Load every kernel of a module when the module loads (on this, the init thread) rather than
-    # at its first launch (inside the first forward pass, on the critical path).
+def _unavailable_from_early(err: Any) -> CudaUnavailable:
+    """The one-line message for a failed :mod:`early` step."""
+    from . import early
+
+    if err.code is None and err.step == "dlopen":
+        return _unavailable(f"no NVIDIA driver: libcuda.so.1 could not be loaded ({err.detail}); "
+                            "install the NVIDIA driver, or use --backend cpu")
+    if err.code == early.CUDA_ERROR_NO_DEVICE:
+        vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+        extra = f" (CUDA_VISIBLE_DEVICES={vis!r})" if vis is not None else ""
+        return _unavailable(f"no CUDA GPU found{extra}; use --backend cpu")
+    if err.code == early.CUDA_ERROR_INSUFFICIENT_DRIVER:
+        return _unavailable("the NVIDIA driver is too old for this CUDA build "
+                            "(CUDA_ERROR_INSUFFICIENT_DRIVER); update the driver")
+    if err.code is None:
+        return _unavailable(f"{err.detail}")
+    return _unavailable(f"{err.step} failed: {err.detail}")
+
+
+def _init(ordinal: int, preload: Sequence[str] | None, early_result: Any = None) -> Device:
+    # Load every kernel of a module when the module loads (on the init thread) rather than at
+    # its first launch (inside the first forward pass, on the critical path).
     os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
-    t = time.perf_counter()
+    from . import early
 
-    def step(name: str) -> None:
-        nonlocal t
-        now = time.perf_counter()
-        INIT_STEPS[name] = (now - t) * 1e3
-        t = now
-
-    d = _bindings()
-    step("import cuda.bindings")
+    e = early_result
     try:
-        r = d.cuInit(0)
-    except Exception as e:  # noqa: BLE001 - DynamicLibNotFoundError and friends
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise _unavailable(f"no NVIDIA driver: libcuda.so.1 could not be loaded ({msg}); "
-                           "install the NVIDIA driver, or use --backend cpu") from None
-    err = r[0]
-    if err != _SUCCESS:
-        name = getattr(err, "name", str(err))
-        if name == "CUDA_ERROR_NO_DEVICE":
-            vis = os.environ.get("CUDA_VISIBLE_DEVICES")
-            extra = f" (CUDA_VISIBLE_DEVICES={vis!r})" if vis is not None else ""
-            raise _unavailable(f"no CUDA GPU found{extra}; use --backend cpu")
-        if name == "CUDA_ERROR_INSUFFICIENT_DRIVER":
-            raise _unavailable("the NVIDIA driver is too old for this cuda-bindings; update the "
-                               "driver or install an older cuda-bindings")
-        raise _unavailable(f"cuInit failed: {_error_text(err)}")
-    step("cuInit")
-    count = check(d.cuDeviceGetCount(), "cuDeviceGetCount")
-    if count == 0:
-        raise _unavailable("no CUDA GPU found; use --backend cpu")
-    if not 0 <= ordinal < count:
-        raise _unavailable(f"GPU {ordinal} does not exist ({count} visible)")
-    dev = check(d.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})")
-    raw = check(d.cuDeviceGetName(256, dev), "cuDeviceGetName")
-    name = (raw.split(b"\0", 1)[0].decode(errors="replace") if isinstance(raw, (bytes, bytearray))
-            else str(raw)).strip()
-    A = d.CUdevice_attribute
-    major = check(d.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
-                  "cuDeviceGetAttribute(major)")
-    minor = check(d.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
-                  "cuDeviceGetAttribute(minor)")
-    sm = int(major) * 10 + int(minor)
-    total = int(check(d.cuDeviceTotalMem(dev), "cuDeviceTotalMem"))
-    drv_ver = int(check(d.cuDriverGetVersion(), "cuDriverGetVersion"))
+        if isinstance(e, early.EarlyError):
+            raise e
+        if e is None or e.ordinal != ordinal:
+            e = early.run(ordinal)  # ctypes: no GIL held through cuInit and the context creation
+    except early.EarlyError as err:
+        raise _unavailable_from_early(err) from None
+    INIT_STEPS.update(e.steps)
+    t = time.perf_counter()
     manifest = read_manifest(CORE_PACKAGE)
-    reason = coverage_error(sm, manifest)
+    reason = coverage_error(e.sm, manifest)
     if reason:
         raise _unavailable(reason)
-    step("device queries")
-    ctx = check(d.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
-    check(d.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-    step("primary context")
-    device = Device(ordinal, dev, name, sm, total, drv_ver, ctx, image_for(sm, manifest) or "ptx")
+    d = _bindings()  # usually imported already, on another thread, while cuInit ran
+    INIT_STEPS["import cuda.bindings (rest)"] = (time.perf_counter() - t) * 1e3
+    device = Device(ordinal, d.CUdevice(e.device), e.name, e.sm, e.total_mem, e.driver_version,
+                    d.CUcontext(e.ctx), image_for(e.sm, manifest) or "ptx")
     global _device
-    _device = device  # get_kernels below needs it (init() resets it if this fails)
-    _tls.bound = True
-    names = list(manifest.get("modules", {})) if preload is None else list(preload)
-    for m in names:
-        get_kernels(m)
-        step(f"load {m}.fatbin")
+    _device = device  # load_modules below needs it (init() resets it if this fails)
+    _tls.bound = True  # early.run made the context current on this thread
+    load_modules(preload)
     return device
+
+
+def load_modules(names: Sequence[str] | None = None, package: str = CORE_PACKAGE) -> None:
+    """Load ``package``'s modules (None: every module in its manifest), timing each in
+    INIT_STEPS. The engine runs this on the init thread after :func:`init` (preload=()), so the
+    modules load while the weights upload; a launch that needs a module still loading waits."""
+    if names is None:
+        names = list(read_manifest(package).get("modules", {}))
+    for m in names:
+        t = time.perf_counter()
+        get_kernels(m, package)
+        INIT_STEPS[f"load {m}.fatbin"] = (time.perf_counter() - t) * 1e3
 
 
 class _InitFuture:
@@ -537,17 +533,20 @@ class Kernels:
 _modules: dict[tuple[str, str], Kernels] = {}
 
 
+_module_lock = threading.Lock()  # not _lock: loading a module must not hold up other threads
+
+
 def get_kernels(module: str, package: str = CORE_PACKAGE) -> Kernels:
     """The loaded module ``<package>/kernels/<module>.fatbin`` (loaded once, cached)."""
     key = (package, module)
     k = _modules.get(key)
     if k is not None:
         return k
-    with _lock:
+    dev = current_device()  # before _module_lock: init() may be loading modules under _lock
+    with _module_lock:
         k = _modules.get(key)
         if k is not None:
             return k
-        dev = current_device()
         manifest = read_manifest(package)
         reason = coverage_error(dev.sm, manifest, package)
         if reason:
