@@ -276,10 +276,7 @@ def _unavailable_from_early(err: Any) -> CudaUnavailable:
 
 
 def _init(ordinal: int, preload: Sequence[str] | None, early_result: Any = None) -> Device:
-    # Load every kernel of a module when the module loads (on the init thread) rather than at
-    # its first launch (inside the first forward pass, on the critical path).
-    os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
-    from . import early
+    from . import early  # (its DRIVER_ENV: one work queue per context, eager module loading)
 
     e = early_result
     try:

@@ -18,8 +18,18 @@ its one-line :class:`~reflex_core.errors.CudaUnavailable` messages.
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 from typing import Any
+
+# Driver settings read when the driver starts, so they are set before the dlopen:
+# - one hardware work queue per context instead of 8: the context is created in ~58 ms instead
+#   of ~120 ms on the H200 (bench/cuda_init_probe.py). Reflex issues its kernels in order on one
+#   stream and its upload is copy-engine bound, so more queues would buy it nothing;
+# - every kernel of a module loaded with the module (on the init thread, while the weights
+#   upload) rather than lazily at its first launch inside the first forward pass.
+# A value the user set wins.
+DRIVER_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "CUDA_MODULE_LOADING": "EAGER"}
 
 CUDA_SUCCESS = 0
 CUDA_ERROR_INSUFFICIENT_DRIVER = 35
@@ -88,6 +98,8 @@ def run(ordinal: int = 0) -> Early:
         e.steps[name] = (now - t) * 1e3
         t = now
 
+    for k, v in DRIVER_ENV.items():
+        os.environ.setdefault(k, v)
     lib = _lib()
     step("dlopen libcuda")
 
