@@ -433,11 +433,20 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
     except Exception:  # noqa: BLE001
         pass
-    _detach_gpu_teardown()
+    if not _detach_gpu_teardown():
+        _write_index()
     os._exit(code)
 
 
-def _detach_gpu_teardown() -> None:
+def _write_index() -> None:
+    """Write the cached index of a GGUF this process parsed the slow way (reflex_core.gguf_index),
+    now that the output is out."""
+    idx = sys.modules.get("reflex_core.gguf_index")
+    if idx is not None and idx.pending():
+        idx.write_pending()
+
+
+def _detach_gpu_teardown() -> bool:
     """Hand the process's GPU teardown to a detached child so the caller sees us exit now.
 
     With a CUDA context the kernel-side teardown at exit (the driver releasing the context, its
@@ -445,23 +454,29 @@ def _detach_gpu_teardown() -> None:
     file descriptors and mappings; once this process exits, the child, with stdio pointed at
     /dev/null (so nobody waits on our pipes), exits too and the teardown happens there, after
     the caller has moved on. The child runs no Python and no CUDA: it exits immediately.
-    REFLEX_DETACHED_EXIT=0 turns this off."""
+    REFLEX_DETACHED_EXIT=0 turns this off. The child also writes a pending GGUF index (the
+    only Python it runs; everything it uses is imported before the fork). True when detached."""
     from . import background
 
     init = background._CUDA_INIT
     if init is None or not init.succeeded() or os.environ.get("REFLEX_DETACHED_EXIT") == "0":
-        return
+        return False
+    idx = sys.modules.get("reflex_core.gguf_index")
+    if idx is not None and idx.pending():
+        from . import tokenizer  # noqa: F401 - imported here, not in the forked child
     try:
         pid = os.fork()
     except OSError:
-        return
+        return False
     if pid == 0:
         try:
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(null, fd)
+            _write_index()
         finally:
             os._exit(0)
+    return True
 
 
 if __name__ == "__main__":

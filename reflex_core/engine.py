@@ -100,6 +100,13 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
 
     with t.span("parse gguf"):
         g = open_gguf(path)
+    if one_shot and g.index_state == "miss":
+        from . import gguf_index
+
+        gguf_index.keep(g)  # its index is written at exit
+    t.notes["gguf index"] = {"hit": "hit (parse and tokenizer tables from the cached index)",
+                             "miss": "miss (full parse; the index is written at exit)",
+                             "off": "off"}[g.index_state]
     prefetch(g)
     arch = g.get("general.architecture")
     if not isinstance(arch, str) or not arch:

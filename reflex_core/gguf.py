@@ -304,6 +304,11 @@ class GGUFFile:
         self.metadata: dict[str, object] = {}
         self.value_types: dict[str, int] = {}
         self.tensors: dict[str, TensorInfo] = {}
+        # where each metadata array lies in the file: key -> ("s", [(count, start, end, fast)])
+        # for string arrays, ("n", start, end) for numbers (reflex_core.gguf_index saves it)
+        self.layout: dict[str, tuple] = {}
+        self.index: dict | None = None  # the cached index this file was opened from, if any
+        self.index_state = "off"  # "hit", "miss" (parsed; an index is written at exit), "off"
 
     @property
     def mm(self) -> mmap.mmap:
@@ -339,8 +344,12 @@ class GGUFFile:
                 f"{len(self.tensors)} tensors>")
 
 
-def open_gguf(path: str | os.PathLike) -> GGUFFile:
-    """Open and parse a GGUF file's header, metadata and tensor directory."""
+def open_gguf(path: str | os.PathLike, use_index: bool = True) -> GGUFFile:
+    """Open and parse a GGUF file's header, metadata and tensor directory.
+
+    ``use_index``: take the parse from the file's cached index when there is a valid one
+    (:mod:`reflex_core.gguf_index`; REFLEX_NO_INDEX=1 turns it off), and have one written at
+    exit when there is not."""
     path = os.fspath(path)
     try:
         st = os.stat(path)
@@ -357,7 +366,8 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
     except OSError as e:
         raise GGUFError(f"{path}: cannot open: {e.strerror}") from None
     try:
-        size = os.fstat(fd).st_size
+        fst = os.fstat(fd)
+        size = fst.st_size
         if size == 0:
             raise GGUFError(f"{path}: empty file (0 bytes), not a GGUF file")
         mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
@@ -366,12 +376,79 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
     finally:
         os.close(fd)  # the mmap keeps its own reference to the file
     g = GGUFFile(path, mm)
+    idx = None
+    if use_index:
+        from . import gguf_index
+
+        if gguf_index.enabled():
+            idx = gguf_index.load(path, fst)
+            g.index_state = "miss"
     try:
-        _Parser(g, mm).parse()
+        if idx is not None and _from_index(g, mm, idx.get("gguf")):
+            g.index, g.index_state = idx, "hit"
+        else:
+            _Parser(g, mm).parse()
     except BaseException:
         g.close()
         raise
+    if g.index_state == "miss":
+        gguf_index.schedule(g, fst)
     return g
+
+
+def _from_index(g: GGUFFile, mm: mmap.mmap, d) -> bool:
+    """Fill ``g`` from a cached index's parse (see reflex_core.gguf_index). False (g untouched)
+    when the record does not fit this mapping; the caller parses instead."""
+    try:
+        if mm[:_HEADER.size] != d["header"] or d["size"] != len(mm):
+            return False
+        meta, vtypes, layout, tensors = {}, {}, {}, {}
+        for key, vtype, val in d["meta"]:
+            if vtype == GGUF_TYPE_ARRAY:
+                etype, n, lay = val
+                if etype == GGUF_TYPE_STRING:
+                    blocks = [(cnt, mm[a:b], fast) for cnt, a, b, fast in lay]
+                    meta[key] = GGUFArray(etype, key, g.path, n, blocks=blocks)
+                    layout[key] = ("s", lay)
+                else:
+                    nums = array(_ARRAY_CODE[etype])
+                    nums.frombytes(mm[lay[0]:lay[1]])
+                    if _BYTESWAP:  # pragma: no cover
+                        nums.byteswap()
+                    if len(nums) != n:
+                        return False
+                    meta[key] = GGUFArray(etype, key, g.path, n, nums=nums)
+                    layout[key] = ("n", lay[0], lay[1])
+            else:
+                meta[key] = val
+            vtypes[key] = vtype
+        size = len(mm)
+        for name, ne, ggml_type, offset, nbytes in d["tensors"]:
+            if offset + nbytes > size or ggml_type not in GGML_TYPES:
+                return False
+            tensors[name] = TensorInfo(name, tuple(ne), ggml_type, offset, nbytes)
+        g.version, g.alignment, g.data_offset = d["version"], d["alignment"], d["data_offset"]
+    except (KeyError, TypeError, ValueError, IndexError):
+        return False
+    g.metadata, g.value_types, g.layout, g.tensors = meta, vtypes, layout, tensors
+    return True
+
+
+def index_record(g: GGUFFile) -> dict:
+    """The parse of ``g`` as plain data for the index (the inverse of _from_index)."""
+    meta = []
+    for key, val in g.metadata.items():
+        vtype = g.value_types[key]
+        if vtype == GGUF_TYPE_ARRAY:
+            lay = g.layout[key]
+            meta.append((key, vtype, (val.elem_type, len(val),
+                                      lay[1] if lay[0] == "s" else (lay[1], lay[2]))))
+        else:
+            meta.append((key, vtype, val))
+    return {"header": bytes(g.mm[:_HEADER.size]), "size": g.file_size, "version": g.version,
+            "alignment": g.alignment, "data_offset": g.data_offset, "meta": meta,
+            "tensors": [(t.name, tuple(t.ne), t.ggml_type, t.offset, t.nbytes)
+                        for t in g.tensors.values()]}
 
 
 # ------------------------------------------------------------------------------------------
@@ -468,7 +545,13 @@ class _Parser:
             if n > left // 8:  # every string takes at least its 8-byte length
                 raise self.error(f"truncated or corrupt: metadata key {key!r} claims {n} "
                                  f"strings, more than the {left} bytes left can hold")
+            start = pos
             blocks, pos = self.scan_strings(pos, n, key)
+            lay, a = [], start
+            for cnt, data, fast in blocks:
+                lay.append((cnt, a, a + len(data), fast))
+                a += len(data)
+            self.g.layout[key] = ("s", lay)
             return GGUFArray(etype, key, self.path, n, blocks=blocks), pos
         if etype == GGUF_TYPE_ARRAY:
             raise self.error(f"metadata key {key!r} is an array of arrays (not supported, "
@@ -483,6 +566,7 @@ class _Parser:
                              "left can hold")
         end = pos + n * nums.itemsize
         nums.frombytes(self.mm[pos:end])
+        self.g.layout[key] = ("n", pos, end)
         if _BYTESWAP:  # pragma: no cover - little-endian hosts only in practice
             nums.byteswap()
         return GGUFArray(etype, key, self.path, n, nums=nums), end

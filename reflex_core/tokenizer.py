@@ -327,6 +327,7 @@ class Tokenizer:
         self._merges_ok = False  # the bulk merge check passed
         self._pins_checked = False
         self._kb: int | None = None  # longest BPE token, bytes
+        self._merge_strs: Any = None  # merges by rank, from the file's index (gguf_index.Strings)
         self._comp: tuple | None = None
         self._added_rx: tuple | None = None
         self._pairs: dict[int, tuple[str, str]] = {}  # merge rank -> (a, b), decoded so far
@@ -344,9 +345,11 @@ class Tokenizer:
     # ---------------------------------------------------------------- construction
 
     @classmethod
-    def from_gguf(cls, g: Any) -> "Tokenizer":
+    def from_gguf(cls, g: Any, use_index: bool = True) -> "Tokenizer":
         """Read a parsed GGUF (``reflex_core.gguf.GGUFFile``); cheap, builds no BPE unless
-        ``REFLEX_TOKENIZER=full``. Raises ModelError (one line)."""
+        ``REFLEX_TOKENIZER=full``. With the file's cached index (``g.index``, see
+        reflex_core.gguf_index) the token bytes, the vocabulary table and the merge check come
+        from it instead of a pass over the arrays. Raises ModelError (one line)."""
         md = g.metadata
         model = md.get("tokenizer.ggml.model")
         if model is None or model in ("none", "no_vocab"):
@@ -366,6 +369,11 @@ class Tokenizer:
         if src is None or len(src) == 0:
             raise ModelError("tokenizer.ggml.tokens is missing or empty")
         n = len(src)
+        tix = (g.index or {}).get("tok") if use_index and getattr(g, "index", None) else None
+        if isinstance(tix, dict) and tix.get("fast") and _mode() != "full":
+            tok = cls._from_index(g, md, spec, pre, src, tix)
+            if tok is not None:
+                return tok
         types = _md_list(md, "tokenizer.ggml.token_type")
         if types is None:
             types = [TT_NORMAL] * n
@@ -403,6 +411,14 @@ class Tokenizer:
             if was_enabled:
                 gc.enable()
 
+        return cls._assemble(md, spec, pre, src, tb, raw, strs, vocab_b, k, added, hf, lookup, n)
+
+    @classmethod
+    def _assemble(cls, md: dict, spec: PreTokenizerSpec, pre: str, src: Any, tb: bytes, raw: Any,
+                  strs: Any, vocab_b: Any, k: int, added: list, hf: Any, lookup: Any,
+                  n: int) -> "Tokenizer":
+        """The special ids and end-of-generation set (as llama.cpp reads them), then the
+        Tokenizer."""
         # special ids, as llama.cpp reads them (BPE defaults: bos = eos = 11)
         bos = _opt_id(md, "tokenizer.ggml.bos_token_id", n, 11)
         eos = _opt_id(md, "tokenizer.ggml.eos_token_id", n, 11)
@@ -436,10 +452,37 @@ class Tokenizer:
         add_bos = bool(md.get("tokenizer.ggml.add_bos_token", spec.add_bos_default))
         add_eos = bool(md.get("tokenizer.ggml.add_eos_token", False))
         tok = cls(spec=spec, pre=pre, tb=tb, raw=raw, strs=strs, vocab_b=vocab_b, k=k, added=added,
-                  merges_src=merges_src, hf=hf, bos_id=bos, eos_id=eos, eot_id=eot, pad_id=pad,
+                  merges_src=md.get("tokenizer.ggml.merges"), hf=hf, bos_id=bos, eos_id=eos, eot_id=eot, pad_id=pad,
                   add_bos=add_bos, add_eos=add_eos, eog_ids=frozenset(eog))
         tok._tokens_src = src
         return tok
+
+    @classmethod
+    def _from_index(cls, g: Any, md: dict, spec: PreTokenizerSpec, pre: str, src: Any,
+                    tix: dict) -> "Tokenizer | None":
+        """The prompt-scoped tokenizer over the index's tables (None: they do not fit)."""
+        from .gguf_index import Strings, VocabTable
+
+        try:
+            n = len(src)
+            tb, k, added = tix["tb"], tix["k"], [tuple(a) for a in tix["added"]]
+            raw = Strings(g.mm, tix["tokens"])
+            mraw = Strings(g.mm, tix["merges"])
+            if len(tb) != n or len(raw) != n or not 0 <= k <= n or len(mraw) < tix["m"]:
+                return None
+            vocab_b = VocabTable(tix["table"], tix["mask"], raw, k)
+        except (KeyError, TypeError, ValueError):
+            return None
+        tok = cls._finish(md, spec, pre, src, tb, raw, vocab_b, k, added, n)
+        tok._fast, tok._merges_ok, tok._m = True, True, tix["m"]
+        tok._merge_strs, tok._kb = mraw, tix["kb"]
+        return tok
+
+    @classmethod
+    def _finish(cls, md: dict, spec: PreTokenizerSpec, pre: str, src: Any, tb: bytes, raw: Any,
+                vocab_b: Any, k: int, added: list, n: int) -> "Tokenizer":
+        lookup = lambda text: vocab_b.get(text.encode("utf-8"))  # noqa: E731
+        return cls._assemble(md, spec, pre, src, tb, raw, None, vocab_b, k, added, None, lookup, n)
 
     # ---------------------------------------------------------------- encode / decode
 
@@ -570,7 +613,7 @@ class Tokenizer:
                     _utf8_error(self._tokens_src, "tokenizer.ggml.tokens")
                 src = self._merges_src
                 try:
-                    if self._merges_ok and self._m:  # checked: one space, no NUL in each merge
+                    if self._merges_ok and self._m and self._mblocks:  # checked: one space, no NUL
                         merges = b"\0".join(self._mblocks).decode("utf-8").split("\0")
                     else:
                         merges = (src.tolist() if hasattr(src, "tolist") else list(src)) if src else []
@@ -582,6 +625,7 @@ class Tokenizer:
                     gc.enable()
             self._fast_off("the full tokenizer is built", keep_reason=True)
             self._mblocks, self._mstarts, self._msplit = [], [], {}
+            self._merge_strs = None
         return self._hf_full
 
     def _fast_off(self, reason: str, keep_reason: bool = False) -> None:
@@ -741,6 +785,8 @@ class Tokenizer:
             raise _NotFast("the fast path has cost about one full build so far")
 
     def _merge_raw(self, r: int) -> bytes:
+        if self._merge_strs is not None:
+            return self._merge_strs[r]
         i = bisect_right(self._mstarts, r) - 1
         parts = self._msplit.get(i)
         if parts is None:

@@ -2,7 +2,16 @@
 core and every plugin; for development use editable installs: pip install -e . -e plugins/*),
 so entry points, packaged kernels and the import graph are the ones users get."""
 
+import os
+import tempfile
+
 import pytest
+
+
+def pytest_configure(config):
+    # Caches the code writes (the plugin entry-point cache, GGUF indexes) go to a fresh folder,
+    # not the user's ~/.cache; subprocesses inherit it.
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="reflex-test-cache-")
 
 
 @pytest.fixture(scope="session")
