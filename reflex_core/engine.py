@@ -79,6 +79,17 @@ def prefetch(g: Any) -> None:
     Background(run)
 
 
+def _preimport_cuda() -> None:
+    from .cuda import driver
+
+    try:
+        driver.bindings()
+    except CudaUnavailable:
+        return  # the init thread reports it
+    from .backends import cuda_backend  # noqa: F401
+    from .cuda import quant_ops  # noqa: F401
+
+
 def load(path: str, backend: str = "auto", timings: Timings | None = None,
          prompt: str | None = None, texts: Sequence[str] = (),
          one_shot: bool = False) -> tuple[Loaded, list[int] | None]:
@@ -135,6 +146,12 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
     device_name = ""
     chosen = backend
     if cuda_init is not None:
+        if cuda_init.starting():
+            # The driver is still starting on its thread (GIL released): import what the GPU
+            # path needs next now, off that chain -- cuda-bindings (~20-40 ms of import work)
+            # and the CUDA backend's modules.
+            with t.span("import CUDA backend"):
+                _preimport_cuda()
         with t.span("wait for CUDA context"):
             try:
                 device = cuda_init.wait()

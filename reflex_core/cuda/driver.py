@@ -5,12 +5,16 @@ comes from a fatbin compiled by nvcc when the package was built (``reflex_core/_
 
 Cold path
 ---------
-``start_init_async()`` (or the engine's own thread running :func:`init`) does ``cuInit`` and the
-primary-context creation on a background thread -- both release the GIL, so GGUF parsing and the
-tokenizer run meanwhile. The driver's "current context" is per thread: :func:`init` makes the
-context current on the thread that ran it, and every public entry point here makes it current on
-the calling thread the first time that thread calls in (a thread-local flag), so the main thread
-and an upload thread just work once :func:`init` has finished somewhere.
+The driver starts in :mod:`reflex_core.cuda.early` (ctypes: dlopen, ``cuInit``, device queries,
+primary context; no GIL held, nothing imported but ctypes) on the thread the console entry point
+starts first (:mod:`reflex_core.background`). :func:`init` adopts that context (the primary
+context is one per device and process), imports cuda-bindings -- usually imported already by the
+main thread while it waited -- and the engine starts the weight upload while this thread loads
+the kernel modules (:func:`load_modules`). The driver's "current context" is per thread:
+:func:`init` makes the context current on the thread that ran it, and every public entry point
+here makes it current on the calling thread the first time that thread calls in (a
+thread-local flag), so the main thread and the upload threads just work once :func:`init` has
+finished somewhere.
 
 Launches
 --------
@@ -26,17 +30,17 @@ Python before the driver's own cost. The buffers are shared per signature: launc
 thread at a time (the engine does). :func:`launch_count` counts every launch of the process
 (benchmarks and tests take differences around a forward pass).
 
-Modules load eagerly (``CUDA_MODULE_LOADING=EAGER`` unless set) on the init thread, so no kernel
-is loaded lazily inside the first forward pass. ``REFLEX_KERNEL_DIR`` points the core at another
+Modules load eagerly (``CUDA_MODULE_LOADING=EAGER`` unless set, see early.DRIVER_ENV) on the init
+thread, so no kernel is loaded lazily inside the first forward pass. ``REFLEX_KERNEL_DIR`` points the core at another
 kernels folder (dev loop: ``python reflex_core/_build.py cuda /tmp/kout cuda/include``).
 
 Memory
 ------
 ``alloc``/``free`` go through a caching allocator (free lists keyed by rounded size), so the
 per-op activations of a forward pass do not call ``cuMemAlloc``. ``upload_host_region`` is the
-cold-path weight upload: page-lock the (read-only) mmap range with
-``cuMemHostRegister(READ_ONLY)`` and copy it with one ``cuMemcpyHtoD`` (falling back to a pageable
-copy if registration is refused).
+cold-path weight upload: page-lock the (read-only) mmap range chunk by chunk with
+``cuMemHostRegister(READ_ONLY)`` on several threads, each chunk's copy queued as soon as it is
+pinned (falling back to a pageable copy for a chunk whose registration is refused).
 
 All copies and launches use the legacy default stream: they run in issue order, and a
 synchronous ``htod`` from pageable memory waits for earlier work first, so reusing a cached
@@ -84,6 +88,11 @@ def _bindings() -> Any:
         _STREAM = d.CUstream(0)
         _d = d
     return _d
+
+
+def bindings() -> Any:
+    """``cuda.bindings.driver``, imported now (CudaUnavailable when it cannot be)."""
+    return _bindings()
 
 
 def _error_text(err: Any) -> str:
@@ -809,8 +818,17 @@ class Registrations:
         self.regs = []
 
 
-UPLOAD_CHUNK = 64 << 20  # bytes per registered chunk
-UPLOAD_THREADS = 4
+UPLOAD_CHUNK = 32 << 20  # bytes per registered chunk
+
+
+def _upload_threads() -> int:
+    """Pinning pages is CPU work that scales with threads (the copy engines are not the limit:
+    640 MB pin in ~75 thread-ms, copy in ~12 ms); up to 8, one per core.
+    REFLEX_UPLOAD_THREADS overrides."""
+    env = os.environ.get("REFLEX_UPLOAD_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return max(2, min(8, os.cpu_count() or 2))
 
 
 def upload_host_region(dst: int, src: Any, offset: int, nbytes: int,
@@ -841,7 +859,7 @@ def upload_host_region(dst: int, src: Any, offset: int, nbytes: int,
     chunk = max(_mmap.PAGESIZE, (chunk or UPLOAD_CHUNK) // _mmap.PAGESIZE * _mmap.PAGESIZE)
     start, length = page_range(addr, nbytes)
     spans = [(s, min(chunk, start + length - s)) for s in range(start, start + length, chunk)]
-    n_threads = max(1, min(threads or UPLOAD_THREADS, len(spans)))
+    n_threads = max(1, min(threads or _upload_threads(), len(spans)))
     lock = threading.Lock()
     todo = iter(range(len(spans)))
     regs: list = []

@@ -20,7 +20,6 @@ from __future__ import annotations
 import ctypes
 import os
 import time
-from typing import Any
 
 # Driver settings read when the driver starts, so they are set before the dlopen:
 # - one hardware work queue per context instead of 8: the context is created in ~58 ms instead
@@ -64,7 +63,7 @@ class Early:
         self.steps: dict[str, float] = {}
 
 
-def _lib() -> Any:
+def _lib() -> object:
     try:
         return ctypes.CDLL("libcuda.so.1")
     except OSError as e:
@@ -72,7 +71,7 @@ def _lib() -> Any:
                          else "not found") from None
 
 
-def error_name(lib: Any, code: int) -> str:
+def error_name(lib: object, code: int) -> str:
     """'CUDA_ERROR_X (description)' for a CUresult, as the driver names it."""
     name = ctypes.c_char_p()
     desc = ctypes.c_char_p()
@@ -103,7 +102,7 @@ def run(ordinal: int = 0) -> Early:
     lib = _lib()
     step("dlopen libcuda")
 
-    def call(what: str, fn: Any, *args: Any) -> None:
+    def call(what: str, fn: object, *args: object) -> None:
         r = fn(*args)
         if r != CUDA_SUCCESS:
             raise EarlyError(what, r, error_name(lib, r))
