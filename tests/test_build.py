@@ -61,6 +61,11 @@ def test_compiles_a_module_into_a_fatbin_with_a_manifest(monkeypatch, tmp_path):
     m = _build.build_kernels(src, tmp_path / "out", log=lambda s: None)
     assert m["sass"] == ["sm_80"] and m["ptx"] == "compute_80" and "tiny" in m["modules"]
     assert (tmp_path / "out" / "tiny.fatbin").stat().st_size > 0
+    # the device's cubin, kept from the same nvcc run: an ELF, its kernel named inside
+    cubin = (tmp_path / "out" / "tiny.sm_80.cubin").read_bytes()
+    assert m["cubins"] is True and cubin[:4] == b"\x7fELF" and b"reflex_tiny" in cubin
+    assert sorted(x.name for x in (tmp_path / "out").iterdir()) == [
+        "manifest.json", "tiny.fatbin", "tiny.sm_80.cubin"]
     (src / "broken.cu").write_text("this is not C++\n")
     with pytest.raises(_build.BuildError, match="nvcc failed on"):
         _build.build_kernels(src, tmp_path / "out2", log=lambda s: None)

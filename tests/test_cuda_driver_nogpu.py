@@ -223,6 +223,18 @@ def test_image_for():
     assert driver.image_for(86, dict(FULL, sass=["sm_80"], ptx="compute_80")) == "sass"
 
 
+def test_best_cubin_is_the_one_the_driver_would_pick():
+    m = dict(FULL, cubins=True)
+    sass = sorted(int(t[3:]) for t in FULL["sass"])
+    for sm in (80, 86, 87, 89, 90, 100, 103, 120, 121):
+        fits = [t for t in sass if t // 10 == sm // 10 and t % 10 <= sm % 10]
+        assert driver.best_cubin(sm, m) == (max(fits) if fits else None), sm
+    assert driver.best_cubin(87, m) == 86 and driver.best_cubin(90, m) == 90
+    assert driver.best_cubin(75, m) is None  # too old: coverage_error refuses it anyway
+    assert driver.best_cubin(130, dict(m, ptx="compute_121")) is None  # the fatbin's PTX
+    assert driver.best_cubin(90, FULL) is None  # an older build without cubins: the fatbin
+
+
 def test_coverage_error_message():
     msg = driver.coverage_error(75, FULL)
     assert msg == ("reflex_core was built for sm_80..sm_121 (PTX compute_121); this GPU is "

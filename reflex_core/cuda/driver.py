@@ -187,6 +187,17 @@ def image_for(sm: int, manifest: dict) -> str | None:
     return None
 
 
+def best_cubin(sm: int, manifest: dict) -> int | None:
+    """The SASS target whose cubin runs best on compute capability ``sm`` (same major, the
+    highest minor not above the device's -- the one the driver would pick from the fatbin), or
+    None (no cubins shipped, or none fits: the fatbin's PTX then)."""
+    if not manifest.get("cubins"):
+        return None
+    fits = [t for t in map(_sm_num, manifest.get("sass", []))
+            if t // 10 == sm // 10 and t % 10 <= sm % 10]
+    return max(fits) if fits else None
+
+
 def coverage_error(sm: int, manifest: dict, package: str = CORE_PACKAGE) -> str | None:
     """None when ``package``'s kernels can run on sm_XX, else the one-line reason."""
     if image_for(sm, manifest) is not None:
@@ -321,7 +332,7 @@ def load_modules(names: Sequence[str] | None = None, package: str = CORE_PACKAGE
     for m in names:
         t = time.perf_counter()
         get_kernels(m, package)
-        INIT_STEPS[f"load {m}.fatbin"] = (time.perf_counter() - t) * 1e3
+        INIT_STEPS[f"load {m}"] = (time.perf_counter() - t) * 1e3
 
 
 class _InitFuture:
@@ -543,7 +554,8 @@ _module_lock = threading.Lock()  # not _lock: loading a module must not hold up 
 
 
 def get_kernels(module: str, package: str = CORE_PACKAGE) -> Kernels:
-    """The loaded module ``<package>/kernels/<module>.fatbin`` (loaded once, cached)."""
+    """The loaded module ``<package>/kernels/<module>``: the device's cubin when one fits, else
+    the fatbin (loaded once, cached)."""
     key = (package, module)
     k = _modules.get(key)
     if k is not None:
@@ -557,7 +569,9 @@ def get_kernels(module: str, package: str = CORE_PACKAGE) -> Kernels:
         reason = coverage_error(dev.sm, manifest, package)
         if reason:
             raise CudaUnavailable(reason)
-        path = kernels_dir(package) / f"{module}.fatbin"
+        folder = kernels_dir(package)
+        target = best_cubin(dev.sm, manifest)
+        path = folder / (f"{module}.sm_{target}.cubin" if target else f"{module}.fatbin")
         try:
             image = path.read_bytes()
         except OSError:
