@@ -115,11 +115,11 @@ def compile_module(nvcc: str, src: Path, out: Path, includes: list[Path], sms: l
         if proc.returncode != 0:
             raise BuildError(f"nvcc failed on {src}:\n{' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
         for sm in sms:
-            # nvcc names a kept cubin after its virtual arch when several are built, after the
-            # real one when there is just one
-            cubin = next((c for c in (Path(keep) / f"{src.stem}.compute_{sm}.cubin",
-                                      Path(keep) / f"{src.stem}.sm_{sm}.cubin") if c.is_file()),
-                         None)
+            # nvcc 13 names a kept cubin NAME.compute_XX.cubin, NAME.compute_XX.sm_XX.cubin
+            # (when PTX of the same arch is built too) or NAME.sm_XX.cubin (a single target)
+            names = (f"compute_{sm}", f"compute_{sm}.sm_{sm}", f"sm_{sm}")
+            cubin = next((c for c in (Path(keep) / f"{src.stem}.{n}.cubin" for n in names)
+                          if c.is_file()), None)
             if cubin is None:
                 raise BuildError(f"nvcc left no sm_{sm} cubin for {src}")
             shutil.copyfile(cubin, out.with_name(f"{src.stem}.sm_{sm}.cubin"))
