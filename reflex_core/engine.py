@@ -2,13 +2,17 @@
 
 The load path is the product's cold path. Its order is deliberate:
 
-1. CUDA initialisation starts first, on a background thread (cuInit and context creation release
-   the GIL and take ~0.2 s; everything below overlaps with it);
-2. the GGUF header, metadata and tensor directory are parsed (core reader, no numpy);
+1. CUDA initialisation starts first, on a background thread (cuInit and the primary context
+   through ctypes, GIL released, ~0.16 s; then the device's kernel cubins), started by the
+   console entry point before the CLI is even imported; everything below overlaps with it;
+2. the GGUF header, metadata and tensor directory are parsed (core reader, no numpy) -- or
+   taken from the file's cached index (reflex_core.gguf_index);
 3. the architecture's plugin is resolved and only that plugin is imported;
-4. once the context is ready the weights go to the GPU from the mmap, on threads, while the
-   kernel modules load on the init thread;
-5. the model binds its weights and the first forward pass runs.
+4. the tokenizer is built and the prompt encoded (prompt-scoped BPE; the index's tables);
+5. while the driver is still starting, cuda-bindings and the CUDA backend are imported;
+6. once CUDA is ready the weights go to the GPU from the mmap (pinned chunk by chunk on a few
+   threads, each chunk copied as soon as it is pinned) while the model binds its weights;
+7. the first forward pass runs.
 
 Nothing here imports numpy, gguf or huggingface_hub unless the CPU backend is chosen.
 """
