@@ -68,11 +68,18 @@ def stub_libcuda(tmp_path_factory) -> Path:
                            str(out / "libcuda.so.1"), str(ROOT / "tests/native/stub_libcuda.c")],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+    # a kernels manifest for an sm_90 build (no module is loaded in these tests), so they do not
+    # depend on where reflex_core is imported from (run_py puts the source tree first)
+    (out / "kernels").mkdir()
+    (out / "kernels" / "manifest.json").write_text(json.dumps(
+        {"skipped": False, "nvcc": "13.0", "sass": ["sm_90"], "ptx": "compute_90",
+         "modules": {"core": "0"}}))
     return out
 
 
 def _with_stub(stub: Path, **knobs: str) -> dict:
-    env = {"LD_LIBRARY_PATH": str(stub) + os.pathsep + os.environ.get("LD_LIBRARY_PATH", "")}
+    env = {"LD_LIBRARY_PATH": str(stub) + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""),
+           "REFLEX_KERNEL_DIR": str(stub / "kernels")}
     env.update({k: str(v) for k, v in knobs.items()})
     return env
 
