@@ -28,21 +28,22 @@ HERE = Path(__file__).resolve().parent
 
 def engines(model: str, llama_simple: str | None, system1: bool,
             extra: list[str] = ()) -> dict[str, list[str]]:
-    if system1:  # the peers have no single-pass scorer: reflex system1 alone
-        return {"reflex system1": rb.reflex_cmd() + [
-            "system1", model, PROMPT, "--backend", "cuda", "--candidate", " Paris",
-            "--candidate", " London", "--candidate", " Berlin"]}
     e = {}
-    e["reflex"] = rb.reflex_cmd() + ["generate", model, PROMPT, "-n", "1", "--backend", "cuda"]
-    if llama_simple:
-        e["llama-simple"] = [llama_simple, "-m", model, "-n", "1", PROMPT]
-    try:
-        import llama_cpp  # noqa: F401
+    if system1:  # the peers have no single-pass scorer: reflex system1 (and --extra) alone
+        e["reflex system1"] = rb.reflex_cmd() + [
+            "system1", model, PROMPT, "--backend", "cuda", "--candidate", " Paris",
+            "--candidate", " London", "--candidate", " Berlin"]
+    else:
+        e["reflex"] = rb.reflex_cmd() + ["generate", model, PROMPT, "-n", "1", "--backend", "cuda"]
+        if llama_simple:
+            e["llama-simple"] = [llama_simple, "-m", model, "-n", "1", PROMPT]
+        try:
+            import llama_cpp  # noqa: F401
 
-        e["llama-cpp-python"] = [sys.executable, str(HERE / "llama_cpp_python_once.py"), model,
-                                 PROMPT]
-    except ImportError:
-        pass
+            e["llama-cpp-python"] = [sys.executable, str(HERE / "llama_cpp_python_once.py"),
+                                     model, PROMPT]
+        except ImportError:
+            pass
     for spec in extra:  # NAME=COMMAND LINE with {model} and {prompt}
         name, line = spec.split("=", 1)
         e[name] = [w.format(model=model, prompt=PROMPT) for w in shlex.split(line)]
