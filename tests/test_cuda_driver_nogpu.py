@@ -148,6 +148,29 @@ def test_early_init_adopts_the_stub_context(stub_libcuda):
     assert second == "ERR cuDeviceGet GPU 3 does not exist (1 visible)"
 
 
+@pytest.mark.parametrize("preset", [None, "4"])
+def test_early_init_driver_env_is_set_then_put_back(stub_libcuda, preset):
+    # The driver sees one work queue (unless the user chose), and the process's environment is
+    # as it was once the context exists (children and later libraries inherit nothing).
+    env = _with_stub(stub_libcuda)
+    env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+    if preset:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = preset
+    r = run_py("""
+        import ctypes, os
+        os.environ.pop("CUDA_MODULE_LOADING", None)
+        from reflex_core.cuda import early
+        early.run(0)
+        lib = ctypes.CDLL("libcuda.so.1")
+        lib.stub_seen_env.restype = ctypes.c_char_p
+        print(lib.stub_seen_env().decode(), os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+              os.environ.get("CUDA_MODULE_LOADING"))
+        """, env=env)
+    assert r.returncode == 0, r.stderr
+    want = f"{preset or '1'},EAGER {preset} None"
+    assert r.stdout.strip() == want
+
+
 def test_cuda_start_reports_failure_through_wait(stub_libcuda):
     # The background start (two threads) hands the init error to wait(); succeeded() is False.
     r = run_py("""

@@ -25,9 +25,10 @@ import time
 # - one hardware work queue per context instead of 8: the context is created in ~58 ms instead
 #   of ~120 ms on the H200 (bench/cuda_init_probe.py). Reflex issues its kernels in order on one
 #   stream and its upload is copy-engine bound, so more queues would buy it nothing;
-# - every kernel of a module loaded with the module (on the init thread, while the weights
-#   upload) rather than lazily at its first launch inside the first forward pass.
-# A value the user set wins.
+# - every kernel of a module loaded with the module (on the init thread) rather than lazily at
+#   its first launch inside the first forward pass.
+# A value the user set wins. The environment is put back once the context exists, so processes
+# this one starts (and libraries that read it later) do not inherit Reflex's choices.
 DRIVER_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "CUDA_MODULE_LOADING": "EAGER"}
 
 CUDA_SUCCESS = 0
@@ -97,8 +98,17 @@ def run(ordinal: int = 0) -> Early:
         e.steps[name] = (now - t) * 1e3
         t = now
 
-    for k, v in DRIVER_ENV.items():
-        os.environ.setdefault(k, v)
+    ours = [k for k in DRIVER_ENV if k not in os.environ]
+    for k in ours:
+        os.environ[k] = DRIVER_ENV[k]
+    try:
+        return _run(e, ordinal, step)
+    finally:
+        for k in ours:
+            os.environ.pop(k, None)
+
+
+def _run(e: Early, ordinal: int, step: object) -> Early:
     lib = _lib()
     step("dlopen libcuda")
 

@@ -5,6 +5,7 @@
  *   STUB_SM=<major*10+minor>   compute capability (default 90)
  *   STUB_CTX=<CUresult>        what cuDevicePrimaryCtxRetain returns
  * The "context" is the address of a static int; cuCtxSetCurrent records it. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <stddef.h>
@@ -17,7 +18,15 @@ static int env_int(const char *name, int dflt) {
     return v ? atoi(v) : dflt;
 }
 
-int cuInit(unsigned int flags) { (void)flags; return env_int("STUB_CUINIT", 0); }
+static char seen_env[128]; /* CUDA_DEVICE_MAX_CONNECTIONS / CUDA_MODULE_LOADING at cuInit */
+
+int cuInit(unsigned int flags) {
+    (void)flags;
+    const char *a = getenv("CUDA_DEVICE_MAX_CONNECTIONS"), *b = getenv("CUDA_MODULE_LOADING");
+    snprintf(seen_env, sizeof seen_env, "%s,%s", a ? a : "-", b ? b : "-");
+    return env_int("STUB_CUINIT", 0);
+}
+const char *stub_seen_env(void) { return seen_env; }
 int cuDeviceGetCount(int *n) { *n = env_int("STUB_COUNT", 1); return 0; }
 int cuDeviceGet(int *dev, int ordinal) { *dev = ordinal; return 0; }
 int cuDeviceGetName(char *name, int len, int dev) {
