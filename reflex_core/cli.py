@@ -45,10 +45,12 @@ def status_line(tag: str, **fields: Any) -> str:
     return tag + "".join(f" {k}={_fmt(v)}" for k, v in fields.items())
 
 
-def print_timings(t) -> None:
+def print_timings(t, total: tuple[str, float] | None = None) -> None:
     click.echo("timings (ms from process start | duration ms):", err=True)
     for name, start, dur in t.report():
         click.echo(f"  {name:<28} {start:9.1f} | {dur:8.1f}", err=True)
+    if total is not None:  # (what, ms since process start): the number the status line reports
+        click.echo(f"  {'total: ' + total[0]:<28} {0.0:9.1f} | {total[1]:8.1f}", err=True)
     for name, text in t.notes.items():
         click.echo(f"  {name}: {text}", err=True)
 
@@ -177,7 +179,7 @@ def generate(args, quickstart, hub_model, revision, n_tokens, temperature, top_k
                                n_prompt_tokens=len(res.prompt_ids), n_tokens=len(res.token_ids),
                                backend=lm.backend))
     if timings:
-        print_timings(t)
+        print_timings(t, ("first token", res.first_token_ms))
 
 
 @cli.command()
@@ -234,7 +236,7 @@ def system1(args, quickstart, hub_model, revision, candidates, normalize, backen
                                best_text=best.text, entropy=Float6(res.entropy),
                                backend=lm.backend))
     if timings:
-        print_timings(t)
+        print_timings(t, ("result", ms))
 
 
 @cli.command()

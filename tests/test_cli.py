@@ -72,8 +72,15 @@ def test_timings_name_each_phase(tiny):
     p = reflex("generate", str(tiny), "Hi", "-n", "2", "--backend", "cpu", "--timings")
     assert p.returncode == 0, p.stderr
     for phase in ("interpreter start to main", "parse gguf", "tokenizer", "weights to backend",
-                  "first forward"):
+                  "first forward", "gguf index:"):
         assert phase in p.stderr, p.stderr
+    # the total is the status line's number
+    import re
+
+    total = re.search(r"total: first token\s+0\.0 \|\s+([0-9.]+)", p.stderr)
+    status = re.search(r"process_start_to_first_token_ms=([0-9.]+)", p.stdout)
+    assert total and status, p.stderr
+    assert abs(float(total.group(1)) - float(status.group(1))) < 0.11
 
 
 def test_missing_file(tmp_path):
