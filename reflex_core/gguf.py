@@ -400,7 +400,7 @@ def _from_index(g: GGUFFile, mm: mmap.mmap, d) -> bool:
     """Fill ``g`` from a cached index's parse (see reflex_core.gguf_index). False (g untouched)
     when the record does not fit this mapping; the caller parses instead."""
     try:
-        if mm[:_HEADER.size] != d["header"] or d["size"] != len(mm):
+        if mm[:_HEADER.size] != d["header"] or d["size"] != len(mm) or d["probe"] != _probe(mm):
             return False
         meta, vtypes, layout, tensors = {}, {}, {}, {}
         for key, vtype, val in d["meta"]:
@@ -434,6 +434,19 @@ def _from_index(g: GGUFFile, mm: mmap.mmap, d) -> bool:
     return True
 
 
+_PROBE = 1 << 20
+
+
+def _probe(mm: mmap.mmap) -> int:
+    """CRC-32 of the file's first and last MiB: with the identity (size, mtime, inode), it
+    catches a file overwritten in place by another of the same size with its mtime kept
+    (``cp -p``): its metadata (name, shapes, vocabulary) or its last tensor's bytes differ."""
+    import zlib
+
+    n = len(mm)
+    return zlib.crc32(mm[max(0, n - _PROBE):], zlib.crc32(mm[:min(n, _PROBE)]))
+
+
 def index_record(g: GGUFFile) -> dict:
     """The parse of ``g`` as plain data for the index (the inverse of _from_index)."""
     meta = []
@@ -445,7 +458,8 @@ def index_record(g: GGUFFile) -> dict:
                                       lay[1] if lay[0] == "s" else (lay[1], lay[2]))))
         else:
             meta.append((key, vtype, val))
-    return {"header": bytes(g.mm[:_HEADER.size]), "size": g.file_size, "version": g.version,
+    return {"header": bytes(g.mm[:_HEADER.size]), "size": g.file_size, "probe": _probe(g.mm),
+            "version": g.version,
             "alignment": g.alignment, "data_offset": g.data_offset, "meta": meta,
             "tensors": [(t.name, tuple(t.ne), t.ggml_type, t.offset, t.nbytes)
                         for t in g.tensors.values()]}

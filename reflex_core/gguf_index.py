@@ -8,7 +8,8 @@ driver's start. None of it depends on the prompt, so it is done once per file an
 way Python keeps ``.pyc`` files: the next process maps the index and looks tokens up in an
 open-addressing table (a few microseconds each) without building anything.
 
-Keyed by the file's identity (real path, size, mtime in ns, inode, device): a file that is
+Keyed by the file's identity (real path, size, mtime in ns, inode, device) and checked against
+its content (its 24-byte header and a CRC-32 of its first and last MiB, ~2 ms): a file that is
 rewritten or replaced does not match its old index, which is then ignored and replaced. An
 index that is unreadable, of another format version or inconsistent with the file is ignored
 too (the full parse runs). Where: ``$XDG_CACHE_HOME/reflex/index`` (``~/.cache/reflex/index``);
@@ -31,7 +32,7 @@ from array import array
 from itertools import accumulate
 from typing import Any, Sequence
 
-FORMAT = 1  # bump when the record's layout or meaning changes
+FORMAT = 2  # bump when the record's layout or meaning changes (2: the content probe)
 _pending: list[tuple[Any, os.stat_result]] = []  # (weakref to a GGUFFile, its fstat)
 _kept: list[Any] = []  # see keep()
 

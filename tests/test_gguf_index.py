@@ -124,6 +124,22 @@ def test_fallback_vocabulary_records_no_tables(cache, tmp_path):
     assert tok.encode(" Paris") == [7148] and tok.last_path == "full"
 
 
+def test_same_size_rewrite_with_mtime_kept_is_caught(cache, qwen_file, tmp_path):
+    # cp -p of another same-size file over this one: same inode, size and mtime; the probe
+    # (CRC of the first and last MiB) sees the new content
+    p = tmp_path / "m.gguf"
+    shutil.copy(qwen_file, p)
+    indexed(p)
+    st = p.stat()
+    data = bytearray(p.read_bytes())
+    data[-1] ^= 0xFF  # the last tensor's last byte
+    with open(p, "r+b") as f:
+        f.write(data)
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert p.stat().st_ino == st.st_ino and p.stat().st_mtime_ns == st.st_mtime_ns
+    assert open_gguf(p).index_state == "miss"
+
+
 def test_changed_file_ignores_its_index(cache, qwen_file, tmp_path):
     p = tmp_path / "m.gguf"
     shutil.copy(qwen_file, p)
