@@ -173,7 +173,11 @@ def reflex_cmd() -> list[str]:
 
 def cold(path: str, runs: int = 5, prompt: str = DEFAULT_PROMPT, system1: bool = False,
          candidates: Sequence[str] = DEFAULT_CANDIDATES, backend: str = "cuda",
-         drop_cache: bool = False, idle_s: float = 3.0) -> dict:
+         drop_cache: bool = False, idle_s: float = 3.0, warmup: bool = True) -> dict:
+    """``runs`` fresh processes, launch -> exit wall time and GPU energy. ``warmup``: one run
+    first, not counted (it fills the page cache and writes the file's index, so the timed runs
+    measure the steady state of "a file used before"; with ``drop_cache`` every timed run still
+    starts from a dropped cache). Its result is kept under "warmup"."""
     if system1:
         cmd = reflex_cmd() + ["system1", path, prompt, "--backend", backend]
         for c in candidates:
@@ -189,9 +193,10 @@ def cold(path: str, runs: int = 5, prompt: str = DEFAULT_PROMPT, system1: bool =
         if drop_cache:
             method = drop_page_cache([path])
 
+    first = measure(cmd, energy, idle) if warmup else None
     res = [measure(cmd, energy, idle, before=before) for _ in range(runs)]
     ok = [r for r in res if r["rc"] == 0]
-    out = {"mode": "cold", "command": cmd, "runs": res, "n_ok": len(ok),
+    out = {"mode": "cold", "command": cmd, "warmup": first, "runs": res, "n_ok": len(ok),
            "wall_s": summary([r["wall_s"] for r in ok]), "idle_w": idle,
            "page_cache": f"dropped ({method})" if drop_cache else "warm",
            "nvml": energy.error or "ok"}

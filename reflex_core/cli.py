@@ -320,23 +320,26 @@ def check(model, prompt, steps, reference_dequant, as_json):
               help="Warm: decode steps timed after each prefill.")
 @click.option("--drop-cache", is_flag=True,
               help="With --cold: drop the page cache before every launch.")
+@click.option("--no-warmup", is_flag=True,
+              help="With --cold: time the first launch too (by default one untimed launch "
+                   "first fills the page cache and writes the file's index).")
 @backend_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def bench(model, cold, do_system1, prompt, candidates, repeat, n_decode, drop_cache, backend,
-          as_json):
+def bench(model, cold, do_system1, prompt, candidates, repeat, n_decode, drop_cache, no_warmup,
+          backend, as_json):
     """Benchmark MODEL: warm latencies (prefill, decode, system1) or --cold launches."""
     from . import bench as b
 
     cands = tuple(candidates) or b.DEFAULT_CANDIDATES
     if cold:
         res = b.cold(model, repeat or 5, prompt, do_system1, cands,
-                     "cuda" if backend == "auto" else backend, drop_cache)
+                     "cuda" if backend == "auto" else backend, drop_cache, warmup=not no_warmup)
         if res["n_ok"] == 0:
             tail = " / ".join(res["runs"][0]["tail"]) if res["runs"] else ""
             raise ReflexError(f"every cold run failed; last output: {tail}")
     else:
-        if do_system1 or drop_cache:
-            raise click.UsageError("--system1 and --drop-cache apply to --cold only")
+        if do_system1 or drop_cache or no_warmup:
+            raise click.UsageError("--system1, --drop-cache and --no-warmup apply to --cold only")
         res = b.warm(model, backend, prompt, repeat or 20, n_decode, cands)
     if as_json:
         click.echo(json.dumps(res, indent=1))
@@ -350,9 +353,10 @@ def bench(model, cold, do_system1, prompt, candidates, repeat, n_decode, drop_ca
         if "gpu_j_minus_idle" in res:
             line.update(gpu_j_minus_idle_median=res["gpu_j_minus_idle"]["median"],
                         idle_w=res["idle_w"])
-        for r in res["runs"]:
+        for r in ([res["warmup"]] if res.get("warmup") else []) + res["runs"]:
             j = f" gpu_j={r['gpu_j']:.1f}" if "gpu_j" in r else ""
-            click.echo(f"run rc={r['rc']} wall={r['wall_s']:.3f}s{j}")
+            tag = "warmup (not counted)" if r is res.get("warmup") else "run"
+            click.echo(f"{tag} rc={r['rc']} wall={r['wall_s']:.3f}s{j}")
         click.echo(status_line("REFLEX_BENCH_COLD_OK", **line))
     else:
         for k in ("prefill_ms", "decode_ms_per_token", "system1_ms"):

@@ -75,8 +75,6 @@ def test_timings_name_each_phase(tiny):
                   "first forward", "gguf index:"):
         assert phase in p.stderr, p.stderr
     # the total is the status line's number
-    import re
-
     total = re.search(r"total: first token\s+0\.0 \|\s+([0-9.]+)", p.stderr)
     status = re.search(r"process_start_to_first_token_ms=([0-9.]+)", p.stdout)
     assert total and status, p.stderr
@@ -205,3 +203,28 @@ def test_system1_lines_and_json(tiny):
 def test_system1_errors(tiny, extra, msg):
     line = one_line_error(reflex("system1", str(tiny), "Hi", *extra, "--backend", "cpu"))
     assert msg in line
+
+
+def test_bench_cold_runs_fresh_processes_after_a_warmup(tiny, tmp_path):
+    # CPU backend (CI has no GPU): the machinery -- fresh processes timed from outside, one
+    # untimed warm-up that writes the file's index, energy reported as unavailable without NVML
+    env = {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    p = reflex("bench", str(tiny), "--cold", "-r", "2", "--backend", "cpu", "--json", env=env,
+               timeout=300)
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    assert res["mode"] == "cold" and res["n_ok"] == 2 and len(res["runs"]) == 2
+    assert res["warmup"]["rc"] == 0 and res["page_cache"] == "warm"
+    assert res["command"][-4:] == ["-n", "1", "--backend", "cpu"]
+    w = res["wall_s"]
+    assert 0 < w["min"] <= w["median"] <= w["max"]
+    for r in res["runs"]:
+        assert any("REFLEX_GENERATE_OK" in line for line in r["tail"])
+    assert list((tmp_path / "xdg" / "reflex" / "index").glob("*.rxi"))  # the warm-up wrote it
+    q = reflex("bench", str(tiny), "--cold", "-r", "1", "--backend", "cpu", "--no-warmup",
+               env=env, timeout=300)
+    assert q.returncode == 0, q.stderr
+    assert "warmup" not in q.stdout and q.stdout.count("run rc=0") == 1
+    assert "REFLEX_BENCH_COLD_OK runs=1" in q.stdout
+    bad = reflex("bench", str(tiny), "--no-warmup", "--backend", "cpu")
+    assert bad.returncode == 2 and "apply to --cold only" in bad.stderr
