@@ -32,6 +32,8 @@ from array import array
 from itertools import accumulate
 from typing import Any, Sequence
 
+from .cachedir import cache_root, write_atomic
+
 FORMAT = 2  # bump when the record's layout or meaning changes (2: the content probe)
 _pending: list[tuple[Any, os.stat_result]] = []  # (weakref to a GGUFFile, its fstat)
 _kept: list[Any] = []  # see keep()
@@ -42,8 +44,7 @@ def enabled() -> bool:
 
 
 def cache_dir() -> str:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "reflex", "index")
+    return os.path.join(cache_root(), "index")
 
 
 def _identity(path: str, st: os.stat_result) -> tuple:
@@ -103,18 +104,7 @@ def write_pending() -> None:
 
 
 def save(path: str, record: dict) -> None:
-    dest = index_file(path)
-    tmp = f"{dest}.{os.getpid()}.tmp"
-    try:
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(marshal.dumps(record))
-        os.replace(tmp, dest)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+    write_atomic(index_file(path), marshal.dumps(record))
 
 
 def build(g: Any, st: os.stat_result) -> dict:

@@ -97,8 +97,9 @@ def _path_stamp() -> list:
 
 
 def _cache_file() -> str:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "reflex", "entry-points.json")
+    from .cachedir import cache_root
+
+    return os.path.join(cache_root(), "entry-points.json")
 
 
 def discover_entry_points() -> list[PluginEntry]:
@@ -129,15 +130,11 @@ def discover_entry_points() -> list[PluginEntry]:
         dist = ep.dist.name if ep.dist is not None else ep.value.split(".")[0]
         found.append(PluginEntry(ep.name, ep.value, dist,
                                  ep.dist.version if ep.dist is not None else None))
-    if use_cache:
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump({"stamp": stamp, "entries": [list(vars(e).values()) for e in found]}, f)
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a read-only home: scan every time
+    if use_cache:  # a read-only home: scan every time
+        from .cachedir import write_atomic
+
+        write_atomic(path, json.dumps({"stamp": stamp, "entries": [list(vars(e).values())
+                                                                   for e in found]}).encode())
     return found
 
 
