@@ -173,14 +173,20 @@ def _sm_num(s: str) -> int:
     return int("".join(ch for ch in s.split("_", 1)[-1] if ch.isdigit()))
 
 
+def _best_sass(sm: int, manifest: dict) -> int | None:
+    """The shipped SASS target the driver runs on compute capability ``sm`` (same major, the
+    highest minor not above the device's), or None."""
+    fits = [t for t in map(_sm_num, manifest.get("sass", []))
+            if t // 10 == sm // 10 and t % 10 <= sm % 10]
+    return max(fits) if fits else None
+
+
 def image_for(sm: int, manifest: dict) -> str | None:
     """'sass' when a shipped SASS target runs on compute capability ``sm`` (same major, minor
     not above the device's), 'ptx' when the driver can JIT the shipped PTX (PTX target <= sm),
     None when neither."""
-    for t in manifest.get("sass", []):
-        ts = _sm_num(t)
-        if ts // 10 == sm // 10 and ts % 10 <= sm % 10:
-            return "sass"
+    if _best_sass(sm, manifest) is not None:
+        return "sass"
     ptx = manifest.get("ptx")
     if ptx and _sm_num(ptx) <= sm:
         return "ptx"
@@ -188,14 +194,9 @@ def image_for(sm: int, manifest: dict) -> str | None:
 
 
 def best_cubin(sm: int, manifest: dict) -> int | None:
-    """The SASS target whose cubin runs best on compute capability ``sm`` (same major, the
-    highest minor not above the device's -- the one the driver would pick from the fatbin), or
-    None (no cubins shipped, or none fits: the fatbin's PTX then)."""
-    if not manifest.get("cubins"):
-        return None
-    fits = [t for t in map(_sm_num, manifest.get("sass", []))
-            if t // 10 == sm // 10 and t % 10 <= sm % 10]
-    return max(fits) if fits else None
+    """The SASS target whose cubin to load on compute capability ``sm`` -- the one the driver
+    would pick from the fatbin -- or None (no cubins shipped, or none fits: the fatbin's PTX)."""
+    return _best_sass(sm, manifest) if manifest.get("cubins") else None
 
 
 def coverage_error(sm: int, manifest: dict, package: str = CORE_PACKAGE) -> str | None:
@@ -499,8 +500,8 @@ class Kernels:
                 f = check(_d.cuModuleGetFunction(self.handle, name.encode()),
                           f"cuModuleGetFunction({name!r})")
             except CudaError as e:
-                raise CudaError(f"kernel {name!r} is not in {self.package}/kernels/"
-                                f"{self.module}.fatbin ({e})") from None
+                raise CudaError(f"kernel {name!r} is not in {self.package}'s {self.module!r} "
+                                f"kernels ({e})") from None
             self._fns[name] = f
         return f
 
