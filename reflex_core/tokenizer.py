@@ -406,7 +406,7 @@ class Tokenizer:
                 except UnicodeDecodeError:
                     _utf8_error(src, "tokenizer.ggml.tokens")
                 vocab_b, k = _bpe_vocab(raw, tb)
-                lookup = lambda text: vocab_b.get(text.encode("utf-8"))  # noqa: E731
+                lookup = None  # _assemble looks texts up in vocab_b
         finally:
             if was_enabled:
                 gc.enable()
@@ -418,7 +418,9 @@ class Tokenizer:
                   strs: Any, vocab_b: Any, k: int, added: list, hf: Any, lookup: Any,
                   n: int) -> "Tokenizer":
         """The special ids and end-of-generation set (as llama.cpp reads them), then the
-        Tokenizer."""
+        Tokenizer. ``lookup``: text -> BPE id (None: through the bytes table ``vocab_b``)."""
+        if lookup is None:
+            lookup = lambda text: vocab_b.get(text.encode("utf-8"))  # noqa: E731
         # special ids, as llama.cpp reads them (BPE defaults: bos = eos = 11)
         bos = _opt_id(md, "tokenizer.ggml.bos_token_id", n, 11)
         eos = _opt_id(md, "tokenizer.ggml.eos_token_id", n, 11)
@@ -473,16 +475,10 @@ class Tokenizer:
             vocab_b = VocabTable(tix["table"], tix["mask"], raw, k)
         except (KeyError, TypeError, ValueError):
             return None
-        tok = cls._finish(md, spec, pre, src, tb, raw, vocab_b, k, added, n)
+        tok = cls._assemble(md, spec, pre, src, tb, raw, None, vocab_b, k, added, None, None, n)
         tok._fast, tok._merges_ok, tok._m = True, True, tix["m"]
         tok._merge_strs, tok._kb = mraw, tix["kb"]
         return tok
-
-    @classmethod
-    def _finish(cls, md: dict, spec: PreTokenizerSpec, pre: str, src: Any, tb: bytes, raw: Any,
-                vocab_b: Any, k: int, added: list, n: int) -> "Tokenizer":
-        lookup = lambda text: vocab_b.get(text.encode("utf-8"))  # noqa: E731
-        return cls._assemble(md, spec, pre, src, tb, raw, None, vocab_b, k, added, None, lookup, n)
 
     # ---------------------------------------------------------------- encode / decode
 
@@ -759,13 +755,8 @@ class Tokenizer:
                     p = pairs[r] = (a, b)
                 merges.append(p)
             self._charge(_COST_BUILD + _COST_ENTRY * (len(vocab) + len(merges)))
-            normalizer, pre_tokenizer, post, dec, added = self._components()
-            hf = HFTokenizer(_bpe_model(vocab, merges, self._spec))
-            if normalizer is not None:
-                hf.normalizer = normalizer
-            hf.pre_tokenizer = pre_tokenizer
-            hf.post_processor = post
-            hf.decoder = dec
+            *pipeline, added = self._components()
+            hf = _with_pipeline(HFTokenizer(_bpe_model(vocab, merges, self._spec)), pipeline)
             if added:
                 hf.add_tokens(added)
                 if not self._pins_checked:  # first build: verify the pinned ids once
@@ -877,6 +868,18 @@ def _pipeline(spec: PreTokenizerSpec):
     return normalizer, pre_tokenizer, processors.ByteLevel(trim_offsets=False), decoders.ByteLevel()
 
 
+def _with_pipeline(hf, pipeline):
+    """``hf`` with the (normalizer or None, pre-tokenizer, post-processor, decoder) of
+    :func:`_pipeline` installed."""
+    normalizer, pre_tokenizer, post, dec = pipeline
+    if normalizer is not None:
+        hf.normalizer = normalizer
+    hf.pre_tokenizer = pre_tokenizer
+    hf.post_processor = post
+    hf.decoder = dec
+    return hf
+
+
 def _build_hf(tokens: list[str], types, tb: bytes, added: list[tuple[int, str, bool]],
               merges: list[str], spec: PreTokenizerSpec):
     """The full tokenizer (notes path (ii)). Returns (hf, vocab str -> id)."""
@@ -912,13 +915,7 @@ def _build_hf(tokens: list[str], types, tb: bytes, added: list[tuple[int, str, b
     except Exception as e:
         raise ModelError(f"the GGUF's BPE vocabulary/merges are inconsistent: {e}") from None
 
-    hf = HFTokenizer(bpe)
-    normalizer, pre_tokenizer, post, dec = _pipeline(spec)
-    if normalizer is not None:
-        hf.normalizer = normalizer
-    hf.pre_tokenizer = pre_tokenizer
-    hf.post_processor = post
-    hf.decoder = dec
+    hf = _with_pipeline(HFTokenizer(bpe), _pipeline(spec))
     if added:
         hf.add_tokens([AddedToken(text, normalized=False, special=ctl) for _, text, ctl in added])
         seen: set[str] = set()
