@@ -157,7 +157,9 @@ class Ops:
         raise NotImplementedError
 
     def has_weight(self, name: str) -> bool:
-        raise NotImplementedError
+        """Whether the attached file (``self.gguf``) has a tensor ``name``."""
+        g = getattr(self, "gguf", None)
+        return g is not None and name in g.tensors
 
     def _tensor_info(self, name: str, supported: Any, cannot: str) -> tuple[Any, int, tuple]:
         """(info, ggml_type, ne) of tensor ``name`` of the attached file (``self.gguf``), with the

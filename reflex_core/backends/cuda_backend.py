@@ -261,9 +261,6 @@ class CudaOps(Ops):
             driver.mem_free_raw(blob)
         self.gguf = None
 
-    def has_weight(self, name: str) -> bool:
-        return self.gguf is not None and name in self.gguf.tensors
-
     def weight(self, name: str) -> Weight:
         w = self._weights.get(name)
         if w is not None:

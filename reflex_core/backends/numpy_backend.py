@@ -160,9 +160,6 @@ class NumpyOps(Ops):
         self._weights.clear()
         self._f32.clear()
 
-    def has_weight(self, name: str) -> bool:
-        return self.gguf is not None and name in self.gguf.tensors
-
     def weight(self, name: str) -> Weight:
         w = self._weights.get(name)
         if w is not None:
