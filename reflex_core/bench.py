@@ -41,7 +41,6 @@ def summary(xs: Sequence[float]) -> dict:
 def warm(path: str, backend: str = "auto", prompt: str = DEFAULT_PROMPT, reps: int = 20,
          n_decode: int = 32, candidates: Sequence[str] = DEFAULT_CANDIDATES) -> dict:
     from . import engine, system1
-    from .ops import Batch
 
     lm, ids = engine.load(path, backend, prompt=prompt)
     ids = ids or []
@@ -49,11 +48,10 @@ def warm(path: str, backend: str = "auto", prompt: str = DEFAULT_PROMPT, reps: i
     cand_ids = system1.tokenize_candidates(lm.require_tokenizer(), candidates)
 
     def prefill() -> tuple[Any, int]:
-        cache = model.new_cache(len(ids) + n_decode + 1)
-        b = Batch.causal(ids, 0)
-        nxt = ops.argmax(model.forward(b, cache, [b.n_tokens - 1]))[-1]
-        cache.n_used = b.n_kv
-        return cache, nxt
+        state = model.new_state(len(ids) + n_decode + 1)
+        b = state.append(ids)
+        nxt = ops.argmax(model.forward(b, state, [b.n_tokens - 1]))[-1]
+        return state, nxt
 
     for _ in range(2):  # warm-up: first launches, allocator pools
         prefill()
@@ -63,13 +61,11 @@ def warm(path: str, backend: str = "auto", prompt: str = DEFAULT_PROMPT, reps: i
     pre, dec, s1 = [], [], []
     for _ in range(reps):
         t0 = time.perf_counter()
-        cache, nxt = prefill()
+        state, nxt = prefill()
         pre.append((time.perf_counter() - t0) * 1e3)
         for _ in range(n_decode):
             t0 = time.perf_counter()
-            b = Batch.causal([nxt], cache.n_used)
-            nxt = ops.argmax(model.forward(b, cache, [0]))[-1]
-            cache.n_used = b.n_kv
+            nxt = ops.argmax(model.forward(state.append([nxt]), state, [0]))[-1]
             dec.append((time.perf_counter() - t0) * 1e3)
         t0 = time.perf_counter()
         system1.score(model, ops, ids, cand_ids)

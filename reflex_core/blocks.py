@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from .errors import ModelError
-from .ops import KVCache, Ops, RopeParams, Weight
+from .ops import Ops, RopeParams, Weight
 
 
 # --- shapes --------------------------------------------------------------------------------
@@ -162,7 +162,7 @@ def residual_rmsnorm(ops: Ops, x, delta, w: Weight, eps: float):
         x, h = ops.embed(tok, pb), None
         for layer in layers:
             x, a = residual_rmsnorm(ops, x, h, layer.attn_norm, eps)
-            h = gqa_attention(ops, a, ...)
+            h = gqa_attention(ops, a, layer.attn, state.kv(i), pb, ...)
             x, b = ops.add_rmsnorm(x, h, layer.ffn_norm, eps)
             h = swiglu_ffn(ops, b, ...)
         logits = lm_head(ops, x, out_norm, out_w, eps, rows, residual=h)
@@ -172,13 +172,14 @@ def residual_rmsnorm(ops: Ops, x, delta, w: Weight, eps: float):
     return ops.add_rmsnorm(x, delta, w, eps)
 
 
-def gqa_attention(ops: Ops, x, w: AttnWeights, cache: KVCache, layer: int, pb,
-                  rope: RopeParams, eps: float, n_head: int, n_head_kv: int, head_dim: int,
-                  head_dim_v: Optional[int] = None, scale: Optional[float] = None):
+def gqa_attention(ops: Ops, x, w: AttnWeights, kv: tuple, pb, rope: RopeParams, eps: float,
+                  n_head: int, n_head_kv: int, head_dim: int, head_dim_v: Optional[int] = None,
+                  scale: Optional[float] = None):
     """Self-attention of the (already normalised) input ``x [T, D]`` -> ``[T, D]`` (spec §4.4).
 
     q/k/v projections; per-head RMSNorm of q and k (weights shared by heads) BEFORE RoPE when
-    the norms are given; RoPE of q and k; K/V written to cells ``[cell0, cell0 + T)``; attention
+    the norms are given; RoPE of q and k; K/V written to cells ``[cell0, cell0 + T)`` of the
+    layer's state buffers ``kv = (k_cache, v_cache)`` (``state.kv(layer)``); attention
     over cells ``[0, n_kv)`` under the batch mask with ``scale`` (default ``1/sqrt(head_dim)``);
     output projection. (``matmul_many`` and ``qk_norm_rope_store`` are those steps fused.)
     """
@@ -188,8 +189,8 @@ def gqa_attention(ops: Ops, x, w: AttnWeights, cache: KVCache, layer: int, pb,
     q = ops.qk_norm_rope_store(ops.view(q, (T, n_head, head_dim)),
                                ops.view(k, (T, n_head_kv, head_dim)),
                                ops.view(v, (T, n_head_kv, dv)),
-                               w.attn_q_norm, w.attn_k_norm, eps, pb, rope, cache, layer)
-    o = ops.attention(q, cache, layer, pb, 1.0 / math.sqrt(head_dim) if scale is None else scale)
+                               w.attn_q_norm, w.attn_k_norm, eps, pb, rope, kv[0], kv[1])
+    o = ops.attention(q, kv[0], kv[1], pb, 1.0 / math.sqrt(head_dim) if scale is None else scale)
     return ops.matmul(o, w.attn_output)
 
 

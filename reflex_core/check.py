@@ -151,7 +151,6 @@ def run_check(path: str, prompt: str | None = None, n_decode: int = 4,
     from .cuda import driver
     from .engine import _tokenizer_or_none
     from .gguf import open_gguf
-    from .ops import Batch
     from .registry import get_host
 
     dev = driver.init()
@@ -182,19 +181,20 @@ def run_check(path: str, prompt: str | None = None, n_decode: int = 4,
     gpu_m, ref_m = cls.load(g, gpu_ops), cls.load(g, ref_ops)
     ids = [i % ref_m.n_vocab for i in ids]
     n = len(ids) + n_decode
-    gc, rc = gpu_m.new_cache(n), ref_m.new_cache(n)
-    batch = Batch.causal(ids, 0)
+    gs, rs = gpu_m.new_state(n), ref_m.new_state(n)
+    batch = rs.append(ids)
+    if gs.append(ids) != batch:  # pragma: no cover - the two states are the same bookkeeping
+        raise AssertionError("GPU and reference states disagree")
     rows = list(range(batch.n_tokens))
-    ref = ref_ops.to_numpy(ref_m.forward(batch, rc, rows))
-    gpu = gpu_ops.to_numpy(gpu_m.forward(batch, gc, rows))
-    rc.n_used = gc.n_used = batch.n_kv
+    ref = ref_ops.to_numpy(ref_m.forward(batch, rs, rows))
+    gpu = gpu_ops.to_numpy(gpu_m.forward(batch, gs, rows))
     _compare("prefill", 0, ref, gpu, res.positions)
     nxt = int(ref[-1].argmax())
     for _ in range(n_decode):
-        b = Batch.causal([nxt], rc.n_used)
-        ref = ref_ops.to_numpy(ref_m.forward(b, rc, [0]))
-        gpu = gpu_ops.to_numpy(gpu_m.forward(b, gc, [0]))
-        rc.n_used = gc.n_used = b.n_kv
+        b = rs.append([nxt])
+        gs.append([nxt])
+        ref = ref_ops.to_numpy(ref_m.forward(b, rs, [0]))
+        gpu = gpu_ops.to_numpy(gpu_m.forward(b, gs, [0]))
         _compare("decode", b.cell0, ref, gpu, res.positions)
         nxt = int(ref[-1].argmax())
     res.dequant = check_dequant(g, gpu_ops)

@@ -157,7 +157,9 @@ def generate(args, quickstart, hub_model, revision, n_tokens, temperature, top_k
     lm, ids = engine.load(model, backend, t, prompt=prompt, one_shot=True)
     for note in lm.notices:
         engine.warn(note)
-    sampling = engine.Sampling(temperature, top_k, top_p, seed)
+    from .sampling import SamplingParams
+
+    sampling = SamplingParams(temperature, top_k, top_p, seed)
 
     def on_text(s: str) -> None:
         sys.stdout.write(s)

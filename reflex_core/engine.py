@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 from .background import Background, start_cuda_init
 from .errors import CudaUnavailable, ReflexError
-from .ops import Batch
+from .sampling import SamplingParams
 from .timing import Timings, since_process_start_ms
 
 BACKENDS = ("auto", "cuda", "cpu")
@@ -43,6 +43,25 @@ class Loaded:
     backend: str
     device: str = ""
     notices: list[str] = field(default_factory=list)
+    prefetch: Any = None  # the page-cache prefetch thread (Background), joined by close()
+
+    def close(self) -> None:
+        """Free the model's backend resources (GPU weights, pinned pages) and unmap the file.
+        The loaded model cannot run afterwards."""
+        if self.prefetch is not None:  # it reads the mapping about to go away
+            self.prefetch.wait()
+            self.prefetch = None
+        release = getattr(self.ops, "release", None)
+        if release is not None:
+            release()
+        self.model = None
+        self.gguf.close()
+
+    def __enter__(self) -> "Loaded":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def require_tokenizer(self):
         if self.tokenizer is None:
@@ -60,7 +79,7 @@ def _tokenizer_or_none(g: Any) -> Any:
     return Tokenizer.from_gguf(g)
 
 
-def prefetch(g: Any) -> None:
+def prefetch(g: Any) -> Background:
     """Fault the tensor-data pages of the mmap in (MADV_POPULATE_READ; WILLNEED where the kernel
     lacks it) on a background thread: with a cold page cache the disk reads overlap CUDA init,
     and with a warm one the later cuMemHostRegister finds its page tables already filled. The
@@ -80,7 +99,7 @@ def prefetch(g: Any) -> None:
         if end > start and libc.madvise(start, end - start, 22) != 0:  # MADV_POPULATE_READ
             libc.madvise(start, end - start, 3)  # MADV_WILLNEED: asynchronous readahead
 
-    Background(run)
+    return Background(run)
 
 
 def _preimport_cuda() -> None:
@@ -122,7 +141,8 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
     t.notes["gguf index"] = {"hit": "hit (parse and tokenizer tables from the cached index)",
                              "miss": "miss (full parse; the index is written at exit)",
                              "off": "off"}[g.index_state]
-    prefetch(g)
+    # Only where the weights go to the GPU: the CPU backend reads them lazily, as it goes.
+    pref = prefetch(g) if cuda_init is not None else None
     arch = g.get("general.architecture")
     if not isinstance(arch, str) or not arch:
         raise ReflexError(f"{path}: general.architecture is missing; is this a model GGUF?")
@@ -192,23 +212,15 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
         t.notes["upload"] = ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
                                       for k, v in info.items())
     sys.setswitchinterval(0.005)
-    return Loaded(path, g, arch, model, ops, tok, chosen, device_name, notices), prompt_ids
+    if pref is not None and chosen == "cuda":
+        pref.wait()  # the upload has read every page: done, or about to be
+        pref = None
+    return (Loaded(path, g, arch, model, ops, tok, chosen, device_name, notices, pref),
+            prompt_ids)
 
 
 # --------------------------------------------------------------------------------------------
 # generate
-
-
-@dataclass
-class Sampling:
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0
 
 
 @dataclass
@@ -227,7 +239,7 @@ def check_context(lm: Loaded, n_prompt: int, n_new: int) -> None:
                           f"context length ({limit} tokens)")
 
 
-def generate(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: Sampling,
+def generate(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: SamplingParams,
              on_text: Callable[[str], None] | None = None,
              timings: Timings | None = None) -> GenerateResult:
     """Prefill the prompt as one batch, then decode up to ``n_new`` tokens (stopping at an
@@ -253,12 +265,11 @@ def generate(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: Sampli
         return ops.sample(logits, sampling.temperature, sampling.top_k, sampling.top_p,
                           rng.random())
 
-    cache = model.new_cache(len(prompt_ids) + n_new)
+    state = model.new_state(len(prompt_ids) + n_new)
     out: list[int] = []
     with t.span("first forward"):
-        batch = Batch.causal(prompt_ids, 0)
-        logits = model.forward(batch, cache, [batch.n_tokens - 1])
-        cache.n_used = batch.n_kv
+        batch = state.append(prompt_ids)
+        logits = model.forward(batch, state, [batch.n_tokens - 1])
         nxt = pick(logits)
     first_ms = since_process_start_ms()
     with t.span("decode"):
@@ -270,9 +281,7 @@ def generate(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: Sampli
                     on_text(piece)
             if len(out) >= n_new or nxt in eog:
                 break
-            batch = Batch.causal([nxt], cache.n_used)
-            logits = model.forward(batch, cache, [0])
-            cache.n_used = batch.n_kv
+            logits = model.forward(state.append([nxt]), state, [0])
             nxt = pick(logits)
     if streamer is not None and on_text is not None:
         tail = streamer.flush()

@@ -28,6 +28,7 @@ import pluggy
 if TYPE_CHECKING:  # pragma: no cover
     import click
 
+    from .opreg import OpDef
     from .registry import ArchSpec
 
 hookspec = pluggy.HookspecMarker("reflex")
@@ -48,6 +49,22 @@ def reflex_register_architectures(register: "Callable[[ArchSpec], None]") -> Non
         def reflex_register_architectures(register):
             register(ArchSpec(name="qwen3", model="reflex_qwen3.model:Qwen3",
                               description="dense Qwen3"))
+    """
+
+
+@hookspec
+def reflex_register_ops(register: "Callable[[OpDef], None]") -> None:
+    """Declare the ops of this plugin's family (:class:`~reflex_core.opreg.OpDef`: the NumPy
+    twin, the CUDA launcher and its kernel modules, random test cases); the forward pass then
+    calls ``ops.<name>(...)`` on any backend. Called when the plugin is loaded.
+
+    Example::
+
+        @hookimpl
+        def reflex_register_ops(register):
+            register(OpDef("sigmoid_mul", twin="reflex_x.ops:sigmoid_mul_twin",
+                           cuda="reflex_x.ops:sigmoid_mul_cuda", package="reflex_x",
+                           kernels=("x",), cases="reflex_x.ops:sigmoid_mul_cases"))
     """
 
 

@@ -1,5 +1,5 @@
-"""Typed access to one architecture's GGUF metadata, RoPE parameters (spec §2-§4.3), and the
-hyper-parameters every attention family reads (spec §3: :func:`read_transformer_hparams`).
+"""Typed access to one architecture's GGUF metadata and its RoPE parameters (spec §2-§4.3).
+Families declare their configuration on top of this (:mod:`reflex_core.config`).
 
 ``Meta(gguf, arch)`` reads keys the way llama.cpp does: a required key that is missing, or a key
 stored with the wrong kind (a string where a number is expected, ...), is a :class:`ModelError`
@@ -14,7 +14,6 @@ Standard library only (the GPU cold path imports this).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .errors import ModelError
@@ -95,21 +94,22 @@ class Meta:
     def has(self, key: str) -> bool:
         return self.key(key) in self.metadata
 
-    def _error(self, msg: str) -> ModelError:
+    def error(self, msg: str) -> ModelError:
+        """A one-line ModelError naming the file."""
         return ModelError(f"{self.file}: {msg}")
 
     def _get(self, key: str, default: Any) -> tuple[str, Any, bool]:
         full = self.key(key)
         if full not in self.metadata:
             if default is REQUIRED:
-                raise self._error(f"metadata key {full!r} is missing (required for "
+                raise self.error(f"metadata key {full!r} is missing (required for "
                                   f"architecture {self.arch!r})")
             return full, default, False
         return full, self.metadata[full], True
 
     def _kind_error(self, full: str, expected: str, t: int | None) -> ModelError:
         got = _TYPE_NAMES.get(t, str(t)) if t is not None else "unknown"
-        return self._error(f"metadata key {full!r} has wrong type {got} (expected {expected})")
+        return self.error(f"metadata key {full!r} has wrong type {got} (expected {expected})")
 
     # --- scalars ----------------------------------------------------------------------
     def u32(self, key: str, default: Any = REQUIRED) -> Any:
@@ -122,7 +122,7 @@ class Meta:
             raise self._kind_error(full, "uint32", t)
         v = int(v)
         if not 0 <= v < 2 ** 32:
-            raise self._error(f"metadata key {full!r} = {v} is out of range for uint32")
+            raise self.error(f"metadata key {full!r} = {v} is out of range for uint32")
         return v
 
     def f32(self, key: str, default: Any = REQUIRED) -> Any:
@@ -177,11 +177,11 @@ class Meta:
         t, elem = _stored_type(self.gguf, full, v)
         if t == T_ARRAY:
             if elem is not None and elem not in (T_INT32, T_UINT32, T_BOOL):
-                raise self._error(f"metadata key {full!r} is an array of "
+                raise self.error(f"metadata key {full!r} is an array of "
                                   f"{_TYPE_NAMES.get(elem, elem)} (expected int32/uint32/bool)")
             vals = list(v)
             if len(vals) != n_layers:
-                raise self._error(f"metadata key {full!r} has {len(vals)} entries; expected one "
+                raise self.error(f"metadata key {full!r} has {len(vals)} entries; expected one "
                                   f"per block ({n_layers})")
             out = []
             for x in vals:
@@ -190,7 +190,7 @@ class Meta:
                 elif isinstance(x, int) or (hasattr(x, "__index__") and not isinstance(x, float)):
                     out.append(int(x))
                 else:
-                    raise self._error(f"metadata key {full!r} holds a non-integer entry {x!r}")
+                    raise self.error(f"metadata key {full!r} holds a non-integer entry {x!r}")
             return out
         return [self.u32(key)] * n_layers
 
@@ -208,14 +208,14 @@ def vocab_size(gguf: Any, arch: str) -> int:
     if model in ("none", "no_vocab"):
         n = meta.u32("vocab_size", None)
         if n is None:
-            raise meta._error(f"tokenizer.ggml.model is {model!r} and {arch}.vocab_size is "
+            raise meta.error(f"tokenizer.ggml.model is {model!r} and {arch}.vocab_size is "
                               f"missing: the vocabulary size is unknown")
         return n
     tokens = meta.array("tokenizer.ggml.tokens", None)
     if tokens is None:
         n = meta.u32("vocab_size", None)
         if n is None:
-            raise meta._error("metadata key 'tokenizer.ggml.tokens' is missing (no vocabulary)")
+            raise meta.error("metadata key 'tokenizer.ggml.tokens' is missing (no vocabulary)")
         return n
     return len(tokens)
 
@@ -231,16 +231,16 @@ def rope_params(meta: Meta, n_rot: int, mode: str = "neox", yarn_log_mul: float 
     0.1); other architectures leave it 0. ``freq_base`` overrides ``rope.freq_base``.
     """
     if n_rot <= 0 or n_rot % 2:
-        raise meta._error(f"rope dimension count {n_rot} must be a positive even number")
+        raise meta.error(f"rope dimension count {n_rot} must be a positive even number")
     if mode not in ("neox", "norm"):
         raise ValueError(f"rope mode must be 'neox' or 'norm', got {mode!r}")
     base = meta.f32("rope.freq_base", 10000.0) if freq_base is None else float(freq_base)
     stype = meta.str("rope.scaling.type", "linear")
     if stype not in _SCALING_TYPES:
-        raise meta._error(f"unknown rope scaling type {stype!r} (expected one of "
+        raise meta.error(f"unknown rope scaling type {stype!r} (expected one of "
                           f"{', '.join(_SCALING_TYPES)})")
     if stype == "longrope":
-        raise meta._error("rope scaling type 'longrope' is not supported")
+        raise meta.error("rope scaling type 'longrope' is not supported")
     factor = meta.f32("rope.scaling.factor", None)
     if factor is None:
         factor = meta.f32("rope.scale_linear", 0.0)
@@ -267,136 +267,16 @@ def rope_params(meta: Meta, n_rot: int, mode: str = "neox", yarn_log_mul: float 
         attn_factor /= 1.0 + 0.1 * math.log(F)  # the rope kernel multiplies this back in
     attn_factor *= meta.f32("rope.scaling.attn_factor", 1.0)
     if ext_factor != 0.0 and n_ctx_orig <= 0:
-        raise meta._error("YaRN rope scaling needs rope.scaling.original_context_length or "
+        raise meta.error("YaRN rope scaling needs rope.scaling.original_context_length or "
                           "context_length")
     return RopeParams(n_rot=n_rot, mode=mode, freq_base=base, freq_scale=freq_scale,
                       ext_factor=ext_factor, attn_factor=attn_factor, beta_fast=32.0,
                       beta_slow=1.0, n_ctx_orig=n_ctx_orig)
 
 
-# --- hyper-parameters common to the attention families (spec §3) ------------------------------
-@dataclass(frozen=True)
-class TransformerHParams:
-    """The generic hyper-parameters of spec §3 (plus ε and RoPE), read once by
-    :func:`read_transformer_hparams` for any attention-based architecture.
-
-    MoE fields are 0 for a dense file. ``n_expert_used`` is layer 0's ``expert_used_count`` (the
-    value llama.cpp's graphs use for every layer, spec §4.5); ``n_ff_exp`` falls back to
-    ``n_ff // n_expert_used`` when ``expert_feed_forward_length`` is absent or 0 (spec §6.1).
-    """
-
-    arch: str
-    n_layer: int  # L: blocks executed (block_count - nextn_predict_layers)
-    n_layer_all: int  # L_all: blocks in the file
-    n_embd: int  # D
-    n_head: int  # H
-    n_head_kv: int  # H_kv
-    head_dim_k: int  # d_k (attention.key_length, default D/H)
-    head_dim_v: int  # d_v (attention.value_length, default D/H)
-    n_rot: int  # rope.dimension_count (default d_k)
-    n_ff: int  # F (feed_forward_length; 0 when absent)
-    n_vocab: int  # V
-    n_ctx_train: int
-    eps: float  # attention.layer_norm_rms_epsilon
-    rope: RopeParams
-    n_expert: int = 0  # E
-    n_expert_used: int = 0  # k
-    n_ff_exp: int = 0  # F_e
-    n_expert_groups: int = 0  # expert_group_count (DeepSeek group-limited routing)
-    n_group_used: int = 0  # expert_group_used_count
-
-    @property
-    def head_dim(self) -> int:
-        """d_h for architectures with ``d_k == d_v``."""
-        return self.head_dim_k
-
-
 def uniform(meta: Meta, key: str, values: list[int]) -> int:
     """The one value of a per-layer key, or a ModelError when the layers differ."""
     if len(set(values)) != 1:
-        raise meta._error(f"per-layer values of {meta.key(key)!r} differ ({values}); not "
+        raise meta.error(f"per-layer values of {meta.key(key)!r} differ ({values}); not "
                           f"supported for {meta.arch}")
     return values[0]
-
-
-def read_transformer_hparams(gguf: Any, arch: str, *, ffn: str | None = "dense",
-                             full_rotary: bool = True, rope_mode: str = "neox",
-                             yarn_log_mul: float = 0.0) -> TransformerHParams:
-    """Hyper-parameters per spec §3 (as llama.cpp's ``load_hparams``) with their checks.
-
-    ffn: "dense" requires ``feed_forward_length`` > 0; "moe" requires ``expert_count`` > 0,
-    ``expert_used_count`` > 0 and a positive F_e (after the ``F / k`` fallback); None requires
-    neither. full_rotary: require ``key_length == value_length == rope.dimension_count`` (the
-    qwen3/qwen3moe graphs assert it). Per-layer arrays (head counts, F, F_e) must be uniform.
-    Every violation is a one-line :class:`ModelError` naming the file and the key.
-    """
-    if ffn not in ("dense", "moe", None):
-        raise ValueError(f"ffn must be 'dense', 'moe' or None, got {ffn!r}")
-    meta = Meta(gguf, arch)
-    n_layer_all = meta.u32("block_count")
-    n_nextn = meta.u32("nextn_predict_layers", 0)
-    if n_layer_all <= 0 or n_nextn >= n_layer_all:
-        raise meta._error(f"block_count {n_layer_all} with {n_nextn} NextN layers leaves no "
-                          f"blocks to run")
-    n_embd = meta.u32("embedding_length")
-    if n_embd <= 0:
-        raise meta._error(f"{meta.key('embedding_length')} must be > 0")
-    n_head = uniform(meta, "attention.head_count",
-                     meta.u32_or_array("attention.head_count", n_layer_all))
-    if n_head <= 0:
-        raise meta._error(f"{meta.key('attention.head_count')} must be > 0")
-    n_head_kv = uniform(meta, "attention.head_count_kv",
-                        meta.u32_or_array("attention.head_count_kv", n_layer_all, n_head))
-    if n_head_kv <= 0 or n_head % n_head_kv:
-        raise meta._error(f"{n_head} query heads are not a multiple of {n_head_kv} KV heads")
-    d_k = meta.u32("attention.key_length", n_embd // n_head)
-    d_v = meta.u32("attention.value_length", n_embd // n_head)
-    n_rot = meta.u32("rope.dimension_count", d_k)
-    if d_k <= 0 or d_v <= 0:
-        raise meta._error(f"head sizes must be > 0 (key_length {d_k}, value_length {d_v})")
-    if full_rotary and not d_k == d_v == n_rot:
-        raise meta._error(f"{arch} needs key_length == value_length == rope.dimension_count "
-                          f"(got {d_k}, {d_v}, {n_rot})")
-    n_ff = uniform(meta, "feed_forward_length",
-                   meta.u32_or_array("feed_forward_length", n_layer_all, 0))
-    if ffn == "dense" and n_ff <= 0:
-        raise meta._error(f"{meta.key('feed_forward_length')} must be > 0")
-
-    # experts (spec §3 validation, §6.1 F_e fallback)
-    n_expert = meta.u32("expert_count", 0)
-    k_all = meta.u32_or_array("expert_used_count", n_layer_all, 0)
-    n_groups = meta.u32("expert_group_count", 0)
-    n_group_used = meta.u32("expert_group_used_count", 0)
-    k = k_all[0]
-    if ffn == "moe" and n_expert <= 0:
-        raise meta._error(f"{meta.key('expert_count')} must be > 0 for {arch}")
-    if max(k_all) > n_expert:
-        raise meta._error(f"{meta.key('expert_used_count')} = {max(k_all)} exceeds "
-                          f"{meta.key('expert_count')} = {n_expert}")
-    if n_expert > 0:
-        if min(k_all) <= 0:
-            raise meta._error(f"{meta.key('expert_used_count')} must be > 0 with "
-                              f"{n_expert} experts")
-        if n_groups >= n_expert or (n_groups > 1 and (
-                n_expert % n_groups or not 0 < n_group_used < n_groups)):
-            raise meta._error(f"expert groups {n_groups} (using {n_group_used}) do not fit "
-                              f"{n_expert} experts")
-    elif n_groups:
-        raise meta._error(f"{meta.key('expert_group_count')} = {n_groups} without experts")
-    n_ff_exp = uniform(meta, "expert_feed_forward_length",
-                       meta.u32_or_array("expert_feed_forward_length", n_layer_all, 0))
-    if n_ff_exp == 0 and k > 0:
-        n_ff_exp = n_ff // k
-    if ffn == "moe" and n_ff_exp <= 0:
-        raise meta._error(f"the expert FFN width is unknown: "
-                          f"{meta.key('expert_feed_forward_length')} and "
-                          f"{meta.key('feed_forward_length')} are missing or 0")
-
-    return TransformerHParams(
-        arch=arch, n_layer=n_layer_all - n_nextn, n_layer_all=n_layer_all, n_embd=n_embd,
-        n_head=n_head, n_head_kv=n_head_kv, head_dim_k=d_k, head_dim_v=d_v, n_rot=n_rot,
-        n_ff=n_ff, n_vocab=meta.vocab_size(), n_ctx_train=meta.u32("context_length"),
-        eps=meta.f32("attention.layer_norm_rms_epsilon"),
-        rope=rope_params(meta, n_rot, rope_mode, yarn_log_mul),
-        n_expert=n_expert, n_expert_used=k, n_ff_exp=n_ff_exp, n_expert_groups=n_groups,
-        n_group_used=n_group_used)

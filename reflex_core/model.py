@@ -1,30 +1,28 @@
 """The model contract: what the class named by an ``ArchSpec.model`` provides.
 
-A plugin subclasses :class:`Model`, reads its hyper-parameters from GGUF metadata, binds its
-weights by GGUF tensor name through ``ops.weight(name)``, and writes ``forward`` once against the
-ops interface. The engine drives it; the plugin never sees the CLI.
+A plugin subclasses :class:`Model`, reads its configuration from GGUF metadata (a typed
+:class:`~reflex_core.config.ArchConfig`), binds its weights by GGUF tensor name through
+``ops.weight(name)``, declares its state (:meth:`Model.state_spec`) and writes ``forward`` once
+against the ops interface. The engine drives it; the plugin never sees the CLI.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .ops import Batch, KVCache, Ops
+from .ops import Batch, Ops
+from .state import State, StateSpec
 
 
 class Model:
     """Base class of an architecture's model.
 
-    Subclasses set ``arch`` and implement ``__init__(gguf, ops)`` (read hparams, bind weights),
-    ``new_cache`` and ``forward``. Attention-only models keep ``supports_tree_mask = True``: the
-    system1 scorer then packs prompt + candidates into one batch under a tree mask. A model whose
-    state is recurrent (it cannot attend selectively to earlier tokens) sets it to False and
-    implements ``snapshot``/``restore``: the scorer then runs the prompt once, snapshots its state,
-    and scores each candidate from a restored snapshot.
+    Subclasses set ``arch`` and implement ``__init__(gguf, ops)`` (read the config, bind
+    weights), :meth:`state_spec` and :meth:`forward`. The backend allocates the declared state
+    (:meth:`new_state`); batches come from the state, so a model never counts cells.
     """
 
     arch: str = ""
-    supports_tree_mask: bool = True
 
     def __init__(self, gguf: Any, ops: Ops) -> None:
         self.gguf = gguf
@@ -37,20 +35,22 @@ class Model:
         """Build the model for an opened GGUF whose tensors ``ops`` has attached."""
         return cls(gguf, ops)
 
-    def new_cache(self, n_cells: int) -> KVCache:
-        """State for up to ``n_cells`` tokens (KV cells, recurrent state, ...)."""
+    def state_spec(self) -> StateSpec:
+        """The buffers this model's state holds (see :mod:`reflex_core.state`)."""
         raise NotImplementedError
 
-    def forward(self, batch: Batch, cache: KVCache, out_rows: Sequence[int]) -> Any:
-        """Run ``batch`` through the model, updating ``cache``; return the logits of the batch
-        rows ``out_rows`` as a backend tensor ``[len(out_rows), n_vocab]``."""
+    def new_state(self, n_cells: int, n_seqs: int = 1) -> State:
+        """Zeroed state for up to ``n_cells`` tokens in all and ``n_seqs`` sequences."""
+        return State(self.state_spec(), self.ops, n_cells, n_seqs)
+
+    def forward(self, batch: Batch, state: State, out_rows: Sequence[int]) -> Any:
+        """Run ``batch`` (made by ``state``) through the model, updating ``state``; return the
+        logits of the batch rows ``out_rows`` as a backend tensor ``[len(out_rows), n_vocab]``."""
         raise NotImplementedError
 
-    def snapshot(self, cache: KVCache) -> Any:
-        """A restorable copy of the state after the tokens processed so far.
-
-        For KV-only state the used cell count suffices: later cells are overwritten on reuse."""
-        return cache.n_used
-
-    def restore(self, cache: KVCache, snap: Any) -> None:
-        cache.n_used = snap
+    def close(self) -> None:
+        """Free what the model holds on its backend (the attached weights: device memory and
+        pinned pages on the GPU). The model is unusable afterwards."""
+        release = getattr(self.ops, "release", None)
+        if release is not None:
+            release()

@@ -23,7 +23,7 @@ forward pass nothing comes back to the host until the caller asks for token ids 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 
@@ -55,12 +55,25 @@ class AttnMask:
 
 @dataclass(frozen=True)
 class Batch:
-    """T tokens processed together by one forward pass."""
+    """T tokens processed together by one forward pass, made by a
+    :class:`~reflex_core.state.State` (which assigns positions, cells and the mask).
+
+    ``seq_ids[t]`` is the sequence token t belongs to (the slot of per-sequence state it reads
+    and updates); empty means every token is in sequence 0.
+    """
 
     tokens: tuple[int, ...]
     positions: tuple[int, ...]  # RoPE positions, one per token
     cell0: int  # KV cells [cell0, cell0 + T) receive this batch's K and V
     mask: AttnMask
+    seq_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.seq_ids:
+            object.__setattr__(self, "seq_ids", (0,) * len(self.tokens))
+        elif len(self.seq_ids) != len(self.tokens):
+            raise ValueError(f"batch has {len(self.tokens)} tokens but {len(self.seq_ids)} "
+                             f"sequence ids")
 
     @property
     def n_tokens(self) -> int:
@@ -73,7 +86,8 @@ class Batch:
 
     @staticmethod
     def causal(tokens: Sequence[int], start: int) -> "Batch":
-        """Plain left-to-right batch: token i at position and cell ``start + i``."""
+        """Plain left-to-right batch of sequence 0: token i at position and cell ``start + i``
+        (for op tests; a model's batches come from its State)."""
         n = len(tokens)
         return Batch(tuple(tokens), tuple(range(start, start + n)), start, AttnMask.causal(start, n))
 
@@ -107,24 +121,6 @@ class RopeParams:
         return lo, hi
 
 
-@dataclass
-class KVCache:
-    """Per-layer K and V buffers of ``n_cells`` cells, owned by the backend that made it.
-
-    ``k[l]`` / ``v[l]`` have shape ``[n_cells, n_kv_heads, head_dim]`` (float32). ``n_used`` is
-    the number of cells holding valid entries (the engine advances it after each batch).
-    """
-
-    n_layers: int
-    n_cells: int
-    n_kv_heads: int
-    head_dim_k: int
-    head_dim_v: int
-    k: list[Any] = field(default_factory=list)
-    v: list[Any] = field(default_factory=list)
-    n_used: int = 0
-
-
 class Weight:
     """A GGUF tensor as a backend holds it. ``ne`` is GGUF order (innermost first)."""
 
@@ -143,9 +139,27 @@ class Weight:
 
 
 class Ops:
-    """The op set every backend implements. See the module docstring for conventions."""
+    """The op set every backend implements. See the module docstring for conventions.
+
+    Ops of a family's own (registered by its plugin, :mod:`reflex_core.opreg`) are attributes
+    too: ``ops.<name>(...)`` runs the op's NumPy twin on the CPU backend and its CUDA launcher on
+    the GPU backend."""
 
     name = "abstract"
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        from . import opreg
+
+        fn = opreg.implementation(name, self.name)
+
+        def op(*args: Any, **kwargs: Any) -> Any:
+            return fn(self, *args, **kwargs)
+
+        op.__name__ = name
+        self.__dict__[name] = op  # found directly from now on
+        return op
 
     # --- weights and state -------------------------------------------------------------
     def attach(self, gguf) -> None:
@@ -179,8 +193,29 @@ class Ops:
             raise UnsupportedTensorType(f"tensor {name!r} has GGML type {tname} ({t}), {cannot}")
         return info, t, tuple(int(n) for n in info.ne)
 
-    def new_kv_cache(self, n_layers: int, n_cells: int, n_kv_heads: int, head_dim_k: int,
-                     head_dim_v: int) -> KVCache:
+    # --- state buffers (reflex_core.state.State allocates and copies through these) ----------
+    state_dtype = "f32"  # element type of the state buffers this backend allocates
+
+    def zeros(self, shape: Sequence[int]):
+        """A new zero-filled float32 tensor of ``shape``."""
+        raise NotImplementedError
+
+    def clone(self, x):
+        """A copy of ``x`` (on the backend's device)."""
+        raise NotImplementedError
+
+    def copy_rows(self, dst, dst_row: int, src, src_row: int, n_rows: int) -> None:
+        """``dst[dst_row : dst_row + n] = src[src_row : src_row + n]`` along the first
+        dimension (the rows have the same size), on the device."""
+        raise NotImplementedError
+
+    def rows_to_bytes(self, x, row0: int, n_rows: int) -> bytes:
+        """The bytes of rows ``[row0, row0 + n_rows)`` of ``x`` (first dimension), on the host."""
+        raise NotImplementedError
+
+    def rows_from_bytes(self, x, row0: int, n_rows: int, data: bytes) -> None:
+        """Overwrite rows ``[row0, row0 + n_rows)`` of ``x`` with ``data`` (from
+        :meth:`rows_to_bytes` of a tensor of the same row size)."""
         raise NotImplementedError
 
     def prepare(self, batch: Batch) -> Any:
@@ -211,12 +246,14 @@ class Ops:
         """Rotate ``x [T, H, d]``'s first ``p.n_rot`` dims of every head by the batch positions."""
         raise NotImplementedError
 
-    def kv_write(self, cache: KVCache, layer: int, k, v, pb) -> None:
-        """Store ``k [T, H_kv, d_k]`` and ``v [T, H_kv, d_v]`` in cells ``[cell0, cell0+T)``."""
+    def kv_write(self, k_cache, v_cache, k, v, pb) -> None:
+        """Store ``k [T, H_kv, d_k]`` and ``v [T, H_kv, d_v]`` in cells ``[cell0, cell0+T)`` of
+        ``k_cache [n_cells, H_kv, d_k]`` / ``v_cache [n_cells, H_kv, d_v]`` (state buffers)."""
         raise NotImplementedError
 
-    def attention(self, q, cache: KVCache, layer: int, pb, scale: float):
-        """GQA attention of ``q [T, H, d_k]`` over cells ``[0, n_kv)`` under the batch mask.
+    def attention(self, q, k_cache, v_cache, pb, scale: float):
+        """GQA attention of ``q [T, H, d_k]`` over cells ``[0, n_kv)`` of ``k_cache`` /
+        ``v_cache`` under the batch mask.
 
         Query head h reads KV head ``h // (H // H_kv)``. Scores are ``scale · q·k``, softmax in
         float32, masked cells excluded. Returns ``[T, H * d_v]`` (head-major).
@@ -266,19 +303,20 @@ class Ops:
         return s, self.rmsnorm(s, w, eps)
 
     def qk_norm_rope_store(self, q, k, v, q_norm: Weight | None, k_norm: Weight | None,
-                           eps: float, pb, rope: RopeParams, cache: KVCache, layer: int):
+                           eps: float, pb, rope: RopeParams, k_cache, v_cache):
         """The attention prologue after the projections; returns the rotated queries.
 
         ``q [T, H, d_k]``, ``k [T, H_kv, d_k]``, ``v [T, H_kv, d_v]``. When ``q_norm`` is given,
         q is RMS-normalised per head (over ``d_k``) times ``q_norm`` (ne ``[d_k]``), likewise k
         with ``k_norm``; a None norm means no normalisation at all (not a weightless one). Then
         q and k are rotated by ``rope`` at the batch positions, and k (rotated) and v go to the
-        layer's cache cells ``[cell0, cell0 + T)``. Returns q rotated ``[T, H, d_k]``. Equals::
+        cache cells ``[cell0, cell0 + T)`` of ``k_cache`` / ``v_cache``. Returns q rotated
+        ``[T, H, d_k]``. Equals::
 
             if q_norm is not None: q = rmsnorm(q, q_norm, eps)
             if k_norm is not None: k = rmsnorm(k, k_norm, eps)
             q, k = rope(q, pb, rope), rope(k, pb, rope)
-            kv_write(cache, layer, k, v, pb)
+            kv_write(k_cache, v_cache, k, v, pb)
             return q
         """
         if q_norm is not None:
@@ -287,7 +325,7 @@ class Ops:
             k = self.rmsnorm(k, k_norm, eps)
         q = self.rope(q, pb, rope)
         k = self.rope(k, pb, rope)
-        self.kv_write(cache, layer, k, v, pb)
+        self.kv_write(k_cache, v_cache, k, v, pb)
         return q
 
     # --- MoE (qwen3moe, qwen35moe, deepseek2) --------------------------------------------

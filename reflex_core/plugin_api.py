@@ -1,19 +1,23 @@
 """Everything an architecture plugin imports from the core, in one place.
 
-    from reflex_core.plugin_api import ArchSpec, hookimpl, Model, Meta, blocks, ...
+    from reflex_core.plugin_api import ArchSpec, hookimpl, Model, AttentionConfig, blocks, ...
 """
 
 from . import blocks
+from .config import ArchConfig, AttentionConfig, MoEConfig, derived, key
 from .errors import ModelError, ReflexError, UnsupportedTensorType
 from .hookspecs import hookimpl
-from .hparams import (Meta, TransformerHParams, read_transformer_hparams, rope_params, uniform,
-                      vocab_size)
+from .hparams import Meta, rope_params, uniform, vocab_size
 from .model import Model
-from .ops import AttnMask, Batch, KVCache, Ops, RopeParams, Weight
+from .opreg import OpDef
+from .ops import AttnMask, Batch, Ops, RopeParams, Weight
 from .registry import ArchSpec
+from .state import BufferSpec, State, StateSpec, ViewSpec, attention_kv, attention_kv_spec
 
 __all__ = [
-    "ArchSpec", "AttnMask", "Batch", "KVCache", "Meta", "Model", "ModelError", "Ops",
-    "ReflexError", "RopeParams", "TransformerHParams", "UnsupportedTensorType", "Weight", "blocks",
-    "hookimpl", "read_transformer_hparams", "rope_params", "uniform", "vocab_size",
+    "ArchConfig", "ArchSpec", "AttentionConfig", "AttnMask", "Batch", "BufferSpec", "Meta",
+    "MoEConfig", "Model", "ModelError", "OpDef", "Ops", "ReflexError", "RopeParams", "State",
+    "StateSpec", "UnsupportedTensorType", "ViewSpec", "Weight", "attention_kv",
+    "attention_kv_spec", "blocks", "derived", "hookimpl", "key", "rope_params", "uniform",
+    "vocab_size",
 ]

@@ -200,6 +200,14 @@ class PluginHost:
         for ep in self.entry_points():
             self._load_ep(ep)
         self.pm.check_pending()
+        self.register_ops()
+
+    def register_ops(self) -> None:
+        """Put the ops of every loaded plugin into the op registry (reflex_core.opreg)."""
+        from . import opreg
+
+        for impl in self.pm.hook.reflex_register_ops.get_hookimpls():
+            impl.function(register=lambda op, _owner=impl.plugin_name: opreg.register(op, _owner))
 
     def load_for(self, arch: str) -> None:
         """Import only the plugins whose entry point is named ``arch``."""
@@ -251,6 +259,7 @@ class PluginHost:
         self.load_for(arch)
         table = self.architectures()
         if arch in table:
+            self.register_ops()
             return table[arch][0]
         # Not found: say what is installed (names from metadata; nothing more is imported).
         installed = sorted({ep.name for ep in self.entry_points()} | set(table))

@@ -1,7 +1,7 @@
 """Token sampling: the one definition both backends follow.
 
-This module is importable without NumPy (the CUDA path imports it for :class:`SamplingParams`
-and :class:`Uniform`); the reference implementation imports NumPy inside the function.
+This module is importable without NumPy (the CUDA path imports it for :class:`SamplingParams`);
+the reference implementation imports NumPy inside the function.
 
 The algorithm (``logits`` is one float32 row of length V; ``u`` is a host-drawn uniform in
 [0, 1))::
@@ -40,62 +40,23 @@ Notes for other implementations (the CUDA kernel):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any, Optional
-
-_MASK64 = (1 << 64) - 1
+from typing import Any
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """What a generate job asks for. ``temperature <= 0`` is greedy decoding."""
+    """What a generate job asks for. ``temperature <= 0`` is greedy decoding; ``seed`` None
+    draws a random seed (reported with the result)."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
-    seed: int = 0
+    seed: int | None = None
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
-
-    def validate(self) -> "SamplingParams":
-        from .errors import UsageError
-
-        if not math.isfinite(self.temperature):
-            raise UsageError(f"temperature must be a finite number, got {self.temperature}")
-        if self.top_k < 0:
-            raise UsageError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise UsageError(f"top-p must be in (0, 1] (1 disables it), got {self.top_p}")
-        return self
-
-
-class Uniform:
-    """Deterministic uniforms in [0, 1) from a seed: SplitMix64, 53-bit mantissa.
-
-    ``state += 0x9E3779B97F4A7C15``; ``z = state``; ``z = (z ^ z>>30) * 0xBF58476D1CE4E5B9``;
-    ``z = (z ^ z>>27) * 0x94D049BB133111EB``; ``z ^= z>>31`` (all mod 2^64); ``u = (z >> 11) / 2^53``.
-    """
-
-    def __init__(self, seed: int = 0) -> None:
-        self.state = int(seed) & _MASK64
-
-    def next(self) -> float:
-        self.state = (self.state + 0x9E3779B97F4A7C15) & _MASK64
-        z = self.state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-        z ^= z >> 31
-        return (z >> 11) / 9007199254740992.0  # 2**53
-
-
-def argmax_reference(logits: Any) -> int:
-    """Index of the largest value (the first on ties)."""
-    import numpy as np
-
-    return int(np.argmax(np.asarray(logits)))
 
 
 def kept_mask(logits: Any, temperature: float, top_k: int, top_p: float) -> tuple[Any, Any]:
@@ -152,11 +113,3 @@ def sample_probs(logits: Any, temperature: float, top_k: int, top_p: float) -> A
     p, kept = kept_mask(logits, temperature, top_k, top_p)
     out[kept] = p[kept]
     return out / out.sum()
-
-
-def draw(logits: Any, params: SamplingParams, rng: Optional[Uniform]) -> int:
-    """Convenience: greedy or one draw with the next uniform of ``rng``."""
-    if params.greedy:
-        return argmax_reference(logits)
-    u = rng.next() if rng is not None else 0.0
-    return sample_reference(logits, params.temperature, params.top_k, params.top_p, u)

@@ -10,9 +10,10 @@ candidate's, and each candidate's positions continue the prompt's. The score of 
 the vocabulary); ``entropy`` is that distribution's entropy in nats. With ``normalize`` each score
 is divided by the candidate's token count before the softmax (the reported score stays the sum).
 
-A model whose state is recurrent cannot attend selectively (``Model.supports_tree_mask`` False):
-the prompt then runs once, its state is snapshotted, and each candidate is scored from a restored
-snapshot — same numbers, one prompt pass plus one short pass per candidate.
+A model whose state is recurrent (per-sequence buffers, :attr:`StateSpec.recurrent`) cannot attend
+selectively: the prompt then runs once, each candidate gets its own sequence forked from the
+prompt's state (device-side copies), and every candidate is scored in one second pass -- the same
+numbers in two forward passes.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .errors import ReflexError
-from .ops import AttnMask, Batch
 
 
 @dataclass
@@ -55,70 +55,60 @@ def tokenize_candidates(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]
     return out
 
 
-def tree_batch(prompt: Sequence[int], cands: Sequence[Sequence[int]]) -> tuple[Batch, list[int], list[int]]:
-    """Pack prompt + candidates into one batch under the tree mask.
-
-    Returns (batch, out_rows, targets): ``out_rows[r]`` is the batch row whose logits predict
-    ``targets[r]``. Rows are ordered candidate by candidate, token by token.
-    """
-    P = len(prompt)
-    tokens = list(prompt)
-    positions = list(range(P))
-    prefix_end = list(range(1, P + 1))
-    own_start = [0] * P
-    own_end = [0] * P
-    out_rows: list[int] = []
-    targets: list[int] = []
-    for ids in cands:
-        start = len(tokens)
-        for j, tok in enumerate(ids):
-            tokens.append(tok)
-            positions.append(P + j)
-            prefix_end.append(P)
-            own_start.append(start)
-            own_end.append(start + j + 1)
-            out_rows.append(P - 1 if j == 0 else start + j - 1)
-            targets.append(tok)
-    mask = AttnMask(tuple(prefix_end), tuple(own_start), tuple(own_end))
-    return Batch(tuple(tokens), tuple(positions), 0, mask), out_rows, targets
-
-
 def score(model: Any, ops: Any, prompt: Sequence[int], cands: Sequence[Sequence[int]]) -> list[float]:
-    """Sum of log-probabilities of each candidate's tokens given the prompt (one pass)."""
+    """Sum of log-probabilities of each candidate's tokens given the prompt.
+
+    Attention-only state: ONE forward pass over the tree batch (the prompt as sequence 0, each
+    candidate as its own sequence continuing it). Recurrent state: the prompt first, then every
+    candidate from its own fork of the prompt's state, all candidates in one second pass."""
     if not prompt:
         raise ReflexError("empty prompt: system1 needs a prompt to condition on")
-    total = len(prompt) + sum(len(c) for c in cands)
+    P = len(prompt)
+    total = P + sum(len(c) for c in cands)
+    spec = model.state_spec()
     limit = model.n_ctx_train
-    if limit and (total if model.supports_tree_mask else len(prompt) + max(map(len, cands))) > limit:
+    # the tree batch holds every candidate at once; forked sequences only one each
+    need = P + max(map(len, cands)) if spec.recurrent else total
+    if limit and need > limit:
         raise ReflexError(f"prompt + candidates ({total} tokens) exceed the model's context "
                           f"length ({limit} tokens)")
-    if model.supports_tree_mask:
-        batch, rows, targets = tree_batch(prompt, cands)
+    state = model.new_state(total, 1 + len(cands))
+    branches = {1 + i: list(c) for i, c in enumerate(cands)}
+    # batch row whose logits predict each candidate token, in candidate order
+    rows: list[int] = []
+    targets: list[int] = []
+    if not spec.recurrent:
+        batch = state.append_tree(prompt, branches)
+        start = P
+        for c in cands:
+            rows += [P - 1] + [start + j for j in range(len(c) - 1)]
+            targets += c
+            start += len(c)
         uniq = sorted(set(rows))
         where = {r: i for i, r in enumerate(uniq)}
-        cache = model.new_cache(batch.n_tokens)
-        logits = model.forward(batch, cache, uniq)
+        logits = model.forward(batch, state, uniq)
         lp = ops.token_logprobs(ops.take_rows(logits, [where[r] for r in rows]), targets)
-        scores, k = [], 0
-        for c in cands:
-            scores.append(float(sum(lp[k:k + len(c)])))
-            k += len(c)
-        return scores
-    # Recurrent state: prompt once, then each candidate from a restored snapshot.
-    cache = model.new_cache(len(prompt) + max(len(c) for c in cands))
-    first = Batch.causal(prompt, 0)
-    last_logits = model.forward(first, cache, [first.n_tokens - 1])
-    cache.n_used = first.n_kv
-    snap = model.snapshot(cache)
-    scores = []
+    else:
+        first = state.append(prompt, 0)
+        last = model.forward(first, state, [P - 1])
+        for seq in branches:
+            state.fork(0, seq)
+        first_lp = ops.token_logprobs(ops.take_rows(last, [0] * len(cands)), [c[0] for c in cands])
+        rest = {seq: toks[:-1] for seq, toks in branches.items() if len(toks) > 1}
+        later: list[float] = []
+        if rest:
+            batch = state.append_branches(rest)
+            logits = model.forward(batch, state, list(range(batch.n_tokens)))
+            later = ops.token_logprobs(logits, [t for toks in branches.values() for t in toks[1:]])
+        lp, k = [], 0
+        for i, c in enumerate(cands):
+            lp.append(first_lp[i])
+            lp += later[k:k + len(c) - 1]
+            k += len(c) - 1
+    scores, k = [], 0
     for c in cands:
-        model.restore(cache, snap)
-        lp = ops.token_logprobs(last_logits, [c[0]])
-        if len(c) > 1:
-            b = Batch.causal(c[:-1], cache.n_used)
-            logits = model.forward(b, cache, list(range(b.n_tokens)))
-            lp += ops.token_logprobs(logits, c[1:])
-        scores.append(float(sum(lp)))
+        scores.append(float(sum(lp[k:k + len(c)])))
+        k += len(c)
     return scores
 
 

@@ -294,12 +294,21 @@ def naive_attention(q, K, V, mask: AttnMask, scale, tiled=False):
     return out.reshape(T, -1)
 
 
+class KV:
+    """K and V buffers of n_layers attention layers (what a State holds for them)."""
+
+    def __init__(self, ops, n_layers, n_cells, Hkv, dk, dv):
+        self.k = [ops.zeros((n_cells, Hkv, dk)) for _ in range(n_layers)]
+        self.v = [ops.zeros((n_cells, Hkv, dv)) for _ in range(n_layers)]
+
+
 def _fill_cache(ops, rng, n_cells, Hkv, dk, dv, n_prev):
-    cache = ops.new_kv_cache(2, n_cells, Hkv, dk, dv)
+    cache = KV(ops, 2, n_cells, Hkv, dk, dv)
     if n_prev:
         prev = Batch.causal(list(range(n_prev)), 0)
         for layer in range(2):
-            ops.kv_write(cache, layer, rng.standard_normal((n_prev, Hkv, dk)).astype(np.float32),
+            ops.kv_write(cache.k[layer], cache.v[layer],
+                         rng.standard_normal((n_prev, Hkv, dk)).astype(np.float32),
                          rng.standard_normal((n_prev, Hkv, dv)).astype(np.float32),
                          ops.prepare(prev))
     return cache
@@ -315,11 +324,11 @@ def test_attention_causal_gqa(request, H, Hkv, dk, dv, n_prev, T):
     pb = ops.prepare(b)
     k = rng.standard_normal((T, Hkv, dk)).astype(np.float32)
     v = rng.standard_normal((T, Hkv, dv)).astype(np.float32)
-    ops.kv_write(cache, 1, k, v, pb)
+    ops.kv_write(cache.k[1], cache.v[1], k, v, pb)
     np.testing.assert_array_equal(cache.k[1][n_prev:n_prev + T], k)
     q = rng.standard_normal((T, H, dk)).astype(np.float32) * 2
     scale = 1 / math.sqrt(dk)
-    y = ops.attention(q, cache, 1, pb, scale)
+    y = ops.attention(q, cache.k[1], cache.v[1], pb, scale)
     K, V = cache.k[1][:b.n_kv], cache.v[1][:b.n_kv]
     ref = naive_attention(q, K, V, b.mask, scale)
     assert y.shape == (T, H * dv)
@@ -342,27 +351,28 @@ def test_attention_tree_mask(request):
     b = Batch(tuple(range(6)), (4, 5, 6, 4, 5, 6), 4, mask)
     pb = ops.prepare(b)
     assert pb.mask.tolist()[3] == [True] * 4 + [False] * 3 + [True] + [False] * 2
-    ops.kv_write(cache, 0, rng.standard_normal((6, Hkv, d)).astype(np.float32),
+    ops.kv_write(cache.k[0], cache.v[0], rng.standard_normal((6, Hkv, d)).astype(np.float32),
                  rng.standard_normal((6, Hkv, d)).astype(np.float32), pb)
     q = rng.standard_normal((6, H, d)).astype(np.float32)
-    y = ops.attention(q, cache, 0, pb, 0.3)
+    y = ops.attention(q, cache.k[0], cache.v[0], pb, 0.3)
     ref = naive_attention(q, cache.k[0][:10], cache.v[0][:10], mask, 0.3)
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
     # candidate 2's first token equals a fresh causal decode over prompt + that token alone
     solo = Batch((0,), (4,), 4, AttnMask((4,), (4,), (5,)))
-    c2 = ops.new_kv_cache(1, 16, Hkv, d, d)
+    c2 = KV(ops, 1, 16, Hkv, d, d)
     c2.k[0][:4], c2.v[0][:4] = cache.k[0][:4], cache.v[0][:4]
     c2.k[0][4], c2.v[0][4] = cache.k[0][7], cache.v[0][7]
-    np.testing.assert_allclose(ops.attention(q[3:4], c2, 0, ops.prepare(solo), 0.3), y[3:4],
+    np.testing.assert_allclose(ops.attention(q[3:4], c2.k[0], c2.v[0], ops.prepare(solo), 0.3), y[3:4],
                                rtol=1e-6, atol=1e-6)
 
 
 def test_kv_write_overflow():
     ops = NumpyOps()
-    cache = ops.new_kv_cache(1, 4, 1, 2, 2)
+    cache = KV(ops, 1, 4, 1, 2, 2)
     pb = ops.prepare(Batch.causal([1, 2], 3))
     with pytest.raises(ReflexError, match="KV cache"):
-        ops.kv_write(cache, 0, np.zeros((2, 1, 2), np.float32), np.zeros((2, 1, 2), np.float32), pb)
+        ops.kv_write(cache.k[0], cache.v[0], np.zeros((2, 1, 2), np.float32),
+                     np.zeros((2, 1, 2), np.float32), pb)
 
 
 def test_bad_mask_rejected():
@@ -547,9 +557,9 @@ def test_sampling_top_k_keeps_ties():
 def test_sampling_module_imports_without_numpy():
     code = ("import sys; sys.modules['numpy'] = None\n"
             "from reflex_core import sampling\n"
-            "u = sampling.Uniform(7); a = [u.next() for _ in range(3)]\n"
-            "assert all(0 <= x < 1 for x in a) and a == [sampling.Uniform(7).next()] + a[1:]\n"
-            "assert sampling.SamplingParams(0.5, 3, 0.9).validate().top_k == 3\n")
+            "p = sampling.SamplingParams(0.5, 3, 0.9)\n"
+            "assert (p.top_k, p.seed, p.greedy, sampling.SamplingParams().greedy) == "
+            "(3, None, False, True)\n")
     root = str(__import__("pathlib").Path(__file__).resolve().parent.parent)
     r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -577,20 +587,19 @@ def test_qwen3_rows_and_tree_batch(model_files):
     prompt, c1, c2 = [5, 9, 1, 44], [7, 8], [30, 31, 32]
 
     def causal(tokens):
-        cache = m.new_cache(16)
-        return m.forward(Batch.causal(tokens, 0), cache, list(range(len(tokens))))
+        st = m.new_state(16)
+        return m.forward(st.append(tokens), st, list(range(len(tokens))))
 
     full = causal(prompt + c1)
-    np.testing.assert_allclose(m.forward(Batch.causal(prompt + c1, 0), m.new_cache(8), [5, 1]),
+    st = m.new_state(8)
+    np.testing.assert_allclose(m.forward(st.append(prompt + c1), st, [5, 1]),
                                full[[5, 1]], rtol=1e-6, atol=1e-6)
     # tree batch: cells 0-3 prompt, 4-5 c1, 6-8 c2
-    toks = prompt + c1 + c2
-    pos = (0, 1, 2, 3, 4, 5, 4, 5, 6)
-    pe = (1, 2, 3, 4, 4, 4, 4, 4, 4)
-    os_ = (0, 0, 0, 0, 4, 4, 6, 6, 6)
-    oe = (0, 0, 0, 0, 5, 6, 7, 8, 9)
-    tree = m.forward(Batch(tuple(toks), pos, 0, AttnMask(pe, os_, oe)), m.new_cache(16),
-                     list(range(9)))
+    st = m.new_state(16, 3)
+    b = st.append_tree(prompt, {1: c1, 2: c2})
+    assert b.positions == (0, 1, 2, 3, 4, 5, 4, 5, 6)
+    assert b.mask.visible(6) == [0, 1, 2, 3, 6] and b.mask.visible(5) == [0, 1, 2, 3, 4, 5]
+    tree = m.forward(b, st, list(range(9)))
     np.testing.assert_allclose(tree[:6], full, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(tree[6:], causal(prompt + c2)[4:], rtol=1e-5, atol=1e-5)
 
@@ -686,9 +695,9 @@ def test_qk_norm_rope_store_vs_naive(request, fake_gguf, norms, mode, ext, T, H,
     batch = Batch(tuple(range(T)), tuple(int(x) for x in rng.integers(0, 500, T)), cell0,
                   AttnMask.causal(cell0, T))
     pb = ops.prepare(batch)
-    cache = ops.new_kv_cache(2, cell0 + T + 1, Hkv, d, dv)
+    cache = KV(ops, 2, cell0 + T + 1, Hkv, d, dv)
     eps = 1e-6
-    got = ops.qk_norm_rope_store(q, k, v, qn, kn, eps, pb, p, cache, 1)
+    got = ops.qk_norm_rope_store(q, k, v, qn, kn, eps, pb, p, cache.k[1], cache.v[1])
 
     def naive_norm(x, g):
         x = x.astype(np.float64)
@@ -704,11 +713,11 @@ def test_qk_norm_rope_store_vs_naive(request, fake_gguf, norms, mode, ext, T, H,
     assert not cache.k[1][:cell0].any() and not cache.k[1][cell0 + T:].any()
     assert not cache.k[0].any() and not cache.v[0].any()
     # == the unfused ops, bit for bit
-    c2 = ops.new_kv_cache(2, cell0 + T + 1, Hkv, d, dv)
+    c2 = KV(ops, 2, cell0 + T + 1, Hkv, d, dv)
     q2 = ops.rmsnorm(q, qn, eps) if qn is not None else q
     k2 = ops.rmsnorm(k, kn, eps) if kn is not None else k
     q2, k2 = ops.rope(q2, pb, p), ops.rope(k2, pb, p)
-    ops.kv_write(c2, 1, k2, v, pb)
+    ops.kv_write(c2.k[1], c2.v[1], k2, v, pb)
     assert np.array_equal(got, q2) and np.array_equal(cache.k[1], c2.k[1])
 
 

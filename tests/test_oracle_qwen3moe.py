@@ -101,7 +101,7 @@ def test_the_model_is_the_plugins(model_files):
 
     m = load_model(model_files(SMALL, "F32", seed=0))
     assert type(m).__module__ == "reflex_qwen3_moe.model" and type(m).__name__ == "Qwen3MoE"
-    assert (m.hp.n_expert, m.hp.n_expert_used, m.hp.n_ff_exp) == (8, 2, 64)
+    assert (m.cfg.n_expert, m.cfg.n_expert_used, m.cfg.n_ff_exp) == (8, 2, 64)
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])

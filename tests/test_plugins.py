@@ -13,7 +13,9 @@ from click.testing import CliRunner
 
 from reflex_core import hookspecs, registry
 from reflex_core.errors import PluginConflict, ReflexError, UnsupportedArchitecture
-from reflex_core.plugin_api import ArchSpec, Batch, Meta, Model, blocks, hookimpl
+from reflex_core.plugin_api import (ArchSpec, Batch, Meta, Model, OpDef, StateSpec, blocks,
+                                    hookimpl)
+from reflex_core.sampling import SamplingParams
 
 # --------------------------------------------------------------------------------------------
 # A third-party architecture, "toylm": embedding -> RMSNorm -> SwiGLU FFN (residual) -> LM head.
@@ -38,10 +40,10 @@ class ToyLM(Model):
         self.down = ops.weight("blk.0.ffn_down.weight")
         self.out_norm = ops.weight("output_norm.weight")
 
-    def new_cache(self, n_cells):
-        return self.ops.new_kv_cache(0, n_cells, 1, 1, 1)
+    def state_spec(self):
+        return StateSpec(())  # no attention, no recurrence: nothing to keep
 
-    def forward(self, batch: Batch, cache, out_rows):
+    def forward(self, batch: Batch, state, out_rows):
         ops = self.ops
         pb = ops.prepare(batch)
         x = ops.embed(self.embd, pb)
@@ -104,7 +106,8 @@ def host():
 
 def test_hookspecs_are_prefixed_typed_and_documented():
     names = [n for n in dir(hookspecs) if n.startswith("reflex_")]
-    assert names == ["reflex_register_architectures", "reflex_register_commands"]
+    assert names == ["reflex_register_architectures", "reflex_register_commands",
+                     "reflex_register_ops"]
     for n in names:
         fn = getattr(hookspecs, n)
         assert "Example::" in (fn.__doc__ or ""), n
@@ -121,15 +124,51 @@ def test_hook_reflex_register_architectures(host, tmp_path):
     lm, _ = engine.load(str(path), "cpu")
     assert lm.arch == TOY and isinstance(lm.model, ToyLM)
     ids = [3, 1, 4, 1, 5, 9, 2, 6]
-    logits = lm.model.forward(Batch.causal(ids, 0), lm.model.new_cache(len(ids)), range(len(ids)))
+    st = lm.model.new_state(len(ids))
+    logits = lm.model.forward(st.append(ids), st, range(len(ids)))
     np.testing.assert_allclose(lm.ops.to_numpy(logits), toy_reference(t, ids), rtol=1e-4, atol=1e-4)
-    res = engine.generate(lm, ids, 5, engine.Sampling())
+    res = engine.generate(lm, ids, 5, SamplingParams())
     seq = list(ids)
     for _ in range(5):  # greedy continuation from the reference
         seq.append(int(np.argmax(toy_reference(t, seq)[-1])))
     assert res.token_ids == seq[len(ids):]
     info = {p.name: p for p in host.plugins()}["undo-toy"]
     assert info.version == "9.9" and [a.name for a in info.architectures] == [TOY]
+
+
+def toy_scale_twin(ops, x, s):
+    return (np.asarray(x, np.float32) * np.float32(s)).astype(np.float32)
+
+
+class ToyOpsPlugin:
+    @hookimpl
+    def reflex_register_ops(self, register):
+        register(OpDef("toy_scale", twin=f"{__name__}:toy_scale_twin"))
+
+
+def test_hook_reflex_register_ops(host):
+    """A plugin's op is called as ops.<name> on the CPU backend (its twin); a second definition
+    of a taken name, or of a core op's name, is refused with one line."""
+    from reflex_core import opreg
+    from reflex_core.backends.numpy_backend import NumpyOps
+
+    host.register(ToyOpsPlugin(), name="undo-toyops")
+    try:
+        host.register_ops()
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        np.testing.assert_array_equal(NumpyOps().toy_scale(x, 2.5), x * np.float32(2.5))
+        host.register_ops()  # the same definitions again: fine
+        with pytest.raises(PluginConflict, match="'toy_scale' of plugin other is already "
+                                                 "registered by undo-toyops"):
+            opreg.register(OpDef("toy_scale", twin="elsewhere:f"), "other")
+        with pytest.raises(PluginConflict, match="'rmsnorm' of plugin other is already "
+                                                 "registered by reflex_core"):
+            opreg.register(OpDef("rmsnorm", twin="elsewhere:f"), "other")
+        with pytest.raises(AttributeError):
+            NumpyOps().no_such_op
+    finally:
+        opreg.unregister("toy_scale")
+    assert opreg.get("toy_scale") is None
 
 
 def test_hook_reflex_register_commands(host):

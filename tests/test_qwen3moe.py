@@ -114,22 +114,19 @@ def test_rows_and_tree_batch(model_files):
     """Logits of selected rows equal the full computation's; a tree batch (prompt + two
     candidates) gives each candidate the logits of its own causal run (routing is per token)."""
     m = load_model(model_files(SHAPE.replace(n_vocab=97), "F32", seed=3))
-    assert m.supports_tree_mask and m.n_vocab == 97
+    assert not m.state_spec().recurrent and m.n_vocab == 97
     prompt, c1, c2 = [5, 9, 1, 44], [7, 8], [30, 31, 32]
 
     def causal(tokens):
-        return m.forward(Batch.causal(tokens, 0), m.new_cache(16), list(range(len(tokens))))
+        st = m.new_state(16)
+        return m.forward(st.append(tokens), st, list(range(len(tokens))))
 
     full = causal(prompt + c1)
-    np.testing.assert_allclose(m.forward(Batch.causal(prompt + c1, 0), m.new_cache(8), [5, 1]),
+    st = m.new_state(8)
+    np.testing.assert_allclose(m.forward(st.append(prompt + c1), st, [5, 1]),
                                full[[5, 1]], rtol=1e-6, atol=1e-6)
-    toks = prompt + c1 + c2
-    pos = (0, 1, 2, 3, 4, 5, 4, 5, 6)
-    pe = (1, 2, 3, 4, 4, 4, 4, 4, 4)
-    os_ = (0, 0, 0, 0, 4, 4, 6, 6, 6)
-    oe = (0, 0, 0, 0, 5, 6, 7, 8, 9)
-    tree = m.forward(Batch(tuple(toks), pos, 0, AttnMask(pe, os_, oe)), m.new_cache(16),
-                     list(range(9)))
+    st = m.new_state(16, 3)
+    tree = m.forward(st.append_tree(prompt, {1: c1, 2: c2}), st, list(range(9)))
     np.testing.assert_allclose(tree[:6], full, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(tree[6:], causal(prompt + c2)[4:], rtol=1e-5, atol=1e-5)
 
@@ -151,8 +148,8 @@ def test_generate(tiny):
     ids, gen = d["prompt_token_ids"], d["token_ids"]
     seq = ids + gen[:-1]
     P = len(ids)
-    logits = model.forward(Batch.causal(seq, 0), model.new_cache(len(seq)),
-                           list(range(P - 1, len(seq))))
+    st = model.new_state(len(seq))
+    logits = model.forward(st.append(seq), st, list(range(P - 1, len(seq))))
     assert np.asarray(logits).argmax(-1).tolist() == gen
 
 
@@ -179,8 +176,8 @@ def test_system1_scores_are_the_separate_log_prob_sums(tiny):
     for c in d["candidates"]:
         toks = c["token_ids"]
         seq = ids + toks
-        logits = model.forward(Batch.causal(seq, 0), model.new_cache(len(seq)),
-                               list(range(P - 1, len(seq) - 1)))
+        st = model.new_state(len(seq))
+        logits = model.forward(st.append(seq), st, list(range(P - 1, len(seq) - 1)))
         want = sum(ops.token_logprobs(logits, toks))
         assert c["score"] == pytest.approx(want, rel=1e-5, abs=1e-4), (c, want)
 

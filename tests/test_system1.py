@@ -80,31 +80,40 @@ def test_scores_match_llama_cpp(model_files, arch):
 
 
 @pytest.mark.oracle
-def test_recurrent_path_snapshot_scores_equal_tree_scores(model_files):
-    """A model that cannot use the tree mask (supports_tree_mask False, as a recurrent model
-    would) is scored from a snapshot of the prompt state: same numbers."""
+def test_recurrent_path_forked_scores_equal_tree_scores(model_files):
+    """A model whose state has a per-sequence buffer (as a recurrent model's does) is scored
+    through forks of the prompt's state in two passes: the same numbers as the tree batch."""
+    from reflex_core.state import BufferSpec, StateSpec
+
     path = model_files(SHAPES["qwen3"], weight_type="F32", seed=21)
     prompt = oracle.random_tokens(200, 9, seed=5)
     model = oracle.load_model(path)
     tree = system1.score(model, model.ops, prompt, CANDS)
-    model.supports_tree_mask = False
-    snap = system1.score(model, model.ops, prompt, CANDS)
-    np.testing.assert_allclose(snap, tree, rtol=1e-5, atol=1e-5)
+    kv = model.state_spec()
+    model.state_spec = lambda: StateSpec(kv.buffers + (BufferSpec("slot", (3,), False),))
+    assert model.state_spec().recurrent
+    forked = system1.score(model, model.ops, prompt, CANDS)
+    np.testing.assert_allclose(forked, tree, rtol=1e-5, atol=1e-5)
     ref = llama_scores(path, prompt, CANDS)
-    for c, a, b in zip(CANDS, snap, ref):
+    for c, a, b in zip(CANDS, forked, ref):
         assert abs(a - b) <= PER_TOKEN * len(c)
 
 
 def test_tree_batch_layout():
-    b, rows, targets = system1.tree_batch([10, 11, 12], [[20], [30, 31]])
+    from reflex_core.state import State, attention_kv_spec
+    from reflex_core.backends.numpy_backend import NumpyOps
+
+    st = State(attention_kv_spec(1, 1, 2), NumpyOps(), 6, 3)
+    b = st.append_tree([10, 11, 12], {1: [20], 2: [30, 31]})
     assert b.tokens == (10, 11, 12, 20, 30, 31)
     assert b.positions == (0, 1, 2, 3, 3, 4)  # each candidate continues the prompt
-    assert rows == [2, 2, 4] and targets == [20, 30, 31]
+    assert b.seq_ids == (0, 0, 0, 1, 2, 2)
     # candidate tokens see the prompt and their own earlier tokens, never another candidate's
     assert b.mask.visible(3) == [0, 1, 2, 3]
     assert b.mask.visible(4) == [0, 1, 2, 4]
     assert b.mask.visible(5) == [0, 1, 2, 4, 5]
     assert b.mask.visible(1) == [0, 1]
+    assert st.n_used == 6 and [st.position(s) for s in range(3)] == [3, 4, 5]
 
 
 def test_probabilities_entropy_and_normalize(model_files):

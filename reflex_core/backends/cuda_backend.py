@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 from ..cuda import driver
 from ..errors import ReflexError
-from ..ops import Batch, KVCache, Ops, RopeParams, Weight
+from ..ops import Batch, Ops, RopeParams, Weight
 
 _F32 = 0
 _ITEMSIZE = {"f32": 4, "i32": 4, "f64": 8}
@@ -119,11 +119,11 @@ def _empty_f32_many(shapes: Sequence[tuple[int, ...]], sizes: Sequence[int]) -> 
 
 
 class Prepared:
-    """A batch on the device (``ops.prepare``): token ids, positions and the three mask arrays in
-    one int32 buffer ``[5, T]``."""
+    """A batch on the device (``ops.prepare``): token ids, positions, the three mask arrays and
+    the sequence ids in one int32 buffer ``[6, T]``."""
 
     __slots__ = ("batch", "n_tokens", "cell0", "n_kv", "buf", "tokens", "positions",
-                 "prefix_end", "own_start", "own_end", "tok_min", "tok_max")
+                 "prefix_end", "own_start", "own_end", "seq_ids", "tok_min", "tok_max")
 
     def __init__(self, batch: Batch, buf: DeviceArray):
         T = batch.n_tokens
@@ -135,6 +135,7 @@ class Prepared:
         b = buf.ptr
         self.tokens, self.positions = b, b + 4 * T
         self.prefix_end, self.own_start, self.own_end = b + 8 * T, b + 12 * T, b + 16 * T
+        self.seq_ids = b + 20 * T
         self.tok_min = min(batch.tokens) if T else 0
         self.tok_max = max(batch.tokens) if T else 0
 
@@ -168,7 +169,7 @@ class CudaOps(Ops):
         if name == "k":
             k = self.k = driver.get_kernels("core")
             return k
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return super().__getattr__(name)  # a registered plugin op
 
     def _qkern(self) -> Any:
         k = self._quant_k
@@ -309,17 +310,38 @@ class CudaOps(Ops):
             a = self._f32[w.name] = self.dequantize(w)
         return a.ptr
 
-    def new_kv_cache(self, n_layers: int, n_cells: int, n_kv_heads: int, head_dim_k: int,
-                     head_dim_v: int) -> KVCache:
-        c = KVCache(n_layers, n_cells, n_kv_heads, head_dim_k, head_dim_v)
-        for _ in range(n_layers):
-            k = empty((n_cells, n_kv_heads, head_dim_k))
-            v = empty((n_cells, n_kv_heads, head_dim_v))
-            driver.memset(k.ptr, 0, k.nbytes)
-            driver.memset(v.ptr, 0, v.nbytes)
-            c.k.append(k)
-            c.v.append(v)
-        return c
+    # --- state buffers ---------------------------------------------------------------------
+    def zeros(self, shape: Sequence[int]) -> DeviceArray:
+        out = empty(shape)
+        driver.memset(out.ptr, 0, out.nbytes)
+        return out
+
+    def clone(self, x) -> DeviceArray:
+        return self._copy(x)
+
+    @staticmethod
+    def _row_bytes(x) -> int:
+        return x.nbytes // x.shape[0] if x.shape and x.shape[0] else 0
+
+    def copy_rows(self, dst, dst_row: int, src, src_row: int, n_rows: int) -> None:
+        rb = self._row_bytes(dst)
+        if rb != self._row_bytes(src) or dst.shape[1:] != src.shape[1:]:
+            raise ValueError(f"copy_rows: rows of {src.shape[1:]} into rows of {dst.shape[1:]}")
+        if not (0 <= dst_row and dst_row + n_rows <= dst.shape[0]
+                and 0 <= src_row and src_row + n_rows <= src.shape[0]):
+            raise ValueError("copy_rows: rows out of range")
+        driver.dtod(dst.ptr + dst_row * rb, src.ptr + src_row * rb, n_rows * rb)
+
+    def rows_to_bytes(self, x, row0: int, n_rows: int) -> bytes:
+        rb = self._row_bytes(x)
+        return bytes(driver.dtoh(x.ptr + row0 * rb, n_rows * rb))
+
+    def rows_from_bytes(self, x, row0: int, n_rows: int, data: bytes) -> None:
+        rb = self._row_bytes(x)
+        if len(data) != n_rows * rb or row0 + n_rows > x.shape[0]:
+            raise ReflexError(f"state data of {len(data)} bytes does not fill {n_rows} rows of "
+                              f"{list(x.shape[1:])}")
+        driver.htod(x.ptr + row0 * rb, data)
 
     def prepare(self, batch: Batch) -> Prepared:
         """Token ids, positions and the mask as one int32 buffer, in one host-to-device copy."""
@@ -339,7 +361,8 @@ class CudaOps(Ops):
         buf.extend(m.prefix_end)
         buf.extend(m.own_start)
         buf.extend(m.own_end)
-        dev = empty((5, T), "i32")
+        buf.extend(batch.seq_ids)
+        dev = empty((6, T), "i32")
         driver.htod(dev.ptr, buf)
         return Prepared(batch, dev)
 
@@ -536,37 +559,43 @@ class CudaOps(Ops):
                            hi))
         return y
 
-    def _check_cells(self, cache: KVCache, pb) -> None:
+    @staticmethod
+    def _check_cells(k_cache, v_cache, pb) -> tuple[int, int, int]:
+        """(H_kv, d_k, d_v) of a K/V cache pair, checked against the batch's cells."""
+        n_cells, Hkv, dk = k_cache.shape
+        if v_cache.shape[:2] != (n_cells, Hkv):
+            raise ValueError(f"K cache {k_cache.shape} and V cache {v_cache.shape} differ")
         c0, T = pb.cell0, pb.n_tokens
-        if c0 + T > cache.n_cells:
+        if c0 + T > n_cells:
             raise ReflexError(f"KV cache full: cells [{c0}, {c0 + T}) requested, "
-                              f"{cache.n_cells} allocated")
+                              f"{n_cells} allocated")
+        return Hkv, dk, v_cache.shape[2]
 
-    def kv_write(self, cache: KVCache, layer: int, k, v, pb) -> None:
+    def kv_write(self, k_cache, v_cache, k, v, pb) -> None:
         T = pb.n_tokens
         c0 = pb.cell0
-        self._check_cells(cache, pb)
-        rk = cache.n_kv_heads * cache.head_dim_k
-        rv = cache.n_kv_heads * cache.head_dim_v
+        Hkv, dk, dv = self._check_cells(k_cache, v_cache, pb)
+        rk = Hkv * dk
+        rv = Hkv * dv
         nk, nv = T * rk, T * rv
         if k.size != nk or v.size != nv:
             raise ValueError(f"kv_write: k {k.shape} / v {v.shape} do not match {T} tokens of "
-                             f"{cache.n_kv_heads} heads x {cache.head_dim_k}/{cache.head_dim_v}")
+                             f"{Hkv} heads x {dk}/{dv}")
         n = max(nk, nv)
         if n:
             self.k.launch("reflex_kv_write", min(4096, (n + 255) // 256), 256, "PPPPii",
-                          (k.ptr, v.ptr, cache.k[layer].ptr + 4 * c0 * rk,
-                           cache.v[layer].ptr + 4 * c0 * rv, nk, nv))
+                          (k.ptr, v.ptr, k_cache.ptr + 4 * c0 * rk,
+                           v_cache.ptr + 4 * c0 * rv, nk, nv))
 
     def qk_norm_rope_store(self, q, k, v, q_norm: Weight | None, k_norm: Weight | None,
-                           eps: float, pb, rope: RopeParams, cache: KVCache, layer: int):
+                           eps: float, pb, rope: RopeParams, k_cache, v_cache):
         """One launch: per-head norms, RoPE of q and k, K/V into the cache (reflex_rmsnorm /
         reflex_rope / reflex_kv_write arithmetic; bit-identical for head sizes <= 256)."""
         T, H, dk = q.shape
-        Hkv, dv = cache.n_kv_heads, cache.head_dim_v
-        if k.shape != (T, Hkv, dk) or v.shape != (T, Hkv, dv) or dk != cache.head_dim_k:
+        Hkv, cdk, dv = self._check_cells(k_cache, v_cache, pb)
+        if k.shape != (T, Hkv, dk) or v.shape != (T, Hkv, dv) or dk != cdk:
             raise ValueError(f"qk_norm_rope_store: q {q.shape}, k {k.shape}, v {v.shape} do not "
-                             f"match a cache of {Hkv} heads x {cache.head_dim_k}/{dv}")
+                             f"match a cache of {Hkv} heads x {cdk}/{dv}")
         if T != pb.n_tokens:
             raise ValueError(f"qk_norm_rope_store: {T} rows but {pb.n_tokens} positions")
         if dk > _QKR_MAX_HEAD:
@@ -575,7 +604,6 @@ class CudaOps(Ops):
         n_rot, neox, fb, fs, ext, af, lo, hi = self._rope_args(rope)
         if n_rot > dk:
             raise ValueError(f"rope: n_rot {n_rot} must be even and <= head size {dk}")
-        self._check_cells(cache, pb)
         qn = 0 if q_norm is None else self._f32_vector(q_norm, dk)
         kn = 0 if k_norm is None else self._f32_vector(k_norm, dk)
         out = _empty_f32(q.shape, q.size)
@@ -584,29 +612,29 @@ class CudaOps(Ops):
             self.k.launch("reflex_qk_norm_rope_store", (H + Hkv, T), 128 if dk <= 128 else 256,
                           "PPPPPPPPPiiiiiiiifdddddd",
                           (q.ptr, k.ptr, v.ptr, qn, kn, out.ptr,
-                           cache.k[layer].ptr + 4 * c0 * Hkv * dk,
-                           cache.v[layer].ptr + 4 * c0 * Hkv * dv, pb.positions, H, Hkv, dk, dv,
+                           k_cache.ptr + 4 * c0 * Hkv * dk,
+                           v_cache.ptr + 4 * c0 * Hkv * dv, pb.positions, H, Hkv, dk, dv,
                            0 if q_norm is None else 1, 0 if k_norm is None else 1, n_rot, neox,
                            eps, fb, fs, ext, af, lo, hi))
         return out
 
-    def attention(self, q, cache: KVCache, layer: int, pb, scale: float) -> DeviceArray:
+    def attention(self, q, k_cache, v_cache, pb, scale: float) -> DeviceArray:
         T, H, dk = q.shape
-        Hkv = cache.n_kv_heads
-        dv = cache.head_dim_v
+        n_cells, Hkv, cdk = k_cache.shape
+        dv = v_cache.shape[2]
         if H % Hkv:
             raise ValueError(f"attention: {H} query heads are not a multiple of {Hkv} KV heads")
-        if dk != cache.head_dim_k:
-            raise ValueError(f"attention: q head size {dk}, cache has {cache.head_dim_k}")
+        if dk != cdk:
+            raise ValueError(f"attention: q head size {dk}, cache has {cdk}")
         if dk > _ATT_MAX_HEAD or dv > _ATT_MAX_HEAD:
             raise ReflexError(f"attention: head size {max(dk, dv)} > {_ATT_MAX_HEAD} is not "
                               "supported by the CUDA kernels")
-        if pb.n_kv > cache.n_cells:
-            raise ReflexError(f"attention over {pb.n_kv} cells, the cache has {cache.n_cells}")
+        if pb.n_kv > n_cells:
+            raise ReflexError(f"attention over {pb.n_kv} cells, the cache has {n_cells}")
         out = _empty_f32((T, H * dv), T * H * dv)
         if T and H:
             self.k.launch("reflex_attention", (H, T), 256, "PPPPPPPiiiif",
-                          (q.ptr, cache.k[layer].ptr, cache.v[layer].ptr, out.ptr,
+                          (q.ptr, k_cache.ptr, v_cache.ptr, out.ptr,
                            pb.prefix_end, pb.own_start, pb.own_end, H, Hkv, dk, dv, scale))
         return out
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import sampling
 from ..errors import ModelError, ReflexError
-from ..ops import Batch, KVCache, Ops, RopeParams, Weight
+from ..ops import Batch, Ops, RopeParams, Weight
 
 _F32, _F16, _BF16 = 0, 1, 30
 _NON_FLOAT_TYPES = {24, 25, 26, 27, 28}  # I8, I16, I32, I64, F64: not weights we compute with
@@ -95,6 +95,7 @@ class Prepared:
     batch: Batch
     tokens: np.ndarray  # int64 [T]
     positions: np.ndarray  # int64 [T]
+    seq_ids: np.ndarray  # int64 [T]
     cell0: int
     n_kv: int
     mask: np.ndarray  # bool [T, n_kv]
@@ -210,19 +211,35 @@ class NumpyOps(Ops):
                 self._f32[key] = a
         return a
 
-    def new_kv_cache(self, n_layers: int, n_cells: int, n_kv_heads: int, head_dim_k: int,
-                     head_dim_v: int) -> KVCache:
-        c = KVCache(n_layers, n_cells, n_kv_heads, head_dim_k, head_dim_v)
-        c.k = [np.zeros((n_cells, n_kv_heads, head_dim_k), np.float32) for _ in range(n_layers)]
-        c.v = [np.zeros((n_cells, n_kv_heads, head_dim_v), np.float32) for _ in range(n_layers)]
-        return c
+    # --- state buffers -----------------------------------------------------------------
+    def zeros(self, shape: Sequence[int]) -> np.ndarray:
+        return np.zeros(tuple(int(n) for n in shape), np.float32)
+
+    def clone(self, x) -> np.ndarray:
+        return np.array(x, copy=True)
+
+    def copy_rows(self, dst, dst_row: int, src, src_row: int, n_rows: int) -> None:
+        if dst.shape[1:] != src.shape[1:]:
+            raise ValueError(f"copy_rows: rows of {src.shape[1:]} into rows of {dst.shape[1:]}")
+        dst[dst_row:dst_row + n_rows] = src[src_row:src_row + n_rows]
+
+    def rows_to_bytes(self, x, row0: int, n_rows: int) -> bytes:
+        return np.ascontiguousarray(x[row0:row0 + n_rows], dtype=np.float32).tobytes()
+
+    def rows_from_bytes(self, x, row0: int, n_rows: int, data: bytes) -> None:
+        rows = np.frombuffer(data, np.float32)
+        if rows.size != n_rows * int(np.prod(x.shape[1:])):
+            raise ReflexError(f"state data of {len(data)} bytes does not fill {n_rows} rows of "
+                              f"{list(x.shape[1:])}")
+        x[row0:row0 + n_rows] = rows.reshape((n_rows,) + x.shape[1:])
 
     def prepare(self, batch: Batch) -> Prepared:
         if len(batch.positions) != batch.n_tokens:
             raise ValueError(f"batch has {batch.n_tokens} tokens but {len(batch.positions)} "
                              f"positions")
         return Prepared(batch, np.asarray(batch.tokens, dtype=np.int64).reshape(-1),
-                        np.asarray(batch.positions, dtype=np.int64).reshape(-1), batch.cell0,
+                        np.asarray(batch.positions, dtype=np.int64).reshape(-1),
+                        np.asarray(batch.seq_ids, dtype=np.int64).reshape(-1), batch.cell0,
                         batch.n_kv, mask_array(batch))
 
     # --- tensor ops --------------------------------------------------------------------
@@ -306,27 +323,25 @@ class NumpyOps(Ops):
             raise ValueError(f"rope: unknown mode {p.mode!r}")
         return y
 
-    def kv_write(self, cache: KVCache, layer: int, k, v, pb) -> None:
+    def kv_write(self, k_cache, v_cache, k, v, pb) -> None:
         T = k.shape[0]
         c0 = pb.cell0
-        if c0 + T > cache.n_cells:
+        if c0 + T > k_cache.shape[0]:
             raise ReflexError(f"KV cache full: cells [{c0}, {c0 + T}) requested, "
-                              f"{cache.n_cells} allocated")
-        cache.k[layer][c0:c0 + T] = np.asarray(k, dtype=np.float32).reshape(
-            T, cache.n_kv_heads, cache.head_dim_k)
-        cache.v[layer][c0:c0 + T] = np.asarray(v, dtype=np.float32).reshape(
-            T, cache.n_kv_heads, cache.head_dim_v)
+                              f"{k_cache.shape[0]} allocated")
+        k_cache[c0:c0 + T] = np.asarray(k, dtype=np.float32).reshape((T,) + k_cache.shape[1:])
+        v_cache[c0:c0 + T] = np.asarray(v, dtype=np.float32).reshape((T,) + v_cache.shape[1:])
 
-    def attention(self, q, cache: KVCache, layer: int, pb, scale: float) -> np.ndarray:
+    def attention(self, q, k_cache, v_cache, pb, scale: float) -> np.ndarray:
         q = np.asarray(q, dtype=np.float32)
         T, H, dk = q.shape
-        Hkv = cache.n_kv_heads
+        Hkv = k_cache.shape[1]
         if H % Hkv:
             raise ValueError(f"attention: {H} query heads are not a multiple of {Hkv} KV heads")
         G = H // Hkv
         n_kv = pb.n_kv
-        K = cache.k[layer][:n_kv]  # [n, Hkv, dk]
-        V = cache.v[layer][:n_kv]  # [n, Hkv, dv]
+        K = k_cache[:n_kv]  # [n, Hkv, dk]
+        V = v_cache[:n_kv]  # [n, Hkv, dv]
         dv = V.shape[-1]
         # [Hkv, G*T, dk] @ [Hkv, dk, n] -> [Hkv, G*T, n]; row g*T + t is query head kv*G + g
         qh = q.reshape(T, Hkv, G, dk).transpose(1, 2, 0, 3).reshape(Hkv, G * T, dk)

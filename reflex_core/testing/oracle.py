@@ -171,22 +171,17 @@ def llama_logits(path: str | os.PathLike, tokens: Sequence[int], n_prompt: int |
 def model_logits(model: Any, tokens: Sequence[int], n_prompt: int | None = None,
                  n_cells: int | None = None) -> np.ndarray:
     """A Reflex model's logits with the same batching as :func:`llama_logits`."""
-    from ..ops import Batch
-
     tokens = [int(t) for t in tokens]
     n = len(tokens)
     if n_prompt is None:
         n_prompt = max(1, n - 4)
     ops = model.ops
-    cache = model.new_cache(n_cells or n)
+    state = model.new_state(n_cells or n)
     rows = []
-    batch = Batch.causal(tokens[:n_prompt], 0)
-    rows.append(ops.to_numpy(model.forward(batch, cache, list(range(n_prompt)))))
-    cache.n_used = batch.n_kv
+    batch = state.append(tokens[:n_prompt])
+    rows.append(ops.to_numpy(model.forward(batch, state, list(range(n_prompt)))))
     for pos in range(n_prompt, n):
-        batch = Batch.causal([tokens[pos]], pos)
-        rows.append(ops.to_numpy(model.forward(batch, cache, [0])))
-        cache.n_used = batch.n_kv
+        rows.append(ops.to_numpy(model.forward(state.append([tokens[pos]]), state, [0])))
     return np.concatenate(rows, axis=0).astype(np.float32)
 
 

@@ -12,7 +12,7 @@ no weight scale, no selection bias, no groups, no shared experts:
 written with the core ops ``moe_route`` / ``moe_matmul_swiglu`` / ``moe_matmul`` / ``moe_combine``
 (``blocks.moe_ffn``): the selected expert ids stay backend tensors, nothing goes to the host
 during a forward pass.
-Hyper-parameters and weight groups come from the core; nothing here depends on another plugin.
+The configuration and weight groups come from the core; nothing here depends on another plugin.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from reflex_core.plugin_api import (Batch, KVCache, Model, Ops, TransformerHParams, Weight, blocks,
-                                    read_transformer_hparams)
+from reflex_core.plugin_api import (Batch, Meta, MoEConfig, Model, Ops, State, StateSpec, Weight,
+                                    attention_kv_spec, blocks)
 
 # spec §6.1 / §13.20: qwen3moe always renormalises the top-k weights; no w_scale
 GATING = "softmax"
@@ -29,10 +29,14 @@ NORM_TOPK = True
 W_SCALE = 0.0
 
 
-def read_hparams(gguf: Any, arch: str = "qwen3moe") -> TransformerHParams:
+@dataclass(frozen=True)
+class Qwen3MoEConfig(MoEConfig):
     """Spec §3 / §6.1: E > 0, 0 < k <= E, F_e from ``expert_feed_forward_length`` (else F / k),
     ``key_length == value_length == rope.dimension_count``, NEOX RoPE."""
-    return read_transformer_hparams(gguf, arch, ffn="moe", full_rotary=True, rope_mode="neox")
+
+    def check(self, meta: Meta) -> None:
+        super().check(meta)
+        self.require_full_rotary(meta)
 
 
 @dataclass
@@ -47,43 +51,42 @@ class Qwen3MoE(Model):
     """Qwen3-MoE: every block's FFN is a softmax-routed top-k mixture of SwiGLU experts."""
 
     arch = "qwen3moe"
-    supports_tree_mask = True  # KV-cache only: the system1 tree batch applies
 
     def __init__(self, gguf: Any, ops: Ops) -> None:
         super().__init__(gguf, ops)
         arch = gguf.get("general.architecture", self.arch) or self.arch
-        self.hp = hp = read_hparams(gguf, arch)
-        self.n_vocab = hp.n_vocab
-        self.n_ctx_train = hp.n_ctx_train
-        D = hp.n_embd
-        io = blocks.bind_embed_head(ops, D, hp.n_vocab)
+        self.cfg = cfg = Qwen3MoEConfig.from_gguf(gguf, arch)
+        self.n_vocab = cfg.n_vocab
+        self.n_ctx_train = cfg.n_ctx_train
+        D = cfg.n_embd
+        io = blocks.bind_embed_head(ops, D, cfg.n_vocab)
         self.token_embd, self.output_norm, self.output, self.tied = (
             io.token_embd, io.output_norm, io.output, io.tied)
         self.layers = [
             Qwen3MoELayer(
                 attn_norm=blocks.tensor(ops, f"blk.{i}.attn_norm.weight", [D]),
-                attn=blocks.bind_attn(ops, i, D, hp.n_head, hp.n_head_kv, hp.head_dim),
+                attn=blocks.bind_attn(ops, i, D, cfg.n_head, cfg.n_head_kv, cfg.head_dim),
                 ffn_norm=blocks.tensor(ops, f"blk.{i}.ffn_norm.weight", [D]),
-                moe=blocks.bind_moe(ops, i, D, hp.n_ff_exp, hp.n_expert))
-            for i in range(hp.n_layer)]
+                moe=blocks.bind_moe(ops, i, D, cfg.n_ff_exp, cfg.n_expert))
+            for i in range(cfg.n_layer)]
 
-    def new_cache(self, n_cells: int) -> KVCache:
-        hp = self.hp
-        return self.ops.new_kv_cache(hp.n_layer, n_cells, hp.n_head_kv, hp.head_dim, hp.head_dim)
+    def state_spec(self) -> StateSpec:
+        cfg = self.cfg
+        return attention_kv_spec(cfg.n_layer, cfg.n_head_kv, cfg.head_dim)
 
-    def forward(self, batch: Batch, cache: KVCache, out_rows: Sequence[int]) -> Any:
-        ops, hp = self.ops, self.hp
+    def forward(self, batch: Batch, state: State, out_rows: Sequence[int]) -> Any:
+        ops, cfg = self.ops, self.cfg
         pb = ops.prepare(batch)
         # pre-norm residual blocks; h, the last branch output, is added to x by the next
         # (fused add + RMSNorm) op
         x, h = ops.embed(self.token_embd, pb), None
         for i, layer in enumerate(self.layers):
-            x, a = blocks.residual_rmsnorm(ops, x, h, layer.attn_norm, hp.eps)
-            h = blocks.gqa_attention(ops, a, layer.attn, cache, i, pb, hp.rope, hp.eps,
-                                     hp.n_head, hp.n_head_kv, hp.head_dim)
-            x, b = ops.add_rmsnorm(x, h, layer.ffn_norm, hp.eps)
+            x, a = blocks.residual_rmsnorm(ops, x, h, layer.attn_norm, cfg.eps)
+            h = blocks.gqa_attention(ops, a, layer.attn, state.kv(i), pb, cfg.rope, cfg.eps,
+                                     cfg.n_head, cfg.n_head_kv, cfg.head_dim)
+            x, b = ops.add_rmsnorm(x, h, layer.ffn_norm, cfg.eps)
             m = layer.moe
             h = blocks.moe_ffn(ops, b, m.ffn_gate_inp, m.ffn_gate_exps, m.ffn_up_exps,
-                               m.ffn_down_exps, hp.n_expert_used, GATING, NORM_TOPK, W_SCALE)
-        return blocks.lm_head(ops, x, self.output_norm, self.output, hp.eps, out_rows,
+                               m.ffn_down_exps, cfg.n_expert_used, GATING, NORM_TOPK, W_SCALE)
+        return blocks.lm_head(ops, x, self.output_norm, self.output, cfg.eps, out_rows,
                               residual=h)
