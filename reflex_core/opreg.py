@@ -23,7 +23,8 @@ resolves an attribute it does not have through this registry (``twin(ops, *args)
 
 ``cases(rng) -> list[OpCase]``: NumPy inputs. In ``args``, a :class:`WeightArg` stands for a
 GGUF tensor (attached to both backends by the test), a :class:`BatchArg` for a prepared batch;
-``compare`` lists the argument positions an in-place op writes (compared after the call).
+``compare`` lists the argument positions an in-place op writes (compared after the call);
+``expect``, when given, is the result computed another way (the CI test holds the twin to it).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class OpCase:
     rtol: float = 1e-5
     atol: float = 1e-5
     result: bool = True  # compare the return value (False: in-place ops returning None)
+    expect: Any = None  # the result by an independent formula, when the case gives one
 
 
 def resolve(ref: str) -> Any:

@@ -200,6 +200,10 @@ class Ops:
         """A new zero-filled float32 tensor of ``shape``."""
         raise NotImplementedError
 
+    def empty(self, shape: Sequence[int]):
+        """A new float32 tensor of ``shape`` whose contents are undefined (an op's output)."""
+        raise NotImplementedError
+
     def clone(self, x):
         """A copy of ``x`` (on the backend's device)."""
         raise NotImplementedError

@@ -191,8 +191,14 @@ class State:
     def append_branches(self, branches: Mapping[int, Sequence[int]]) -> Batch:
         """One batch feeding several sequences at once, sequence by sequence in the given
         order: each token sees its own sequence's cells only. Reserves the cells."""
-        n = sum(len(t) for t in branches.values())
-        c0 = self._reserve(n)
+        cell = self.n_used
+        for seq, toks in branches.items():  # check everything before changing anything
+            s = self._seqs[seq]
+            if toks and s.own_start != s.own_end and s.own_end != cell:
+                raise ReflexError(f"sequence {seq} cannot grow: other sequences' cells follow "
+                                  f"its own")
+            cell += len(toks)
+        c0 = self._reserve(cell - self.n_used)
         tokens: list[int] = []
         positions: list[int] = []
         seq_ids: list[int] = []
@@ -214,9 +220,6 @@ class State:
             else:
                 if s.own_start == s.own_end:  # first cells of its own, after others' cells
                     s.own_start = cell
-                elif s.own_end != cell:
-                    raise ReflexError(f"sequence {seq} cannot grow: other sequences' cells "
-                                      f"follow its own")
                 pe = [s.prefix_end] * T
                 os_ += [s.own_start] * T
                 oe += range(cell + 1, cell + T + 1)

@@ -316,6 +316,15 @@ class CudaOps(Ops):
         driver.memset(out.ptr, 0, out.nbytes)
         return out
 
+    def empty(self, shape: Sequence[int]) -> DeviceArray:
+        return empty(shape)
+
+    @staticmethod
+    def kernels(package: str, module: str) -> Any:
+        """Kernel module ``module`` of ``package`` (a plugin's own kernels: its CUDA launchers
+        call ``ops.kernels(pkg, mod).launch(...)``)."""
+        return driver.get_kernels(module, package)
+
     def clone(self, x) -> DeviceArray:
         return self._copy(x)
 

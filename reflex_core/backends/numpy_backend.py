@@ -215,6 +215,9 @@ class NumpyOps(Ops):
     def zeros(self, shape: Sequence[int]) -> np.ndarray:
         return np.zeros(tuple(int(n) for n in shape), np.float32)
 
+    def empty(self, shape: Sequence[int]) -> np.ndarray:
+        return np.empty(tuple(int(n) for n in shape), np.float32)
+
     def clone(self, x) -> np.ndarray:
         return np.array(x, copy=True)
 
