@@ -122,7 +122,10 @@ def test_add_rmsnorm(attach_both, rows, n, rng):
     # [T, H, d] inputs (normalised over the last dimension)
     s, y = cuda_ops.add_rmsnorm(cuda_ops.view(da, (rows, 1, n)), cuda_ops.view(db, (rows, 1, n)),
                                 None, 1e-5)
-    assert cuda_ops.shape(y) == (rows, 1, n)
+    assert cuda_ops.shape(s) == cuda_ops.shape(y) == (rows, 1, n)
+    s_ref, y_ref = ref_ops.add_rmsnorm(a, b, None, 1e-5)
+    close(cuda_ops.to_numpy(s).reshape(rows, n), s_ref, 0, 0, "add_rmsnorm [T, 1, n] sum")
+    close(cuda_ops.to_numpy(y).reshape(rows, n), y_ref, 1e-5, 1e-6, "add_rmsnorm [T, 1, n]")
     with pytest.raises(ValueError, match="differ"):
         cuda_ops.add_rmsnorm(da, cuda_ops.view(db, (rows * n,)), None, 1e-6)
 

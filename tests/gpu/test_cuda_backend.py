@@ -227,7 +227,6 @@ def _model(path, ops):
 
 @pytest.mark.parametrize("wt", ["F32", "Q8_0", "Q4_K"])
 def test_qwen3_forward_matches_numpy(model_files, cuda_ops, ref_ops, wt):
-    pytest.importorskip("reflex_qwen3")
     from reflex_core.testing.modelwriter import ModelShape, tiny_kquant_shape
 
     shape = tiny_kquant_shape("qwen3") if wt == "Q4_K" else ModelShape(arch="qwen3")
