@@ -93,7 +93,7 @@ def resolve(ref: str) -> Any:
 
 _NP = "reflex_core.backends.numpy_backend:NumpyOps."
 _CU = "reflex_core.backends.cuda_backend:CudaOps."
-_CASES = "reflex_core.op_cases:"
+_CASES = "reflex_core.testing.op_cases:"
 
 
 def _core(name: str, kernels: tuple[str, ...] = ("core",), doc: str = "") -> OpDef:

@@ -3,8 +3,11 @@ core and every plugin; for development use editable installs: pip install -e . -
 so entry points, packaged kernels and the import graph are the ones users get."""
 
 import os
+import sys
 import tempfile
+import zlib
 
+import numpy as np
 import pytest
 
 
@@ -12,6 +15,55 @@ def pytest_configure(config):
     # Caches the code writes (the plugin entry-point cache, GGUF indexes) go to a fresh folder,
     # not the user's ~/.cache; subprocesses inherit it.
     os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="reflex-test-cache-")
+
+
+def seed_for(nodeid: str) -> int:
+    """A test's random seed, from its node id (``tests/test_x.py::test_y[params]``): the same in
+    every run and on every machine (``hash()`` of a str is salted per process, so a failure it
+    seeded could not be reproduced), different for each test and each parametrization."""
+    return zlib.crc32(nodeid.encode())
+
+
+@pytest.fixture
+def rng(request):
+    """This test's NumPy Generator, seeded by :func:`seed_for`: a failing test run again alone
+    draws the same numbers."""
+    return np.random.default_rng(seed_for(request.node.nodeid))
+
+
+class _NoOracle:
+    """An import hook that refuses llama_cpp, saying why."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "llama_cpp":
+            raise ImportError("llama_cpp (the oracle) is for tests marked @pytest.mark.oracle; "
+                              "mark this test (tests/conftest.py)")
+        return None
+
+
+@pytest.fixture(autouse=True)
+def _llama_cpp_for_oracle_tests_only(request, monkeypatch):
+    """llama.cpp (llama-cpp-python) is the oracle, and the tests that use it are marked
+    ``oracle``. A marked test fails, never skips, when llama_cpp cannot be imported: CI must
+    not go green without the oracle. Every other test sees llama_cpp as not installed (also
+    through testing.oracle's cached handle), so a test that uses it without the mark fails
+    whatever ran before it."""
+    if request.node.get_closest_marker("oracle"):
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError as e:
+            why = e
+        else:
+            return
+        pytest.fail("the oracle tests need llama-cpp-python (pip install "
+                    f"llama-cpp-python==0.3.36, CPU build; scripts/test.sh does): {why!r}",
+                    pytrace=False)
+    for name in [m for m in sys.modules if m.split(".")[0] == "llama_cpp"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [_NoOracle()] + sys.meta_path)
+    oracle = sys.modules.get("reflex_core.testing.oracle")
+    if oracle is not None:
+        monkeypatch.setattr(oracle, "_STATE", {})  # forget an already initialised library
 
 
 @pytest.fixture(scope="session")

@@ -11,14 +11,13 @@ import sys
 import textwrap
 import time
 
+import gguf
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType as QT, GGUFValueType as VT
 
-gguf = pytest.importorskip("gguf")
-from gguf import GGMLQuantizationType as QT, GGUFValueType as VT  # noqa: E402
-
-from reflex_core.errors import GGUFError  # noqa: E402
-from reflex_core.gguf import open_gguf  # noqa: E402
+from reflex_core.errors import GGUFError
+from reflex_core.gguf import open_gguf
 
 TOKENS = [f"tok{i}" for i in range(50)]
 
@@ -62,10 +61,14 @@ def patch(data: bytes, off: int, fmt: str, *vals) -> bytes:
     return bytes(b)
 
 
+# "Quickly" means work bounded by the file's size, not by the counts it claims (a parser that
+# walked a claimed 2**40 entries would run for hours). Measured as this process's CPU time, which
+# other processes on a loaded machine cannot inflate the way they inflate wall-clock time; the
+# bounds are 25x (the 400-file fuzz) to 1000x (one file) what the parses take.
 def expect_error(tmp_path, data: bytes, match: str = "", name: str = "bad.gguf") -> str:
     path = tmp_path / name
     path.write_bytes(data)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     with pytest.raises(GGUFError) as ei:
         g = open_gguf(path)
         try:  # lazily decoded parts count too
@@ -75,7 +78,7 @@ def expect_error(tmp_path, data: bytes, match: str = "", name: str = "bad.gguf")
         finally:
             g.close()
     msg = str(ei.value)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.process_time() - t0 < 1.0
     assert "\n" not in msg and str(path) in msg, msg
     assert match.lower() in msg.lower(), msg
     return msg
@@ -312,13 +315,13 @@ def test_huge_counts_under_memory_limit(tmp_path, base):
         from reflex_core.gguf import open_gguf
         resource.setrlimit(resource.RLIMIT_AS, (256 << 20, 256 << 20))
         for p in {paths!r}:
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             try:
                 open_gguf(p)
                 print("NO ERROR", p)
             except GGUFError:
                 pass
-            if time.perf_counter() - t0 > 1.0:
+            if time.process_time() - t0 > 1.0:
                 print("SLOW", p)
         print("done")
     """)
@@ -338,7 +341,7 @@ def test_random_byte_flips(tmp_path, base):
     rng = random.Random(20261129)
     path = tmp_path / "fuzz.gguf"
     outcomes = {"ok": 0, "error": 0}
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     for _ in range(400):
         b = bytearray(base)
         for _ in range(rng.choice((1, 1, 2, 4))):
@@ -364,4 +367,4 @@ def test_random_byte_flips(tmp_path, base):
             assert "\n" not in str(e) and str(path) in str(e)
             outcomes["error"] += 1
     assert outcomes["error"] > 50 and outcomes["ok"] > 20, outcomes
-    assert time.perf_counter() - t0 < 20
+    assert time.process_time() - t0 < 20

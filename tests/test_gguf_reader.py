@@ -9,14 +9,13 @@ import struct
 import subprocess
 import sys
 
+import gguf
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType as QT, GGUFValueType as VT
 
-gguf = pytest.importorskip("gguf")
-from gguf import GGMLQuantizationType as QT, GGUFValueType as VT  # noqa: E402
-
-from reflex_core import gguf as rg  # noqa: E402
-from reflex_core.errors import GGUFError  # noqa: E402
+from reflex_core import gguf as rg
+from reflex_core.errors import GGUFError
 
 
 # ------------------------------------------------------------------------------------------

@@ -30,10 +30,6 @@ F16_FIELDS = {Q4_0: [0], Q4_1: [0, 2], Q5_0: [0], Q5_1: [0, 2], Q8_0: [0], Q2_K:
               Q3_K: [108], Q4_K: [0, 2], Q5_K: [0, 2], Q6_K: [208]}
 
 
-def rng_for(request) -> np.random.Generator:
-    return np.random.default_rng(abs(hash(request.node.name)) % 2**32)
-
-
 # --- weights -------------------------------------------------------------------------------
 def random_weight_bytes(rng, t: int, ne) -> bytes:
     n = int(np.prod(ne))
@@ -123,8 +119,7 @@ def ops_with(fake_gguf, tensors: dict, cache_weights=True) -> NumpyOps:
 
 
 @pytest.mark.parametrize("t", [Q8_0, Q4_0, Q4_K, Q6_K])
-def test_matmul_quantized_vs_naive_dequant(request, fake_gguf, t):
-    rng = rng_for(request)
+def test_matmul_quantized_vs_naive_dequant(rng, fake_gguf, t):
     block = BLOCK[t][0]
     n_in, n_out, T = block * 2, 5, 3
     data = random_weight_bytes(rng, t, (n_in, n_out))
@@ -144,11 +139,10 @@ def test_matmul_quantized_vs_naive_dequant(request, fake_gguf, t):
 @pytest.mark.parametrize("t", [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K,
                                Q5_K, Q6_K])
 @pytest.mark.parametrize("cache_weights", [True, False])
-def test_matmul_every_type_and_chunking(request, fake_gguf, monkeypatch, t, cache_weights):
+def test_matmul_every_type_and_chunking(rng, fake_gguf, monkeypatch, t, cache_weights):
     from gguf import quants
     from gguf.constants import GGMLQuantizationType
 
-    rng = rng_for(request)
     block, size = BLOCK[t]
     n_in, n_out, T = max(block, 32) * 2, 7, 5
     data = random_weight_bytes(rng, t, (n_in, n_out))
@@ -183,8 +177,7 @@ def test_embed_rejects_bad_token(fake_gguf):
         ops.embed(ops.weight("e"), ops.prepare(Batch.causal([0, 3], 0)))
 
 
-def test_rmsnorm(request, fake_gguf):
-    rng = rng_for(request)
+def test_rmsnorm(rng, fake_gguf):
     n = 37
     g = rng.standard_normal(n).astype(np.float32)
     ops = ops_with(fake_gguf, {"g": ((n,), F32, g.tobytes())})
@@ -230,8 +223,7 @@ def naive_rope(x, positions, p: RopeParams):
 
 @pytest.mark.parametrize("mode", ["neox", "norm"])
 @pytest.mark.parametrize("n_rot,d", [(8, 8), (6, 10), (4, 9)])
-def test_rope_plain(request, mode, n_rot, d):
-    rng = rng_for(request)
+def test_rope_plain(rng, mode, n_rot, d):
     ops = NumpyOps()
     positions = (0, 3, 4, 17, 1000, 5)
     b = Batch(tuple(range(6)), positions, 0, AttnMask.causal(0, 6))
@@ -244,8 +236,7 @@ def test_rope_plain(request, mode, n_rot, d):
 
 
 @pytest.mark.parametrize("mode", ["neox", "norm"])
-def test_rope_yarn(request, mode):
-    rng = rng_for(request)
+def test_rope_yarn(rng, mode):
     ops = NumpyOps()
     p = RopeParams(n_rot=32, mode=mode, freq_base=10000.0, freq_scale=0.25, ext_factor=1.0,
                    attn_factor=0.9, n_ctx_orig=4096)
@@ -266,8 +257,7 @@ def test_rope_yarn(request, mode):
                                           abs=1e-6)
 
 
-def test_rope_linear_scaling(request):
-    rng = rng_for(request)
+def test_rope_linear_scaling(rng):
     ops = NumpyOps()
     p = RopeParams(n_rot=16, mode="neox", freq_base=10000.0, freq_scale=0.5, attn_factor=1.0)
     b = Batch((0, 1), (6, 9), 0, AttnMask.causal(0, 2))
@@ -316,8 +306,7 @@ def _fill_cache(ops, rng, n_cells, Hkv, dk, dv, n_prev):
 
 @pytest.mark.parametrize("H,Hkv,dk,dv", [(6, 2, 5, 7), (4, 4, 8, 8), (3, 1, 9, 4)])
 @pytest.mark.parametrize("n_prev,T", [(0, 5), (6, 3), (9, 1)])
-def test_attention_causal_gqa(request, H, Hkv, dk, dv, n_prev, T):
-    rng = rng_for(request)
+def test_attention_causal_gqa(rng, H, Hkv, dk, dv, n_prev, T):
     ops = NumpyOps()
     cache = _fill_cache(ops, rng, 20, Hkv, dk, dv, n_prev)
     b = Batch.causal(list(range(T)), n_prev)
@@ -338,10 +327,9 @@ def test_attention_causal_gqa(request, H, Hkv, dk, dv, n_prev, T):
         assert not np.allclose(naive_attention(q, K, V, b.mask, scale, tiled=True), ref)
 
 
-def test_attention_tree_mask(request):
+def test_attention_tree_mask(rng):
     """Prompt of 4 cells, then a batch of two 3-token candidates: each sees the prompt and its
     own earlier tokens only (the system1 layout)."""
-    rng = rng_for(request)
     ops = NumpyOps()
     H, Hkv, d = 4, 2, 6
     cache = _fill_cache(ops, rng, 16, Hkv, d, d, 4)
@@ -382,8 +370,7 @@ def test_bad_mask_rejected():
 
 
 # --- elementwise and shape ops ---------------------------------------------------------------
-def test_swiglu_add_take_rows_view(request):
-    rng = rng_for(request)
+def test_swiglu_add_take_rows_view(rng):
     ops = NumpyOps()
     g = rng.standard_normal((3, 11)).astype(np.float32) * 4
     u = rng.standard_normal((3, 11)).astype(np.float32)
@@ -421,8 +408,7 @@ def naive_route(logits, k, gating, norm, scale):
 
 @pytest.mark.parametrize("gating,norm,scale", [("softmax", True, 0.0), ("softmax", False, 0.0),
                                                ("sigmoid", True, 2.5), ("sigmoid", False, 1.0)])
-def test_moe_route(request, gating, norm, scale):
-    rng = rng_for(request)
+def test_moe_route(rng, gating, norm, scale):
     ops = NumpyOps()
     logits = rng.standard_normal((5, 9)).astype(np.float32)
     logits[1, [2, 5, 7]] = 3.0  # a three-way tie at the top: lowest index first
@@ -446,8 +432,7 @@ def test_moe_route_renorm_clamp():
 
 @pytest.mark.parametrize("t", [F32, Q8_0])
 @pytest.mark.parametrize("per_expert_input", [False, True])
-def test_moe_matmul_and_combine(request, fake_gguf, t, per_expert_input):
-    rng = rng_for(request)
+def test_moe_matmul_and_combine(rng, fake_gguf, t, per_expert_input):
     n_in, n_out, E, T, k = 64, 5, 4, 6, 2
     data = random_weight_bytes(rng, t, (n_in, n_out, E))
     ops = ops_with(fake_gguf, {"exps": ((n_in, n_out, E), t, data)})
@@ -468,8 +453,7 @@ def test_moe_matmul_and_combine(request, fake_gguf, t, per_expert_input):
 
 
 # --- results to the host --------------------------------------------------------------------
-def test_argmax_and_logprobs(request):
-    rng = rng_for(request)
+def test_argmax_and_logprobs(rng):
     ops = NumpyOps()
     x = rng.standard_normal((4, 13)).astype(np.float32)
     x[2, [3, 8]] = 9.0
@@ -484,8 +468,7 @@ def _rows(rng, V=50):
     return rng.standard_normal(V).astype(np.float32) * 2
 
 
-def test_sampling_greedy_cases(request):
-    rng = rng_for(request)
+def test_sampling_greedy_cases(rng):
     ops = NumpyOps()
     for _ in range(20):
         row = _rows(rng)
@@ -500,8 +483,7 @@ def test_sampling_greedy_cases(request):
     assert ops.sample(tie[None], 0.0, 0, 1.0, 0.9) == 2  # first on ties
 
 
-def test_sampling_deterministic_and_last_row(request):
-    rng = rng_for(request)
+def test_sampling_deterministic_and_last_row(rng):
     ops = NumpyOps()
     logits = rng.standard_normal((3, 40)).astype(np.float32)
     for u in rng.random(10):
@@ -531,8 +513,7 @@ def independent_distribution(row, temperature, top_k, top_p):
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0),
                                                      (1.5, 0, 0.6), (0.9, 8, 0.8)])
-def test_sampling_distribution(request, temperature, top_k, top_p):
-    rng = rng_for(request)
+def test_sampling_distribution(rng, temperature, top_k, top_p):
     row = _rows(rng, 30)
     want = independent_distribution(row, temperature, top_k, top_p)
     np.testing.assert_allclose(sampling.sample_probs(row, temperature, top_k, top_p), want,
@@ -604,11 +585,10 @@ def test_qwen3_rows_and_tree_batch(model_files):
     np.testing.assert_allclose(tree[6:], causal(prompt + c2)[4:], rtol=1e-5, atol=1e-5)
 
 
-def test_blocks_moe_ffn_and_swiglu_ffn(request, fake_gguf):
+def test_blocks_moe_ffn_and_swiglu_ffn(rng, fake_gguf):
     """blocks.moe_ffn / swiglu_ffn on NumpyOps vs a per-token loop (spec §4.2, §4.5)."""
     from reflex_core import blocks
 
-    rng = rng_for(request)
     D, F, E, k, T = 12, 7, 5, 2, 4
     arrs = {"r": rng.standard_normal((E, D)), "g": rng.standard_normal((E, F, D)) / 3,
             "u": rng.standard_normal((E, F, D)) / 3, "d": rng.standard_normal((E, D, F)) / 3}
@@ -641,44 +621,126 @@ def test_blocks_moe_ffn_and_swiglu_ffn(request, fake_gguf):
 
 
 # --- fused ops: NumPy twins ----------------------------------------------------------------------
-def test_fused_twins_are_the_compositions(request, fake_gguf):
-    """matmul_many / matmul_swiglu / add_rmsnorm on NumpyOps: bit-identical to the unfused ops
-    (the oracle tests' numerics must not move), mixed weight types, odd sizes, T = 1 and 7."""
-    rng = rng_for(request)
-    D, F, n = 37, 11, 64
-    tensors = {"q": ((n, 24), Q8_0, random_weight_bytes(rng, Q8_0, (n, 24))),
-               "k": ((n, 8), Q4_0, random_weight_bytes(rng, Q4_0, (n, 8))),
-               "v": ((n, 8), F16, random_weight_bytes(rng, F16, (n, 8))),
-               "g": ((D, F), F32, rng.standard_normal((F, D)).astype(np.float32).tobytes()),
-               "u": ((D, F), F16, random_weight_bytes(rng, F16, (D, F))),
-               "nw": ((D,), F32, (1 + 0.2 * rng.standard_normal(D)).astype(np.float32).tobytes())}
+# Each fused op against its definition written out in float64 from the dequantized weights (the
+# spec's formulas, not the backend's ops). Tolerances are float32 error bounds, not fitted:
+U = 2.0 ** -24  # unit roundoff of float32
+
+
+def dot_bound(x64: np.ndarray, W64: np.ndarray) -> np.ndarray:
+    """Bound on |float32 x·w - exact x·w| for every output, whatever the order of summation
+    (and with or without FMA): gamma_n * sum_i |x_i w_i|, gamma_n = n u / (1 - n u) (Higham,
+    "Accuracy and Stability of Numerical Algorithms", 3.1). x and the dequantized weights are
+    exact float32 values, so this is the whole error of a float32 matmul."""
+    n = x64.shape[-1]
+    return n * U / (1 - n * U) * (np.abs(x64) @ np.abs(W64).T)
+
+
+def silu64(z: np.ndarray) -> np.ndarray:
+    return z / (1.0 + np.exp(-z))
+
+
+def swiglu_bound(g64, eg, u64, eu):
+    """Bound on |float32 silu(g~) u~ - silu(g) u| where g~, u~ are within eg, eu of g, u: silu
+    has slope in [-0.1, 1.1], so silu(g~) is within 1.1 eg; the float32 silu and product add a
+    few roundings (exp, add, divide, multiply), counted generously as 16 u of the result."""
+    return (1.1 * eg * (np.abs(u64) + eu) + np.abs(silu64(g64)) * eu
+            + 16 * U * np.abs(silu64(g64) * u64))
+
+
+def assert_within(got, want, bound, what):
+    err = np.abs(np.asarray(got, np.float64) - want)
+    worst = np.unravel_index(np.argmax(err - bound), err.shape)
+    assert (err <= bound).all(), (f"{what}: error {err[worst]:.3g} > bound {bound[worst]:.3g} "
+                                  f"at {worst}")
+
+
+def dequantized(t: int, data: bytes, ne) -> np.ndarray:
+    """float64 weights [..., n_out, n_in] from raw bytes: this file's own decoders."""
+    if t == F32:
+        return np.frombuffer(data, np.float32).astype(np.float64).reshape(tuple(reversed(ne)))
+    if t == F16:
+        return np.frombuffer(data, np.float16).astype(np.float64).reshape(tuple(reversed(ne)))
+    return naive_dequant(t, data, ne)
+
+
+def test_fused_ops_vs_their_formulas(rng, fake_gguf):
+    """matmul_many, matmul_swiglu, moe_matmul_swiglu and add_rmsnorm on NumpyOps: mixed weight
+    types (Q8_0, Q4_0, F16, F32), odd sizes, T = 1 and 7, weights cached or dequantized per use."""
+    D, F, n, E, k = 37, 11, 64, 5, 2
+    raw = {"q": ((n, 24), Q8_0), "k": ((n, 8), Q4_0), "v": ((n, 8), F16), "g": ((D, F), F32),
+           "u": ((D, F), F16), "eg": ((n, F, E), Q8_0), "eu": ((n, F, E), F32)}
+    tensors = {name: (ne, t, random_weight_bytes(rng, t, ne)) for name, (ne, t) in raw.items()}
+    tensors["nw"] = ((D,), F32, (1 + 0.2 * rng.standard_normal(D)).astype(np.float32).tobytes())
+    W64 = {name: dequantized(t, data, ne) for name, (ne, t, data) in tensors.items()}
     for cache_weights in (True, False):
         ops = ops_with(fake_gguf, tensors, cache_weights)
         W = {name: ops.weight(name) for name in tensors}
         for T in (1, 7):
             x = rng.standard_normal((T, n)).astype(np.float32)
+            x64 = x.astype(np.float64)
             got = ops.matmul_many(x, [W["q"], W["k"], W["v"]])
+            assert [y.shape for y in got] == [(T, 24), (T, 8), (T, 8)]
             for y, name in zip(got, "qkv"):
-                assert np.array_equal(y, ops.matmul(x, W[name])), name
+                assert y.dtype == np.float32
+                assert_within(y, x64 @ W64[name].T, dot_bound(x64, W64[name]),
+                              f"matmul_many {name}")
+
             xd = rng.standard_normal((T, D)).astype(np.float32)
-            assert np.array_equal(ops.matmul_swiglu(xd, W["g"], W["u"]),
-                                  ops.swiglu(ops.matmul(xd, W["g"]), ops.matmul(xd, W["u"])))
+            xd64 = xd.astype(np.float64)
+            g64, u64 = xd64 @ W64["g"].T, xd64 @ W64["u"].T
+            bound = swiglu_bound(g64, dot_bound(xd64, W64["g"]), u64, dot_bound(xd64, W64["u"]))
+            assert_within(ops.matmul_swiglu(xd, W["g"], W["u"]), silu64(g64) * u64, bound,
+                          "matmul_swiglu")
+
+            ids = rng.integers(0, E, (T, k)).astype(np.int32)
+            for xe in (x, rng.standard_normal((T, k, n)).astype(np.float32)):  # shared, per slot
+                xs = np.broadcast_to(xe[:, None, :] if xe.ndim == 2 else xe, (T, k, n))
+                want, bound = np.zeros((T, k, F)), np.zeros((T, k, F))
+                for t in range(T):
+                    for j in range(k):
+                        xi = xs[t, j].astype(np.float64)[None]
+                        Ge, Ue = W64["eg"][ids[t, j]], W64["eu"][ids[t, j]]
+                        ge, ue = (xi @ Ge.T)[0], (xi @ Ue.T)[0]
+                        want[t, j] = silu64(ge) * ue
+                        bound[t, j] = swiglu_bound(ge, dot_bound(xi, Ge)[0], ue,
+                                                   dot_bound(xi, Ue)[0])
+                got = ops.moe_matmul_swiglu(xe, W["eg"], W["eu"], ids)
+                assert_within(got, want, bound, f"moe_matmul_swiglu x{xe.shape}")
+
             a = (rng.standard_normal((T, D)) * 3).astype(np.float32)
             b = rng.standard_normal((T, D)).astype(np.float32)
-            for w in (W["nw"], None):
+            # float32 addition is correctly rounded, and the float64 sum of two float32 values
+            # whose exponents differ by less than 29 is exact, so rounding that once to float32
+            # is the float32 sum: the residual must match to the bit
+            assert (np.minimum(abs(a), abs(b)) > 2.0 ** -28 * np.maximum(abs(a), abs(b))).all()
+            s_want = (a.astype(np.float64) + b).astype(np.float32)
+            for w, w64 in ((W["nw"], W64["nw"]), (None, 1.0)):
                 s, y = ops.add_rmsnorm(a, b, w, 1e-6)
-                assert np.array_equal(s, ops.add(a, b))
-                assert np.array_equal(y, ops.rmsnorm(ops.add(a, b), w, 1e-6))
                 assert s.dtype == y.dtype == np.float32
+                assert np.array_equal(s, s_want)
+                s64 = s_want.astype(np.float64)
+                y_want = s64 / np.sqrt((s64 * s64).mean(-1, keepdims=True) + 1e-6) * w64
+                # relative per element: a float32 sum of D squares (gamma_D, halved by the square
+                # root) plus a few single roundings (mean, + eps, sqrt, divide, times w)
+                np.testing.assert_allclose(y, y_want, rtol=(D / 2 + 8) * U, atol=0)
+
+
+def test_numpy_fused_ops_are_the_base_compositions():
+    """The oracle tests validated the unfused ops' numerics; the NumPy twins must stay exactly
+    those compositions (the Ops defaults), not re-implementations that round differently."""
+    from reflex_core.ops import Ops
+
+    for name in ("matmul_many", "matmul_swiglu", "moe_matmul_swiglu", "add_rmsnorm",
+                 "qk_norm_rope_store"):
+        assert getattr(NumpyOps, name) is getattr(Ops, name), name
 
 
 @pytest.mark.parametrize("norms", [(True, True), (False, False), (True, False)])
 @pytest.mark.parametrize("mode,ext", [("neox", 0.0), ("norm", 0.0), ("neox", 1.0), ("norm", 1.0)])
 @pytest.mark.parametrize("T,H,Hkv,d,dv", [(1, 4, 2, 8, 8), (7, 6, 3, 10, 6), (5, 3, 1, 9, 4)])
-def test_qk_norm_rope_store_vs_naive(request, fake_gguf, norms, mode, ext, T, H, Hkv, d, dv):
+def test_qk_norm_rope_store_vs_naive(rng, fake_gguf, norms, mode, ext, T, H, Hkv, d, dv):
     """The fused attention prologue: naive per-head RMSNorm (float64) then naive RoPE, and the
-    cache cells [cell0, cell0 + T) hold rotated k and v; bit-identical to the unfused ops."""
-    rng = rng_for(request)
+    cache cells [cell0, cell0 + T) hold rotated k and v (and no other cell, no other layer)."""
     n_rot = d - d % 2 if mode == "neox" else max(2, (d - 2) - (d - 2) % 2)
     p = RopeParams(n_rot=n_rot, mode=mode, freq_base=10000.0,
                    freq_scale=0.25 if ext else 1.0, ext_factor=ext, attn_factor=1.0,
@@ -707,26 +769,21 @@ def test_qk_norm_rope_store_vs_naive(request, fake_gguf, norms, mode, ext, T, H,
     pos = np.array(batch.positions)
     want_q = naive_rope(naive_norm(q, qg) if norms[0] else q, pos, p)
     want_k = naive_rope(naive_norm(k, kg) if norms[1] else k, pos, p)
+    # float32 error: the norm rounds twice (to float32, times the weight), the rotation rounds
+    # cos/sin and a*c - b*s: a few u (6e-8) of |a| + |b|, which stay below ~15 here (rows of RMS
+    # 2, or RMS 1 times weights up to ~2): ~5e-6 at worst. A wrong angle or pairing is off by O(1).
     np.testing.assert_allclose(got, want_q, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(cache.k[1][cell0:cell0 + T], want_k, rtol=2e-5, atol=2e-5)
     assert np.array_equal(cache.v[1][cell0:cell0 + T], v)
     assert not cache.k[1][:cell0].any() and not cache.k[1][cell0 + T:].any()
     assert not cache.k[0].any() and not cache.v[0].any()
-    # == the unfused ops, bit for bit
-    c2 = KV(ops, 2, cell0 + T + 1, Hkv, d, dv)
-    q2 = ops.rmsnorm(q, qn, eps) if qn is not None else q
-    k2 = ops.rmsnorm(k, kn, eps) if kn is not None else k
-    q2, k2 = ops.rope(q2, pb, p), ops.rope(k2, pb, p)
-    ops.kv_write(c2.k[1], c2.v[1], k2, v, pb)
-    assert np.array_equal(got, q2) and np.array_equal(cache.k[1], c2.k[1])
 
 
-def test_blocks_residual_rmsnorm_and_lm_head(request, fake_gguf):
+def test_blocks_residual_rmsnorm_and_lm_head(rng, fake_gguf):
     """blocks.residual_rmsnorm (None delta: plain norm) and lm_head(residual=...) == the unfused
     add / take_rows / rmsnorm / matmul."""
     from reflex_core import blocks
 
-    rng = rng_for(request)
     D, V, T = 16, 9, 5
     ops = ops_with(fake_gguf, {
         "n": ((D,), F32, (1 + 0.1 * rng.standard_normal(D)).astype(np.float32).tobytes()),

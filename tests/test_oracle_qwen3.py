@@ -16,20 +16,14 @@ Q8_0 (8 bits per 32 values) for Q8_0/Q4_0/Q5_0 and Q8_K (8 bits per 256 values) 
 K-quants; the reference keeps float32 activations. ``test_rounding_explains_the_gap`` shows that this rounding is the
 whole difference: with it emulated on top of NumpyOps, llama.cpp is reproduced to ~1e-7.
 
-These tests FAIL (never skip) when llama-cpp-python is missing.
+These tests FAIL (never skip) when llama-cpp-python is missing (marker ``oracle``, see
+tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
-try:
-    import llama_cpp  # noqa: F401  (the oracle; imported here to fail loudly, not to skip)
-
-    LLAMA_IMPORT_ERROR = None
-except Exception as e:  # pragma: no cover - depends on the environment
-    LLAMA_IMPORT_ERROR = e
 
 from reflex_core.gguf import open_gguf
 from reflex_core.testing import oracle
@@ -74,13 +68,6 @@ F16_KV_BOUND = 3e-3
 # rounding flip agrees to float32 rounding at every position (median 1e-7 .. 3.5e-7 measured).
 EMULATED_MEDIAN_BOUND = 1e-5
 EMULATED_SEEDS = 6
-
-
-@pytest.fixture(autouse=True)
-def _require_llama_cpp():
-    if LLAMA_IMPORT_ERROR is not None:
-        pytest.fail("the oracle tests need llama-cpp-python (pip install llama-cpp-python==0.3.36, "
-                    f"CPU build): import llama_cpp failed: {LLAMA_IMPORT_ERROR!r}", pytrace=False)
 
 
 def tokens_for(shape: ModelShape, seed: int) -> list[int]:

@@ -28,20 +28,14 @@ F32 median 4.7e-7 / worst 9.2e-7 (no flip); Q8_0 (top-2) flip-free 28 of 40, med
 worst 2.4e-2; Q4_K (top-3) flip-free 21 of 40, median 1.9e-2 / worst 3.1e-2; margins at the
 first flip <= 0.031; router-logit differences plain vs emulated <= 0.084.
 
-These tests FAIL (never skip) when llama-cpp-python is missing.
+These tests FAIL (never skip) when llama-cpp-python is missing (marker ``oracle``, see
+tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
-try:
-    import llama_cpp  # noqa: F401  (the oracle; imported here to fail loudly, not to skip)
-
-    LLAMA_IMPORT_ERROR = None
-except Exception as e:  # pragma: no cover - depends on the environment
-    LLAMA_IMPORT_ERROR = e
 
 from reflex_core.backends.numpy_backend import NumpyOps
 from reflex_core.gguf import open_gguf
@@ -73,13 +67,6 @@ MIN_COMPARED = 3  # flip-free files each quantized type must be compared on ...
 MAX_FILES = 12  # ... among at most this many
 EMULATED_MEDIAN_BOUND = 1e-5  # as test_oracle_qwen3 (measured: 1.1e-7 .. 3e-7)
 EMULATED_SEEDS = 6
-
-
-@pytest.fixture(autouse=True)
-def _require_llama_cpp():
-    if LLAMA_IMPORT_ERROR is not None:
-        pytest.fail("the oracle tests need llama-cpp-python (pip install llama-cpp-python==0.3.36, "
-                    f"CPU build): import llama_cpp failed: {LLAMA_IMPORT_ERROR!r}", pytrace=False)
 
 
 def tokens_for(shape: ModelShape, seed: int) -> list[int]:

@@ -7,7 +7,8 @@ mask. With F32 weights and llama.cpp's KV cache in F32 both sides compute in flo
 differences of the sums were <= 5e-6 (2026-11-29, sums of -7 to -37 over 1-5 tokens; float32
 rounding of logits of magnitude ~10 before the log-softmax). The bound is 1e-4 per token.
 
-These tests FAIL (never skip) when llama-cpp-python is missing.
+The tests that run llama.cpp are marked ``oracle``: they FAIL (never skip) when llama-cpp-python
+is missing (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -16,13 +17,6 @@ import math
 
 import numpy as np
 import pytest
-
-try:
-    import llama_cpp  # noqa: F401  (the oracle; imported here to fail loudly, not to skip)
-
-    LLAMA_IMPORT_ERROR = None
-except Exception as e:  # pragma: no cover - depends on the environment
-    LLAMA_IMPORT_ERROR = e
 
 from reflex_core import system1
 from reflex_core.errors import ReflexError
@@ -56,13 +50,6 @@ def llama_scores(path, prompt, cands) -> list[float]:
         logits = oracle.llama_logits(path, seq, n_prompt=len(seq), kv_type="f32")
         out.append(sum(log_softmax(logits[len(prompt) - 1 + j])[tok] for j, tok in enumerate(c)))
     return out
-
-
-@pytest.fixture(autouse=True)
-def _need_llama():
-    if LLAMA_IMPORT_ERROR is not None:
-        pytest.fail("the system1 oracle tests need llama-cpp-python (pip install "
-                    f"llama-cpp-python==0.3.36, CPU build): {LLAMA_IMPORT_ERROR!r}", pytrace=False)
 
 
 @pytest.mark.oracle

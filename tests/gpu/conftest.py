@@ -1,5 +1,7 @@
-"""GPU test fixtures. Every test here is marked ``gpu``; without a usable GPU they all skip with
-the reason (``pytest -rs`` shows it), e.g. ``no usable GPU: no NVIDIA driver: ...``.
+"""GPU test fixtures. Every test here is marked ``gpu``. On a machine without a GPU (no NVIDIA
+driver, or no device) they all skip with the reason (``pytest -rs`` shows it). On a machine with
+one they never skip: a GPU that CUDA cannot start (cuda-bindings missing, a package built
+without kernels or not for this GPU, a driver too old) fails every test with the reason.
 
 Run on the GPU machine:  ``pytest -m gpu tests/gpu``  (kernels from reflex_core/kernels, or set
 REFLEX_KERNEL_DIR=/tmp/kout after ``python reflex_core/_build.py cuda /tmp/kout cuda/include``).
@@ -28,20 +30,35 @@ def pytest_collection_modifyitems(config, items):
 _state: dict = {}
 
 
+def _no_gpu_here() -> str | None:
+    """Why this machine has no GPU to test, or None. Asked without initialising CUDA (the
+    driver reads its environment at cuInit, which reflex_core.cuda must be the first to call):
+    the driver library loads and a device node exists."""
+    import ctypes
+    import glob
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        return f"no NVIDIA driver ({e})"
+    if not glob.glob("/dev/nvidia[0-9]*"):
+        return "an NVIDIA driver but no GPU device (/dev/nvidia0, ...)"
+    return None
+
+
 def _device_or_skip():
-    if "device" not in _state and "error" not in _state:
+    if not _state:
+        _state["no_gpu"] = _no_gpu_here()
+    if _state["no_gpu"]:
+        pytest.skip(f"no GPU here: {_state['no_gpu']}")
+    if "device" not in _state:
+        from reflex_core.cuda import driver
         from reflex_core.errors import ReflexError
 
         try:
-            from reflex_core.cuda import driver
-
             _state["device"] = driver.init()
         except ReflexError as e:  # CudaUnavailable / CudaError: one line saying why
-            _state["error"] = str(e)
-        except Exception as e:  # noqa: BLE001 - anything else still means "no GPU here"
-            _state["error"] = f"{type(e).__name__}: {e}"
-    if "error" in _state:
-        pytest.skip(f"no usable GPU: {_state['error']}")
+            pytest.fail(f"this machine has a GPU but CUDA did not start: {e}", pytrace=False)
     return _state["device"]
 
 

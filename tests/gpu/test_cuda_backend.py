@@ -18,10 +18,6 @@ F32, F16, Q4_0, Q8_0, Q4_K, Q6_K, BF16, IQ2_XXS = 0, 1, 2, 8, 12, 14, 30, 16
 F16_FIELDS = {Q4_0: [0], Q8_0: [0], Q4_K: [0, 2], Q6_K: [208]}
 
 
-def rng_for(request) -> np.random.Generator:
-    return np.random.default_rng(abs(hash(request.node.name)) % 2**32)
-
-
 def random_bytes(rng, t, ne) -> bytes:
     n = int(np.prod(ne))
     if t == F32:
@@ -54,8 +50,7 @@ TYPES = [F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K]
 
 
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: GGML_TYPES[t].name)
-def test_weights_dequant_embed_matmul(attach_both, t, request):
-    rng = rng_for(request)
+def test_weights_dequant_embed_matmul(attach_both, t, rng):
     n_in, n_out = 512, 77
     tensors = {
         "w": (random_bytes(rng, t, [n_in, n_out]), [n_in, n_out], t),
@@ -81,9 +76,8 @@ def test_weights_dequant_embed_matmul(attach_both, t, request):
         close(got / scale, want / scale, 0, 2e-5, f"matmul T={T}")
 
 
-def test_matmul_on_row_view(attach_both, request):
+def test_matmul_on_row_view(attach_both, rng):
     """take_rows of a contiguous run is a view (possibly unaligned); matmul must handle it."""
-    rng = rng_for(request)
     cuda_ops, ref_ops = attach_both({"w": rng.standard_normal((33, 36)).astype(np.float32)})
     x = rng.standard_normal((7, 36)).astype(np.float32)
     for rows in ([6], [1, 2, 3], [0, 4]):
@@ -99,11 +93,10 @@ MANY_SETS = [(F32, F32, F32), (Q8_0, Q8_0, Q8_0), (Q4_K, Q4_K, Q6_K), (Q6_K, Q4_
 
 @pytest.mark.parametrize("types", MANY_SETS,
                          ids=lambda ts: "-".join(GGML_TYPES[t].name for t in ts))
-def test_matmul_many_and_swiglu(attach_both, types, request):
+def test_matmul_many_and_swiglu(attach_both, types, rng):
     """matmul_many == the separate matmuls (bit for bit: the same kernel per row) and the NumPy
     twin; matmul_swiglu == swiglu(matmul, matmul) within rounding, and the twin. T = 1 and 7
     (GEMV), 9 and 64 (tiled), 300 (tiled, several token tiles)."""
-    rng = rng_for(request)
     n_in = 512
     n_outs = (96, 40, 40)  # q: 2x the k/v rows (GQA); odd multiples of 8
     tensors = {f"w{i}": (random_bytes(rng, t, [n_in, n]), [n_in, n], t)
@@ -147,8 +140,7 @@ def test_matmul_many_and_swiglu(attach_both, types, request):
         cuda_ops.matmul_many(cuda_ops.from_numpy(np.zeros((2, 64), np.float32)), wc)
 
 
-def test_unsupported_type_names_tensor(attach_both, request):
-    rng = rng_for(request)
+def test_unsupported_type_names_tensor(attach_both, rng):
     info = GGML_TYPES[IQ2_XXS]
     cuda_ops, _ = attach_both({"blk.0.ffn_up.weight": (
         rng.integers(0, 256, 2 * info.type_size, dtype=np.uint8).tobytes(), [512, 1], IQ2_XXS)})
@@ -158,8 +150,7 @@ def test_unsupported_type_names_tensor(attach_both, request):
 
 @pytest.mark.parametrize("t", [F32, Q8_0, Q4_K], ids=lambda t: GGML_TYPES[t].name)
 @pytest.mark.parametrize("per_expert", [False, True], ids=["shared-x", "per-expert-x"])
-def test_moe_matmul(attach_both, t, per_expert, request):
-    rng = rng_for(request)
+def test_moe_matmul(attach_both, t, per_expert, rng):
     n_in, n_out, E, k, T = 256, 40, 6, 3, 5
     cuda_ops, ref_ops = attach_both({"exps": (random_bytes(rng, t, [n_in, n_out, E]),
                                               [n_in, n_out, E], t)})
@@ -236,7 +227,6 @@ def _model(path, ops):
 
 @pytest.mark.parametrize("wt", ["F32", "Q8_0", "Q4_K"])
 def test_qwen3_forward_matches_numpy(model_files, cuda_ops, ref_ops, wt):
-    pytest.importorskip("reflex_qwen3")
     from reflex_core.testing.modelwriter import ModelShape, tiny_kquant_shape
 
     shape = tiny_kquant_shape("qwen3") if wt == "Q4_K" else ModelShape(arch="qwen3")

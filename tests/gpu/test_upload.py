@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import mmap
-import os
 
 import pytest
 
@@ -11,10 +10,10 @@ import pytest
 @pytest.mark.parametrize("offset,chunk,threads", [(0, 1 << 20, 3), (7, 1 << 20, 4),
                                                   (4096, 1 << 16, 2), (100_003, 3 << 20, 1),
                                                   (5, 64 << 20, 4)])
-def test_upload_host_region_exact(cuda_device, tmp_path, offset, chunk, threads):
+def test_upload_host_region_exact(cuda_device, tmp_path, rng, offset, chunk, threads):
     from reflex_core.cuda import driver
 
-    data = os.urandom((5 << 20) + 12345)
+    data = rng.bytes((5 << 20) + 12345)
     p = tmp_path / "blob.bin"
     p.write_bytes(data)
     with open(p, "rb") as f:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ops import AttnMask, Batch, RopeParams
-from .opreg import BatchArg, OpCase, WeightArg
+from ..ops import AttnMask, Batch, RopeParams
+from ..opreg import BatchArg, OpCase, WeightArg
 
 TS = (1, 67)  # one token (GEMV / decode paths) and more than 64 (tiled / prefill paths)
 
