@@ -91,7 +91,7 @@ def check_dequant(g: Any, gpu_ops: Any, max_per_type: int = 3,
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    from .gguf import GGML_TYPES
+    from .ggml_types import GGML_TYPES
 
     by_type: dict[int, list[Any]] = {}
     for ti in g.tensors.values():
@@ -135,7 +135,7 @@ def _gpu_dequantizer(gpu_ops: Any):
         gw = gpu_ops.weight(w.name)
         if expert is not None:
             per = gw.ne[0] * gw.ne[1]
-            from .gguf import GGML_TYPES
+            from .ggml_types import GGML_TYPES
 
             info = GGML_TYPES[gw.ggml_type]
             nbytes = per // info.block_size * info.type_size
@@ -150,11 +150,11 @@ def run_check(path: str, prompt: str | None = None, n_decode: int = 4,
     from .backends import get_backend
     from .cuda import driver
     from .engine import _tokenizer_or_none
-    from .gguf import open_gguf
+    from .modelfile import open_model_file
     from .registry import get_host
 
     dev = driver.init()
-    g = open_gguf(path)
+    g = open_model_file(path)
     arch = g.get("general.architecture")
     spec = get_host().resolve(arch)
     cls = spec.load_model_class()

@@ -74,9 +74,9 @@ def _tokenizer_or_none(g: Any) -> Any:
     model = g.get("tokenizer.ggml.model")
     if model in (None, "none"):
         return None
-    from .tokenizer import Tokenizer
+    from .modelfile import load_tokenizer
 
-    return Tokenizer.from_gguf(g)
+    return load_tokenizer(g)
 
 
 def prefetch(g: Any) -> Background:
@@ -130,10 +130,10 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
 
     cuda_init = start_cuda_init() if backend in ("auto", "cuda") else None
 
-    from .gguf import open_gguf
+    from .modelfile import open_model_file
 
     with t.span("parse gguf"):
-        g = open_gguf(path)
+        g = open_model_file(path)
     if one_shot and g.index_state == "miss":
         from . import gguf_index
 

@@ -8,7 +8,9 @@ never a crash or a huge allocation; time and memory stay linear in the file size
 
 String arrays (the tokenizer's 152k tokens and 151k merges) dominate the parse. At open time
 only their end is found, in C-speed bulk operations (see `_scan_block`); the strings are
-decoded on first access, in bulk as well.
+decoded on first access, in bulk as well. ``parse_record`` / ``from_record`` turn a parse into
+plain data and back (a cache of it lives elsewhere: this module imports only errors and
+ggml_types from reflex_core).
 """
 
 from __future__ import annotations
@@ -19,66 +21,21 @@ import os
 import stat
 import struct
 import sys
+import zlib
 from array import array
 from collections.abc import Sequence
-from typing import NamedTuple
 
-from reflex_core.errors import GGUFError
+from .errors import GGUFError
+from .ggml_types import (  # noqa: F401 - the type tables are re-exported for the reader's users
+    GGML_TYPE_IDS, GGML_TYPES, GGUF_TYPE_ARRAY, GGUF_TYPE_BOOL, GGUF_TYPE_FLOAT32,
+    GGUF_TYPE_FLOAT64, GGUF_TYPE_INT8, GGUF_TYPE_INT16, GGUF_TYPE_INT32, GGUF_TYPE_INT64,
+    GGUF_TYPE_STRING, GGUF_TYPE_UINT8, GGUF_TYPE_UINT16, GGUF_TYPE_UINT32, GGUF_TYPE_UINT64,
+    UNSIGNED_INT_TYPES, VALUE_TYPE_NAMES, VALUE_TYPES, GGMLType, tensor_nbytes)
 
 GGUF_MAGIC = b"GGUF"
 GGUF_DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4
 _INT64_MAX = (1 << 63) - 1
-
-# ------------------------------------------------------------------------------------------
-# Tables
-
-
-class GGMLType(NamedTuple):
-    name: str
-    block_size: int  # elements per block
-    type_size: int  # bytes per block
-
-
-# id -> (name, elements per block, bytes per block); ggml.h / ggml-common.h. Q8_1 is 36 bytes
-# (gguf 0.19.0 says 40, wrong). Removed ids (4, 5, 31-33, 36-38) are unknown on purpose.
-GGML_TYPES: dict[int, GGMLType] = {
-    i: GGMLType(*v) for i, v in {
-        0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
-        6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36),
-        10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
-        13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
-        16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98),
-        19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
-        22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
-        26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
-        30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66),
-        39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18), 42: ("Q2_0", 64, 18),
-    }.items()
-}
-GGML_TYPE_IDS: dict[str, int] = {t.name: i for i, t in GGML_TYPES.items()}
-
-# GGUF metadata value types
-GGUF_TYPE_UINT8 = 0
-GGUF_TYPE_INT8 = 1
-GGUF_TYPE_UINT16 = 2
-GGUF_TYPE_INT16 = 3
-GGUF_TYPE_UINT32 = 4
-GGUF_TYPE_INT32 = 5
-GGUF_TYPE_FLOAT32 = 6
-GGUF_TYPE_BOOL = 7
-GGUF_TYPE_STRING = 8
-GGUF_TYPE_ARRAY = 9
-GGUF_TYPE_UINT64 = 10
-GGUF_TYPE_INT64 = 11
-GGUF_TYPE_FLOAT64 = 12
-VALUE_TYPES: dict[str, int] = {
-    "UINT8": 0, "INT8": 1, "UINT16": 2, "INT16": 3, "UINT32": 4, "INT32": 5, "FLOAT32": 6,
-    "BOOL": 7, "STRING": 8, "ARRAY": 9, "UINT64": 10, "INT64": 11, "FLOAT64": 12,
-}
-VALUE_TYPE_NAMES: dict[int, str] = {v: k for k, v in VALUE_TYPES.items()}
-UNSIGNED_INT_TYPES = frozenset((GGUF_TYPE_UINT8, GGUF_TYPE_UINT16, GGUF_TYPE_UINT32,
-                                GGUF_TYPE_UINT64))
 
 # scalar value type -> little-endian struct (bool is read as a byte, see _read_value)
 _SCALAR = {t: struct.Struct("<" + c) for t, c in (
@@ -111,21 +68,6 @@ _PLUS1 = bytes(range(1, 256)) + b"\0"  # translate table: byte b -> (b + 1) % 25
 _LAST = operator.itemgetter(-1)
 _STRIP_LAST = operator.itemgetter(slice(None, -1))
 _BLOCK = 1024  # strings per bulk block: a block that fails the fast check costs ~0.15 ms
-
-
-def tensor_nbytes(ne, ggml_type: int) -> int:
-    """Bytes of a dense tensor with shape `ne` (GGUF order, innermost first) of `ggml_type`."""
-    t = GGML_TYPES.get(ggml_type)
-    if t is None:
-        raise GGUFError(f"unknown GGML type id {ggml_type}")
-    n = 1
-    for d in ne:
-        n *= d
-    ne0 = ne[0] if len(ne) else 1
-    if ne0 % t.block_size:
-        raise GGUFError(f"{t.name} tensor row of {ne0} elements is not a multiple of the "
-                        f"block size {t.block_size}")
-    return n // t.block_size * t.type_size
 
 
 # ------------------------------------------------------------------------------------------
@@ -305,10 +247,8 @@ class GGUFFile:
         self.value_types: dict[str, int] = {}
         self.tensors: dict[str, TensorInfo] = {}
         # where each metadata array lies in the file: key -> ("s", [(count, start, end, fast)])
-        # for string arrays, ("n", start, end) for numbers (reflex_core.gguf_index saves it)
+        # for string arrays, ("n", start, end) for numbers (parse_record keeps it)
         self.layout: dict[str, tuple] = {}
-        self.index: dict | None = None  # the cached index this file was opened from, if any
-        self.index_state = "off"  # "hit", "miss" (parsed; an index is written at exit), "off"
 
     @property
     def mm(self) -> mmap.mmap:
@@ -316,8 +256,24 @@ class GGUFFile:
             raise ValueError(f"{self.path}: GGUF file is closed")
         return self._mm
 
+    @property
+    def closed(self) -> bool:
+        return self._mm is None
+
     def get(self, key: str, default=None):
         return self.metadata.get(key, default)
+
+    def array_span(self, key: str) -> tuple[int, int] | None:
+        """Where metadata array ``key``'s elements lie in the file: [start, end) (for strings,
+        each is its u64 length then its bytes). None for a missing key, a scalar or an empty
+        string array."""
+        lay = self.layout.get(key)
+        if lay is None:
+            return None
+        if lay[0] == "n":
+            return lay[1], lay[2]
+        blocks = lay[1]
+        return (blocks[0][1], blocks[-1][2]) if blocks else None
 
     def tensor_data(self, name_or_info) -> memoryview:
         """Zero-copy, read-only view of a tensor's bytes."""
@@ -340,17 +296,22 @@ class GGUFFile:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"<GGUFFile {self.path!r} v{self.version}: {len(self.metadata)} keys, "
-                f"{len(self.tensors)} tensors>")
+        return (f"<{type(self).__name__} {self.path!r} v{self.version}: "
+                f"{len(self.metadata)} keys, {len(self.tensors)} tensors>")
 
 
-def open_gguf(path: str | os.PathLike, use_index: bool = True) -> GGUFFile:
-    """Open and parse a GGUF file's header, metadata and tensor directory.
-
-    ``use_index``: take the parse from the file's cached index when there is a valid one
-    (:mod:`reflex_core.gguf_index`; REFLEX_NO_INDEX=1 turns it off), and have one written at
-    exit when there is not."""
+def open_gguf(path: str | os.PathLike) -> GGUFFile:
+    """Open and parse a GGUF file's header, metadata and tensor directory. (The engine opens
+    models through reflex_core.modelfile, which takes the parse from a cached index.)"""
     path = os.fspath(path)
+    mm, _ = map_file(path)
+    g = GGUFFile(path, mm)
+    parse(g)
+    return g
+
+
+def map_file(path: str) -> tuple[mmap.mmap, os.stat_result]:
+    """A read-only mmap of the regular file ``path`` and its fstat (one-line GGUFErrors)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -367,38 +328,53 @@ def open_gguf(path: str | os.PathLike, use_index: bool = True) -> GGUFFile:
         raise GGUFError(f"{path}: cannot open: {e.strerror}") from None
     try:
         fst = os.fstat(fd)
-        size = fst.st_size
-        if size == 0:
+        if fst.st_size == 0:
             raise GGUFError(f"{path}: empty file (0 bytes), not a GGUF file")
         mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     except OSError as e:
         raise GGUFError(f"{path}: cannot map: {e.strerror}") from None
     finally:
         os.close(fd)  # the mmap keeps its own reference to the file
-    g = GGUFFile(path, mm)
-    idx = None
-    if use_index:
-        from . import gguf_index
+    return mm, fst
 
-        if gguf_index.enabled():
-            idx = gguf_index.load(path, fst)
-            g.index_state = "miss"
+
+def parse(g: GGUFFile) -> None:
+    """Fill the fresh ``g`` from its mapping; on a malformed file close it and raise GGUFError."""
     try:
-        if idx is not None and _from_index(g, mm, idx.get("gguf")):
-            g.index, g.index_state = idx, "hit"
-        else:
-            _Parser(g, mm).parse()
+        _Parser(g, g.mm).parse()
     except BaseException:
         g.close()
         raise
-    if g.index_state == "miss":
-        gguf_index.schedule(g, fst)
-    return g
 
 
-def _from_index(g: GGUFFile, mm: mmap.mmap, d) -> bool:
-    """Fill ``g`` from a cached index's parse (see reflex_core.gguf_index). False (g untouched)
-    when the record does not fit this mapping; the caller parses instead."""
+# ------------------------------------------------------------------------------------------
+# The parse as plain data (what a cache keeps; see reflex_core.gguf_index)
+
+
+def parse_record(g: GGUFFile) -> dict:
+    """The parse of ``g`` as plain data (ints, strings, bytes, tuples, lists, dicts): what
+    from_record needs to rebuild it over the same file without reading the metadata again."""
+    meta = []
+    for key, val in g.metadata.items():
+        vtype = g.value_types[key]
+        if vtype == GGUF_TYPE_ARRAY:
+            lay = g.layout[key]
+            meta.append((key, vtype, (val.elem_type, len(val),
+                                      lay[1] if lay[0] == "s" else (lay[1], lay[2]))))
+        else:
+            meta.append((key, vtype, val))
+    return {"header": bytes(g.mm[:_HEADER.size]), "size": g.file_size, "probe": _probe(g.mm),
+            "version": g.version,
+            "alignment": g.alignment, "data_offset": g.data_offset, "meta": meta,
+            "tensors": [(t.name, tuple(t.ne), t.ggml_type, t.offset, t.nbytes)
+                        for t in g.tensors.values()]}
+
+
+def from_record(g: GGUFFile, d) -> bool:
+    """Fill the fresh ``g`` from ``d`` (a parse_record of this same file). False, with ``g``
+    untouched, when ``d`` is malformed or does not fit the bytes ``g`` maps (another file, or
+    this one changed): the caller parses instead."""
+    mm = g.mm
     try:
         if mm[:_HEADER.size] != d["header"] or d["size"] != len(mm) or d["probe"] != _probe(mm):
             return False
@@ -427,9 +403,10 @@ def _from_index(g: GGUFFile, mm: mmap.mmap, d) -> bool:
             if offset + nbytes > size or ggml_type not in GGML_TYPES:
                 return False
             tensors[name] = TensorInfo(name, tuple(ne), ggml_type, offset, nbytes)
-        g.version, g.alignment, g.data_offset = d["version"], d["alignment"], d["data_offset"]
+        version, alignment, data_offset = d["version"], d["alignment"], d["data_offset"]
     except (KeyError, TypeError, ValueError, IndexError):
         return False
+    g.version, g.alignment, g.data_offset = version, alignment, data_offset
     g.metadata, g.value_types, g.layout, g.tensors = meta, vtypes, layout, tensors
     return True
 
@@ -438,31 +415,11 @@ _PROBE = 1 << 20
 
 
 def _probe(mm: mmap.mmap) -> int:
-    """CRC-32 of the file's first and last MiB: with the identity (size, mtime, inode), it
-    catches a file overwritten in place by another of the same size with its mtime kept
-    (``cp -p``): its metadata (name, shapes, vocabulary) or its last tensor's bytes differ."""
-    import zlib
-
+    """CRC-32 of the file's first and last MiB: with the identity a cache keys on (size, mtime,
+    inode), it catches a file overwritten in place by another of the same size with its mtime
+    kept (``cp -p``): its metadata (name, shapes, vocabulary) or its last tensor's bytes differ."""
     n = len(mm)
     return zlib.crc32(mm[max(0, n - _PROBE):], zlib.crc32(mm[:min(n, _PROBE)]))
-
-
-def index_record(g: GGUFFile) -> dict:
-    """The parse of ``g`` as plain data for the index (the inverse of _from_index)."""
-    meta = []
-    for key, val in g.metadata.items():
-        vtype = g.value_types[key]
-        if vtype == GGUF_TYPE_ARRAY:
-            lay = g.layout[key]
-            meta.append((key, vtype, (val.elem_type, len(val),
-                                      lay[1] if lay[0] == "s" else (lay[1], lay[2]))))
-        else:
-            meta.append((key, vtype, val))
-    return {"header": bytes(g.mm[:_HEADER.size]), "size": g.file_size, "probe": _probe(g.mm),
-            "version": g.version,
-            "alignment": g.alignment, "data_offset": g.data_offset, "meta": meta,
-            "tensors": [(t.name, tuple(t.ne), t.ggml_type, t.offset, t.nbytes)
-                        for t in g.tensors.values()]}
 
 
 # ------------------------------------------------------------------------------------------

@@ -8,31 +8,35 @@ driver's start. None of it depends on the prompt, so it is done once per file an
 way Python keeps ``.pyc`` files: the next process maps the index and looks tokens up in an
 open-addressing table (a few microseconds each) without building anything.
 
-Keyed by the file's identity (real path, size, mtime in ns, inode, device) and checked against
-its content (its 24-byte header and a CRC-32 of its first and last MiB, ~2 ms): a file that is
-rewritten or replaced does not match its old index, which is then ignored and replaced. An
-index that is unreadable, of another format version or inconsistent with the file is ignored
-too (the full parse runs). Where: ``$XDG_CACHE_HOME/reflex/index`` (``~/.cache/reflex/index``);
-``REFLEX_NO_INDEX=1`` turns the index off (never read, never written).
+A record is ``{"format", "identity", "gguf": gguf.parse_record(g), "tok": Tokenizer.tables()}``
+(``tok`` None for a file without a tokenizer we can read); the tokenizer's tables are kept as
+they come, never looked into here. Keyed by the file's identity (real path, size, mtime in ns,
+inode, device) and checked against its content (its 24-byte header and a CRC-32 of its first
+and last MiB, ~2 ms): a file that is rewritten or replaced does not match its old index, which
+is then ignored and replaced. An index that is unreadable, of another format version or
+inconsistent with the file is ignored too (the full parse runs). Where:
+``$XDG_CACHE_HOME/reflex/index`` (``~/.cache/reflex/index``); ``REFLEX_NO_INDEX=1`` turns the
+index off (never read, never written).
 
-When written: a process that parsed a file the slow way schedules its index; the CLI writes
-it after the command's output is flushed -- in the detached exit child when there is one (so
-the caller does not wait), else just before exiting. ``write_pending()`` does it.
+When written: reflex_core.modelfile schedules the index of a file it parsed the slow way; the
+CLI has it written after the command's output is flushed, by ``write_pending()`` in this
+process or by ``python -m reflex_core.gguf_index PATH...`` (``pending_paths()``) in another.
 
-Stdlib only (marshal, zlib, array): this module is on the cold path.
+No third-party imports (marshal, zlib): this module is on the cold path.
 """
 
 from __future__ import annotations
 
 import marshal
 import os
+import sys
 import weakref
 import zlib
-from array import array
-from itertools import accumulate
-from typing import Any, Sequence
+from typing import Any
 
 from .cachedir import cache_root, write_atomic
+from .errors import ReflexError
+from .gguf import GGUFFile, from_record, map_file, parse, parse_record
 
 FORMAT = 2  # bump when the record's layout or meaning changes (2: the content probe)
 _pending: list[tuple[Any, os.stat_result]] = []  # (weakref to a GGUFFile, its fstat)
@@ -71,31 +75,76 @@ def load(path: str, st: os.stat_result) -> dict | None:
     return data
 
 
-def schedule(g: Any, st: os.stat_result) -> None:
-    """Have ``write_pending`` write the index of the parsed GGUFFile ``g`` (held weakly: a file
-    nobody uses any more is skipped, so a library opening many files keeps nothing alive)."""
+def restore(g: GGUFFile, st: os.stat_result) -> dict | None:
+    """Fill the fresh (unparsed) ``g``, whose file's fstat is ``st``, from its cached index.
+    Returns the record, or None (``g`` untouched: parse it) when there is no valid one."""
+    rec = load(g.path, st)
+    if rec is None or not from_record(g, rec.get("gguf")):
+        return None
+    return rec
+
+
+def build(g: GGUFFile, st: os.stat_result) -> dict:
+    """The index record of the parsed GGUFFile ``g``: its parse and, when it has a tokenizer
+    we can read, that tokenizer's tables."""
+    from .tokenizer import Tokenizer
+
+    try:
+        tables = Tokenizer.from_gguf(g).tables()
+    except ReflexError:  # no tokenizer, or one we cannot read: the parse alone is worth keeping
+        tables = None
+    return {"format": FORMAT, "identity": _identity(g.path, st), "gguf": parse_record(g),
+            "tok": tables}
+
+
+def save(path: str, record: dict) -> bool:
+    return write_atomic(index_file(path), marshal.dumps(record))
+
+
+# ----------------------------------------------------------------------------------------------
+# Files whose index is written later
+
+
+def schedule(g: GGUFFile, st: os.stat_result) -> None:
+    """Have the index of the parsed GGUFFile ``g`` written later (``write_pending``, or an
+    exec'd ``python -m reflex_core.gguf_index`` for ``pending_paths()``). ``g`` is held weakly:
+    a file nobody uses any more is skipped, so a library opening many files keeps nothing
+    alive (``keep`` holds one on purpose)."""
     _pending[:] = [p for p in _pending if p[0]() is not None and p[0]().path != g.path]
     _pending.append((weakref.ref(g), st))
 
 
-def keep(g: Any) -> None:
+def keep(g: GGUFFile) -> None:
     """Hold ``g`` until the process ends (the CLI's one-shot jobs: the file's index is written
     at exit, after the job's objects are gone)."""
     _kept.append(g)
 
 
+def _live() -> list[tuple[GGUFFile, os.stat_result]]:
+    out = []
+    for ref, st in _pending:
+        g = ref()
+        if g is not None and not g.closed:
+            out.append((g, st))
+    return out
+
+
 def pending() -> bool:
-    return any(p[0]() is not None for p in _pending)
+    """Whether a file parsed the slow way in this process (and still open) awaits its index."""
+    return bool(_live())
+
+
+def pending_paths() -> list[str]:
+    """The paths of the files ``pending()`` is about, for ``python -m reflex_core.gguf_index``."""
+    return [g.path for g, _ in _live()]
 
 
 def write_pending() -> None:
-    """Write the index of every file parsed the slow way in this process (best effort: a
-    read-only cache or a file closed meanwhile just means no index)."""
-    while _pending:
-        ref, st = _pending.pop()
-        g = ref()
-        if g is None or g._mm is None:
-            continue
+    """Write, in this process, the index of every file parsed the slow way in it (best effort:
+    a read-only cache or a file closed meanwhile just means no index)."""
+    live = _live()
+    _pending.clear()
+    for g, st in live:
         try:
             record = build(g, st)
         except Exception:  # noqa: BLE001 - an index is an optimisation, never an error
@@ -103,136 +152,36 @@ def write_pending() -> None:
         save(g.path, record)
 
 
-def save(path: str, record: dict) -> None:
-    write_atomic(index_file(path), marshal.dumps(record))
-
-
-def build(g: Any, st: os.stat_result) -> dict:
-    """The index record of the open GGUFFile ``g``: its parse and, when it has a tokenizer the
-    prompt-scoped path can serve, the tables that path needs."""
-    from .gguf import index_record
-
-    return {"format": FORMAT, "identity": _identity(g.path, st), "gguf": index_record(g),
-            "tok": _tokenizer_record(g)}
-
-
 # ----------------------------------------------------------------------------------------------
-# tokenizer tables
+# python -m reflex_core.gguf_index PATH...
 
 
-def _tokenizer_record(g: Any) -> dict | None:
-    model = g.get("tokenizer.ggml.model")
-    if model in (None, "none", "no_vocab"):
-        return None
-    from .tokenizer import Tokenizer, _NotFast
-
-    tok = Tokenizer.from_gguf(g, use_index=False)
+def refresh(path: str) -> None:
+    """Write the index of the GGUF at ``path`` unless a valid one is cached (GGUFError for a
+    file that is not a readable GGUF)."""
+    if not enabled():
+        return
+    mm, st = map_file(path)
+    g = GGUFFile(path, mm)
     try:
-        tok._check_fast()
-    except _NotFast as e:
-        return {"fast": False, "reason": str(e)}
-    raw, k = tok._raw, tok._k
-    tok_pos = _string_starts(g.layout["tokenizer.ggml.tokens"][1], raw)
-    merges = g.get("tokenizer.ggml.merges")
-    mraw = merges.raw_list() if merges is not None and len(merges) else []
-    mer_pos = (_string_starts(g.layout["tokenizer.ggml.merges"][1], mraw) if mraw
-               else (array("Q"), 0, 0))
-    table, mask = _build_table(raw, k)
-    return {
-        "fast": True, "k": k, "m": tok._m, "tb": tok._tb, "added": tok._added,
-        "kb": max(map(len, raw[:k]), default=0),
-        "tokens": _pack(tok_pos, raw), "merges": _pack(mer_pos, mraw),
-        "table": table.tobytes(), "mask": mask,
-    }
+        if restore(g, st) is None:
+            parse(g)
+            save(path, build(g, st))
+    finally:
+        g.close()
 
 
-def _string_starts(blocks: Sequence[tuple], raw: Sequence[bytes]) -> tuple[array, int, int]:
-    """File offsets of each string's bytes (after its 8-byte length), from the array's block
-    layout and the strings' lengths; plus the span [lo, hi) holding all of them."""
-    starts = array("Q")
-    i = 0
-    for cnt, a, _b, _fast in blocks:
-        lens = map(len, raw[i:i + cnt])
-        starts.extend(accumulate((8 + n for n in lens), initial=a + 8))
-        starts.pop()  # the position after the block's last string
-        i += cnt
-    lo = blocks[0][1] if blocks else 0
-    hi = blocks[-1][2] if blocks else 0
-    return starts, lo, hi
+def main(argv: list[str]) -> int:
+    """(Re)write the index of each path where it is missing or stale; silent, and exit
+    status 0 whatever happens: a process exiting after its output hands this its pending
+    paths (fork + exec), and nobody reads its output or waits for it."""
+    for path in argv:
+        try:
+            refresh(path)
+        except BaseException:  # noqa: BLE001 - an index is an optimisation, never an error
+            pass
+    return 0
 
 
-def _pack(pos: tuple[array, int, int], raw: Sequence[bytes]) -> tuple:
-    starts, lo, hi = pos
-    rel = array("I", (s - lo for s in starts))
-    lens = array("I", map(len, raw))
-    return (lo, hi, rel.tobytes(), lens.tobytes())
-
-
-def _build_table(raw: Sequence[bytes], k: int) -> tuple[array, int]:
-    """Open addressing (linear probing, load <= 1/2) over ids 0..k-1 keyed by crc32 of the
-    token's bytes. The texts are distinct (the fast path requires it)."""
-    size = 1 << max(4, (2 * k).bit_length())
-    mask = size - 1
-    table = array("i", [-1]) * size
-    crc = zlib.crc32
-    for t in range(k):
-        h = crc(raw[t]) & mask
-        while table[h] != -1:
-            h = (h + 1) & mask
-        table[h] = t
-    return table, mask
-
-
-class Strings(Sequence):
-    """A string array's elements as bytes, served from one copy of its span of the file."""
-
-    __slots__ = ("_blob", "_rel", "_lens")
-
-    def __init__(self, mm: Any, packed: tuple):
-        lo, hi, rel, lens = packed
-        self._blob = mm[lo:hi]  # a copy: valid after the file is closed
-        self._rel = array("I")
-        self._rel.frombytes(rel)
-        self._lens = array("I")
-        self._lens.frombytes(lens)
-        if len(self._rel) != len(self._lens):
-            raise ValueError("inconsistent index")
-
-    def __len__(self) -> int:
-        return len(self._lens)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self._lens)))]
-        p = self._rel[i]
-        return self._blob[p:p + self._lens[i]]
-
-
-class VocabTable:
-    """bytes -> token id over ids 0..k-1 (the BPE vocabulary), as a dict's ``get``."""
-
-    __slots__ = ("_t", "_mask", "_raw", "_k")
-
-    def __init__(self, table: bytes, mask: int, raw: Strings, k: int):
-        self._t = array("i")
-        self._t.frombytes(table)
-        if len(self._t) != mask + 1:
-            raise ValueError("inconsistent index")
-        self._mask, self._raw, self._k = mask, raw, k
-
-    def get(self, key: bytes, default: Any = None) -> Any:
-        t, mask, raw = self._t, self._mask, self._raw
-        h = zlib.crc32(key) & mask
-        while True:
-            i = t[h]
-            if i < 0:
-                return default
-            if raw[i] == key:
-                return i
-            h = (h + 1) & mask
-
-    def __contains__(self, key: bytes) -> bool:
-        return self.get(key) is not None
-
-    def __len__(self) -> int:
-        return self._k
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

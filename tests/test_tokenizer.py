@@ -215,7 +215,7 @@ class _Meta:
 
 
 def _byte_vocab():
-    from reflex_core.tokenizer import _bytes_to_unicode
+    from reflex_core.tokenizer.vocab import _bytes_to_unicode
 
     return [c for _, c in sorted(_bytes_to_unicode().items())]
 

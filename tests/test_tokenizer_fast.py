@@ -4,6 +4,7 @@ tokenizer.json: same ids, which path ran, the fallbacks, and decoding without an
 from __future__ import annotations
 
 import copy
+import marshal
 import os
 import random
 import subprocess
@@ -14,11 +15,10 @@ import unicodedata
 import pytest
 import tokenizers
 
-from reflex_core import tokenizer as tokmod
 from reflex_core.errors import ModelError
 from reflex_core.gguf import open_gguf
 from reflex_core.testing.modelwriter import ModelShape, qwen3_tokenizer_json_path
-from reflex_core.tokenizer import Tokenizer
+from reflex_core.tokenizer import Tokenizer, prompt_scoped
 from test_tokenizer import HAND, _Meta, _random_corpus
 
 
@@ -86,7 +86,8 @@ def fresh(tok: Tokenizer) -> Tokenizer:
     """A copy sharing the parsed vocabulary but with no prompt-scoped BPE yet (so each text is
     encoded by a mini BPE built for it alone, as on the cold path)."""
     t = copy.copy(tok)
-    t._reset_mini()
+    t._scoped = copy.copy(tok._scoped)
+    t._scoped.reset()
     return t
 
 
@@ -145,14 +146,14 @@ def test_prepare_prompt_and_candidates(base, ref):
     prompt = "<|im_start|>user\nThe capital of France is<|im_end|>\n<|im_start|>assistant\n"
     t = fresh(base)
     assert t.prepare([prompt, *CANDS]) == "fast"
-    mini = t._mini
+    mini = t._scoped._mini
     assert t.encode(prompt) == ref.encode(prompt).ids and t.last_path == "fast"
     for text, ids in CANDS.items():
         assert t.encode(text, add_special=False) == ids and t.last_path == "fast"
-    assert t._mini is mini  # covered: no rebuild
+    assert t._scoped._mini is mini  # covered: no rebuild
     # a text that is not covered extends the same tokenizer
     assert t.encode(" Madrid and Rome") == ref.encode(" Madrid and Rome").ids
-    assert t.last_path == "fast" and t._mini is not mini
+    assert t.last_path == "fast" and t._scoped._mini is not mini
 
 
 def test_guard_pathological_text_builds_full(base, ref):
@@ -165,9 +166,9 @@ def test_guard_pathological_text_builds_full(base, ref):
 
 def test_growth_cap_builds_full(base, ref, monkeypatch):
     # every new text costs a mini BPE build; after about one full build's worth, build in full
-    monkeypatch.setattr(tokmod, "_MAX_FAST_COST", 2000.0)
+    monkeypatch.setattr(prompt_scoped, "_MAX_FAST_COST", 2000.0)
     t = fresh(base)
-    t._cost = 0.0
+    t._scoped._cost = 0.0
     paths = []
     for x in HAND[1:12]:
         assert t.encode(x) == ref.encode(x).ids, repr(x)
@@ -178,15 +179,15 @@ def test_growth_cap_builds_full(base, ref, monkeypatch):
 
 
 def test_union_then_fresh_mini(base, ref, monkeypatch):
-    monkeypatch.setattr(tokmod, "_UNION_MAX", 100)
+    monkeypatch.setattr(prompt_scoped, "_UNION_MAX", 100)
     t = fresh(base)
     t.encode("The capital of France is")
-    m1, n1 = t._mini, len(t._sub_ids)
-    assert t.encode(" Paris", add_special=False) == [12095] and t._mini is not m1
-    assert len(t._sub_ids) > n1  # joined the union
+    m1, n1 = t._scoped._mini, len(t._scoped._sub_ids)
+    assert t.encode(" Paris", add_special=False) == [12095] and t._scoped._mini is not m1
+    assert len(t._scoped._sub_ids) > n1  # joined the union
     for x in HAND[2:6]:
         assert t.encode(x) == ref.encode(x).ids and t.last_path == "fast"
-    assert t._cov.isdisjoint(["Ġcapital", "ĠParis"])  # the union was restarted, not grown for ever
+    assert t._scoped._cov.isdisjoint(["Ġcapital", "ĠParis"])  # the union was restarted, not grown for ever
 
 
 def test_env_full(full, ref):
@@ -293,6 +294,52 @@ def test_small_vocab_fast_path_and_pinned_added():
     assert tok.last_path == "fast"
 
 
+# ---------------------------------------------------------------- tables() / from_tables()
+
+
+def test_tables_round_trip_equals_the_tokenizer(model_path, ref, monkeypatch):
+    g = open_gguf(model_path)
+    tok = Tokenizer.from_gguf(g)
+    tables = tok.tables()
+    assert tables["fast"] is True
+    assert marshal.loads(marshal.dumps(tables)) == tables  # plain data
+    served = Tokenizer.from_tables(g, marshal.loads(marshal.dumps(tables)))
+    assert served is not None and served._scoped.checked and not served.full_built
+    for attr in ("n_vocab", "bos_id", "eos_id", "eot_id", "pad_id", "add_bos", "add_eos",
+                 "eog_ids", "pre"):
+        assert getattr(served, attr) == getattr(tok, attr), attr
+    bad = []
+    for x in CORPUS:
+        a, b = fresh(served), fresh(tok)
+        ids = a.encode(x)
+        assert a.last_path == "fast", (x, a.fast_reason)
+        if ids != b.encode(x) or ids != ref.encode(x).ids or a.decode(ids) != b.decode(ids):
+            bad.append(x)
+    assert not bad, f"{len(bad)} mismatches, first {bad[0]!r}"
+    rng = random.Random(17)
+    for i in rng.sample(range(tok.n_vocab), 500) + [0, 255, 256, tok.n_vocab - 1]:
+        assert served.token_bytes(i) == tok.token_bytes(i)
+    assert served.tables() == tables  # a served tokenizer exports the same tables
+    # the tables describe the vocabulary, not this process's state: a tokenizer whose
+    # prompt-scoped path is off (REFLEX_TOKENIZER=full) exports the same ones, and in that
+    # mode from_tables declines (from_gguf builds the full tokenizer)
+    monkeypatch.setenv("REFLEX_TOKENIZER", "full")
+    assert Tokenizer.from_gguf(g).tables() == tables
+    assert Tokenizer.from_tables(g, tables) is None
+
+
+def test_tables_of_a_vocabulary_the_path_refuses(tmp_path):
+    tokens, types, merges = _qwen3_lists()
+    tokens[12095], tokens[7148] = tokens[7148], tokens[12095]
+    g = open_gguf(_write_tokenizer_gguf(tmp_path / "swapped.gguf", tokens, types, merges))
+    tables = Tokenizer.from_gguf(g).tables()
+    assert tables["fast"] is False and "256+i" in tables["reason"]
+    assert Tokenizer.from_tables(g, tables) is None
+    md = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2",
+          "tokenizer.ggml.tokens": ["a", "b"]}
+    assert Tokenizer.from_gguf(_Meta(md)).tables()["fast"] is False  # no file to point into
+
+
 # ---------------------------------------------------------------- decoding without any BPE
 
 
@@ -327,7 +374,7 @@ def test_decode_streamer_token_bytes_without_full_build(model_path, full, ref):
         assert tok.token_text(i) == full.token_text(i)
         assert tok.is_control(i) == full.is_control(i)
     assert tok.token_bytes(151700) == b"" and tok.token_bytes(-1) == b"" and tok.token_bytes(151936) == b""
-    assert not tok.full_built and tok._mini is None
+    assert not tok.full_built and tok._scoped._mini is None
 
 
 def test_decode_roundtrip_fast(base):

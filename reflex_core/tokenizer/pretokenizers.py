@@ -1,0 +1,114 @@
+"""The pre-tokenizer table (one ``PreTokenizerSpec`` per ``tokenizer.ggml.pre`` value) and the
+Hugging Face objects a spec stands for: normalizer, pre-tokenizer, BPE model options,
+post-processor, decoder. Both BPE builds (the full one and the prompt-scoped one) take their
+pipeline from here, so they tokenize alike. ``tokenizers`` is imported only when a pipeline
+is built.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..errors import ModelError
+
+
+@dataclass(frozen=True)
+class PreTokenizerSpec:
+    """How to pre-tokenize for one ``tokenizer.ggml.pre`` value.
+
+    regexes: applied in sequence; each splits every piece into its matches and the gaps between
+    them (``Split(..., "isolated")``). Written with ``\\uXXXX`` / ``\\UXXXXXXXX`` escapes for
+    non-ASCII characters (turned into literal characters for Oniguruma).
+    normalizer: "NFC" or None. ignore_merges: BPE option (llama3-style vocabularies).
+    add_bos_default: add_bos when ``tokenizer.ggml.add_bos_token`` is absent.
+    """
+
+    regexes: tuple[str, ...]
+    normalizer: str | None = None
+    ignore_merges: bool = False
+    add_bos_default: bool = False
+
+
+_QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+             r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN35_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+              r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_DEEPSEEK_V3_RES = (
+    r"\p{N}{1,3}",
+    r"[\u4E00-\u9FA5\u3040-\u309F\u30A0-\u30FF]+",
+    r"[!" + '"' + r"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+    r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+)
+_DEEPSEEK_LLM_RES = (
+    r"[\r\n]",
+    r"\s?[A-Za-z\u00B5\u00C0-\u00D6\u00D8-\u00F6\u00F8-\u01BA\u01BC-\u01BF\u01C4-\u0293\u0295-\u02AF"
+    r"\u0370-\u0373\u0376\u0377\u037B-\u037D\u037F\u0386\u0388-\u038A\u038C\u038E-\u03A1\u03A3-\u03F5"
+    r"\u03F7-\u0481\u048A-\u052F\u0531-\u0556\u10A0-\u10C5\u13A0-\u13F5\u13F8-\u13FD\u1C90-\u1CBA"
+    r"\u1CBD-\u1CBF\u1D00-\u1D2B\u1D6B-\u1D77\u1D79-\u1D9A\u1E00-\u1F15\u1F18-\u1F1D\u1F20-\u1F45"
+    r"\u1F48-\u1F4D\u1F50-\u1F57\u1F59\u1F5B\u1F5D\u1F5F-\u1F7D\u1F80-\u1FB4\u1FB6-\u1FBC\u1FBE"
+    r"\u1FC2-\u1FC4\u1FC6-\u1FCC\u1FD0-\u1FD3\u1FD6-\u1FDB\u1FE0-\u1FEC\u1FF2-\u1FF4\u1FF6-\u1FFC"
+    r"\u2102\u2107\u210A-\u2113\u2115\u2119-\u211D\u2124\u2126\u2128\u212A-\u212D\u212F-\u2134\u2139"
+    r"\u213C-\u213F\u2145-\u2149\u214E\u2183\u2184\u2C00-\u2C7B\u2C7E-\u2CE4\u2CEB-\u2CEE\u2CF2\u2CF3"
+    r"\uA640-\uA66D\uA680-\uA69B\uA722-\uA76F\uA771-\uA787\uA78B-\uA78E\uAB70-\uABBF\uFB00-\uFB06"
+    r"\uFB13-\uFB17\uFF21-\uFF3A\uFF41-\uFF5A\U00010400-\U0001044F\U000104B0-\U000104D3"
+    r"\U000104D8-\U000104FB\U00010C80-\U00010CB2\U00010CC0-\U00010CF2\U000118A0-\U000118DF"
+    r"\U0001E900-\U0001E943]+",
+    r"\s?[!-/:-~\uFF01-\uFF0F\uFF1A-\uFF5E\u2018-\u201F\u3000-\u3002]+",
+    r"\s+$",
+    r"[\u4E00-\u9FA5\u0800-\u4E00\uAC00-\uD7FF]+",
+    r"\p{N}+",
+)
+
+# Keyed by tokenizer.ggml.pre. An open table: a plugin may add entries for its own vocabularies.
+PRETOKENIZERS: dict[str, PreTokenizerSpec] = {
+    "qwen2": PreTokenizerSpec((_QWEN2_RE,), normalizer="NFC"),
+    "deepseek-r1-qwen": PreTokenizerSpec((_QWEN2_RE,), normalizer="NFC"),
+    "qwen35": PreTokenizerSpec((_QWEN35_RE,), normalizer="NFC"),
+    "deepseek-v3": PreTokenizerSpec(_DEEPSEEK_V3_RES),
+    "deepseek-llm": PreTokenizerSpec(_DEEPSEEK_LLM_RES),
+}
+
+_ESC = re.compile(r"\\u([0-9A-Fa-f]{4})|\\U([0-9A-Fa-f]{8})")
+
+
+def _literal_escapes(pattern: str) -> str:
+    """``\\uXXXX`` / ``\\UXXXXXXXX`` -> the character itself (Oniguruma has no ``\\U``)."""
+    return _ESC.sub(lambda m: chr(int(m.group(1) or m.group(2), 16)), pattern)
+
+
+def bpe_model(vocab: dict[str, int], merges: list[tuple[str, str]], spec: PreTokenizerSpec):
+    """A ``models.BPE`` with HF's byte-level options over ``vocab`` and ``merges``."""
+    from tokenizers import models
+
+    return models.BPE(vocab, merges, dropout=None, unk_token=None, continuing_subword_prefix="",
+                      end_of_word_suffix="", fuse_unk=False, byte_fallback=False,
+                      ignore_merges=spec.ignore_merges)
+
+
+def pipeline(spec: PreTokenizerSpec):
+    """(normalizer or None, pre-tokenizer, post-processor, decoder) of a ``pre`` type."""
+    from tokenizers import Regex, decoders, normalizers, pre_tokenizers, processors
+
+    if spec.normalizer == "NFC":
+        normalizer = normalizers.NFC()
+    elif spec.normalizer is None:
+        normalizer = None
+    else:
+        raise ModelError(f"unknown normalizer {spec.normalizer!r} in the pre-tokenizer table")
+    pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(_literal_escapes(r)), "isolated", invert=False) for r in spec.regexes]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+    return normalizer, pre_tokenizer, processors.ByteLevel(trim_offsets=False), decoders.ByteLevel()
+
+
+def with_pipeline(hf, pipe):
+    """``hf`` with the (normalizer or None, pre-tokenizer, post-processor, decoder) of
+    :func:`pipeline` installed."""
+    normalizer, pre_tokenizer, post, dec = pipe
+    if normalizer is not None:
+        hf.normalizer = normalizer
+    hf.pre_tokenizer = pre_tokenizer
+    hf.post_processor = post
+    hf.decoder = dec
+    return hf
