@@ -21,18 +21,42 @@ Every hook is prefixed ``reflex_``; pluggy ignores anything else in the module.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 import pluggy
+
+from .errors import ReflexError
 
 if TYPE_CHECKING:  # pragma: no cover
     import click
 
     from .opreg import OpDef
-    from .registry import ArchSpec
 
 hookspec = pluggy.HookspecMarker("reflex")
 hookimpl = pluggy.HookimplMarker("reflex")
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """One GGUF ``general.architecture`` a plugin serves.
+
+    name:  the exact architecture string (``qwen3``, ``qwen3moe``, ...)
+    model: ``"module:Class"`` of the model class; imported only when a file of ``name`` loads
+    description: one line for ``reflex plugins``
+    """
+
+    name: str
+    model: str
+    description: str = ""
+
+    def load_model_class(self) -> Any:
+        mod_name, _, attr = self.model.partition(":")
+        try:
+            return getattr(importlib.import_module(mod_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise ReflexError(f"architecture {self.name!r}: cannot import {self.model} ({e})") from e
 
 
 @hookspec

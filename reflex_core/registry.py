@@ -20,31 +20,11 @@ from typing import Any
 import pluggy
 
 from . import hookspecs
+from .hookspecs import ArchSpec
 from .errors import PluginConflict, ReflexError, UnsupportedArchitecture
 
 GROUP = "reflex"
 CORE_DIST = "reflex-infer"
-
-
-@dataclass(frozen=True)
-class ArchSpec:
-    """One GGUF ``general.architecture`` a plugin serves.
-
-    name:  the exact architecture string (``qwen3``, ``qwen3moe``, ...)
-    model: ``"module:Class"`` of the model class; imported only when a file of ``name`` loads
-    description: one line for ``reflex plugins``
-    """
-
-    name: str
-    model: str
-    description: str = ""
-
-    def load_model_class(self) -> Any:
-        mod_name, _, attr = self.model.partition(":")
-        try:
-            return getattr(importlib.import_module(mod_name), attr)
-        except (ImportError, AttributeError) as e:
-            raise ReflexError(f"architecture {self.name!r}: cannot import {self.model} ({e})") from e
 
 
 @dataclass

@@ -23,16 +23,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "reflex_core"
 
-# The cycles reflex_core has today, each written as the modules around it (names relative to
-# reflex_core, starting from the alphabetically first). They are being removed (issue 11). The
-# test fails on a cycle not listed here AND on a listed one that no longer exists, so this list
-# can only shrink, to empty.
-KNOWN_CYCLES_TO_REMOVE: list[str] = [
-    "gguf -> gguf_index -> gguf",  # open_gguf looks up the index; the index builds from a parse
-    "gguf_index -> tokenizer -> gguf_index",  # the index stores tokenizer tables and vice versa
-    "hookspecs -> registry -> hookspecs",  # the specs name registry.ArchSpec (TYPE_CHECKING)
-]
-
 # Imports that cost hundreds of milliseconds and that the GPU cold path must not pay for.
 HEAVY = ("numpy", "gguf", "huggingface_hub")
 # The only modules that may import HEAVY at module level (directly or through another module):
@@ -333,16 +323,8 @@ def test_no_import_cycles_in_reflex_core():
     graph = read_graph()
     assert len([m for m in graph if graph[m].package == PACKAGE]) > 20  # really read the package
     found = {cycle_text(c): c for c in elementary_cycles(core_edges(graph))}
-    new = sorted(set(found) - set(KNOWN_CYCLES_TO_REMOVE))
-    gone = sorted(set(KNOWN_CYCLES_TO_REMOVE) - set(found))
-    problems = []
-    if new:
-        problems.append(f"{len(new)} import cycle(s) in {PACKAGE}:\n"
-                        + "\n".join(describe(found[c], graph) for c in new))
-    if gone:
-        problems.append("not cycles any more; delete from KNOWN_CYCLES_TO_REMOVE:\n  "
-                        + "\n  ".join(gone))
-    assert not problems, "\n".join(problems)
+    assert not found, (f"{len(found)} import cycle(s) in {PACKAGE}:\n"
+                       + "\n".join(describe(c, graph) for c in found.values()))
 
 
 def test_cold_path_modules_import_no_numpy_gguf_or_hub():
