@@ -71,28 +71,28 @@ class CudaCtx:
     """Raw device memory for kernel-level tests (used by the quant-kernel tests too)."""
 
     def __init__(self):
-        from reflex_core.cuda import driver
+        from reflex_core.cuda import driver, memory, modules
 
-        self.driver = driver
+        self.driver, self.memory, self.modules = driver, memory, modules
         self._live: set[int] = set()
 
     def alloc(self, nbytes: int) -> int:
-        p = self.driver.alloc(nbytes)
+        p = self.memory.alloc(nbytes)
         self._live.add(p)
         return p
 
     def htod(self, ptr: int, data) -> None:
-        self.driver.htod(ptr, data)
+        self.memory.htod(ptr, data)
 
     def dtoh(self, ptr: int, nbytes: int) -> bytes:
-        return bytes(self.driver.dtoh(ptr, nbytes))
+        return bytes(self.memory.dtoh(ptr, nbytes))
 
     def free(self, ptr: int) -> None:
         self._live.discard(ptr)
-        self.driver.free(ptr)
+        self.memory.free(ptr)
 
     def kernels(self, module: str, package: str = "reflex_core"):
-        return self.driver.get_kernels(module, package)
+        return self.modules.get_kernels(module, package)
 
     def synchronize(self) -> None:
         self.driver.synchronize()
