@@ -157,8 +157,6 @@ _DECL = re.compile(r"(?:\b(?:static|inline|__noinline__|__forceinline__)\s+)*"
                    r"void\s+([A-Za-z_]\w*)\s*\((.*)\)\s*$", re.S)
 _LIMIT = re.compile(r"^[ \t]*#[ \t]*define[ \t]+REFLEX_([A-Za-z0-9_]+)[ \t]+"
                     r"(-?(?:0[xX][0-9a-fA-F]+|\d+))[ \t]*(?:(?://|/\*).*)?$", re.M)
-
-
 _COMMENT_OR_STRING = re.compile(r'("(?:\\.|[^"\\\n])*")|/\*.*?\*/|//[^\n]*', re.S)
 
 

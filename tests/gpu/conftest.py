@@ -33,9 +33,9 @@ def _device_or_skip():
         from reflex_core.errors import ReflexError
 
         try:
-            from reflex_core.cuda import driver
+            from reflex_core.cuda.start import start
 
-            _state["device"] = driver.init()
+            _state["device"] = start().wait()  # the process's CUDA start, as `reflex` runs it
         except ReflexError as e:  # CudaUnavailable / CudaError: one line saying why
             _state["error"] = str(e)
         except Exception as e:  # noqa: BLE001 - anything else still means "no GPU here"
