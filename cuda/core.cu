@@ -294,9 +294,10 @@ extern "C" __global__ void reflex_kv_write(const float* __restrict__ k, const fl
 //   3. query heads: -> q_out [T, H, d_k]; KV heads: -> kc at cell row t (the host offsets kc and
 //      vc by cell0 rows) and v's head g (d_v floats, unchanged) -> vc.
 // q [T, H, d_k], k [T, H_kv, d_k], v [T, H_kv, d_v]; kc [cells, H_kv, d_k], vc [cells, H_kv, d_v].
-// d_k <= QKR_MAXD. Block 128 threads for d_k <= 128, else 256.
+// d_k <= REFLEX_QKR_MAX_HEAD (the backend reads the limit from the manifest). Block 128 threads
+// for d_k <= 128, else 256.
 
-#define QKR_MAXD 512
+#define REFLEX_QKR_MAX_HEAD 512
 
 extern "C" __global__ void reflex_qk_norm_rope_store(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
@@ -304,7 +305,7 @@ extern "C" __global__ void reflex_qk_norm_rope_store(
     float* __restrict__ kc, float* __restrict__ vc, const int* __restrict__ pos, int H, int H_kv,
     int dk, int dv, int qn, int kn, int n_rot, int neox, float eps, double freq_base,
     double freq_scale, double ext_factor, double attn_factor, double corr_lo, double corr_hi) {
-    __shared__ float xs[QKR_MAXD];
+    __shared__ float xs[REFLEX_QKR_MAX_HEAD];
     __shared__ float red[32];
     const int hh = blockIdx.x, t = blockIdx.y;
     const bool is_q = hh < H;
@@ -369,14 +370,15 @@ extern "C" __global__ void reflex_qk_norm_rope_store(
 // ------------------------------------------------------------------------------------------
 // attention: block (h, t), 8 warps. Token t sees cells [0, prefix_end[t]) and
 // [max(own_start[t], prefix_end[t]), own_end[t]) -- the visible list, j = 0..n-1. Warp w takes
-// cells j = w, w+8, ...; its lanes split head_dim (<= 256: 8 floats per lane) for q.k (then a
-// warp shuffle sum) and for the V accumulator; each warp keeps an online softmax (m, l, acc).
-// The 8 partial states merge in shared memory: M = max m_w, L = sum l_w e^(m_w-M),
-// out = sum acc_w e^(m_w-M) / L. Query head h reads KV head h / (H / H_kv).
+// cells j = w, w+8, ...; its lanes split head_dim (<= REFLEX_ATT_MAX_HEAD: 8 floats per lane)
+// for q.k (then a warp shuffle sum) and for the V accumulator; each warp keeps an online
+// softmax (m, l, acc). The 8 partial states merge in shared memory: M = max m_w,
+// L = sum l_w e^(m_w-M), out = sum acc_w e^(m_w-M) / L. Query head h reads KV head h / (H / H_kv).
 // q [T, H, d_k]; kc [cells, H_kv, d_k]; vc [cells, H_kv, d_v]; out [T, H * d_v].
 
 #define ATT_WARPS 8
-#define ATT_MAXC 8  // head_dim <= 32 * ATT_MAXC
+#define REFLEX_ATT_MAX_HEAD 256  // d_k, d_v (the backend reads it from the manifest)
+#define ATT_MAXC (REFLEX_ATT_MAX_HEAD / 32)  // floats per lane
 
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
 reflex_attention(const float* __restrict__ q, const float* __restrict__ kc,
@@ -712,21 +714,21 @@ reflex_sample(const float* __restrict__ x, int V, double temp, int top_k, double
 // k rounds of block argmax (largest prob, lowest index on ties; taken experts flagged) pick the
 // experts; weights = their probs (gating 3: softmax over the k picked), / max(sum,
 // 6.103515625e-5) when norm, * scale when scale is neither 0 nor 1 (spec section 4.5).
-// ids [T, k] int32, w [T, k] float32. E <= 1024, k <= 64.
+// ids [T, k] int32, w [T, k] float32. E <= REFLEX_MOE_MAX_E, k <= REFLEX_MOE_MAX_K.
 
-#define MOE_MAXE 1024
-#define MOE_MAXK 64
+#define REFLEX_MOE_MAX_E 1024  // experts (the backend reads both limits from the manifest)
+#define REFLEX_MOE_MAX_K 64  // experts per token
 
 extern "C" __global__ void reflex_moe_route(const float* __restrict__ logits, int* __restrict__ ids,
                                             float* __restrict__ wout, int E, int k, int gating,
                                             int norm, float scale) {
-    __shared__ float sp[MOE_MAXE];
-    __shared__ unsigned char taken[MOE_MAXE];
+    __shared__ float sp[REFLEX_MOE_MAX_E];
+    __shared__ unsigned char taken[REFLEX_MOE_MAX_E];
     __shared__ float red[32];
     __shared__ float rv[32];
     __shared__ int ri[32];
-    __shared__ float selp[MOE_MAXK];
-    __shared__ int seli[MOE_MAXK];
+    __shared__ float selp[REFLEX_MOE_MAX_K];
+    __shared__ int seli[REFLEX_MOE_MAX_K];
     const float* lr = logits + (size_t)blockIdx.x * E;
     for (int e = threadIdx.x; e < E; e += blockDim.x) taken[e] = 0;
     if (gating == 1) {

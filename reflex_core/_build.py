@@ -7,9 +7,17 @@ can load it by file path from the source tree or import it from an installed cor
 Each module ``NAME.cu`` is compiled by ``nvcc -fatbin`` into ``NAME.fatbin`` holding SASS for
 every target in :func:`sass_targets` and PTX of the newest one (the driver JIT-compiles that PTX
 only on a GPU newer than every SASS target); the same nvcc run's per-target cubins are kept as
-``NAME.sm_XX.cubin`` (the loader maps just the device's one). ``manifest.json`` beside the fatbins records each
-module's sha256, the SASS targets, the PTX target and the nvcc version, so the loader can tell a
-user which GPUs a package was built for.
+``NAME.sm_XX.cubin`` (the loader maps just the device's one). ``manifest.json`` beside the
+fatbins records each module's sha256, the SASS targets, the PTX target and the nvcc version, so
+the loader can tell a user which GPUs a package was built for, and two things the Python side
+would otherwise restate by hand:
+
+* ``"kernels"``: every ``extern "C" __global__`` kernel's parameter signature, one char per
+  parameter (``P`` pointer, ``i`` int32, ``I`` uint32, ``q`` int64, ``Q`` uint64, ``f`` float,
+  ``d`` double), read from the module's preprocessed source (``nvcc -E``), so kernels that a
+  macro generates are seen as the compiler sees them; ``Kernels.launch`` packs by it;
+* ``"limits"``: every ``#define REFLEX_<NAME> <int>`` of the ``.cu`` files and of the ``.cuh``
+  headers under the source folder, as ``{NAME: int}`` (``reflex_core.cuda.modules.limit``).
 
 Environment:
   REFLEX_SKIP_CUDA=1     compile nothing (GPU commands then fail with a clear error)
@@ -125,6 +133,174 @@ def compile_module(nvcc: str, src: Path, out: Path, includes: list[Path], sms: l
             shutil.copyfile(cubin, out.with_name(f"{src.stem}.sm_{sm}.cubin"))
 
 
+# ----------------------------------------------------------------------------------------------
+# kernel signatures and limits
+
+# C parameter type (qualifiers and name removed) -> signature char; LP64 (long is 64-bit)
+PARAM_KINDS = {
+    "int": "i", "signed": "i", "signed int": "i", "int32_t": "i",
+    "unsigned": "I", "unsigned int": "I", "uint32_t": "I",
+    "long long": "q", "long long int": "q", "signed long long": "q",
+    "signed long long int": "q", "long": "q", "long int": "q", "int64_t": "q",
+    "ptrdiff_t": "q",
+    "unsigned long long": "Q", "unsigned long long int": "Q", "unsigned long": "Q",
+    "unsigned long int": "Q", "uint64_t": "Q", "size_t": "Q",
+    "float": "f", "double": "d",
+}
+_QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict"}
+_TYPE_WORDS = {"int", "signed", "unsigned", "long", "short", "char", "float", "double", "bool",
+               "void"} | set(PARAM_KINDS)
+_EXTERN_C = re.compile(r'\bextern\s+"C"\s*')
+_ATTRIBUTE = re.compile(r"\b(__attribute__|__launch_bounds__|__declspec)\s*\(")
+_GLOBAL = re.compile(r"\b__global__\b|__attribute__\s*\(\(\s*global\s*\)\)")
+_DECL = re.compile(r"(?:\b(?:static|inline|__noinline__|__forceinline__)\s+)*"
+                   r"void\s+([A-Za-z_]\w*)\s*\((.*)\)\s*$", re.S)
+_LIMIT = re.compile(r"^[ \t]*#[ \t]*define[ \t]+REFLEX_([A-Za-z0-9_]+)[ \t]+"
+                    r"(-?(?:0[xX][0-9a-fA-F]+|\d+))[ \t]*(?:(?://|/\*).*)?$", re.M)
+_COMMENT_OR_STRING = re.compile(r'("(?:\\.|[^"\\\n])*")|/\*.*?\*/|//[^\n]*', re.S)
+
+
+def _strip_comments(text: str) -> str:
+    return _COMMENT_OR_STRING.sub(lambda m: m.group(1) or " ", text)
+
+
+def _drop_attributes(text: str) -> str:
+    """``text`` without ``__attribute__((...))`` / ``__launch_bounds__(...)`` groups."""
+    out = []
+    pos = 0
+    for m in _ATTRIBUTE.finditer(text):
+        if m.start() < pos:
+            continue
+        out.append(text[pos:m.start()])
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            i += 1
+        pos = i
+    out.append(text[pos:])
+    return " ".join(out)
+
+
+def _split_params(text: str) -> list[str]:
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "(<[":
+            depth += 1
+        elif ch in ")>]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    parts = [p.strip() for p in parts]
+    return [] if parts in ([""], ["void"]) else parts
+
+
+def param_kind(param: str) -> str | None:
+    """The signature char of one C parameter declaration (``const float* __restrict__ x`` ->
+    ``P``), or None when a launch cannot pass it (a struct, a reference, a small integer)."""
+    param = param.split("=", 1)[0]  # a default argument
+    if "&" in param:
+        return None
+    if "*" in param or "[" in param:
+        return "P"
+    words = [w for w in re.findall(r"[A-Za-z_]\w*", param) if w not in _QUALIFIERS]
+    if len(words) > 1 and words[-1] not in _TYPE_WORDS:
+        words = words[:-1]  # the parameter's name
+    return PARAM_KINDS.get(" ".join(words))
+
+
+def parse_kernel_signatures(text: str, where: str = "source") -> dict[str, str]:
+    """{kernel name: signature} of every ``extern "C"`` ``__global__`` function declared or
+    defined in ``text`` (C++ source, preprocessed or not; a macro-generated kernel is only seen
+    in the preprocessed text). BuildError for a parameter a launch cannot pass, or one kernel
+    declared with two different signatures."""
+    text = "\n".join(line for line in _strip_comments(text).splitlines()
+                      if not line.lstrip().startswith("#"))  # line markers, pragmas
+    sigs: dict[str, str] = {}
+    for m in _EXTERN_C.finditer(text):
+        i, depth = m.end(), 0
+        while i < len(text):  # the declaration runs to its body or its ';'
+            ch = text[i]
+            if ch == "(":
+                depth += 1
+            elif ch == ")":
+                depth -= 1
+            elif ch in "{;" and depth == 0:
+                break
+            i += 1
+        head = text[m.end():i]
+        if not head.strip() or not _GLOBAL.search(head):
+            continue  # extern "C" { ... } blocks, host functions
+        head = _GLOBAL.sub(" ", head)
+        d = _DECL.search(_drop_attributes(head).strip())
+        if d is None:
+            raise BuildError(f"{where}: cannot read the kernel declaration "
+                             f"{' '.join(head.split())[:120]!r}")
+        name, params = d.group(1), _split_params(d.group(2))
+        sig = ""
+        for k, p in enumerate(params):
+            c = param_kind(p)
+            if c is None:
+                raise BuildError(
+                    f"{where}: kernel {name} parameter {k + 1} ({' '.join(p.split())!r}) is of a "
+                    f"type a launch cannot pass; use a pointer, int, unsigned, long long, "
+                    f"unsigned long long, float or double")
+            sig += c
+        if sigs.get(name, sig) != sig:
+            raise BuildError(f"{where}: kernel {name} is declared with two signatures "
+                             f"({sigs[name]!r} and {sig!r})")
+        sigs[name] = sig
+    return sigs
+
+
+def parse_limits(text: str, where: str = "source") -> dict[str, int]:
+    """{NAME: value} of the ``#define REFLEX_<NAME> <int>`` lines of ``text``."""
+    out: dict[str, int] = {}
+    for m in _LIMIT.finditer(text):
+        name, value = m.group(1), int(m.group(2), 0)
+        if out.get(name, value) != value:
+            raise BuildError(f"{where}: REFLEX_{name} is defined as {out[name]} and {value}")
+        out[name] = value
+    return out
+
+
+def preprocess(nvcc: str, src: Path, includes: list[Path], sm: int) -> str:
+    """``src`` after the C preprocessor (nvcc -E, the device pass for sm_XX)."""
+    cmd = [nvcc, "-E", "-std=c++17", f"-arch=sm_{sm}"]
+    cmd += [f"-I{inc}" for inc in includes]
+    cmd.append(str(src))
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"nvcc -E failed on {src}:\n{' '.join(cmd)}\n{proc.stderr}")
+    return proc.stdout
+
+
+def module_signatures(nvcc: str, src: Path, includes: list[Path], sm: int) -> dict[str, str]:
+    """{kernel: signature} of one module: its preprocessed kernels (BuildError when it has
+    none: a module nothing can launch is a mistake)."""
+    sigs = parse_kernel_signatures(preprocess(nvcc, src, includes, sm), str(src))
+    if not sigs:
+        raise BuildError(f"{src}: no extern \"C\" __global__ kernel found")
+    return sigs
+
+
+def source_limits(src_dir: Path) -> dict[str, int]:
+    """The ``REFLEX_*`` limits of a source folder: its ``.cu`` files and every ``.cuh`` below
+    it (the core's cuda/include/reflex/ headers; a plugin's own headers). BuildError when two
+    files disagree."""
+    out: dict[str, int] = {}
+    files = sorted(Path(src_dir).glob("*.cu")) + sorted(Path(src_dir).rglob("*.cuh"))
+    for f in files:
+        for name, value in parse_limits(f.read_text(), str(f)).items():
+            if out.get(name, value) != value:
+                raise BuildError(f"{f}: REFLEX_{name} = {value}, but {out[name]} elsewhere")
+            out[name] = value
+    return out
+
+
 def build_kernels(src_dir: Path, out_dir: Path, includes: list[Path] | None = None,
                   log=print) -> dict | None:
     """Compile every ``src_dir/*.cu`` into ``out_dir/NAME.fatbin`` and write ``manifest.json``.
@@ -150,10 +326,18 @@ def build_kernels(src_dir: Path, out_dir: Path, includes: list[Path] | None = No
     workers = max(1, min(len(sources), (os.cpu_count() or 1)))
     per = max(1, threads // workers)
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        futs = {pool.submit(compile_module, nvcc, s, out_dir / (s.stem + ".fatbin"), includes,
-                            sms, ptx_sm, per): s for s in sources}
+        futs = [pool.submit(compile_module, nvcc, s, out_dir / (s.stem + ".fatbin"), includes,
+                            sms, ptx_sm, per) for s in sources]
+        sig_futs = [pool.submit(module_signatures, nvcc, s, includes, sms[0]) for s in sources]
         for fut in concurrent.futures.as_completed(futs):
             fut.result()
+        kernels: dict[str, str] = {}
+        for s, fut in zip(sources, sig_futs):
+            for name, sig in fut.result().items():
+                if kernels.get(name, sig) != sig:
+                    raise BuildError(f"{s}: kernel {name} is also in another module with "
+                                     f"signature {kernels[name]!r}")
+                kernels[name] = sig
     manifest = {
         "skipped": False,
         "nvcc": nvcc_version(nvcc),
@@ -164,6 +348,8 @@ def build_kernels(src_dir: Path, out_dir: Path, includes: list[Path] | None = No
             s.stem: hashlib.sha256((out_dir / (s.stem + ".fatbin")).read_bytes()).hexdigest()
             for s in sources
         },
+        "kernels": kernels,
+        "limits": source_limits(Path(src_dir)),
     }
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
     return manifest

@@ -26,9 +26,9 @@ def _wants_gpu(argv: list) -> bool:
 def main() -> None:
     argv = sys.argv[1:]
     if _wants_gpu([a for a in argv if a != "--debug"]):
-        from .background import start_cuda_init
+        from .cuda.start import start
 
-        start_cuda_init()
+        start()
     from .cli import main as cli_main
 
     cli_main()

@@ -81,13 +81,13 @@ def _launches_per_pass(backend: str, prefill: Callable, score: Callable) -> dict
     """CUDA kernel launches of one prefill (incl. its argmax) and one system1 scoring pass."""
     if backend != "cuda":
         return {}
-    from .cuda import driver
+    from .cuda.modules import launch_count
 
-    n0 = driver.launch_count()
+    n0 = launch_count()
     prefill()
-    n1 = driver.launch_count()
+    n1 = launch_count()
     score()
-    return {"prefill": n1 - n0, "system1": driver.launch_count() - n1}
+    return {"prefill": n1 - n0, "system1": launch_count() - n1}
 
 
 # --------------------------------------------------------------------------------------------

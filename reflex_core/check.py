@@ -148,12 +148,12 @@ def _gpu_dequantizer(gpu_ops: Any):
 def run_check(path: str, prompt: str | None = None, n_decode: int = 4,
               reference_dequant: str = "auto") -> CheckResult:
     from .backends import get_backend
-    from .cuda import driver
+    from .cuda.start import start
     from .engine import _tokenizer_or_none
     from .modelfile import open_model_file
     from .registry import get_host
 
-    dev = driver.init()
+    dev = start().wait()
     g = open_model_file(path)
     arch = g.get("general.architecture")
     spec = get_host().resolve(arch)

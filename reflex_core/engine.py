@@ -24,7 +24,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .background import Background, start_cuda_init
+from .background import Background
+from .cuda.start import start as start_cuda
 from .errors import CudaUnavailable, ReflexError
 from .sampling import SamplingParams
 from .timing import Timings, since_process_start_ms
@@ -89,7 +90,7 @@ def prefetch(g: Any) -> Background:
         import ctypes
         import mmap
 
-        from .cuda.driver import buffer_address  # plain ctypes; imports no CUDA
+        from .cuda.upload import buffer_address  # plain ctypes; imports no CUDA
 
         base, total = buffer_address(g.mm)
         start = (base + g.data_offset) // mmap.PAGESIZE * mmap.PAGESIZE
@@ -128,7 +129,7 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
     # Python steps between driver calls: hand the GIL over sooner than the default 5 ms.
     sys.setswitchinterval(0.0005)
 
-    cuda_init = start_cuda_init() if backend in ("auto", "cuda") else None
+    cuda_init = start_cuda() if backend in ("auto", "cuda") else None
 
     from .modelfile import open_model_file
 
@@ -152,6 +153,11 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
 
         spec = get_host().resolve(arch)
         model_cls = spec.load_model_class()
+    if cuda_init is not None:  # kernels of the plugin's own ops load on the CUDA thread too
+        from . import opreg
+
+        for package in sorted(opreg.kernel_packages()):
+            cuda_init.load_package(package)
 
     # The tokenizer and the prompt's encoding: GIL-bound work, done while CUDA initialises.
     prompt_ids: list[int] | None = None

@@ -1,16 +1,23 @@
-"""The AOT build helper (reflex_core/_build.py): nvcc discovery, target selection, skip mode.
+"""The AOT build helper (reflex_core/_build.py): nvcc discovery, target selection, skip mode,
+the kernel signatures and limits it records in the manifest.
 
 The real compile of every kernel happens when scripts/test.sh installs the package (a compile
-error fails CI there); these tests cover the switches around it.
+error fails CI there); these tests cover the switches around it, and build the core's kernels
+once for one target to check that every kernel the launchers use is in the manifest with the
+arguments they pass.
 """
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 import pytest
 
 from reflex_core import _build
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_missing_nvcc_is_a_clear_build_error(monkeypatch, tmp_path):
@@ -60,6 +67,7 @@ def test_compiles_a_module_into_a_fatbin_with_a_manifest(monkeypatch, tmp_path):
         'extern "C" __global__ void reflex_tiny(float* y) { y[threadIdx.x] = 1.0f; }\n')
     m = _build.build_kernels(src, tmp_path / "out", log=lambda s: None)
     assert m["sass"] == ["sm_80"] and m["ptx"] == "compute_80" and "tiny" in m["modules"]
+    assert m["kernels"] == {"reflex_tiny": "P"} and m["limits"] == {}
     assert (tmp_path / "out" / "tiny.fatbin").stat().st_size > 0
     # the device's cubin, kept from the same nvcc run: an ELF, its kernel named inside
     cubin = (tmp_path / "out" / "tiny.sm_80.cubin").read_bytes()
@@ -84,6 +92,131 @@ def test_a_plugin_kernel_compiles_against_the_core_headers(monkeypatch, tmp_path
     assert (inc / "reflex" / "quants.cuh").exists()
     m = _build.build_kernels(tmp_path / "cuda", tmp_path / "pkg" / "kernels",
                              [inc, tmp_path / "cuda"], log=lambda s: None)
-    assert "moe_extra" in m["modules"]
+    assert "moe_extra" in m["modules"] and m["kernels"] == {"myplugin_half": "PP"}
     cmd = _build.plugin_cmdclass(tmp_path, "pkg")
     assert "build_py" in cmd
+
+
+# --- kernel signatures and limits --------------------------------------------------------------
+SAMPLE = r"""
+#define REFLEX_FOO_MAX 12
+#  define REFLEX_BAR 0x10  // a comment
+#define REFLEX_BAZ (3)
+#define NOT_A_LIMIT 5
+// extern "C" __global__ void commented_out(short s) {}
+/* extern "C" __global__ void also_commented(short s); */
+extern "C" { int host_helper(int); }
+extern "C" __host__ int host_only(float x) { return 0; }
+extern "C" __global__ void k_plain(const float* __restrict__ a, float *b, int n, float s,
+                                   double d, unsigned u, unsigned int u2, long long q,
+                                   unsigned long long Q, size_t z, const int64_t c) {}
+extern "C" __global__ void __launch_bounds__(256, 2)
+k_bounds(const uint8_t* __restrict__ w, int32_t T, uint32_t m, int) {
+    const char* s = "extern \"C\" __global__ void in_a_string(short)";
+}
+extern "C" __global__ void k_none() {}
+extern "C" __global__ void k_void(void);
+extern "C" __global__ void k_void(void) {}
+extern "C" __attribute__((global)) void __attribute__((launch_bounds(4 * 32)))
+    k_pre(float* y, int n) { }
+"""
+
+
+def test_signature_parser_on_sample_declarations():
+    assert _build.parse_kernel_signatures(SAMPLE) == {
+        "k_plain": "PPifdIIqQQq", "k_bounds": "PiIi", "k_none": "", "k_void": "", "k_pre": "Pi"}
+    assert _build.parse_limits(SAMPLE) == {"FOO_MAX": 12, "BAR": 16}
+
+
+@pytest.mark.parametrize("decl,why", [
+    ('extern "C" __global__ void k(short s) {}', "parameter 1 ('short s')"),
+    ('extern "C" __global__ void k(int a, const Params p) {}', "parameter 2 ('const Params p')"),
+    ('extern "C" __global__ void k(int& r) {}', "parameter 1 ('int& r')"),
+    ('extern "C" __global__ void k(int a);\nextern "C" __global__ void k(float a) {}',
+     "declared with two signatures ('i' and 'f')"),
+])
+def test_signature_parser_refuses_what_a_launch_cannot_pass(decl, why):
+    with pytest.raises(_build.BuildError, match="x.cu: kernel k ") as e:
+        _build.parse_kernel_signatures(decl, "x.cu")
+    assert why in str(e.value) and "\n" not in str(e.value)
+
+
+def test_conflicting_limits_are_a_build_error(tmp_path):
+    (tmp_path / "a.cu").write_text("#define REFLEX_N 4\n")
+    (tmp_path / "include" / "r").mkdir(parents=True)
+    (tmp_path / "include" / "r" / "h.cuh").write_text("#define REFLEX_M 7\n")
+    assert _build.source_limits(tmp_path) == {"N": 4, "M": 7}
+    (tmp_path / "b.cu").write_text("#define REFLEX_N 5\n")
+    with pytest.raises(_build.BuildError, match="REFLEX_N = 5, but 4 elsewhere"):
+        _build.source_limits(tmp_path)
+
+
+def test_macro_generated_kernels_are_read_from_the_preprocessed_source(tmp_path):
+    """As cuda/quant.cu declares its kernels: one macro per type, names pasted together."""
+    (tmp_path / "gen.cu").write_text(
+        '#define PARAMS const float* __restrict__ x, float* y, long long n\n'
+        '#define GEN(name, T) \\\n'
+        '    extern "C" __global__ void __launch_bounds__(128) gen_##name(PARAMS, T v) {}\n'
+        'GEN(f32, float)\nGEN(i32, int)\n')
+    sigs = _build.module_signatures(_build.find_nvcc(), tmp_path / "gen.cu", [], 80)
+    assert sigs == {"gen_f32": "PPqf", "gen_i32": "PPqi"}
+
+
+@pytest.fixture(scope="module")
+def core_manifest(tmp_path_factory):
+    """The core's kernels built for sm_90 (what the package build does, one target)."""
+    mp = pytest.MonkeyPatch()
+    mp.delenv("REFLEX_SKIP_CUDA", raising=False)
+    mp.setenv("REFLEX_CUDA_ARCH", "sm_90")
+    try:
+        out = tmp_path_factory.mktemp("kernels")
+        return _build.build_kernels(ROOT / "cuda", out, [ROOT / "cuda" / "include"],
+                                    log=lambda s: None)
+    finally:
+        mp.undo()
+
+
+def _launches(path: Path):
+    """(kernel name or None, number of arguments or None, line) of every ``.launch(...)`` call
+    in a module, and the names it passes to ``limit(...)``."""
+    tree = ast.parse(path.read_text())
+    launches, limits = [], []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr == "launch":
+            name = node.args[0].value if isinstance(node.args[0], ast.Constant) else None
+            args = node.args[3] if len(node.args) > 3 else None
+            n = len(args.elts) if isinstance(args, ast.Tuple) else None
+            launches.append((name, n, node.lineno))
+        elif isinstance(f, ast.Name) and f.id == "limit" and node.args:
+            limits.append(node.args[0].value)
+    return launches, limits
+
+
+def test_every_launched_kernel_is_in_the_manifest_with_its_arity(core_manifest):
+    from reflex_core.cuda import quant_ops
+
+    kernels = core_manifest["kernels"]
+    backend = ROOT / "reflex_core" / "backends" / "cuda_backend.py"
+    launches, limits = _launches(backend)
+    assert len(launches) >= 14
+    for name, n, line in launches:
+        if name is not None:
+            assert name in kernels, f"cuda_backend.py:{line} launches {name}, not in the build"
+        if name is not None and n is not None:
+            assert n == len(kernels[name]), (
+                f"cuda_backend.py:{line}: {name} takes {len(kernels[name])} arguments "
+                f"({kernels[name]}), the call passes {n}")
+    # the names launched through variables and f-strings
+    tree = ast.parse(backend.read_text())
+    literals = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                and isinstance(n.value, str) and n.value.startswith("reflex_")}
+    assert {"reflex_add", "reflex_swiglu"} <= literals
+    missing = sorted(n for n in literals | set(quant_ops.kernel_names()) if n not in kernels)
+    assert not missing, f"launched but not built: {missing}"
+    # the limits the backend checks against are the kernels' own
+    assert set(limits) == {"ATT_MAX_HEAD", "QKR_MAX_HEAD", "MOE_MAX_E", "MOE_MAX_K"}
+    assert all(name in core_manifest["limits"] for name in limits)
+    assert core_manifest["limits"]["ATT_MAX_HEAD"] == 256

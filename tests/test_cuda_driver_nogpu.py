@@ -1,5 +1,6 @@
-"""reflex_core.cuda.driver without a GPU (CI): error messages, parameter packing, launch plumbing
-(against a fake cuda-bindings module), the mmap address helper, the upload fallback, no numpy.
+"""reflex_core.cuda without a GPU (CI): error messages, the CUDA start (against a stub libcuda),
+parameter packing, launch plumbing (against a fake cuda-bindings module), the mmap address
+helper, the upload and its failure path, no numpy.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import struct
 import subprocess
 import sys
 import textwrap
-import time
+import threading
 from pathlib import Path
 
 import pytest
 
-from reflex_core.cuda import driver
+from reflex_core.cuda import driver, manifest, memory, modules, upload
 from reflex_core.errors import CudaError, CudaUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -149,26 +150,60 @@ def test_early_init_adopts_the_stub_context(stub_libcuda):
 
 
 @pytest.mark.parametrize("preset", [None, "4"])
-def test_early_init_driver_env_is_set_then_put_back(stub_libcuda, preset):
-    # The driver sees one work queue (unless the user chose), and the process's environment is
-    # as it was once the context exists (children and later libraries inherit nothing).
+def test_cuda_start_sets_the_driver_env_on_the_main_thread_then_puts_it_back(stub_libcuda,
+                                                                           preset):
+    # The driver sees one work queue (unless the user chose) and eager module loading; start()
+    # sets them on the main thread before its thread starts, wait() removes them there again
+    # (children and later libraries inherit nothing) -- on success and on failure alike (here
+    # cuda-bindings is missing, so the start fails after the context exists).
     env = _with_stub(stub_libcuda)
     env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
     if preset:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = preset
     r = run_py("""
-        import ctypes, os
+        import ctypes, os, sys
+        sys.modules["cuda"] = None
         os.environ.pop("CUDA_MODULE_LOADING", None)
-        from reflex_core.cuda import early
-        early.run(0)
+        from reflex_core.cuda import start
+        s = start.start()
+        during = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"), os.environ["CUDA_MODULE_LOADING"]
+        try:
+            s.wait()
+        except Exception as e:
+            print(type(e).__name__)
         lib = ctypes.CDLL("libcuda.so.1")
         lib.stub_seen_env.restype = ctypes.c_char_p
-        print(lib.stub_seen_env().decode(), os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+        print(lib.stub_seen_env().decode(), *during, os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
               os.environ.get("CUDA_MODULE_LOADING"))
         """, env=env)
     assert r.returncode == 0, r.stderr
-    want = f"{preset or '1'},EAGER {preset} None"
-    assert r.stdout.strip() == want
+    v = preset or "1"
+    assert r.stdout.split("\n")[:2] == ["CudaUnavailable", f"{v},EAGER {v} EAGER {preset} None"]
+
+
+def test_cuda_start_off_the_main_thread_leaves_the_env_alone(stub_libcuda):
+    # setenv while another thread may read the environment is undefined behaviour in glibc:
+    # a start made on another thread runs with the driver's defaults instead. early.run itself
+    # never touches the environment.
+    env = _with_stub(stub_libcuda)
+    env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+    r = run_py("""
+        import ctypes, os, sys, threading
+        sys.modules["cuda"] = None
+        os.environ.pop("CUDA_MODULE_LOADING", None)
+        from reflex_core.cuda import early, start
+        lib = ctypes.CDLL("libcuda.so.1")
+        lib.stub_seen_env.restype = ctypes.c_char_p
+        early.run(0)
+        print(lib.stub_seen_env().decode())
+        th = threading.Thread(target=lambda: start.start()._ready.wait())
+        th.start()
+        th.join()
+        print(lib.stub_seen_env().decode(), os.environ.get("CUDA_MODULE_LOADING"),
+              start.current().succeeded())
+        """, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["-,-", "-,- None False"]
 
 
 def test_cuda_start_reports_failure_through_wait(stub_libcuda):
@@ -176,25 +211,26 @@ def test_cuda_start_reports_failure_through_wait(stub_libcuda):
     r = run_py("""
         import sys
         sys.modules["cuda"] = None
-        from reflex_core import background
+        from reflex_core.cuda import start
         from reflex_core.errors import CudaUnavailable
-        s = background.start_cuda_init()
-        assert background.start_cuda_init() is s
+        assert start.current() is None
+        s = start.start()
+        assert start.start() is s and start.current() is s
         try:
             s.wait()
         except CudaUnavailable as e:
-            print("OK", s.succeeded(), "cuda-bindings" in str(e))
+            print("OK", s.succeeded(), s.starting(), "cuda-bindings" in str(e))
         """, env=_with_stub(stub_libcuda))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "OK False True"
+    assert r.stdout.strip() == "OK False False True"
 
 
 def test_init_error_is_sticky_and_smoke_raises_same():
     r = run_py("""
-        from reflex_core.cuda import driver
+        from reflex_core.cuda import driver, smoke, start
         from reflex_core.errors import CudaUnavailable
         msgs = []
-        for f in (driver.init, driver.smoke, driver.wait):
+        for f in (driver.init, smoke.smoke, lambda: start.start().wait()):
             try:
                 f()
                 print("HAVE_GPU")
@@ -209,32 +245,80 @@ def test_init_error_is_sticky_and_smoke_raises_same():
     assert r.stdout.strip() == "1"
 
 
-def test_start_init_async_reports_through_wait():
-    r = run_py("""
-        from reflex_core.cuda import driver
-        from reflex_core.errors import CudaUnavailable
-        fut = driver.start_init_async()
-        assert driver.start_init_async() is fut
-        try:
-            fut.result(timeout=60)
-            print("HAVE_GPU")
-        except CudaUnavailable as e:
-            print("OK", type(e).__name__)
-        """)
-    assert r.returncode == 0, r.stderr
-    if "HAVE_GPU" not in r.stdout:
-        assert r.stdout.strip() == "OK CudaUnavailable"
+class _FakeStartSteps:
+    """Stands in for the init thread's steps (early.run, driver.init, the module loads),
+    recording which thread loaded which package; early.run waits for ``go``."""
+
+    def __init__(self, monkeypatch):
+        from reflex_core.cuda import early
+
+        self.go = threading.Event()
+        self.loads = []
+        monkeypatch.setattr(early, "run", lambda ordinal: self.go.wait() and None)
+        monkeypatch.setattr(driver, "init", lambda ordinal, early_result=None: "device")
+        monkeypatch.setattr(driver, "current_device", lambda: "device")
+        monkeypatch.setattr(manifest, "has_kernels", lambda package: package != "no_kernels")
+        monkeypatch.setattr(modules, "load_modules", lambda names=None, package="reflex_core":
+                            self.loads.append((package, threading.current_thread().name)))
+
+
+def test_cuda_start_loads_requested_packages_after_the_core(monkeypatch):
+    from reflex_core.cuda import start
+
+    for k in start.DRIVER_ENV:
+        monkeypatch.delenv(k, raising=False)
+    steps = _FakeStartSteps(monkeypatch)
+    s = start.CudaStart()
+    assert s.starting() and os.environ["CUDA_MODULE_LOADING"] == "EAGER"
+    s.load_package("plugin_a")  # before the core's modules: queued for the init thread
+    s.load_package("plugin_a")  # once
+    s.load_package("no_kernels")  # nothing to load
+    s.load_package("reflex_core")  # the core's load anyway
+    steps.go.set()
+    assert s.wait() == "device" and s.succeeded()
+    init = "reflex-cuda-init"
+    assert steps.loads == [("reflex_core", init), ("plugin_a", init)]
+    assert not any(k in os.environ for k in start.DRIVER_ENV)  # wait() put the env back
+    s.load_package("plugin_b")  # the thread has finished: the next wait() loads it here
+    assert steps.loads[-1][0] == "plugin_a"
+    assert s.wait() == "device"
+    assert steps.loads[-1] == ("plugin_b", threading.current_thread().name)
+    assert s.span()[0] <= s.span()[1] == s.modules_span()[0] <= s.modules_span()[1]
+
+
+def test_cuda_start_plugin_load_failure_is_sticky(monkeypatch):
+    from reflex_core.cuda import start
+
+    steps = _FakeStartSteps(monkeypatch)
+    steps.go.set()
+    s = start.CudaStart()
+    s.wait()
+
+    def fail(names=None, package="reflex_core"):
+        raise CudaUnavailable(f"{package} was built with REFLEX_SKIP_CUDA=1")
+
+    monkeypatch.setattr(modules, "load_modules", fail)
+    s.load_package("plugin_c")
+    for _ in range(2):
+        with pytest.raises(CudaUnavailable, match="plugin_c was built"):
+            s.wait()
+    assert not s.succeeded()
 
 
 def test_import_is_light():
     r = run_py("""
         import sys
-        import reflex_core.cuda.driver, reflex_core.backends.cuda_backend
+        import reflex_core.cuda.start
+        print(sorted(m for m in sys.modules if m.startswith("reflex_core")))
+        import reflex_core.cuda.driver, reflex_core.cuda.modules, reflex_core.cuda.memory
+        import reflex_core.cuda.upload, reflex_core.cuda.smoke, reflex_core.backends.cuda_backend
         heavy = [m for m in ("numpy", "gguf", "cuda.bindings.driver") if m in sys.modules]
         print(heavy)
         """)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "[]"
+    # the CUDA start is importable before anything else: nothing of Reflex beyond itself
+    assert r.stdout.splitlines() == [
+        "['reflex_core', 'reflex_core.cuda', 'reflex_core.cuda.start']", "[]"]
 
 
 # --- manifest / coverage ---------------------------------------------------------------------
@@ -244,13 +328,13 @@ FULL = {"skipped": False, "nvcc": "13.0.88", "modules": {"core": "x"},
 
 
 def test_image_for():
-    assert driver.image_for(90, FULL) == "sass"
-    assert driver.image_for(87, FULL) == "sass"  # sm_86 SASS runs on sm_87
+    assert manifest.image_for(90, FULL) == "sass"
+    assert manifest.image_for(87, FULL) == "sass"  # sm_86 SASS runs on sm_87
     one = dict(FULL, sass=["sm_90"], ptx="compute_90")
-    assert driver.image_for(90, one) == "sass"
-    assert driver.image_for(100, one) == "ptx"  # the driver JITs compute_90 PTX
-    assert driver.image_for(89, one) is None
-    assert driver.image_for(86, dict(FULL, sass=["sm_80"], ptx="compute_80")) == "sass"
+    assert manifest.image_for(90, one) == "sass"
+    assert manifest.image_for(100, one) == "ptx"  # the driver JITs compute_90 PTX
+    assert manifest.image_for(89, one) is None
+    assert manifest.image_for(86, dict(FULL, sass=["sm_80"], ptx="compute_80")) == "sass"
 
 
 def test_best_cubin_is_the_one_the_driver_would_pick():
@@ -258,36 +342,36 @@ def test_best_cubin_is_the_one_the_driver_would_pick():
     sass = sorted(int(t[3:]) for t in FULL["sass"])
     for sm in (80, 86, 87, 89, 90, 100, 103, 120, 121):
         fits = [t for t in sass if t // 10 == sm // 10 and t % 10 <= sm % 10]
-        assert driver.best_cubin(sm, m) == (max(fits) if fits else None), sm
-    assert driver.best_cubin(87, m) == 86 and driver.best_cubin(90, m) == 90
-    assert driver.best_cubin(75, m) is None  # too old: coverage_error refuses it anyway
-    assert driver.best_cubin(130, dict(m, ptx="compute_121")) is None  # the fatbin's PTX
-    assert driver.best_cubin(90, FULL) is None  # an older build without cubins: the fatbin
+        assert manifest.best_cubin(sm, m) == (max(fits) if fits else None), sm
+    assert manifest.best_cubin(87, m) == 86 and manifest.best_cubin(90, m) == 90
+    assert manifest.best_cubin(75, m) is None  # too old: coverage_error refuses it anyway
+    assert manifest.best_cubin(130, dict(m, ptx="compute_121")) is None  # the fatbin's PTX
+    assert manifest.best_cubin(90, FULL) is None  # an older build without cubins: the fatbin
 
 
 def test_coverage_error_message():
-    msg = driver.coverage_error(75, FULL)
+    msg = manifest.coverage_error(75, FULL)
     assert msg == ("reflex_core was built for sm_80..sm_121 (PTX compute_121); this GPU is "
                    "sm_75; rebuild with REFLEX_CUDA_ARCH=sm_75")
-    assert driver.coverage_error(90, FULL) is None
+    assert manifest.coverage_error(90, FULL) is None
 
 
 def test_manifest_missing_or_skipped(tmp_path, monkeypatch):
     monkeypatch.setenv("REFLEX_KERNEL_DIR", str(tmp_path))
     with pytest.raises(CudaUnavailable, match="REFLEX_SKIP_CUDA.*reinstall without"):
-        driver.read_manifest()
+        manifest.read_manifest()
     (tmp_path / "manifest.json").write_text(json.dumps({"skipped": True, "modules": {}}))
     with pytest.raises(CudaUnavailable) as ei:
-        driver.read_manifest()
+        manifest.read_manifest()
     assert "built with REFLEX_SKIP_CUDA=1" in str(ei.value)
     assert "reinstall without REFLEX_SKIP_CUDA with nvcc available" in str(ei.value)
     (tmp_path / "manifest.json").write_text(json.dumps(FULL))
-    assert driver.read_manifest()["ptx"] == "compute_121"
+    assert manifest.read_manifest()["ptx"] == "compute_121"
 
 
 # --- parameter packing -----------------------------------------------------------------------
 def test_packer_each_sig_char():
-    p = driver.packer("PiIqQfd")
+    p = modules.packer("PiIqQfd")
     vals = (0x7F00DEADBEEF, -5, 0xFFFFFFFE, -(2**40), 2**63 + 5, 1.1, 1.1)
     addr = p.pack(vals)
     assert addr == ctypes.addressof(p.ptrs)
@@ -301,12 +385,12 @@ def test_packer_each_sig_char():
         assert ctypes.string_at(ptrs[i], len(w)) == w, f"param {i} ({p.sig[i]})"
     # every slot is 8-byte aligned (the driver copies sizeof(param) bytes from each pointer)
     assert all(ptrs[i] % 8 == 0 for i in range(7))
-    assert driver.packer("PiIqQfd") is p
+    assert modules.packer("PiIqQfd") is p
 
 
 def test_packer_rejects_unknown_char():
     with pytest.raises(ValueError, match="unknown parameter kind 'x'"):
-        driver.packer("Px")
+        modules.packer("Px")
 
 
 class FakeDriver:
@@ -320,6 +404,7 @@ class FakeDriver:
         self.copies = []
         self.register_ok = register_ok
         self.registered = []
+        self.events = []  # context synchronizations and unregistrations, in order
         self.CU_MEMHOSTREGISTER_READ_ONLY = 8
 
     def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
@@ -355,7 +440,12 @@ class FakeDriver:
     def cuCtxSetCurrent(self, ctx):  # worker threads bind the context
         return (0,)
 
+    def cuCtxSynchronize(self):
+        self.events.append("ctx sync")
+        return (0,)
+
     def cuMemHostUnregister(self, start):
+        self.events.append(("unregister", start))
         return (0,)
 
     def cuGetErrorName(self, e):
@@ -379,37 +469,59 @@ def fake(monkeypatch):
     return fd
 
 
-def test_launch_passes_packed_params(fake):
-    k = driver.Kernels("core", "reflex_core", None, "sass")
-    sig = "PPPiiiidddddd"
-    k._fns["reflex_rope"] = {"name": "reflex_rope", "sig": sig}
+SIGS = {"reflex_rope": "PPPiiiidddddd", "reflex_add": "PPPi"}  # as a manifest records them
+
+
+def _kernels(fake_fns=SIGS):
+    k = modules.Kernels("core", "reflex_core", None, "sass", dict(SIGS))
+    for name, sig in fake_fns.items():  # FakeDriver decodes kernelParams by the "sig"
+        k._fns[name] = {"name": name, "sig": sig}
+    return k
+
+
+def test_launch_packs_params_by_the_manifest_signature(fake):
+    k = _kernels()
     args = (0x1000, 0x2000, 0x3000, 16, 128, 64, 1, 1e6, 0.25, 1.0, 1.0, 3.0, 27.0)
-    k.launch("reflex_rope", (16, 7), 64, sig, args)
+    k.launch("reflex_rope", (16, 7), 64, args)
     name, grid, block, shmem, vals, extra = fake.launches[-1]
     assert (name, grid, block, shmem, extra) == ("reflex_rope", (16, 7, 1), (64, 1, 1), 0, 0)
     assert vals == args
-    k._fns["reflex_add"] = {"name": "reflex_add", "sig": "PPPi"}
-    k.launch("reflex_add", 3, (256,), "PPPi", (1, 2, 3, -1), shmem=128)
+    k.launch("reflex_add", 3, (256,), (1, 2, 3, -1), shmem=128)
     assert fake.launches[-1][1:5] == ((3, 1, 1), (256, 1, 1), 128, (1, 2, 3, -1))
+    n = modules.launch_count()
+    k.launch("reflex_add", 1, 256, (4, 5, 6, 7))
+    assert modules.launch_count() == n + 1 and fake.launches[-1][4] == (4, 5, 6, 7)
 
 
 def test_launch_rejects_bad_args(fake):
-    k = driver.Kernels("core", "reflex_core", None, "sass")
-    k._fns["reflex_add"] = {"name": "reflex_add", "sig": "PPPi"}
+    k = _kernels()
     with pytest.raises(ValueError, match="reflex_add: signature 'PPPi' has 4 parameters, got 3"):
-        k.launch("reflex_add", 1, 256, "PPPi", (1, 2, 3))
+        k.launch("reflex_add", 1, 256, (1, 2, 3))
     with pytest.raises(ValueError, match="do not fit signature"):
-        k.launch("reflex_add", 1, 256, "PPPi", (1, 2, 3, 2**31))
+        k.launch("reflex_add", 1, 256, (1, 2, 3, 2**31))
     with pytest.raises(ValueError, match="do not fit signature"):
-        k.launch("reflex_add", 1, 256, "PPPi", (-1, 2, 3, 4))  # negative pointer
+        k.launch("reflex_add", 1, 256, (-1, 2, 3, 4))  # negative pointer
+    with pytest.raises(ValueError, match="do not fit signature"):
+        k.launch("reflex_add", 1, 256, (1, 2, 3, 4.5))  # a float for an int
+    with pytest.raises(CudaError, match="'reflex_nope' is not in reflex_core's 'core' kernels"):
+        k.launch("reflex_nope", 1, 256, ())
 
 
 def test_launch_error_names_the_kernel(fake, monkeypatch):
-    k = driver.Kernels("core", "reflex_core", None, "sass")
-    k._fns["reflex_add"] = {"name": "reflex_add", "sig": "PPPi"}
+    k = _kernels()
     monkeypatch.setattr(fake, "cuLaunchKernel", lambda *a: (FakeDriver.R(1),))
     with pytest.raises(CudaError, match=r"cuLaunchKernel\(reflex_add, grid=\(1,1,1\)"):
-        k.launch("reflex_add", 1, 256, "PPPi", (1, 2, 3, 4))
+        k.launch("reflex_add", 1, 256, (1, 2, 3, 4))
+
+
+def test_limits_come_from_the_manifest(tmp_path, monkeypatch):
+    monkeypatch.setenv("REFLEX_KERNEL_DIR", str(tmp_path))
+    monkeypatch.setattr(modules, "_limits", {})
+    (tmp_path / "manifest.json").write_text(json.dumps(
+        dict(FULL, limits={"MOE_MAX_E": 1024, "ATT_MAX_HEAD": 256})))
+    assert modules.limit("MOE_MAX_E") == 1024 and modules.limit("ATT_MAX_HEAD") == 256
+    with pytest.raises(KeyError, match="no REFLEX_NOPE .known: ATT_MAX_HEAD, MOE_MAX_E"):
+        modules.limit("NOPE")
 
 
 def test_check():
@@ -424,21 +536,6 @@ def test_check():
             driver.check((r, 5), "cuFoo(3)")
 
 
-def test_packing_overhead(capsys):
-    """Not a timed assertion: prints what packing costs per launch on this machine."""
-    sig = "PPPPPPPiiiif"
-    p = driver.packer(sig)
-    args = (1, 2, 3, 4, 5, 6, 7, 16, 8, 128, 128, 0.125)
-    n = 50000
-    t0 = time.perf_counter()
-    for _ in range(n):
-        p.st.pack_into(p.buf, 0, *args)
-    dt = (time.perf_counter() - t0) / n * 1e6
-    with capsys.disabled():
-        print(f"\n[reflex] kernel parameter packing, 12 params: {dt:.2f} us per launch")
-    assert dt > 0
-
-
 # --- host buffers: addresses, registration, upload --------------------------------------------
 def test_buffer_address_readonly_mmap(tmp_path):
     data = os.urandom(3 * mmap.PAGESIZE + 123)
@@ -446,7 +543,7 @@ def test_buffer_address_readonly_mmap(tmp_path):
     f.write_bytes(data)
     with open(f, "rb") as fh:
         mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    addr, n = driver.buffer_address(mm)
+    addr, n = upload.buffer_address(mm)
     assert n == len(data) and addr % mmap.PAGESIZE == 0
     assert ctypes.string_at(addr, n) == data
     assert ctypes.string_at(addr + 5000, 100) == data[5000:5100]
@@ -455,20 +552,20 @@ def test_buffer_address_readonly_mmap(tmp_path):
 
 def test_buffer_address_other_buffers():
     b = b"hello world"
-    addr, n = driver.buffer_address(b)
+    addr, n = upload.buffer_address(b)
     assert n == 11 and ctypes.string_at(addr, n) == b
     ba = bytearray(b"abcdef")
-    a2, n2 = driver.buffer_address(memoryview(ba)[2:])
+    a2, n2 = upload.buffer_address(memoryview(ba)[2:])
     assert n2 == 4 and ctypes.string_at(a2, 4) == b"cdef"
     with pytest.raises(TypeError):
-        driver.buffer_address(12345)
+        upload.buffer_address(12345)
 
 
 def test_page_range():
     P = 4096
-    assert driver.page_range(P * 3 + 10, 100, P) == (P * 3, P)
-    assert driver.page_range(P * 3, P, P) == (P * 3, P)
-    assert driver.page_range(P * 3 + 1, P, P) == (P * 3, 2 * P)
+    assert upload.page_range(P * 3 + 10, 100, P) == (P * 3, P)
+    assert upload.page_range(P * 3, P, P) == (P * 3, P)
+    assert upload.page_range(P * 3 + 1, P, P) == (P * 3, 2 * P)
 
 
 @pytest.mark.parametrize("register_ok", [True, False])
@@ -479,8 +576,8 @@ def test_upload_registers_then_copies(fake, tmp_path, register_ok):
     f.write_bytes(data)
     with open(f, "rb") as fh:
         mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    base, _ = driver.buffer_address(mm)
-    info = driver.upload_host_region(0xD000, mm, 100, len(data) - 100)
+    base, _ = upload.buffer_address(mm)
+    info = upload.upload_host_region(0xD000, mm, 100, len(data) - 100)
     start, length, flags = fake.registered[-1]
     assert start == base and start % mmap.PAGESIZE == 0 and length % mmap.PAGESIZE == 0
     assert start + length >= base + len(data) and flags == 8
@@ -488,7 +585,7 @@ def test_upload_registers_then_copies(fake, tmp_path, register_ok):
     assert info["method"] == ("registered" if register_ok else "pageable")
     assert bool(info["registration"].regs) == register_ok
     with pytest.raises(ValueError, match="outside a buffer"):
-        driver.upload_host_region(0xD000, mm, 100, len(data))
+        upload.upload_host_region(0xD000, mm, 100, len(data))
 
 
 def test_upload_in_chunks_covers_the_range_exactly(fake, tmp_path):
@@ -498,9 +595,9 @@ def test_upload_in_chunks_covers_the_range_exactly(fake, tmp_path):
     f.write_bytes(data)
     with open(f, "rb") as fh:
         mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    base, _ = driver.buffer_address(mm)
+    base, _ = upload.buffer_address(mm)
     off, n = 300, len(data) - 300 - 11
-    info = driver.upload_host_region(0x10000, mm, off, n, chunk=2 * mmap.PAGESIZE, threads=3)
+    info = upload.upload_host_region(0x10000, mm, off, n, chunk=2 * mmap.PAGESIZE, threads=3)
     regs = sorted(fake.registered)
     assert info["chunks"] == len(regs) == 4 and info["threads"] == 3
     for (s0, l0, _), (s1, _, _) in zip(regs, regs[1:]):
@@ -513,8 +610,34 @@ def test_upload_in_chunks_covers_the_range_exactly(fake, tmp_path):
 
 
 def test_round_size():
-    assert driver._round_size(1) == 512
-    assert driver._round_size(513) == 1024
-    assert driver._round_size(1 << 20) == 1 << 20
-    assert driver._round_size((1 << 20) + 1) == 2 << 20
-    assert driver._round_size(5 * (1 << 20) - 3) == 5 << 20
+    assert memory._round_size(1) == 512
+    assert memory._round_size(513) == 1024
+    assert memory._round_size(1 << 20) == 1 << 20
+    assert memory._round_size((1 << 20) + 1) == 2 << 20
+    assert memory._round_size(5 * (1 << 20) - 3) == 5 << 20
+
+
+def test_failed_upload_waits_for_queued_copies_before_unpinning(fake, tmp_path, monkeypatch):
+    """A worker's copy fails after other chunks' async copies were queued: the call joins every
+    worker, synchronizes the context, only then releases the registrations, and raises the
+    copy's error."""
+    data = os.urandom(8 * mmap.PAGESIZE)
+    f = tmp_path / "w.bin"
+    f.write_bytes(data)
+    with open(f, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    queued = []
+
+    def copy_async(dst, src, n, stream):
+        if len(queued) == 2:
+            return (FakeDriver.R(1),)
+        queued.append((dst, src, n))
+        return (0,)
+
+    monkeypatch.setattr(fake, "cuMemcpyHtoDAsync", copy_async)
+    with pytest.raises(CudaError, match=r"cuMemcpyHtoDAsync\(weights"):
+        upload.upload_host_region(0x20000, mm, 0, len(data), chunk=mmap.PAGESIZE, threads=3)
+    assert len(queued) == 2 and fake.events[0] == "ctx sync"
+    unregistered = sorted(e[1] for e in fake.events[1:])
+    assert unregistered == sorted(r[0] for r in fake.registered)  # every pinned chunk, after
+    assert not [t for t in threading.enumerate() if t.name.startswith("reflex-upload")]

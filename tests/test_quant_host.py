@@ -280,15 +280,42 @@ def test_gemv_lane_loop(lib, name):
 
 
 class _FakeKernels:
-    def __init__(self):
+    """Records launches, checking each one's arguments against the kernel's real signature (the
+    build's parser on the preprocessed cuda/quant.cu: what the manifest will hold)."""
+
+    def __init__(self, signatures):
+        self.signatures = signatures
         self.calls = []
 
-    def launch(self, name, grid, block, sig, args, shmem=0):
-        assert len(sig) == len(args), (name, sig, args)
-        self.calls.append((name, tuple(grid), tuple(block), sig, tuple(args)))
+    def launch(self, name, grid, block, args, shmem=0):
+        from reflex_core.cuda.modules import packer
+
+        packer(self.signatures[name]).pack(args)  # struct.error on a count or type mismatch
+        self.calls.append((name, tuple(grid), tuple(block), tuple(args)))
 
 
-def test_launcher_choices():
+@pytest.fixture(scope="module")
+def quant_signatures():
+    from reflex_core import _build
+
+    nvcc = _find_nvcc()
+    if nvcc is None:
+        pytest.fail("nvcc not found: cannot preprocess cuda/quant.cu")
+    return _build.module_signatures(nvcc, ROOT / "cuda" / "quant.cu", [INCLUDE], 90)
+
+
+def _matmul(q, k, w_ptrs, t, x, ys, T, n_in, n_outs, swiglu=False):
+    """Plan the weights and launch them as the CUDA backend does (CudaOps.matmul_many /
+    matmul_swiglu)."""
+    plans = [q.plan(t, (n_in, n), w) for w, n in zip(w_ptrs, n_outs)]
+    pad = (0,) * (q.MAX_SEGMENTS - len(w_ptrs))
+    outs = tuple(n_outs) + pad if not swiglu else (n_outs[0], 0, 0)
+    q.matmul_planned(k, plans[0], x, T, tuple(w_ptrs) + pad,
+                     tuple(ys) + (0,) * (q.MAX_SEGMENTS - len(ys)), outs, swiglu,
+                     all(p.gemv_w_ok for p in plans))
+
+
+def test_launcher_choices(quant_signatures):
     from reflex_core.cuda import quant_ops as q
     from reflex_core.errors import UnsupportedTensorType
 
@@ -296,12 +323,12 @@ def test_launcher_choices():
     for name, t in TYPES.items():
         bs, ts = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
         assert q.row_bytes(t, 4 * 256) == 4 * 256 // bs * ts
-    k = _FakeKernels()
+    k = _FakeKernels(quant_signatures)
     W, X, Y = 1 << 20, 2 << 20, 3 << 20
     for T, want in ((1, "gemv1"), (2, "gemv2"), (3, "gemv4"), (4, "gemv4"), (5, "gemv8"),
                     (8, "gemv8"), (9, "tiled"), (300, "tiled")):
-        q.matmul(k, W, 12, X, Y, T, 1024, 1000)
-        name, grid, block, sig, args = k.calls[-1]
+        _matmul(q, k, [W], 12, X, [Y], T, 1024, [1000])
+        name, grid, block, args = k.calls[-1]
         assert name == f"reflex_matmul_{want}_q4_k"
         if want == "tiled":
             assert grid == ((1000 + 63) // 64, (T + 63) // 64, 1) and block == (256, 1, 1)
@@ -309,46 +336,38 @@ def test_launcher_choices():
             assert grid == (125, 1, 1) and block == (128, 1, 1)
         assert args == (W, 0, 0, X, Y, 0, 0, T, 1024, 1000, 0, 0, 576, 0)
     # misaligned weights: Q4_K needs 16 bytes for the GEMV -> tiled; Q6_K only 2
-    q.matmul(k, W + 2, 12, X, Y, 1, 1024, 10)
+    _matmul(q, k, [W + 2], 12, X, [Y], 1, 1024, [10])
     assert k.calls[-1][0] == "reflex_matmul_tiled_q4_k"
-    q.matmul(k, W + 2, 14, X, Y, 1, 1024, 10)
+    _matmul(q, k, [W + 2], 14, X, [Y], 1, 1024, [10])
     assert k.calls[-1][0] == "reflex_matmul_gemv1_q6_k"
-    q.matmul(k, W, 0, X, Y, 1, 37, 10)  # float weights, n_in % 8 != 0
+    _matmul(q, k, [W], 0, X, [Y], 1, 37, [10])  # float weights, n_in % 8 != 0
     assert k.calls[-1][0] == "reflex_matmul_tiled_f32"
     q.moe_matmul(k, W, 8, X, 4 << 20, Y, 70000, 8, 2048, 768, 128, x_per_expert=True)
-    name, grid, block, sig, args = k.calls[-1]
+    name, grid, block, args = k.calls[-1]
     assert name == "reflex_moe_matmul_q8_0" and grid == (96, 65535, 1)
     assert args[1] == 0 and args[5:] == (70000, 8, 2048, 768, 2176, 768 * 2176, 1, 128, 0)
     q.moe_matmul(k, W, 8, X, 4 << 20, Y, 3, 8, 2048, 768, 128, up_ptr=W + 4096)  # SwiGLU
-    name, grid, block, sig, args = k.calls[-1]
+    name, grid, block, args = k.calls[-1]
     assert grid == (192, 24, 1) and args[1] == W + 4096 and args[-1] == 1
     # several weights per launch: GEMV blocks of 8 rows per segment, tiled blocks of 64
-    q.matmul_multi(k, 8, X, 5, 1024, [W, W + 2, W + 4], [Y, Y + 4, Y + 8], [2048, 1024, 1000])
-    name, grid, block, sig, args = k.calls[-1]
+    _matmul(q, k, [W, W + 2, W + 4], 8, X, [Y, Y + 4, Y + 8], 5, 1024, [2048, 1024, 1000])
+    name, grid, block, args = k.calls[-1]
     assert name == "reflex_matmul_gemv8_q8_0" and grid == (256 + 128 + 125, 1, 1)
     assert args == (W, W + 2, W + 4, X, Y, Y + 4, Y + 8, 5, 1024, 2048, 1024, 1000, 1088, 0)
-    q.matmul_multi(k, 8, X, 9, 1024, [W, W + 2], [Y, Y + 4], [2048, 1000])
+    _matmul(q, k, [W, W + 2], 8, X, [Y, Y + 4], 9, 1024, [2048, 1000])
     assert k.calls[-1][:2] == ("reflex_matmul_tiled_q8_0", (32 + 16, 1, 1))
-    q.matmul_multi(k, 12, X, 1, 1024, [W, W + 16], [Y], [3072, 3072], swiglu=True)
-    name, grid, block, sig, args = k.calls[-1]
+    _matmul(q, k, [W, W + 16], 12, X, [Y], 1, 1024, [3072, 3072], swiglu=True)
+    name, grid, block, args = k.calls[-1]
     assert name == "reflex_matmul_gemv1_q4_k" and grid == (768, 1, 1) and args[-1] == 1
-    q.matmul_multi(k, 12, X, 1, 1024, [W, W + 8], [Y], [3072, 3072], swiglu=True)  # misaligned up
+    _matmul(q, k, [W, W + 8], 12, X, [Y], 1, 1024, [3072, 3072], swiglu=True)  # misaligned up
     assert k.calls[-1][:2] == ("reflex_matmul_tiled_q4_k", (96, 1, 1))
-    with pytest.raises(ValueError):
-        q.matmul_multi(k, 12, X, 1, 1024, [W, W, W, W], [Y] * 4, [8] * 4)
-    with pytest.raises(ValueError):
-        q.matmul_multi(k, 12, X, 1, 1024, [W, W], [Y], [8, 16], swiglu=True)
     q.dequant(k, W, 14, 256 * 3, Y)
     assert k.calls[-1][:2] == ("reflex_dequant_q6_k", (1, 1, 1))
     q.embed(k, W, 2, X, Y, 5, 64, n_vocab=100)
-    assert k.calls[-1][0] == "reflex_embed_q4_0" and k.calls[-1][4][-2:] == (36, 100)
-    n = len(k.calls)
-    q.matmul(k, W, 12, X, Y, 0, 1024, 1000)  # nothing to do: no launch
-    assert len(k.calls) == n
+    assert k.calls[-1][0] == "reflex_embed_q4_0" and k.calls[-1][3][-2:] == (36, 100)
     with pytest.raises(UnsupportedTensorType):
-        q.matmul(k, W, 16, X, Y, 1, 256, 4)  # IQ2_XXS
-    with pytest.raises(ValueError):
-        q.matmul(k, W, 12, X, Y, 1, 1000, 4)  # not a multiple of 256
+        q.plan(16, (256, 4), W)  # IQ2_XXS
+    assert "not a positive multiple of the block size 256" in q.plan(12, (1000, 4), W).error
 
 
 def test_quant_ops_imports_no_numpy():

@@ -27,16 +27,14 @@ import struct
 from array import array
 from typing import Any, Sequence
 
-from ..cuda import driver
+from ..cuda import driver, memory, modules, upload
+from ..cuda.modules import limit
 from ..errors import ReflexError
 from ..ops import Batch, Ops, RopeParams, Weight
 
 _F32 = 0
 _ITEMSIZE = {"f32": 4, "i32": 4, "f64": 8}
 _GATING = {"softmax": 1, "sigmoid": 2, "softmax_weight": 3, "sqrt_softplus": 4}
-_ATT_MAX_HEAD = 256
-_QKR_MAX_HEAD = 512
-_MOE_MAX_E, _MOE_MAX_K = 1024, 64
 
 
 def _prod(shape: Sequence[int]) -> int:
@@ -62,7 +60,7 @@ class _Block:
             pass
 
 
-_alloc, _free = driver.alloc, driver.free
+_alloc, _free = memory.alloc, memory.free
 
 
 class DeviceArray:
@@ -167,7 +165,7 @@ class CudaOps(Ops):
 
     def __getattr__(self, name: str) -> Any:
         if name == "k":
-            k = self.k = driver.get_kernels("core")
+            k = self.k = modules.get_kernels("core")
             return k
         return super().__getattr__(name)  # a registered plugin op
 
@@ -181,7 +179,7 @@ class CudaOps(Ops):
         if self._quant_k is None:
             from ..cuda import quant_ops
 
-            self._quant_k = driver.get_kernels("quant")
+            self._quant_k = modules.get_kernels("quant")
             self._quant_ops = quant_ops
         return self._quant_ops, self._quant_k
 
@@ -198,7 +196,7 @@ class CudaOps(Ops):
     # --- weights and state ----------------------------------------------------------------
     def attach(self, gguf, keep_pinned: bool = False, wait: bool = True) -> None:
         """Upload the file's whole tensor-data region: one cuMemAlloc, then the pipelined
-        host-registered copy of :func:`driver.upload_host_region`.
+        host-registered copy of :func:`upload.upload_host_region`.
 
         ``wait=False`` returns once the device memory exists (weights can be bound: their
         addresses are known) and leaves the copy running on a thread; :meth:`wait_attached`
@@ -217,10 +215,10 @@ class CudaOps(Ops):
         self._blob_size = size
         if size <= 0:
             return
-        self._blob = driver.mem_alloc_raw(size)
+        self._blob = memory.mem_alloc_raw(size)
 
         def upload() -> None:
-            info = driver.upload_host_region(self._blob, gguf.mm, start, size)
+            info = upload.upload_host_region(self._blob, gguf.mm, start, size)
             self._registration = info.pop("registration", None)
             if not keep_pinned:
                 t0 = time.perf_counter()
@@ -259,7 +257,7 @@ class CudaOps(Ops):
         if self._blob:
             blob, self._blob = self._blob, 0
             driver.synchronize()
-            driver.mem_free_raw(blob)
+            memory.mem_free_raw(blob)
         self.gguf = None
 
     def weight(self, name: str) -> Weight:
@@ -291,7 +289,7 @@ class CudaOps(Ops):
         out = empty(shape)
         n = _prod(w.ne)
         if w.ggml_type == _F32:
-            driver.dtod(out.ptr, w.data, 4 * n)
+            memory.dtod(out.ptr, w.data, 4 * n)
         else:
             qo, qk = self._q()
             qo.dequant(qk, w.data, w.ggml_type, n, out.ptr)
@@ -313,7 +311,7 @@ class CudaOps(Ops):
     # --- state buffers ---------------------------------------------------------------------
     def zeros(self, shape: Sequence[int]) -> DeviceArray:
         out = empty(shape)
-        driver.memset(out.ptr, 0, out.nbytes)
+        memory.memset(out.ptr, 0, out.nbytes)
         return out
 
     def empty(self, shape: Sequence[int]) -> DeviceArray:
@@ -323,7 +321,7 @@ class CudaOps(Ops):
     def kernels(package: str, module: str) -> Any:
         """Kernel module ``module`` of ``package`` (a plugin's own kernels: its CUDA launchers
         call ``ops.kernels(pkg, mod).launch(...)``)."""
-        return driver.get_kernels(module, package)
+        return modules.get_kernels(module, package)
 
     def clone(self, x) -> DeviceArray:
         return self._copy(x)
@@ -339,18 +337,18 @@ class CudaOps(Ops):
         if not (0 <= dst_row and dst_row + n_rows <= dst.shape[0]
                 and 0 <= src_row and src_row + n_rows <= src.shape[0]):
             raise ValueError("copy_rows: rows out of range")
-        driver.dtod(dst.ptr + dst_row * rb, src.ptr + src_row * rb, n_rows * rb)
+        memory.dtod(dst.ptr + dst_row * rb, src.ptr + src_row * rb, n_rows * rb)
 
     def rows_to_bytes(self, x, row0: int, n_rows: int) -> bytes:
         rb = self._row_bytes(x)
-        return bytes(driver.dtoh(x.ptr + row0 * rb, n_rows * rb))
+        return bytes(memory.dtoh(x.ptr + row0 * rb, n_rows * rb))
 
     def rows_from_bytes(self, x, row0: int, n_rows: int, data: bytes) -> None:
         rb = self._row_bytes(x)
         if len(data) != n_rows * rb or row0 + n_rows > x.shape[0]:
             raise ReflexError(f"state data of {len(data)} bytes does not fill {n_rows} rows of "
                               f"{list(x.shape[1:])}")
-        driver.htod(x.ptr + row0 * rb, data)
+        memory.htod(x.ptr + row0 * rb, data)
 
     def prepare(self, batch: Batch) -> Prepared:
         """Token ids, positions and the mask as one int32 buffer, in one host-to-device copy."""
@@ -372,7 +370,7 @@ class CudaOps(Ops):
         buf.extend(m.own_end)
         buf.extend(batch.seq_ids)
         dev = empty((6, T), "i32")
-        driver.htod(dev.ptr, buf)
+        memory.htod(dev.ptr, buf)
         return Prepared(batch, dev)
 
     # --- tensor ops -------------------------------------------------------------------------
@@ -403,7 +401,7 @@ class CudaOps(Ops):
     @staticmethod
     def _copy(x) -> DeviceArray:
         y = empty(x.shape, x.dtype)
-        driver.dtod(y.ptr, x.ptr, x.nbytes)
+        memory.dtod(y.ptr, x.ptr, x.nbytes)
         return y
 
     def _rows(self, x) -> tuple[int, int]:
@@ -516,7 +514,7 @@ class CudaOps(Ops):
         wp = 0 if w is None else self._f32_vector(w, n)
         y = _empty_f32(shape, x.size)
         if rows:
-            self.k.launch("reflex_rmsnorm", rows, 1024 if n >= 4096 else 256, "PPPif",
+            self.k.launch("reflex_rmsnorm", rows, 1024 if n >= 4096 else 256,
                           (x.ptr, wp, y.ptr, n, eps))
         return y
 
@@ -534,7 +532,7 @@ class CudaOps(Ops):
         y = DeviceArray(blk.ptr, shape, blk, "f32", size)
         s = DeviceArray(blk.ptr + off, shape, blk, "f32", size)
         if rows:
-            self.k.launch("reflex_add_rmsnorm", rows, 1024 if n >= 4096 else 256, "PPPPPif",
+            self.k.launch("reflex_add_rmsnorm", rows, 1024 if n >= 4096 else 256,
                           (a.ptr, b.ptr, wp, s.ptr, y.ptr, n, eps))
         return s, y
 
@@ -563,7 +561,7 @@ class CudaOps(Ops):
         n_rot, neox, fb, fs, ext, af, lo, hi = self._rope_args(p)
         y = _empty_f32(x.shape, x.size)
         if T and H:
-            self.k.launch("reflex_rope", (H, T), 64 if n <= 128 else 128, "PPPiiiidddddd",
+            self.k.launch("reflex_rope", (H, T), 64 if n <= 128 else 128,
                           (x.ptr, y.ptr, pb.positions, H, d, n_rot, neox, fb, fs, ext, af, lo,
                            hi))
         return y
@@ -592,7 +590,7 @@ class CudaOps(Ops):
                              f"{Hkv} heads x {dk}/{dv}")
         n = max(nk, nv)
         if n:
-            self.k.launch("reflex_kv_write", min(4096, (n + 255) // 256), 256, "PPPPii",
+            self.k.launch("reflex_kv_write", min(4096, (n + 255) // 256), 256,
                           (k.ptr, v.ptr, k_cache.ptr + 4 * c0 * rk,
                            v_cache.ptr + 4 * c0 * rv, nk, nv))
 
@@ -607,9 +605,9 @@ class CudaOps(Ops):
                              f"match a cache of {Hkv} heads x {cdk}/{dv}")
         if T != pb.n_tokens:
             raise ValueError(f"qk_norm_rope_store: {T} rows but {pb.n_tokens} positions")
-        if dk > _QKR_MAX_HEAD:
-            raise ReflexError(f"qk_norm_rope_store: head size {dk} > {_QKR_MAX_HEAD} is not "
-                              "supported by the CUDA kernel")
+        if dk > limit("QKR_MAX_HEAD"):
+            raise ReflexError(f"qk_norm_rope_store: head size {dk} > {limit('QKR_MAX_HEAD')} is "
+                              "not supported by the CUDA kernel")
         n_rot, neox, fb, fs, ext, af, lo, hi = self._rope_args(rope)
         if n_rot > dk:
             raise ValueError(f"rope: n_rot {n_rot} must be even and <= head size {dk}")
@@ -619,7 +617,6 @@ class CudaOps(Ops):
         if T:
             c0 = pb.cell0
             self.k.launch("reflex_qk_norm_rope_store", (H + Hkv, T), 128 if dk <= 128 else 256,
-                          "PPPPPPPPPiiiiiiiifdddddd",
                           (q.ptr, k.ptr, v.ptr, qn, kn, out.ptr,
                            k_cache.ptr + 4 * c0 * Hkv * dk,
                            v_cache.ptr + 4 * c0 * Hkv * dv, pb.positions, H, Hkv, dk, dv,
@@ -635,14 +632,14 @@ class CudaOps(Ops):
             raise ValueError(f"attention: {H} query heads are not a multiple of {Hkv} KV heads")
         if dk != cdk:
             raise ValueError(f"attention: q head size {dk}, cache has {cdk}")
-        if dk > _ATT_MAX_HEAD or dv > _ATT_MAX_HEAD:
-            raise ReflexError(f"attention: head size {max(dk, dv)} > {_ATT_MAX_HEAD} is not "
-                              "supported by the CUDA kernels")
+        if max(dk, dv) > limit("ATT_MAX_HEAD"):
+            raise ReflexError(f"attention: head size {max(dk, dv)} > {limit('ATT_MAX_HEAD')} is "
+                              "not supported by the CUDA kernels")
         if pb.n_kv > n_cells:
             raise ReflexError(f"attention over {pb.n_kv} cells, the cache has {n_cells}")
         out = _empty_f32((T, H * dv), T * H * dv)
         if T and H:
-            self.k.launch("reflex_attention", (H, T), 256, "PPPPPPPiiiif",
+            self.k.launch("reflex_attention", (H, T), 256,
                           (q.ptr, k_cache.ptr, v_cache.ptr, out.ptr,
                            pb.prefix_end, pb.own_start, pb.own_end, H, Hkv, dk, dv, scale))
         return out
@@ -653,7 +650,7 @@ class CudaOps(Ops):
         n = a.size
         y = _empty_f32(a.shape, n)
         if n:
-            self.k.launch(kernel, (n + 255) // 256, 256, "PPPi", (a.ptr, b.ptr, y.ptr, n))
+            self.k.launch(kernel, (n + 255) // 256, 256, (a.ptr, b.ptr, y.ptr, n))
         return y
 
     def swiglu(self, gate, up) -> DeviceArray:
@@ -674,9 +671,9 @@ class CudaOps(Ops):
         if rows == list(range(r0, r0 + R)):  # a contiguous run: a view, no copy
             return DeviceArray(x.ptr + 4 * r0 * n, (R, n), x.owner, x.dtype)
         idx = empty((R,), "i32")
-        driver.htod(idx.ptr, array("i", rows))
+        memory.htod(idx.ptr, array("i", rows))
         y = empty((R, n))
-        self.k.launch("reflex_take_rows", ((n + 255) // 256, R), 256, "PPPi",
+        self.k.launch("reflex_take_rows", ((n + 255) // 256, R), 256,
                       (x.ptr, idx.ptr, y.ptr, n))
         return y
 
@@ -686,16 +683,16 @@ class CudaOps(Ops):
         T, E = logits.shape
         if not 0 < k <= E:
             raise ValueError(f"moe_route: k={k} experts of {E}")
-        if E > _MOE_MAX_E or k > _MOE_MAX_K:
+        if E > limit("MOE_MAX_E") or k > limit("MOE_MAX_K"):
             raise ReflexError(f"moe_route: {E} experts / top-{k} exceeds the CUDA kernel's "
-                              f"{_MOE_MAX_E} / {_MOE_MAX_K}")
+                              f"{limit('MOE_MAX_E')} / {limit('MOE_MAX_K')}")
         g = _GATING.get(gating)
         if g is None:
             raise ValueError(f"moe_route: unknown gating {gating!r}")
         ids = empty((T, k), "i32")
         w = empty((T, k))
         if T:
-            self.k.launch("reflex_moe_route", T, 256, "PPPiiiif",
+            self.k.launch("reflex_moe_route", T, 256,
                           (logits.ptr, ids.ptr, w.ptr, E, k, g, 1 if norm else 0, scale))
         return ids, w
 
@@ -732,7 +729,7 @@ class CudaOps(Ops):
             raise ValueError(f"moe_combine: weights {weights.shape}, expected [{T}, {k}]")
         out = empty((T, n))
         if T and n:
-            self.k.launch("reflex_moe_combine", ((n + 255) // 256, T), 256, "PPPii",
+            self.k.launch("reflex_moe_combine", ((n + 255) // 256, T), 256,
                           (y.ptr, weights.ptr, out.ptr, k, n))
         return out
 
@@ -742,8 +739,8 @@ class CudaOps(Ops):
         if rows == 0:
             return []
         out = empty((rows,), "i32")
-        self.k.launch("reflex_argmax", rows, 1024, "PPi", (logits.ptr, out.ptr, n))
-        return list(struct.unpack(f"<{rows}i", driver.dtoh(out.ptr, 4 * rows)))
+        self.k.launch("reflex_argmax", rows, 1024, (logits.ptr, out.ptr, n))
+        return list(struct.unpack(f"<{rows}i", memory.dtoh(out.ptr, 4 * rows)))
 
     def sample(self, logits, temperature: float, top_k: int, top_p: float, u: float) -> int:
         rows, V = self._rows(logits)
@@ -752,13 +749,13 @@ class CudaOps(Ops):
         row = logits.ptr + 4 * (rows - 1) * V
         out = empty((1,), "i32")
         if temperature <= 0.0:
-            self.k.launch("reflex_argmax", 1, 1024, "PPi", (row, out.ptr, V))
+            self.k.launch("reflex_argmax", 1, 1024, (row, out.ptr, V))
         else:
             pbuf = empty((V,), "f64")
-            self.k.launch("reflex_sample", 1, 512, "PididdPP",
+            self.k.launch("reflex_sample", 1, 512,
                           (row, V, float(temperature), int(top_k), float(top_p), float(u),
                            pbuf.ptr, out.ptr))
-        return struct.unpack("<i", driver.dtoh(out.ptr, 4))[0]
+        return struct.unpack("<i", memory.dtoh(out.ptr, 4))[0]
 
     def token_logprobs(self, logits, targets: Sequence[int]) -> list[float]:
         rows, V = self._rows(logits)
@@ -770,16 +767,16 @@ class CudaOps(Ops):
         if min(targets) < 0 or max(targets) >= V:
             raise ValueError(f"token_logprobs: target outside [0, {V})")
         tg = empty((rows,), "i32")
-        driver.htod(tg.ptr, array("i", targets))
+        memory.htod(tg.ptr, array("i", targets))
         out = empty((rows,), "f64")
-        self.k.launch("reflex_token_logprobs", rows, 1024, "PPPi", (logits.ptr, tg.ptr, out.ptr, V))
-        return list(struct.unpack(f"<{rows}d", driver.dtoh(out.ptr, 8 * rows)))
+        self.k.launch("reflex_token_logprobs", rows, 1024, (logits.ptr, tg.ptr, out.ptr, V))
+        return list(struct.unpack(f"<{rows}d", memory.dtoh(out.ptr, 8 * rows)))
 
     def to_numpy(self, x):
         import numpy as np
 
         dt = {"f32": np.float32, "i32": np.int32, "f64": np.float64}[x.dtype]
-        raw = driver.dtoh(x.ptr, x.nbytes)
+        raw = memory.dtoh(x.ptr, x.nbytes)
         return np.frombuffer(raw, dtype=dt).reshape(x.shape).copy()
 
     def from_numpy(self, a) -> DeviceArray:
@@ -791,7 +788,7 @@ class CudaOps(Ops):
         a = np.ascontiguousarray(a, dtype=np.int32 if kind == "i32" else np.float32)
         out = empty(a.shape, kind)
         if a.size:
-            driver.htod(out.ptr, a.tobytes())
+            memory.htod(out.ptr, a.tobytes())
         return out
 
     def synchronize(self) -> None:

@@ -10,26 +10,16 @@ parses the GGUF and builds the tokenizer meanwhile, and cuda-bindings is importe
 thread. :mod:`reflex_core.cuda.driver` then adopts the context: the primary context is one per
 device and process, so the handle retained here is the one cuda-bindings sees.
 
-No numpy, no cuda-bindings, no json here: :func:`start` is safe as the first thing a process
-does. Errors become :class:`EarlyError` with the CUresult name; the driver module turns them into
-its one-line :class:`~reflex_core.errors.CudaUnavailable` messages.
+No numpy, no cuda-bindings, no json here, and no environment changes: :mod:`.start` sets the
+driver's settings (``start.DRIVER_ENV``) on the main thread before the thread that runs
+:func:`run` starts. Errors become :class:`EarlyError` with the CUresult name; the driver module
+turns them into its one-line :class:`~reflex_core.errors.CudaUnavailable` messages.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import time
-
-# Driver settings read when the driver starts, so they are set before the dlopen:
-# - one hardware work queue per context instead of 8: the context is created in ~58 ms instead
-#   of ~120 ms on the H200 (bench/cuda_init_probe.py). Reflex issues its kernels in order on one
-#   stream and its upload is copy-engine bound, so more queues would buy it nothing;
-# - every kernel of a module loaded with the module (on the init thread) rather than lazily at
-#   its first launch inside the first forward pass.
-# A value the user set wins. The environment is put back once the context exists, so processes
-# this one starts (and libraries that read it later) do not inherit Reflex's choices.
-DRIVER_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "CUDA_MODULE_LOADING": "EAGER"}
 
 CUDA_SUCCESS = 0
 CUDA_ERROR_INSUFFICIENT_DRIVER = 35
@@ -98,14 +88,7 @@ def run(ordinal: int = 0) -> Early:
         e.steps[name] = (now - t) * 1e3
         t = now
 
-    ours = [k for k in DRIVER_ENV if k not in os.environ]
-    for k in ours:
-        os.environ[k] = DRIVER_ENV[k]
-    try:
-        return _run(e, ordinal, step)
-    finally:
-        for k in ours:
-            os.environ.pop(k, None)
+    return _run(e, ordinal, step)
 
 
 def _run(e: Early, ordinal: int, step: object) -> Early:

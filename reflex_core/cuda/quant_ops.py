@@ -2,47 +2,53 @@
 
 Weights stay in their GGUF block layout on the device (the raw tensor bytes, uploaded as they
 are in the file); these kernels decode them on the fly. Every launcher takes ``kern`` (the loaded
-module: ``driver.get_kernels("quant")``), device pointers as ints, and sizes. Launches go to the
-default stream; nothing here synchronizes or allocates. No numpy (cold path).
+module: ``modules.get_kernels("quant")``), device pointers as ints, and sizes. Launches go to the
+default stream; nothing here synchronizes or allocates. No numpy (cold path). Each kernel's
+parameter signature comes from the module's manifest (``Kernels.launch``).
 
 Types: :data:`SUPPORTED_TYPES` (GGML ids). Anything else raises
 :class:`~reflex_core.errors.UnsupportedTensorType`.
 
-Pointer requirements (the backend's buffers from ``driver.alloc`` are 256-byte aligned, and GGUF
+Pointer requirements (the backend's buffers from ``memory.alloc`` are 256-byte aligned, and GGUF
 tensor data offsets are multiples of the file alignment, 32 by default, so uploading the data
 section as one buffer keeps every tensor 32-byte aligned):
 
 * activations (``x``, ``y``, ``out``) 16-byte aligned -- required by the GEMV path; the tiled
   path accepts any 4-byte aligned pointer;
 * weights: 16-byte aligned for the GEMV path of Q4_K / Q5_K / F32 / F16 / BF16, 2-byte for the
-  others. :func:`matmul` falls back to the (slower for small T) tiled kernel when a GEMV
-  requirement does not hold; :func:`moe_matmul` raises ValueError instead.
+  others. :func:`matmul_planned` falls back to the (slower for small T) tiled kernel when a
+  GEMV requirement does not hold; :func:`moe_matmul` raises ValueError instead.
 
-Fused launches: :func:`matmul_multi` runs up to three weights of one type against the same
-input in one launch (q/k/v), or gate/up with the SwiGLU product as the output;
-:func:`moe_matmul` with ``up_ptr`` does the same for expert tensors. The CUDA backend plans each
-weight once (:class:`MatPlan`, kept in ``Weight.meta``) and launches through
-:func:`matmul_planned`, the per-call path without re-deriving sizes, names or alignment.
+The CUDA backend plans each weight once (:class:`MatPlan`, kept in ``Weight.meta``) and launches
+through :func:`matmul_planned`: up to three weights of one type against the same input in one
+launch (q/k/v), or gate/up with the SwiGLU product as the output; :func:`moe_matmul` with
+``up_ptr`` does the same for expert tensors.
 """
 
 from __future__ import annotations
 
 from ..errors import UnsupportedTensorType
+from ..gguf import GGML_TYPES
 
-# GGML type id -> (kernel suffix, GGML name, block size, bytes per block, weight alignment the
-# GEMV lane units need)
+# The kernel-specific columns of each supported GGML type id: (kernel suffix, weight alignment
+# the GEMV lane units need). Names, block sizes and bytes per block come from gguf.GGML_TYPES.
+_KERNEL_TYPES: dict[int, tuple[str, int]] = {
+    0: ("f32", 16),
+    1: ("f16", 16),
+    30: ("bf16", 16),
+    8: ("q8_0", 2),
+    2: ("q4_0", 2),
+    3: ("q4_1", 2),
+    6: ("q5_0", 2),
+    7: ("q5_1", 2),
+    12: ("q4_k", 16),
+    13: ("q5_k", 16),
+    14: ("q6_k", 2),
+}
+# GGML type id -> (kernel suffix, GGML name, block size, bytes per block, GEMV alignment)
 _TYPES: dict[int, tuple[str, str, int, int, int]] = {
-    0: ("f32", "F32", 1, 4, 16),
-    1: ("f16", "F16", 1, 2, 16),
-    30: ("bf16", "BF16", 1, 2, 16),
-    8: ("q8_0", "Q8_0", 32, 34, 2),
-    2: ("q4_0", "Q4_0", 32, 18, 2),
-    3: ("q4_1", "Q4_1", 32, 20, 2),
-    6: ("q5_0", "Q5_0", 32, 22, 2),
-    7: ("q5_1", "Q5_1", 32, 24, 2),
-    12: ("q4_k", "Q4_K", 256, 144, 16),
-    13: ("q5_k", "Q5_K", 256, 176, 16),
-    14: ("q6_k", "Q6_K", 256, 210, 2),
+    t: (suffix, GGML_TYPES[t].name, GGML_TYPES[t].block_size, GGML_TYPES[t].type_size, align)
+    for t, (suffix, align) in _KERNEL_TYPES.items()
 }
 
 SUPPORTED_TYPES: frozenset[int] = frozenset(_TYPES)
@@ -101,7 +107,7 @@ def dequant(kern, w_ptr: int, ggml_type: int, n_elements: int, out_ptr: int) -> 
         return
     work = n_elements if bs == 1 else n_elements // 4
     grid = min((work + _DQ_THREADS - 1) // _DQ_THREADS, 1 << 20)  # grid-stride loop beyond
-    kern.launch(f"reflex_dequant_{suffix}", (grid, 1, 1), (_DQ_THREADS, 1, 1), "PPq",
+    kern.launch(f"reflex_dequant_{suffix}", (grid, 1, 1), (_DQ_THREADS, 1, 1),
                 (w_ptr, out_ptr, n_elements))
 
 
@@ -120,7 +126,7 @@ def embed(kern, w_ptr: int, ggml_type: int, ids_ptr: int, out_ptr: int, n_tokens
     work = n_embd if bs == 1 else n_embd // 4
     gx = min((work + _EMB_THREADS - 1) // _EMB_THREADS, 1024)
     gy = min(n_tokens, _MAX_GRID_Y)
-    kern.launch(f"reflex_embed_{suffix}", (gx, gy, 1), (_EMB_THREADS, 1, 1), "PPPiiqi",
+    kern.launch(f"reflex_embed_{suffix}", (gx, gy, 1), (_EMB_THREADS, 1, 1),
                 (w_ptr, ids_ptr, out_ptr, n_tokens, n_embd, rb, n_rows))
 
 
@@ -131,8 +137,6 @@ def _gemv_ok(ggml_type: int, w_ptr: int, x_ptr: int, n_in: int) -> bool:
     return bs > 1 or n_in % 8 == 0
 
 
-# reflex_matmul_{gemv*,tiled}_<t>(w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, n2, row_bytes, mode)
-_MM_SIG = "PPPPPPPiiiiiqi"
 _TT_INDEX = (0, 0, 1, 2, 2, 3, 3, 3, 3)  # T (<= 8) -> index of the gemv1/2/4/8 kernel
 MAX_SEGMENTS = 3  # weights per matmul launch
 
@@ -176,10 +180,14 @@ def plan(ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight") 
 
 def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: tuple,
                    n_outs: tuple, swiglu: bool = False, gemv_w_ok: bool = True) -> None:
-    """The launch behind :func:`matmul` / :func:`matmul_multi` for weights already planned:
-    ``w_ptrs`` / ``y_ptrs`` / ``n_outs`` are 3-tuples (unused segments 0), all weights of
-    ``p``'s type and n_in; ``gemv_w_ok``: every weight pointer suits the GEMV kernels. No
-    checks here beyond the GEMV/tiled choice (the callers checked)."""
+    """``y_i [T, n_outs[i]] = x [T, n_in] . W_i^T`` for up to :data:`MAX_SEGMENTS` weights
+    planned with ``p`` (all of ``p``'s GGML type and n_in) in one launch: ``w_ptrs`` /
+    ``y_ptrs`` / ``n_outs`` are 3-tuples (unused segments 0). ``swiglu``: two weights (gate, up)
+    of the same n_out and one output ``y_ptrs[0]`` = ``silu(x . W_gate^T) * (x . W_up^T)``.
+    T <= 8: a GEMV kernel (each weight byte read once for all T tokens) when ``gemv_w_ok`` (every
+    weight pointer suits it) and x is 16-byte aligned; else the tiled kernel. Each output is
+    bit-identical to the matmul of its weight alone. No checks here beyond that choice (the
+    caller planned the weights)."""
     if T > _INT32_MAX:
         raise ValueError(f"T={T} is out of range for the kernels (0 .. 2**31-1)")
     n0, n1, n2 = n_outs
@@ -192,7 +200,7 @@ def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: 
         else:
             r = _GEMV_ROWS
             gx = (n0 + r - 1) // r + (n1 + r - 1) // r + (n2 + r - 1) // r
-        kern.launch(p.gemv[_TT_INDEX[T]], (gx, 1, 1), (_GEMV_THREADS, 1, 1), _MM_SIG, args)
+        kern.launch(p.gemv[_TT_INDEX[T]], (gx, 1, 1), (_GEMV_THREADS, 1, 1), args)
         return
     if swiglu:
         gx = (n0 + _TILE_M // 2 - 1) // (_TILE_M // 2)
@@ -202,51 +210,7 @@ def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: 
     gy = (T + _TILE_N - 1) // _TILE_N
     if gy > _MAX_GRID_Y:
         raise ValueError(f"matmul: T={T} tokens is more than the tiled kernel's grid allows")
-    kern.launch(p.tiled, (gx, gy, 1), (_TILE_THREADS, 1, 1), _MM_SIG, args)
-
-
-def matmul(kern, w_ptr: int, ggml_type: int, x_ptr: int, y_ptr: int, T: int, n_in: int,
-           n_out: int) -> None:
-    """``y [T, n_out] = x [T, n_in] . W^T`` for ``w`` of ne ``[n_in, n_out]`` in GGML type
-    ``ggml_type`` (float32 activations, float32 accumulation). T <= 8: a GEMV kernel (one warp per
-    2 output rows, each weight byte read once for all T tokens); larger T: the tiled kernel."""
-    _info(ggml_type)
-    rb = row_bytes(ggml_type, n_in)
-    _check_int32(T=T, n_in=n_in, n_out=n_out)
-    if T == 0 or n_out == 0:
-        return
-    p = MatPlan(ggml_type, (n_in, n_out), w_ptr)
-    assert p.row_bytes == rb
-    matmul_planned(kern, p, x_ptr, T, (w_ptr, 0, 0), (y_ptr, 0, 0), (n_out, 0, 0),
-                   gemv_w_ok=p.gemv_w_ok)
-
-
-def matmul_multi(kern, ggml_type: int, x_ptr: int, T: int, n_in: int,
-                 w_ptrs: list[int], y_ptrs: list[int], n_outs: list[int],
-                 swiglu: bool = False) -> None:
-    """Up to :data:`MAX_SEGMENTS` weights of one GGML type and the same ``n_in`` against one
-    ``x [T, n_in]`` in one launch: ``y_i [T, n_outs[i]] = x . W_i^T``, each bit-identical to
-    :func:`matmul` of that weight alone. ``swiglu``: exactly two weights (gate, up) of the same
-    ``n_out`` and one output ``y_ptrs[0]`` = ``silu(x . W_gate^T) * (x . W_up^T)`` (bit-identical to
-    the two matmuls followed by the core's reflex_swiglu)."""
-    _info(ggml_type)
-    k = len(w_ptrs)
-    if not 1 <= k <= MAX_SEGMENTS or len(n_outs) != k:
-        raise ValueError(f"matmul_multi: 1..{MAX_SEGMENTS} weights, got {k}")
-    if swiglu and (k != 2 or n_outs[0] != n_outs[1]):
-        raise ValueError("matmul_multi swiglu: two weights (gate, up) of the same n_out")
-    if len(y_ptrs) != (1 if swiglu else k):
-        raise ValueError(f"matmul_multi: {len(y_ptrs)} outputs for {k} weights")
-    row_bytes(ggml_type, n_in)
-    _check_int32(T=T, n_in=n_in, **{f"n_out{i}": n for i, n in enumerate(n_outs)})
-    if T == 0 or max(n_outs) == 0:
-        return
-    p = MatPlan(ggml_type, (n_in, n_outs[0]), w_ptrs[0])
-    ok = all(MatPlan(ggml_type, (n_in, n), w).gemv_w_ok for w, n in zip(w_ptrs, n_outs))
-    pad = (0,) * (MAX_SEGMENTS - k)
-    ys = tuple(y_ptrs) + (0,) * (MAX_SEGMENTS - len(y_ptrs))
-    matmul_planned(kern, p, x_ptr, T, tuple(w_ptrs) + pad, ys,
-                   tuple(n_outs) + pad if not swiglu else (n_outs[0], 0, 0), swiglu, ok)
+    kern.launch(p.tiled, (gx, gy, 1), (_TILE_THREADS, 1, 1), args)
 
 
 def moe_matmul(kern, w_ptr: int, ggml_type: int, x_ptr: int, ids_ptr: int, y_ptr: int, T: int,
@@ -275,7 +239,7 @@ def moe_matmul(kern, w_ptr: int, ggml_type: int, x_ptr: int, ids_ptr: int, y_ptr
     else:
         gx = (n_out + _GEMV_ROWS - 1) // _GEMV_ROWS
     grid = (gx, min(T * k, _MAX_GRID_Y), 1)
-    kern.launch(f"reflex_moe_matmul_{suffix}", grid, (_GEMV_THREADS, 1, 1), "PPPPPiiiiqqiii",
+    kern.launch(f"reflex_moe_matmul_{suffix}", grid, (_GEMV_THREADS, 1, 1),
                 (w_ptr, up_ptr, x_ptr, ids_ptr, y_ptr, T, k, n_in, n_out, rb, n_out * rb,
                  1 if x_per_expert else 0, n_expert, 1 if up_ptr else 0))
 

@@ -56,7 +56,9 @@ def _device_or_skip():
         from reflex_core.errors import ReflexError
 
         try:
-            _state["device"] = driver.init()
+            from reflex_core.cuda.start import start
+
+            _state["device"] = start().wait()  # the process's CUDA start, as `reflex` runs it
         except ReflexError as e:  # CudaUnavailable / CudaError: one line saying why
             pytest.fail(f"this machine has a GPU but CUDA did not start: {e}", pytrace=False)
     return _state["device"]
@@ -88,28 +90,28 @@ class CudaCtx:
     """Raw device memory for kernel-level tests (used by the quant-kernel tests too)."""
 
     def __init__(self):
-        from reflex_core.cuda import driver
+        from reflex_core.cuda import driver, memory, modules
 
-        self.driver = driver
+        self.driver, self.memory, self.modules = driver, memory, modules
         self._live: set[int] = set()
 
     def alloc(self, nbytes: int) -> int:
-        p = self.driver.alloc(nbytes)
+        p = self.memory.alloc(nbytes)
         self._live.add(p)
         return p
 
     def htod(self, ptr: int, data) -> None:
-        self.driver.htod(ptr, data)
+        self.memory.htod(ptr, data)
 
     def dtoh(self, ptr: int, nbytes: int) -> bytes:
-        return bytes(self.driver.dtoh(ptr, nbytes))
+        return bytes(self.memory.dtoh(ptr, nbytes))
 
     def free(self, ptr: int) -> None:
         self._live.discard(ptr)
-        self.driver.free(ptr)
+        self.memory.free(ptr)
 
     def kernels(self, module: str, package: str = "reflex_core"):
-        return self.driver.get_kernels(module, package)
+        return self.modules.get_kernels(module, package)
 
     def synchronize(self) -> None:
         self.driver.synchronize()

@@ -42,9 +42,9 @@ def both(cuda_ops, ref_ops, batch):
 
 # --- smoke / raw launch ----------------------------------------------------------------------
 def test_smoke(cuda_device):
-    from reflex_core.cuda import driver
+    from reflex_core.cuda.smoke import smoke
 
-    r = driver.smoke()
+    r = smoke()
     assert r["sm"] == cuda_device.sm and r["image"] in ("sass", "ptx")
 
 
@@ -56,7 +56,7 @@ def test_raw_launch_add(cuda_ctx, rng):
         pa, pb, py = cuda_ctx.alloc(4 * n), cuda_ctx.alloc(4 * n), cuda_ctx.alloc(4 * n)
         cuda_ctx.htod(pa, a.tobytes())
         cuda_ctx.htod(pb, b.tobytes())
-        k.launch("reflex_add", (n + 255) // 256, 256, "PPPi", (pa, pb, py, n))
+        k.launch("reflex_add", (n + 255) // 256, 256, (pa, pb, py, n))
         y = np.frombuffer(cuda_ctx.dtoh(py, 4 * n), np.float32)
         assert np.array_equal(y, a + b), f"n={n}"
         for p in (pa, pb, py):

@@ -204,14 +204,14 @@ def test_kv_cache_full(cuda_ops):
 
 
 def test_allocator_reuses_memory(cuda_ops):
-    from reflex_core.cuda import driver
+    from reflex_core.cuda import memory
 
     a = cuda_ops.from_numpy(np.zeros(1000, np.float32))
     p = a.ptr
     del a
     b = cuda_ops.from_numpy(np.ones(1000, np.float32))
     assert b.ptr == p  # the freed block came back from the cache
-    assert driver.pool_stats()["live_blocks"] >= 1
+    assert memory.pool_stats()["live_blocks"] >= 1
 
 
 # --- whole tiny models: GPU vs CPU ------------------------------------------------------------
@@ -272,7 +272,7 @@ def test_launches_per_forward(model_files, cuda_ops, arch):
     RoPE + KV store, attention, output projection, add+norm, gate/up/SwiGLU, down), a Qwen3-MoE
     layer 11 (router, route, experts gate/up/SwiGLU, experts down, combine); plus embed, the
     final add+norm and the LM head (and take_rows for scattered rows)."""
-    from reflex_core.cuda import driver
+    from reflex_core.cuda import modules
     from reflex_core.testing.modelwriter import ModelShape
 
     shape = ModelShape(arch=arch, n_layer=3, n_embd=64, n_head=4, n_head_kv=2, head_dim=32,
@@ -283,6 +283,6 @@ def test_launches_per_forward(model_files, cuda_ops, arch):
     cache = m.new_cache(32)
     for tokens, start, rows, extra in (([3], 0, [0], 0), ([1, 2, 3, 4, 5], 1, [4], 0),
                                        (list(range(12)), 6, [0, 11], 1)):
-        n0 = driver.launch_count()
+        n0 = modules.launch_count()
         m.forward(Batch.causal(tokens, start), cache, rows)
-        assert driver.launch_count() - n0 == 3 + per_layer * 3 + extra, (tokens, rows)
+        assert modules.launch_count() - n0 == 3 + per_layer * 3 + extra, (tokens, rows)

@@ -112,7 +112,20 @@ def check_matmul(y, wf, x, what):
                              f"worst at {i}: got {y[i]!r} want {ref[i]!r} tol {tol[i]:.3g}")
 
 
-MM_SIG = "PPPPPPPiiiiiqi"  # w0 w1 w2 x y0 y1 y2 T n_in n0 n1 n2 row_bytes mode
+def matmul_multi(kern, t, xp, T, n_in, w_ptrs, y_ptrs, n_outs, swiglu=False):
+    """Up to three weights of type ``t`` against x in one launch, planned and launched as
+    CudaOps.matmul_many / matmul_swiglu do (quant_ops.plan, quant_ops.matmul_planned)."""
+    plans = [quant_ops.plan(t, (n_in, n), w) for w, n in zip(w_ptrs, n_outs)]
+    pad = (0,) * (quant_ops.MAX_SEGMENTS - len(w_ptrs))
+    outs = (n_outs[0], 0, 0) if swiglu else tuple(n_outs) + pad
+    quant_ops.matmul_planned(kern, plans[0], xp, T, tuple(w_ptrs) + pad,
+                             tuple(y_ptrs) + (0,) * (quant_ops.MAX_SEGMENTS - len(y_ptrs)),
+                             outs, swiglu, all(p.gemv_w_ok for p in plans))
+
+
+def matmul(kern, wp, t, xp, yp, T, n_in, n_out):
+    """``y [T, n_out] = x [T, n_in] . W^T``, one weight (CudaOps.matmul's launch)."""
+    matmul_multi(kern, t, xp, T, n_in, [wp], [yp], [n_out])
 
 
 def mm_args(wp, xp, yp, T, n_in, n_out, rb):
@@ -236,7 +249,7 @@ def test_matmul(qk, name):
             _, xp = upload(ctx, x)
             yp = ctx.alloc(4 * max(T_CASES) * n_out)
             for T in T_CASES:
-                quant_ops.matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
+                matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
                 y = download(ctx, yp, T * n_out).reshape(T, n_out)
                 check_matmul(y, wf, x[:T], f"{name} n_in={n_in} n_out={n_out} T={T}")
 
@@ -261,15 +274,15 @@ def test_matmul_forced_paths(qk, name):
             for T in sorted({1, tt // 2 or 1, tt}):
                 if off == 0:
                     kern.launch(f"reflex_matmul_gemv{tt}_{suffix}", ((n_out + 7) // 8, 1, 1),
-                                (128, 1, 1), MM_SIG, mm_args(wp, xp, yp, T, n_in, n_out, rb))
+                                (128, 1, 1), mm_args(wp, xp, yp, T, n_in, n_out, rb))
                     y = download(ctx, yp, T * n_out).reshape(T, n_out)
                     check_matmul(y, wf, x[:T], f"{name} gemv{tt} T={T}")
-                quant_ops.matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
+                matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
                 y = download(ctx, yp, T * n_out).reshape(T, n_out)
                 check_matmul(y, wf, x[:T], f"{name} matmul T={T} w+{off}")
         for T in (1, 5):
             kern.launch(f"reflex_matmul_tiled_{suffix}", ((n_out + 63) // 64, 1, 1), (256, 1, 1),
-                        MM_SIG, mm_args(wp, xp, yp, T, n_in, n_out, rb))
+                        mm_args(wp, xp, yp, T, n_in, n_out, rb))
             y = download(ctx, yp, T * n_out).reshape(T, n_out)
             check_matmul(y, wf, x[:T], f"{name} tiled T={T} w+{off}")
 
@@ -286,7 +299,7 @@ def test_matmul_float_odd_n_in(qk, name):
         _, xp = upload(ctx, x)
         yp = ctx.alloc(4 * 70 * 19)
         for T in (1, 3, 70):
-            quant_ops.matmul(kern, wp, TYPES[name], xp, yp, T, n_in, 19)
+            matmul(kern, wp, TYPES[name], xp, yp, T, n_in, 19)
             y = download(ctx, yp, T * 19).reshape(T, 19)
             check_matmul(y, wf, x[:T], f"{name} n_in={n_in} T={T}")
 
@@ -303,7 +316,7 @@ def _silu_mul(g, u):
 
 @pytest.mark.parametrize("name", list(TYPES))
 def test_matmul_multi_and_swiglu(qk, name):
-    """matmul_multi: every output bit-identical to quant_ops.matmul of its weight alone (same
+    """matmul_multi: every output bit-identical to the matmul of its weight alone (same
     per-row arithmetic), GEMV and tiled, odd row counts, 1-3 segments, a weight 2 bytes off
     (funnel-shifted loads or the tiled fallback). swiglu: bit-identical to silu(g) * u of the
     single matmuls for the GEMV path; the tiled path within float rounding of them."""
@@ -323,12 +336,12 @@ def test_matmul_multi_and_swiglu(qk, name):
         singles = []
         for wp, wf, n in ws:
             yp = ctx.alloc(4 * T * n)
-            quant_ops.matmul(kern, wp, t, xp, yp, T, n_in, n)
+            matmul(kern, wp, t, xp, yp, T, n_in, n)
             singles.append(download(ctx, yp, T * n).reshape(T, n))
             check_matmul(singles[-1], wf, x[:T], f"{name} single T={T}")
         for segs in ([0], [0, 2], [0, 1, 2], [2, 1]):
             yps = [ctx.alloc(4 * T * n_outs[i]) for i in segs]
-            quant_ops.matmul_multi(kern, t, xp, T, n_in, [ws[i][0] for i in segs], yps,
+            matmul_multi(kern, t, xp, T, n_in, [ws[i][0] for i in segs], yps,
                                    [n_outs[i] for i in segs])
             small = T <= quant_ops.GEMV_MAX_T
             group_gemv = small and all(quant_ops._gemv_ok(t, ws[i][0], xp, n_in) for i in segs)
@@ -340,7 +353,7 @@ def test_matmul_multi_and_swiglu(qk, name):
                     check_matmul(y, ws[i][1], x[:T], f"{name} multi {segs} seg {i} T={T}")
         # swiglu: gate = weight 0, up = the first 37 rows of weight 2 (same n_out)
         yp = ctx.alloc(4 * T * 37)
-        quant_ops.matmul_multi(kern, t, xp, T, n_in, [ws[0][0], ws[2][0]], [yp], [37, 37],
+        matmul_multi(kern, t, xp, T, n_in, [ws[0][0], ws[2][0]], [yp], [37, 37],
                                swiglu=True)
         y = download(ctx, yp, T * 37).reshape(T, 37)
         # same g and u bits as the single matmuls; silu's expf vs NumPy's exp: a few ulp
@@ -349,9 +362,9 @@ def test_matmul_multi_and_swiglu(qk, name):
                                    err_msg=f"{name} swiglu T={T}")
     # a misaligned gate in swiglu: both weights must be eligible, else the tiled kernel runs
     yp = ctx.alloc(4 * 3 * 9)
-    quant_ops.matmul_multi(kern, t, xp, 3, n_in, [ws[1][0], ws[1][0]], [yp], [9, 9], swiglu=True)
+    matmul_multi(kern, t, xp, 3, n_in, [ws[1][0], ws[1][0]], [yp], [9, 9], swiglu=True)
     yq = ctx.alloc(4 * 3 * 9)
-    quant_ops.matmul(kern, ws[1][0], t, xp, yq, 3, n_in, 9)
+    matmul(kern, ws[1][0], t, xp, yq, 3, n_in, 9)
     y1 = download(ctx, yq, 27).reshape(3, 9)
     np.testing.assert_allclose(download(ctx, yp, 27).reshape(3, 9), _silu_mul(y1, y1),
                                rtol=4e-6, atol=1e-6 * (np.abs(y1).max() ** 2 + 1))
@@ -457,7 +470,7 @@ def large_weights(rng, name, n_in, n_out):
 
 
 def test_large_matrices_and_bandwidth_report(qk, rng):
-    from reflex_core.cuda import driver
+    from reflex_core.cuda import driver, memory
 
     ctx, kern = qk
     lines = []
@@ -474,14 +487,14 @@ def test_large_matrices_and_bandwidth_report(qk, rng):
             _, xp = upload(ctx, x)
             yp = ctx.alloc(4 * 8 * n_out)
             for T in (1, 8):
-                quant_ops.matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
+                matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
                 reps = 20
-                e0, e1 = driver.Event(), driver.Event()
+                e0, e1 = memory.Event(), memory.Event()
                 e0.record()
                 for _ in range(reps):
-                    quant_ops.matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
+                    matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
                 e1.record()
-                ms = driver.elapsed_ms(e0, e1) / reps
+                ms = memory.elapsed_ms(e0, e1) / reps
                 check_sampled_rows(ctx, yp, raw, name, x[:T], n_out, rng,
                                    f"{name} {n_in}x{n_out} T={T}")
                 lines.append(f"{name:5s} n_in={n_in:5d} n_out={n_out:6d} T={T}: {ms * 1e3:8.1f} us "
@@ -496,27 +509,27 @@ def test_large_matrices_and_bandwidth_report(qk, rng):
             x = rng.standard_normal((T, n_in)).astype(np.float32)
             _, xp = upload(ctx, x)
             yp = ctx.alloc(4 * T * n_out)
-            quant_ops.matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
+            matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
             driver.synchronize()
-            e0, e1 = driver.Event(), driver.Event()
+            e0, e1 = memory.Event(), memory.Event()
             e0.record()
             for _ in range(5):
-                quant_ops.matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
+                matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
             e1.record()
-            ms = driver.elapsed_ms(e0, e1) / 5
+            ms = memory.elapsed_ms(e0, e1) / 5
             check_sampled_rows(ctx, yp, raw, name, x, n_out, rng, f"{name} tiled T={T}")
             lines.append(f"{name:5s} tiled 4096x4096 T={T}: {ms * 1e3:8.1f} us "
                          f"{2 * T * n_in * n_out / ms / 1e9:7.2f} TFLOP/s")
             if T == 20:  # the alternative for short prompts: GEMV passes of <= 8 tokens
                 ctx.htod(yp, bytes(4 * T * n_out))  # so a pass that wrote nothing shows
-                e0, e1 = driver.Event(), driver.Event()
+                e0, e1 = memory.Event(), memory.Event()
                 e0.record()
                 for _ in range(5):
                     for t0 in range(0, T, 8):
-                        quant_ops.matmul(kern, wp, TYPES[name], xp + 4 * t0 * n_in,
+                        matmul(kern, wp, TYPES[name], xp + 4 * t0 * n_in,
                                          yp + 4 * t0 * n_out, min(8, T - t0), n_in, n_out)
                 e1.record()
-                ms = driver.elapsed_ms(e0, e1) / 5
+                ms = memory.elapsed_ms(e0, e1) / 5
                 check_sampled_rows(ctx, yp, raw, name, x, n_out, rng, f"{name} gemv passes T={T}")
                 lines.append(f"{name:5s} gemv passes 4096x4096 T={T}: {ms * 1e3:8.1f} us")
     print("\nquant GEMV/tiled report\n" + "\n".join(lines))

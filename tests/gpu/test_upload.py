@@ -11,7 +11,7 @@ import pytest
                                                   (4096, 1 << 16, 2), (100_003, 3 << 20, 1),
                                                   (5, 64 << 20, 4)])
 def test_upload_host_region_exact(cuda_device, tmp_path, rng, offset, chunk, threads):
-    from reflex_core.cuda import driver
+    from reflex_core.cuda import memory, upload
 
     data = rng.bytes((5 << 20) + 12345)
     p = tmp_path / "blob.bin"
@@ -19,17 +19,17 @@ def test_upload_host_region_exact(cuda_device, tmp_path, rng, offset, chunk, thr
     with open(p, "rb") as f:
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         n = len(data) - offset - 3
-        d = driver.mem_alloc_raw(n)
+        d = memory.mem_alloc_raw(n)
         try:
-            info = driver.upload_host_region(d, mm, offset, n, chunk=chunk, threads=threads)
+            info = upload.upload_host_region(d, mm, offset, n, chunk=chunk, threads=threads)
             try:
-                assert bytes(driver.dtoh(d, n)) == data[offset:offset + n]
+                assert bytes(memory.dtoh(d, n)) == data[offset:offset + n]
                 assert info["method"] in ("registered", "mixed", "pageable")
                 assert info["chunks"] >= 1 and 1 <= info["threads"] <= threads
             finally:
                 info["registration"].release()
         finally:
-            driver.mem_free_raw(d)
+            memory.mem_free_raw(d)
         mm.close()
 
 
