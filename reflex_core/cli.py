@@ -2,7 +2,8 @@
 
 Output contract: human-readable text on stdout, then one machine-readable status line
 (``REFLEX_<COMMAND>_OK ...``); ``--json`` prints one JSON object instead. Errors are one line on
-stderr (``error: ...``), exit status 1 (2 for usage), no traceback unless ``--debug``.
+stderr (``error: ...``), exit status 1 (2 for usage), no traceback unless ``--debug``. What the
+lines and objects say is reflex_core.render's; how the process ends, reflex_core.lifecycle's.
 """
 
 from __future__ import annotations
@@ -10,49 +11,23 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from typing import NoReturn
 
 import click
 
+from . import lifecycle, render
 from .errors import ReflexError
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
 
 
-class Float6(float):
-    """A float printed with 6 decimals (scores, probabilities)."""
-
-
-class Word(str):
-    """A value printed bare (an enum-like token such as sass/ptx), not as a quoted string."""
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, Float6):
-        return f"{v:.6f}"
-    if isinstance(v, Word):
-        return str(v)
-    if isinstance(v, float):
-        return f"{v:.3f}"
-    if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(str(x) for x in v) + "]"
-    return str(v)
-
-
-def status_line(tag: str, **fields: Any) -> str:
-    return tag + "".join(f" {k}={_fmt(v)}" for k, v in fields.items())
+def echo_lines(lines: list[str], err: bool = False) -> None:
+    for line in lines:
+        click.echo(line, err=err)
 
 
 def print_timings(t, total: tuple[str, float] | None = None) -> None:
-    click.echo("timings (ms from process start | duration ms):", err=True)
-    for name, start, dur in t.report():
-        click.echo(f"  {name:<28} {start:9.1f} | {dur:8.1f}", err=True)
-    if total is not None:  # (what, ms since process start): the number the status line reports
-        click.echo(f"  {'total: ' + total[0]:<28} {0.0:9.1f} | {total[1]:8.1f}", err=True)
-    for name, text in t.notes.items():
-        click.echo(f"  {name}: {text}", err=True)
+    echo_lines(render.timings_lines(t, total), err=True)
 
 
 class ReflexGroup(click.Group):
@@ -167,19 +142,10 @@ def generate(args, quickstart, hub_model, revision, n_tokens, temperature, top_k
 
     res = engine.generate(lm, ids or [], n_tokens, sampling, None if as_json else on_text, t)
     if as_json:
-        click.echo(json.dumps({
-            "status": "ok", "text": res.text, "prompt_token_ids": res.prompt_ids,
-            "token_ids": res.token_ids, "n_prompt_tokens": len(res.prompt_ids),
-            "n_tokens": len(res.token_ids),
-            "process_start_to_first_token_ms": round(res.first_token_ms, 3),
-            "backend": lm.backend, "seed": res.seed,
-        }, ensure_ascii=False))
+        click.echo(json.dumps(render.generate_json(res, lm.backend), ensure_ascii=False))
     else:
-        click.echo()
-        click.echo(status_line("REFLEX_GENERATE_OK",
-                               process_start_to_first_token_ms=res.first_token_ms,
-                               n_prompt_tokens=len(res.prompt_ids), n_tokens=len(res.token_ids),
-                               backend=lm.backend))
+        click.echo()  # ends the streamed text
+        click.echo(render.generate_status(res, lm.backend))
     if timings:
         print_timings(t, ("first token", res.first_token_ms))
 
@@ -217,26 +183,11 @@ def system1(args, quickstart, hub_model, revision, candidates, normalize, backen
     with t.span("score (one forward)"):
         res = s1.evaluate(lm.model, lm.ops, ids or [], candidates, cand_ids, normalize)
     ms = since_process_start_ms()
-    best = res.candidates[res.best_idx]
     if as_json:
-        click.echo(json.dumps({
-            "status": "ok",
-            "candidates": [{"idx": c.idx, "text": c.text, "token_ids": c.token_ids,
-                            "score": c.score, "probability": c.probability}
-                           for c in res.candidates],
-            "process_start_to_result_ms": round(ms, 3), "num_candidates": len(res.candidates),
-            "best_idx": res.best_idx, "best_text": best.text, "entropy": res.entropy,
-            "normalize": normalize, "backend": lm.backend,
-        }, ensure_ascii=False))
+        click.echo(json.dumps(render.system1_json(res, ms, normalize, lm.backend),
+                              ensure_ascii=False))
     else:
-        for c in res.candidates:
-            click.echo(status_line("REFLEX_SYSTEM1_CANDIDATE_OK", idx=c.idx, text=c.text,
-                                   token_ids=c.token_ids, score=Float6(c.score),
-                                   probability=Float6(c.probability)))
-        click.echo(status_line("REFLEX_SYSTEM1_OK", process_start_to_result_ms=ms,
-                               num_candidates=len(res.candidates), best_idx=res.best_idx,
-                               best_text=best.text, entropy=Float6(res.entropy),
-                               backend=lm.backend))
+        echo_lines(render.system1_lines(res, ms, lm.backend))
     if timings:
         print_timings(t, ("result", ms))
 
@@ -251,11 +202,9 @@ def smoke(as_json):
     r = run_smoke()  # waits for the CUDA start (reflex_core.cuda.start), begun at launch
     ms = since_process_start_ms()
     if as_json:
-        click.echo(json.dumps({"status": "ok", "process_start_to_result_ms": round(ms, 3),
-                               "device": r["device"], "sm": r["sm"], "image": r["image"]}))
+        click.echo(json.dumps(render.smoke_json(r, ms)))
     else:
-        click.echo(status_line("REFLEX_SMOKE_OK", process_start_to_result_ms=ms,
-                               device=r["device"], sm=r["sm"], image=Word(r["image"])))
+        click.echo(render.smoke_status(r, ms))
 
 
 @cli.command()
@@ -275,33 +224,10 @@ def check(model, prompt, steps, reference_dequant, as_json):
     from . import check as chk
 
     res = chk.run_check(model, prompt, steps, reference_dequant)
-    worst = max((r.max_rel for r in res.positions), default=0.0)
-    agree = sum(r.top1_ref == r.top1_gpu for r in res.positions)
-    tag = "REFLEX_CHECK_OK" if res.ok else "REFLEX_CHECK_FAIL"
-    summary = dict(device=res.device, reference_dequant=Word(res.reference_dequant),
-                   positions=len(res.positions), top1_agree=agree,
-                   max_rel=Float6(worst), rel_bound=Float6(chk.REL_BOUND),
-                   dequant_tensors=len(res.dequant),
-                   dequant_mismatches=sum(max(r.mismatches, 0) for r in res.dequant),
-                   dequant_types=len({r.ggml_type for r in res.dequant}))
     if as_json:
-        click.echo(json.dumps({
-            "status": "ok" if res.ok else "fail", **{k: (float(v) if isinstance(v, float) else v)
-                                                     for k, v in summary.items()},
-            "positions_detail": [vars(r) for r in res.positions],
-            "dequant_detail": [vars(r) for r in res.dequant]}, indent=1))
+        click.echo(json.dumps(render.check_json(res), indent=1))
     else:
-        click.echo(f"{'step':<8} {'pos':>4} {'max_abs':>10} {'max_rel':>10} {'top1 ref':>9} "
-                   f"{'top1 gpu':>9} {'margin':>8}  ok")
-        for r in res.positions:
-            click.echo(f"{r.step:<8} {r.position:>4} {r.max_abs:10.3e} {r.max_rel:10.3e} "
-                       f"{r.top1_ref:>9} {r.top1_gpu:>9} {r.margin:8.4f}  {'ok' if r.ok else 'FAIL'}")
-        click.echo(f"{'type':<8} {'tensor':<34} {'elements':>12} {'mismatches':>11}  ok")
-        for r in res.dequant:
-            note = f"  {r.note}" if r.note else ""
-            click.echo(f"{r.ggml_type:<8} {r.tensor:<34} {r.n_elements:>12} {r.mismatches:>11}  "
-                       f"{'ok' if r.ok else 'FAIL'}{note}")
-        click.echo(status_line(tag, **summary))
+        echo_lines(render.check_lines(res))
     if not res.ok:
         raise click.exceptions.Exit(1)
 
@@ -344,30 +270,8 @@ def bench(model, cold, do_system1, prompt, candidates, repeat, n_decode, drop_ca
         res = b.warm(model, backend, prompt, repeat or 20, n_decode, cands)
     if as_json:
         click.echo(json.dumps(res, indent=1))
-        return
-    if cold:
-        w = res["wall_s"]
-        line = dict(runs=res["n_ok"], wall_median_s=w["median"], wall_min_s=w["min"],
-                    wall_max_s=w["max"], page_cache=res["page_cache"])
-        if "gpu_j" in res:
-            line.update(gpu_j_median=res["gpu_j"]["median"])
-        if "gpu_j_minus_idle" in res:
-            line.update(gpu_j_minus_idle_median=res["gpu_j_minus_idle"]["median"],
-                        idle_w=res["idle_w"])
-        for r in ([res["warmup"]] if res.get("warmup") else []) + res["runs"]:
-            j = f" gpu_j={r['gpu_j']:.1f}" if "gpu_j" in r else ""
-            tag = "warmup (not counted)" if r is res.get("warmup") else "run"
-            click.echo(f"{tag} rc={r['rc']} wall={r['wall_s']:.3f}s{j}")
-        click.echo(status_line("REFLEX_BENCH_COLD_OK", **line))
     else:
-        for k in ("prefill_ms", "decode_ms_per_token", "system1_ms"):
-            s = res[k]
-            click.echo(f"{k:<22} median {s['median']:9.3f}  p90 {s['p90']:9.3f}  (n={s['n']})")
-        click.echo(status_line(
-            "REFLEX_BENCH_OK", backend=res["backend"], n_prompt_tokens=res["n_prompt_tokens"],
-            prefill_median_ms=res["prefill_ms"]["median"],
-            decode_median_ms=res["decode_ms_per_token"]["median"],
-            system1_median_ms=res["system1_ms"]["median"]))
+        echo_lines(render.bench_lines(res))
 
 
 @cli.command()
@@ -381,22 +285,14 @@ def plugins(as_json):
     infos = host.plugins()
     host.architectures()  # raises on conflicts
     if as_json:
-        click.echo(json.dumps([
-            {"name": p.name, "version": p.version, "module": p.module,
-             "architectures": [{"name": a.name, "model": a.model, "description": a.description}
-                               for a in p.architectures]}
-            for p in infos], indent=2))
-        return
-    if not infos:
-        click.echo("no architecture plugins installed (pip install reflex-infer-qwen3, ...)")
-        return
-    for p in infos:
-        archs = ", ".join(a.name for a in p.architectures) or "(none)"
-        click.echo(f"{p.name} {p.version or '?'}: {archs}")
+        click.echo(json.dumps(render.plugins_json(infos), indent=2))
+    else:
+        echo_lines(render.plugins_lines(infos))
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Console entry point: run the CLI, map errors to one line + exit status, exit fast."""
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Console entry point: run the CLI, map errors to one line + exit status, then end the
+    process the fast way (lifecycle.finish: no teardown waited for)."""
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv or os.environ.get("REFLEX_DEBUG") not in (None, "", "0")
     argv = [a for a in argv if a != "--debug"]  # accepted anywhere on the line
@@ -433,57 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         click.echo(f"error: internal error: {type(e).__name__}: {msg} "
                    "(rerun with --debug for the traceback)", err=True)
         code = 1
-    # Exit without slow teardown (CUDA context destruction, GC of large objects) once output is
-    # flushed: the cold path's last phase.
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except Exception:  # noqa: BLE001
-        pass
-    if not _detach_gpu_teardown():
-        _write_index()
-    os._exit(code)
-
-
-def _write_index() -> None:
-    """Write the cached index of a GGUF this process parsed the slow way (reflex_core.gguf_index),
-    now that the output is out."""
-    idx = sys.modules.get("reflex_core.gguf_index")
-    if idx is not None and idx.pending():
-        idx.write_pending()
-
-
-def _detach_gpu_teardown() -> bool:
-    """Hand the process's GPU teardown to a detached child so the caller sees us exit now.
-
-    With a CUDA context the kernel-side teardown at exit (the driver releasing the context, its
-    device memory and the pinned weight pages) takes ~0.1 s. A forked child inherits the driver's
-    file descriptors and mappings; once this process exits, the child, with stdio pointed at
-    /dev/null (so nobody waits on our pipes), exits too and the teardown happens there, after
-    the caller has moved on. The child runs no Python and no CUDA: it exits immediately.
-    REFLEX_DETACHED_EXIT=0 turns this off. The child also writes a pending GGUF index (the
-    only Python it runs; everything it uses is imported before the fork). True when detached."""
-    from . import background
-
-    init = background._CUDA_INIT
-    if init is None or not init.succeeded() or os.environ.get("REFLEX_DETACHED_EXIT") == "0":
-        return False
-    idx = sys.modules.get("reflex_core.gguf_index")
-    if idx is not None and idx.pending():
-        from . import tokenizer  # noqa: F401 - imported here, not in the forked child
-    try:
-        pid = os.fork()
-    except OSError:
-        return False
-    if pid == 0:
-        try:
-            null = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(null, fd)
-            _write_index()
-        finally:
-            os._exit(0)
-    return True
+    lifecycle.finish(code)
 
 
 if __name__ == "__main__":

@@ -40,17 +40,13 @@ def since_process_start_ms(perf: float | None = None) -> float:
 
 
 class Timings:
-    """Named phases, each recorded as (start, end) perf_counter pairs."""
+    """Named phases, each recorded as (start, end) perf_counter pairs. ``t_main``: when the
+    command got control (this object was made), where the report's first row ends."""
 
     def __init__(self) -> None:
-        self.marks: dict[str, float] = {"main": time.perf_counter()}
+        self.t_main = time.perf_counter()
         self.phases: dict[str, tuple[float, float]] = {}
         self.notes: dict[str, str] = {}  # free-form details printed after the phases
-
-    def mark(self, name: str) -> float:
-        t = time.perf_counter()
-        self.marks[name] = t
-        return t
 
     def phase(self, name: str, start: float, end: float | None = None) -> None:
         self.phases[name] = (start, time.perf_counter() if end is None else end)
@@ -72,7 +68,7 @@ class Timings:
 
     def report(self) -> list[tuple[str, float, float]]:
         """[(phase, start_ms_since_process_start, duration_ms)] in start order."""
-        rows = [("interpreter start to main", 0.0, since_process_start_ms(self.marks["main"]))]
+        rows = [("interpreter start to main", 0.0, since_process_start_ms(self.t_main))]
         for name, (a, b) in sorted(self.phases.items(), key=lambda kv: kv[1][0]):
             rows.append((name, since_process_start_ms(a), (b - a) * 1000.0))
         return rows

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,15 @@ def one_line_error(p: subprocess.CompletedProcess, code: int = 1) -> str:
     assert len(lines) == 1, p.stderr
     assert "Traceback" not in p.stderr
     return lines[0]
+
+
+def wait_for_files(folder: Path, pattern: str, timeout: float = 60.0) -> list[Path]:
+    """The files matching ``pattern`` in ``folder`` once there are some (or [] after
+    ``timeout`` seconds): what a process leaves to a detached helper appears after its exit."""
+    deadline = time.monotonic() + timeout
+    while not (found := list(folder.glob(pattern))) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +230,8 @@ def test_bench_cold_runs_fresh_processes_after_a_warmup(tiny, tmp_path):
     assert 0 < w["min"] <= w["median"] <= w["max"]
     for r in res["runs"]:
         assert any("REFLEX_GENERATE_OK" in line for line in r["tail"])
-    assert list((tmp_path / "xdg" / "reflex" / "index").glob("*.rxi"))  # the warm-up wrote it
+    # the warm-up's exit left the index to a detached helper: it lands a moment later
+    assert wait_for_files(tmp_path / "xdg" / "reflex" / "index", "*.rxi")
     q = reflex("bench", str(tiny), "--cold", "-r", "1", "--backend", "cpu", "--no-warmup",
                env=env, timeout=300)
     assert q.returncode == 0, q.stderr

@@ -1,0 +1,148 @@
+"""The end of a ``reflex`` process: flush the output, hand slow work to someone else, exit now.
+
+Two things are slow after a one-shot command has printed its result, and the caller should
+wait for neither:
+
+- the GPU teardown: with a CUDA context, the kernel-side release of the context, its device
+  memory and the pinned weight pages takes ~0.1 s at exit (the H200 machine: launch -> exit
+  0.478 s with the detached exit, 0.562 s without);
+- the GGUF index (``reflex_core.gguf_index``) of a file this process parsed the slow way, which
+  the next process on that file wants.
+
+So :func:`finish` never runs atexit handlers or the interpreter's finalisation (``os._exit``),
+and:
+
+- with a live CUDA context, it forks a child that holds a copy of the driver's file descriptors.
+  The child only makes system calls: it points its stdio at /dev/null (so nobody waits on our
+  pipes), leaves our session, waits until this process is gone, closes its descriptors (the
+  last reference: the GPU teardown happens there, after the caller has moved on) and execs the
+  index helper, or exits when there is no index to write. None of our Python runs in the child
+  between the fork and the exec (only the interpreter's own after-fork hooks, made for this):
+  the parent may have threads (the upload's, the CUDA start's) holding locks the child would
+  inherit held. ``REFLEX_DETACHED_EXIT=0`` turns the fork off.
+- otherwise (or with the fork off, or if it fails) it starts the index helper as a detached
+  process of its own (new session, stdio on /dev/null, no inherited descriptors) when an index
+  is pending.
+
+The index helper is ``python -m reflex_core.gguf_index PATH...``: a fresh interpreter that
+parses each file and writes its missing or stale index. Without a CUDA context it is spawned
+too, rather than the index built here before exit: measured on a 2-core dev machine with a tiny
+model carrying Qwen3's tokenizer, building it here (the tokenizer tables) held the exit
+~265 ms, the spawn (subprocess import included) ~5-15 ms. The price: the index lands ~0.35 s
+after our exit, so a process started right after ours may still miss it (and spawn its own).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import NoReturn
+
+INDEX_HELPER_MODULE = "reflex_core.gguf_index"
+
+
+def finish(code: int) -> NoReturn:
+    """End the process with exit status ``code`` once stdout and stderr are flushed, leaving the
+    GPU teardown and any pending GGUF index to a detached child (see the module's docstring)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - a closed or broken stream must not change the exit
+        pass
+    helper = index_helper_argv()
+    detached = (_cuda_context_live() and os.environ.get("REFLEX_DETACHED_EXIT") != "0"
+                and _fork_teardown_child(helper))
+    if helper and not detached:
+        _spawn_detached(helper)
+    os._exit(code)
+
+
+def index_helper_argv() -> list[str] | None:
+    """The command that writes the index of every GGUF this process parsed the slow way, or
+    None when there is none to write."""
+    idx = sys.modules.get("reflex_core.gguf_index")  # not imported: no GGUF was opened
+    if idx is None:
+        return None
+    if not hasattr(idx, "pending_paths"):
+        # Until gguf_index gains pending_paths() and its ``-m`` entry point (issue 11, being
+        # merged): write in this process, before the fork, never in the child.
+        if idx.pending():
+            idx.write_pending()
+        return None
+    paths = idx.pending_paths()
+    if not paths:
+        return None
+    # Absolute paths: the helper does not depend on our working directory staying put.
+    return [sys.executable, "-m", INDEX_HELPER_MODULE, *(os.path.abspath(p) for p in paths)]
+
+
+def _cuda_context_live() -> bool:
+    """A CUDA context was created in this process (its teardown is the slow part of exiting).
+
+    Reads the CUDA start of reflex_core.background; this becomes
+    ``cuda.start.current()`` / ``CudaStart.succeeded()`` when that component lands (issue 11).
+    Looked up in sys.modules: a process that never imported it never started CUDA through it,
+    and importing it here would only cost the CPU path time."""
+    background = sys.modules.get("reflex_core.background")
+    init = getattr(background, "_CUDA_INIT", None)
+    return init is not None and init.succeeded()
+
+
+def _fork_teardown_child(helper: list[str] | None) -> bool:
+    """Fork the child that outlives us (module docstring). True in the parent when it runs;
+    False when the fork failed (the caller then does the teardown itself)."""
+    # Everything the child needs is computed here, before the fork.
+    devnull = os.devnull.encode()
+    max_fd = _max_fd()
+    exe, argv = (helper[0], helper) if helper else (None, None)
+    try:
+        gone_r, gone_w = os.pipe()  # EOF on gone_r: every write end closed, i.e. we exited
+    except OSError:
+        return False
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(gone_r)
+        os.close(gone_w)
+        return False
+    if pid != 0:
+        os.close(gone_r)
+        return True
+    # The child: system calls only, then exec or _exit.
+    try:
+        os.close(gone_w)
+        null = os.open(devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        os.setsid()  # no terminal signals for what outlives the command
+        os.read(gone_r, 1)  # blocks until the parent has exited
+        # Close the driver's descriptors ourselves (they need not be close-on-exec): the last
+        # reference goes here, so the teardown happens here, not in the helper's lifetime.
+        os.closerange(3, max_fd)
+        if exe is not None:
+            os.execv(exe, argv)
+    finally:
+        os._exit(0)
+
+
+def _max_fd() -> int:
+    """One past the highest descriptor this process may hold at the fork. Not SC_OPEN_MAX: that
+    can be ~1e9 in a container, and closerange falls back to one close() per number where the
+    kernel lacks close_range."""
+    try:
+        return max(int(fd) for fd in os.listdir("/proc/self/fd")) + 64  # + those opened meanwhile
+    except (OSError, ValueError):
+        return 4096
+
+
+def _spawn_detached(argv: list[str]) -> None:
+    """Start ``argv`` in a session of its own, stdio on /dev/null, no other descriptors, and do
+    not wait for it (best effort: a missing index only costs the next process time)."""
+    import subprocess
+
+    try:
+        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True)
+    except OSError:
+        pass
