@@ -189,7 +189,15 @@ def cold(path: str, runs: int = 5, prompt: str = DEFAULT_PROMPT, system1: bool =
         if drop_cache:
             method = drop_page_cache([path])
 
-    first = measure(cmd, energy, idle) if warmup else None
+    first = None
+    if warmup:
+        first = measure(cmd, energy, idle)
+        # the warm-up's exit spawned the index writer; make sure the index exists before the
+        # timed runs (a no-op when the writer was first)
+        if first["rc"] == 0:
+            from . import gguf_index
+
+            gguf_index.refresh(path)
     res = [measure(cmd, energy, idle, before=before) for _ in range(runs)]
     ok = [r for r in res if r["rc"] == 0]
     out = {"mode": "cold", "command": cmd, "warmup": first, "runs": res, "n_ok": len(ok),

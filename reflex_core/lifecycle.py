@@ -63,12 +63,6 @@ def index_helper_argv() -> list[str] | None:
     idx = sys.modules.get("reflex_core.gguf_index")  # not imported: no GGUF was opened
     if idx is None:
         return None
-    if not hasattr(idx, "pending_paths"):
-        # Until gguf_index gains pending_paths() and its ``-m`` entry point (issue 11, being
-        # merged): write in this process, before the fork, never in the child.
-        if idx.pending():
-            idx.write_pending()
-        return None
     paths = idx.pending_paths()
     if not paths:
         return None
@@ -79,12 +73,10 @@ def index_helper_argv() -> list[str] | None:
 def _cuda_context_live() -> bool:
     """A CUDA context was created in this process (its teardown is the slow part of exiting).
 
-    Reads the CUDA start of reflex_core.background; this becomes
-    ``cuda.start.current()`` / ``CudaStart.succeeded()`` when that component lands (issue 11).
-    Looked up in sys.modules: a process that never imported it never started CUDA through it,
+    Looked up in sys.modules: a process that never imported the CUDA start never started CUDA,
     and importing it here would only cost the CPU path time."""
-    background = sys.modules.get("reflex_core.background")
-    init = getattr(background, "_CUDA_INIT", None)
+    start = sys.modules.get("reflex_core.cuda.start")
+    init = start.current() if start is not None else None
     return init is not None and init.succeeded()
 
 

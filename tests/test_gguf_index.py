@@ -11,6 +11,7 @@ import random
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -220,8 +221,13 @@ def test_cli_writes_the_index_then_uses_it(tmp_path, qwen_file):
     env.pop("REFLEX_NO_INDEX", None)
     cmd = [sys.executable, "-m", "reflex_core", "generate", str(qwen_file),
            "The capital of France is", "-n", "3", "--backend", "cpu", "--timings"]
-    runs = [subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-            for _ in range(2)]
+    runs = [subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)]
+    # the index is written after exit, by a detached helper: wait for it (bounded)
+    index = Path(env["XDG_CACHE_HOME"]) / "reflex" / "index"
+    deadline = time.monotonic() + 60
+    while not (index.is_dir() and any(index.glob("*.rxi"))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    runs.append(subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300))
     for r in runs:
         assert r.returncode == 0, r.stderr
     assert "gguf index: miss" in runs[0].stderr, runs[0].stderr

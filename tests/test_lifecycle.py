@@ -194,23 +194,14 @@ def test_index_helper_argv(monkeypatch, tmp_path):
     assert lifecycle.index_helper_argv() is None  # never imported: no GGUF was opened
 
 
-def test_index_helper_argv_without_pending_paths_writes_in_process(monkeypatch):
-    # the stop-gap while gguf_index has no pending_paths()/-m entry point: written before exit
-    written = []
-    idx = types.SimpleNamespace(pending=lambda: not written,
-                                write_pending=lambda: written.append(True))
-    monkeypatch.setitem(sys.modules, "reflex_core.gguf_index", idx)
-    assert lifecycle.index_helper_argv() is None and written == [True]
-    assert lifecycle.index_helper_argv() is None and written == [True]
-
-
 def test_cuda_context_live_reads_the_cuda_start(monkeypatch):
-    bg = types.SimpleNamespace(_CUDA_INIT=None)
-    monkeypatch.setitem(sys.modules, "reflex_core.background", bg)
+    now = [None]
+    start = types.SimpleNamespace(current=lambda: now[0])
+    monkeypatch.setitem(sys.modules, "reflex_core.cuda.start", start)
     assert not lifecycle._cuda_context_live()
-    bg._CUDA_INIT = types.SimpleNamespace(succeeded=lambda: False)  # starting, or failed
+    now[0] = types.SimpleNamespace(succeeded=lambda: False)  # starting, or failed
     assert not lifecycle._cuda_context_live()
-    bg._CUDA_INIT = types.SimpleNamespace(succeeded=lambda: True)
+    now[0] = types.SimpleNamespace(succeeded=lambda: True)
     assert lifecycle._cuda_context_live()
-    monkeypatch.delitem(sys.modules, "reflex_core.background")
+    monkeypatch.delitem(sys.modules, "reflex_core.cuda.start")
     assert not lifecycle._cuda_context_live()
