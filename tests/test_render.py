@@ -339,11 +339,11 @@ def run_cli(monkeypatch, argv: list[str]) -> str:
     monkeypatch.setattr(system1, "tokenize_candidates", lambda tok, c: [[1]] * len(c))
     monkeypatch.setattr(system1, "evaluate", lambda *a: system1_result())
     monkeypatch.setattr(timing, "since_process_start_ms", lambda perf=None: MS)
-    fake_driver = types.SimpleNamespace(start_init_async=lambda: None, smoke=smoke_result)
+    fake_smoke = types.SimpleNamespace(smoke=smoke_result)
     import reflex_core.cuda as cuda_pkg
 
-    monkeypatch.setitem(__import__("sys").modules, "reflex_core.cuda.driver", fake_driver)
-    monkeypatch.setattr(cuda_pkg, "driver", fake_driver, raising=False)
+    monkeypatch.setitem(__import__("sys").modules, "reflex_core.cuda.smoke", fake_smoke)
+    monkeypatch.setattr(cuda_pkg, "smoke", fake_smoke, raising=False)
     monkeypatch.setattr(check, "run_check",
                         lambda model, prompt, steps, rd: check_result(ok=(prompt != "fail")))
     monkeypatch.setattr(bench, "warm", lambda *a, **k: bench_warm())
