@@ -213,6 +213,9 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
 
         t.phases.setdefault("CUDA modules (thread)", cuda_init.modules_span())
         t.notes["CUDA init"] = ", ".join(f"{k} {v:.1f}" for k, v in INIT_STEPS.items())
+        if cuda_init.loaded_on:
+            t.notes["plugin kernels"] = ", ".join(f"{p} (loaded on the {w})"
+                                                  for p, w in cuda_init.loaded_on.items())
     info = getattr(ops, "upload_info", None)
     if info:
         t.notes["upload"] = ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"

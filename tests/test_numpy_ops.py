@@ -19,6 +19,7 @@ from reflex_core.backends import numpy_backend as nb
 from reflex_core.backends.numpy_backend import NumpyOps
 from reflex_core.errors import ModelError, ReflexError, UnsupportedTensorType
 from reflex_core.ops import AttnMask, Batch, RopeParams
+from reflex_core.testing.op_harness import KVBuffers
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 10, 11, 12, 13, 14, 30
@@ -284,16 +285,8 @@ def naive_attention(q, K, V, mask: AttnMask, scale, tiled=False):
     return out.reshape(T, -1)
 
 
-class KV:
-    """K and V buffers of n_layers attention layers (what a State holds for them)."""
-
-    def __init__(self, ops, n_layers, n_cells, Hkv, dk, dv):
-        self.k = [ops.zeros((n_cells, Hkv, dk)) for _ in range(n_layers)]
-        self.v = [ops.zeros((n_cells, Hkv, dv)) for _ in range(n_layers)]
-
-
 def _fill_cache(ops, rng, n_cells, Hkv, dk, dv, n_prev):
-    cache = KV(ops, 2, n_cells, Hkv, dk, dv)
+    cache = KVBuffers(ops, 2, n_cells, Hkv, dk, dv)
     if n_prev:
         prev = Batch.causal(list(range(n_prev)), 0)
         for layer in range(2):
@@ -347,7 +340,7 @@ def test_attention_tree_mask(rng):
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
     # candidate 2's first token equals a fresh causal decode over prompt + that token alone
     solo = Batch((0,), (4,), 4, AttnMask((4,), (4,), (5,)))
-    c2 = KV(ops, 1, 16, Hkv, d, d)
+    c2 = KVBuffers(ops, 1, 16, Hkv, d, d)
     c2.k[0][:4], c2.v[0][:4] = cache.k[0][:4], cache.v[0][:4]
     c2.k[0][4], c2.v[0][4] = cache.k[0][7], cache.v[0][7]
     np.testing.assert_allclose(ops.attention(q[3:4], c2.k[0], c2.v[0], ops.prepare(solo), 0.3), y[3:4],
@@ -356,7 +349,7 @@ def test_attention_tree_mask(rng):
 
 def test_kv_write_overflow():
     ops = NumpyOps()
-    cache = KV(ops, 1, 4, 1, 2, 2)
+    cache = KVBuffers(ops, 1, 4, 1, 2, 2)
     pb = ops.prepare(Batch.causal([1, 2], 3))
     with pytest.raises(ReflexError, match="KV cache"):
         ops.kv_write(cache.k[0], cache.v[0], np.zeros((2, 1, 2), np.float32),
@@ -757,7 +750,7 @@ def test_qk_norm_rope_store_vs_naive(rng, fake_gguf, norms, mode, ext, T, H, Hkv
     batch = Batch(tuple(range(T)), tuple(int(x) for x in rng.integers(0, 500, T)), cell0,
                   AttnMask.causal(cell0, T))
     pb = ops.prepare(batch)
-    cache = KV(ops, 2, cell0 + T + 1, Hkv, d, dv)
+    cache = KVBuffers(ops, 2, cell0 + T + 1, Hkv, d, dv)
     eps = 1e-6
     got = ops.qk_norm_rope_store(q, k, v, qn, kn, eps, pb, p, cache.k[1], cache.v[1])
 

@@ -75,6 +75,8 @@ class CudaStart:
             for k in self._env_ours:
                 os.environ[k] = DRIVER_ENV[k]
         self._ready = threading.Event()
+        # plugin package -> which thread loaded its kernels ("init thread" or "caller")
+        self.loaded_on: dict[str, str] = {}
         self._thread = threading.Thread(target=self._run, name="reflex-cuda-init", daemon=True)
         self._thread.start()
 
@@ -98,6 +100,7 @@ class CudaStart:
                         break
                     package = self._pending.pop(0)
                 _load_package(package)
+                self.loaded_on[package] = "init thread"
         except BaseException as e:  # noqa: BLE001 - handed to wait()
             self.error = e
         finally:
@@ -141,6 +144,7 @@ class CudaStart:
                 package = self._late.pop(0)
             try:
                 _load_package(package)
+                self.loaded_on[package] = "caller"
             except BaseException as e:  # noqa: BLE001 - sticky, as a failure on the thread
                 self.error = e
                 raise

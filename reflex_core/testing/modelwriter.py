@@ -593,7 +593,8 @@ def _add_tokenizer(w: gguf.GGUFWriter, shape: ModelShape, tokenizer: str, n_voca
 
 def write_model(path, shape: ModelShape | None = None, *, weight_type: str = "F32",
                 tokenizer: str = "none", seed: int = 0,
-                type_overrides: dict[str, str] | None = None, zero_data: bool = False) -> Path:
+                type_overrides: dict[str, str] | None = None, zero_data: bool = False,
+                arch_name: str | None = None) -> Path:
     """Write a random ``shape`` model to ``path`` and return the path.
 
     weight_type: type of the matrices (2-D and expert 3-D tensors, token_embd, output), one of
@@ -601,6 +602,8 @@ def write_model(path, shape: ModelShape | None = None, *, weight_type: str = "F3
     tokenizer: "none" (``tokenizer.ggml.model = none`` + ``{arch}.vocab_size``; callers feed ids)
     or "qwen3" (the real Qwen3 tokenizer). zero_data: matrices all zero, norms all one (fast;
     a forward pass then gives all-zero logits - use it only where the values do not matter).
+    arch_name: the file's general.architecture (and metadata prefix) when it differs from the
+    layout's ``shape.arch`` (a plugin's test architecture with the qwen3 layout).
     The file is written to ``path + ".tmp"`` and renamed when complete.
     """
     shape = ModelShape() if shape is None else shape
@@ -611,9 +614,9 @@ def write_model(path, shape: ModelShape | None = None, *, weight_type: str = "F3
     n_vocab = _resolve_vocab(shape, tokenizer)
 
     tmp = path.with_name(path.name + ".tmp")
-    w = _Writer(tmp, shape.arch)
+    w = _Writer(tmp, arch_name or shape.arch)
     try:
-        w.add_name(f"reflex-random-{shape.arch}")
+        w.add_name(f"reflex-random-{arch_name or shape.arch}")
         _add_hparams(w, shape, n_vocab)
         ftype = _FILE_TYPES[weight_type]
         if type_overrides and weight_type in _FILE_TYPES_MIXED:

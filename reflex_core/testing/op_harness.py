@@ -111,3 +111,14 @@ def assert_close(got: Any, want: Any, case: OpCase, what: str) -> None:
     else:
         np.testing.assert_allclose(g, w, rtol=case.rtol, atol=case.atol,
                                    err_msg=f"{case.label} {what}")
+
+
+class KVBuffers:
+    """K and V state buffers of ``n_layers`` attention layers on ``ops`` (zeroed), as a State
+    holds them: ``k[layer]`` ``[n_cells, H_kv, d_k]``, ``v[layer]`` ``[n_cells, H_kv, d_v]``
+    (op tests that need a cache without a model)."""
+
+    def __init__(self, ops: Any, n_layers: int, n_cells: int, n_kv_heads: int, head_dim_k: int,
+                 head_dim_v: int):
+        self.k = [ops.zeros((n_cells, n_kv_heads, head_dim_k)) for _ in range(n_layers)]
+        self.v = [ops.zeros((n_cells, n_kv_heads, head_dim_v)) for _ in range(n_layers)]

@@ -172,3 +172,43 @@ def attach_both(cuda_ops, ref_ops, tmp_path):
     cuda_ops.release()
     for g in opened:
         g.close()
+
+
+TESTOP = __import__("pathlib").Path(__file__).resolve().parent.parent / "plugins" / "testop"
+
+
+@pytest.fixture(scope="session")
+def testop_plugin(cuda_device, tmp_path_factory):
+    """The test plugin of tests/plugins/testop (an op with a CUDA kernel of its own): its kernels
+    compiled for this GPU into a temporary folder (REFLEX_KERNEL_DIR_REFLEX_TESTOP), the package
+    importable, the plugin registered and its op in the registry. Yields the kernels folder."""
+    import os
+    import sys
+
+    from reflex_core import _build, opreg
+    from reflex_core.registry import get_host
+
+    out = tmp_path_factory.mktemp("testop-kernels")
+    env = {"REFLEX_CUDA_ARCH": f"sm_{cuda_device.sm}"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        _build.build_kernels(TESTOP / "cuda", out, [_build.core_include_dir(), TESTOP / "cuda"])
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    os.environ["REFLEX_KERNEL_DIR_REFLEX_TESTOP"] = str(out)
+    sys.path.insert(0, str(TESTOP))
+    from reflex_testop import plugin
+
+    host = get_host()
+    host.register(plugin, name="reflex-infer-testop")
+    host.register_ops()
+    yield out
+    host.unregister("reflex-infer-testop")
+    opreg.unregister("testop_sigmoid_mul")
+    sys.path.remove(str(TESTOP))
+    os.environ.pop("REFLEX_KERNEL_DIR_REFLEX_TESTOP", None)

@@ -9,6 +9,7 @@ rest are small and odd. Failures print where the first mismatch is.
 from __future__ import annotations
 
 import math
+import random
 import struct
 
 import numpy as np
@@ -17,6 +18,7 @@ import pytest
 from reflex_core import sampling
 from reflex_core.errors import ReflexError
 from reflex_core.ops import AttnMask, Batch, Ops, RopeParams
+from reflex_core.testing.op_harness import KVBuffers
 
 pytestmark = pytest.mark.gpu
 
@@ -203,13 +205,14 @@ def test_qk_norm_rope_store(attach_both, T, cell0, H, Hkv, d, dv, rope, norms, r
     pc, pr = both(cuda_ops, ref_ops, batch)
     caches = []
     for _ in range(2):  # fused, unfused (CUDA)
-        cc = cuda_ops.new_kv_cache(2, n_cells, Hkv, d, dv)
+        cc = KVBuffers(cuda_ops, 2, n_cells, Hkv, d, dv)
         caches.append(cc)
-    cr = ref_ops.new_kv_cache(2, n_cells, Hkv, d, dv)
+    cr = KVBuffers(ref_ops, 2, n_cells, Hkv, d, dv)
     dq, dk_, dv_ = cuda_ops.from_numpy(q), cuda_ops.from_numpy(k), cuda_ops.from_numpy(v)
     eps = 1e-6
-    got = cuda_ops.qk_norm_rope_store(dq, dk_, dv_, qn[0], kn[0], eps, pc, p, caches[0], 1)
-    want = ref_ops.qk_norm_rope_store(q, k, v, qn[1], kn[1], eps, pr, p, cr, 1)
+    got = cuda_ops.qk_norm_rope_store(dq, dk_, dv_, qn[0], kn[0], eps, pc, p, caches[0].k[1],
+                                      caches[0].v[1])
+    want = ref_ops.qk_norm_rope_store(q, k, v, qn[1], kn[1], eps, pr, p, cr.k[1], cr.v[1])
     assert cuda_ops.shape(got) == (T, H, d)
     close(cuda_ops.to_numpy(got), want, 2e-5, 2e-5, "q")
     kc = cuda_ops.to_numpy(caches[0].k[1])
@@ -219,38 +222,40 @@ def test_qk_norm_rope_store(attach_both, T, cell0, H, Hkv, d, dv, rope, norms, r
     assert not cuda_ops.to_numpy(caches[0].k[0]).any(), "another layer written"
     # the unfused CUDA ops: the same arithmetic (bit-identical on the emulator; the tolerance
     # only allows nvcc contracting a*c - b*s differently in the two kernels)
-    u = Ops.qk_norm_rope_store(cuda_ops, dq, dk_, dv_, qn[0], kn[0], eps, pc, p, caches[1], 1)
+    u = Ops.qk_norm_rope_store(cuda_ops, dq, dk_, dv_, qn[0], kn[0], eps, pc, p, caches[1].k[1],
+                               caches[1].v[1])
     close(cuda_ops.to_numpy(got), cuda_ops.to_numpy(u), 1e-6, 1e-6, "q vs unfused")
     close(kc, cuda_ops.to_numpy(caches[1].k[1]), 1e-6, 1e-6, "k cache vs unfused")
     close(cuda_ops.to_numpy(caches[1].v[1]), cr.v[1], 0, 0, "v cache (unfused)")
 
 
 def test_qk_norm_rope_store_errors(cuda_ops):
-    c = cuda_ops.new_kv_cache(1, 4, 2, 64, 64)
+    c = KVBuffers(cuda_ops, 1, 4, 2, 64, 64)
     pb = cuda_ops.prepare(Batch.causal([1, 2, 3], 2))
     q = cuda_ops.from_numpy(np.zeros((3, 4, 64), np.float32))
     k = cuda_ops.from_numpy(np.zeros((3, 2, 64), np.float32))
     p = ROPES["neox-partial"]
     with pytest.raises(ReflexError, match="KV cache full"):
-        cuda_ops.qk_norm_rope_store(q, k, k, None, None, 1e-6, pb, p, c, 0)
+        cuda_ops.qk_norm_rope_store(q, k, k, None, None, 1e-6, pb, p, c.k[0], c.v[0])
     pb = cuda_ops.prepare(Batch.causal([1, 2, 3], 0))
     with pytest.raises(ValueError, match="do not match"):
-        cuda_ops.qk_norm_rope_store(q, q, k, None, None, 1e-6, pb, p, c, 0)
+        cuda_ops.qk_norm_rope_store(q, q, k, None, None, 1e-6, pb, p, c.k[0], c.v[0])
     with pytest.raises(ValueError, match="n_rot"):
-        cuda_ops.qk_norm_rope_store(q, k, k, None, None, 1e-6, pb, RopeParams(n_rot=66), c, 0)
+        cuda_ops.qk_norm_rope_store(q, k, k, None, None, 1e-6, pb, RopeParams(n_rot=66), c.k[0],
+                                    c.v[0])
 
 
 # --- kv_write + attention --------------------------------------------------------------------
 def _cache_pair(cuda_ops, ref_ops, n_cells, Hkv, dk, dv, rng, n_filled):
-    cc = cuda_ops.new_kv_cache(1, n_cells, Hkv, dk, dv)
-    cr = ref_ops.new_kv_cache(1, n_cells, Hkv, dk, dv)
+    cc = KVBuffers(cuda_ops, 1, n_cells, Hkv, dk, dv)
+    cr = KVBuffers(ref_ops, 1, n_cells, Hkv, dk, dv)
     if n_filled:
         k = rng.standard_normal((n_filled, Hkv, dk)).astype(np.float32)
         v = rng.standard_normal((n_filled, Hkv, dv)).astype(np.float32)
         b = Batch.causal(list(range(n_filled)), 0)
         pc, pr = both(cuda_ops, ref_ops, b)
-        cuda_ops.kv_write(cc, 0, cuda_ops.from_numpy(k), cuda_ops.from_numpy(v), pc)
-        ref_ops.kv_write(cr, 0, k, v, pr)
+        cuda_ops.kv_write(cc.k[0], cc.v[0], cuda_ops.from_numpy(k), cuda_ops.from_numpy(v), pc)
+        ref_ops.kv_write(cr.k[0], cr.v[0], k, v, pr)
     return cc, cr
 
 
@@ -262,8 +267,8 @@ def test_kv_write(cuda_ops, ref_ops, rng):
         b = Batch(tuple(range(T)), tuple(range(cell0, cell0 + T)), cell0,
                   AttnMask.causal(cell0, T))
         pc, pr = both(cuda_ops, ref_ops, b)
-        cuda_ops.kv_write(cc, 0, cuda_ops.from_numpy(k), cuda_ops.from_numpy(v), pc)
-        ref_ops.kv_write(cr, 0, k, v, pr)
+        cuda_ops.kv_write(cc.k[0], cc.v[0], cuda_ops.from_numpy(k), cuda_ops.from_numpy(v), pc)
+        ref_ops.kv_write(cr.k[0], cr.v[0], k, v, pr)
     close(cuda_ops.to_numpy(cc.k[0]), cr.k[0], 0, 0, "k cache")
     close(cuda_ops.to_numpy(cc.v[0]), cr.v[0], 0, 0, "v cache")
 
@@ -291,8 +296,9 @@ def test_attention_causal(cuda_ops, ref_ops, T, cell0, H, Hkv, dk, dv, rng):
     b = Batch.causal(list(range(T)), cell0)
     pc, pr = both(cuda_ops, ref_ops, b)
     scale = 1.0 / math.sqrt(dk)
-    got = cuda_ops.to_numpy(cuda_ops.attention(cuda_ops.from_numpy(q), cc, 0, pc, scale))
-    close(got, ref_ops.attention(q, cr, 0, pr, scale), 1e-4, 2e-5, "attention")
+    got = cuda_ops.to_numpy(cuda_ops.attention(cuda_ops.from_numpy(q), cc.k[0], cc.v[0], pc,
+                                               scale))
+    close(got, ref_ops.attention(q, cr.k[0], cr.v[0], pr, scale), 1e-4, 2e-5, "attention")
 
 
 @pytest.mark.parametrize("H,Hkv,d", [(8, 8, 64), (8, 4, 128), (16, 2, 256)])
@@ -315,8 +321,9 @@ def test_attention_tree_mask(cuda_ops, ref_ops, H, Hkv, d, rng):
     cc, cr = _cache_pair(cuda_ops, ref_ops, T + 1, Hkv, d, d, rng, T)
     q = rng.standard_normal((T, H, d)).astype(np.float32)
     pc, pr = both(cuda_ops, ref_ops, b)
-    got = cuda_ops.to_numpy(cuda_ops.attention(cuda_ops.from_numpy(q), cc, 0, pc, 0.125))
-    close(got, ref_ops.attention(q, cr, 0, pr, 0.125), 1e-4, 2e-5, "tree attention")
+    got = cuda_ops.to_numpy(cuda_ops.attention(cuda_ops.from_numpy(q), cc.k[0], cc.v[0], pc,
+                                               0.125))
+    close(got, ref_ops.attention(q, cr.k[0], cr.v[0], pr, 0.125), 1e-4, 2e-5, "tree attention")
 
 
 def test_attention_large_scores(cuda_ops, ref_ops, rng):
@@ -325,9 +332,10 @@ def test_attention_large_scores(cuda_ops, ref_ops, rng):
     q = (rng.standard_normal((2, 4, 64)) * 20).astype(np.float32)
     b = Batch.causal([0, 1], 31)
     pc, pr = both(cuda_ops, ref_ops, b)
-    got = cuda_ops.to_numpy(cuda_ops.attention(cuda_ops.from_numpy(q), cc, 0, pc, 1.0))
+    got = cuda_ops.to_numpy(cuda_ops.attention(cuda_ops.from_numpy(q), cc.k[0], cc.v[0], pc,
+                                               1.0))
     assert np.isfinite(got).all()
-    close(got, ref_ops.attention(q, cr, 0, pr, 1.0), 1e-4, 1e-4, "peaked attention")
+    close(got, ref_ops.attention(q, cr.k[0], cr.v[0], pr, 1.0), 1e-4, 1e-4, "peaked attention")
 
 
 # --- take_rows -------------------------------------------------------------------------------
@@ -390,7 +398,7 @@ def _logits(rng, kind, V):
                                                                "big-V"])
 @pytest.mark.parametrize("kind", ["normal", "ties", "peaked", "neginf"])
 def test_sample_matches_reference(cuda_ops, V, kind, rng):
-    u_rng = sampling.Uniform(seed=V * 7 + len(kind))
+    u_rng = random.Random(V * 7 + len(kind))
     draws = 12 if V == V_BIG else 40
     mismatches = []
     for i in range(draws):
@@ -398,7 +406,7 @@ def test_sample_matches_reference(cuda_ops, V, kind, rng):
         if kind == "neginf" and not np.isfinite(x).any():
             x[0] = 0.0
         T, k, p = SAMPLE_PARAMS[i % len(SAMPLE_PARAMS)]
-        u = u_rng.next()
+        u = u_rng.random()
         want = sampling.sample_reference(x, T, k, p, u)
         got = cuda_ops.sample(cuda_ops.from_numpy(x[None, :]), T, k, p, u)
         if got != want:

@@ -196,11 +196,11 @@ def test_prepare_and_views(cuda_ops):
 
 
 def test_kv_cache_full(cuda_ops):
-    c = cuda_ops.new_kv_cache(1, 4, 1, 32, 32)
+    kc = cuda_ops.zeros((4, 1, 32))
     pb = cuda_ops.prepare(Batch.causal([1, 2, 3], 2))
     k = cuda_ops.from_numpy(np.zeros((3, 1, 32), np.float32))
     with pytest.raises(ReflexError, match="KV cache full"):
-        cuda_ops.kv_write(c, 0, k, k, pb)
+        cuda_ops.kv_write(kc, kc, k, k, pb)
 
 
 def test_allocator_reuses_memory(cuda_ops):
@@ -235,8 +235,9 @@ def test_qwen3_forward_matches_numpy(model_files, cuda_ops, ref_ops, wt):
     gr, mr = _model(path, ref_ops)
     rng = np.random.default_rng(7)
     prompt = [int(t) for t in rng.integers(0, mc.n_vocab, 11)]
-    cc, cr = mc.new_cache(64), mr.new_cache(64)
-    b = Batch.causal(prompt, 0)
+    cc, cr = mc.new_state(64, 3), mr.new_state(64, 3)
+    b = cr.append(prompt)
+    assert cc.append(prompt) == b
     lc = cuda_ops.to_numpy(mc.forward(b, cc, list(range(len(prompt)))))
     lr = mr.forward(b, cr, list(range(len(prompt))))
     s = np.abs(lr).max()
@@ -244,21 +245,24 @@ def test_qwen3_forward_matches_numpy(model_files, cuda_ops, ref_ops, wt):
     pos = len(prompt)
     for step in range(4):  # greedy decode, one token at a time
         tok = ref_ops.argmax(lr[-1:])[0]
-        b = Batch.causal([tok], pos)
+        b = cr.append([tok])
+        cc.append([tok])
         lc = mc.forward(b, cc, [0])
         lr = mr.forward(b, cr, [0])
         assert cuda_ops.argmax(lc) == ref_ops.argmax(lr) or np.isclose(
             np.sort(lr[-1])[-1], np.sort(lr[-1])[-2], rtol=1e-4), f"decode step {step}"
         close(cuda_ops.to_numpy(lc) / s, lr / s, 0, 2e-4, f"{wt} decode {step}")
         pos += 1
-    # a system1-style tree batch after the prompt: two candidates of 2 and 3 tokens
+    # system1-style candidates after the prompt, forked sequences of 2 and 3 tokens
     base = pos
     toks = [int(t) for t in rng.integers(0, mc.n_vocab, 5)]
-    pe = (base,) * 5
-    os_ = (base, base, base + 2, base + 2, base + 2)
-    oe = (base + 1, base + 2, base + 3, base + 4, base + 5)
-    positions = (base, base + 1, base, base + 1, base + 2)
-    b = Batch(tuple(toks), positions, base, AttnMask(pe, os_, oe))
+    for st in (cc, cr):
+        st.fork(0, 1)
+        st.fork(0, 2)
+    b = cr.append_branches({1: toks[:2], 2: toks[2:]})
+    assert cc.append_branches({1: toks[:2], 2: toks[2:]}) == b
+    assert b.positions == (base, base + 1, base, base + 1, base + 2)
+    assert b.mask.visible(2) == list(range(base)) + [base + 2]
     lc = cuda_ops.to_numpy(mc.forward(b, cc, list(range(5))))
     lr = mr.forward(b, cr, list(range(5)))
     close(lc / s, lr / s, 0, 2e-4, f"{wt} tree batch")
@@ -280,9 +284,10 @@ def test_launches_per_forward(model_files, cuda_ops, arch):
                                    if arch == "qwen3moe" else {}))
     _, m = _model(model_files(shape, "Q8_0", seed=5), cuda_ops)
     per_layer = 8 if arch == "qwen3" else 11
-    cache = m.new_cache(32)
-    for tokens, start, rows, extra in (([3], 0, [0], 0), ([1, 2, 3, 4, 5], 1, [4], 0),
-                                       (list(range(12)), 6, [0, 11], 1)):
+    st = m.new_state(32)
+    for tokens, rows, extra in (([3], [0], 0), ([1, 2, 3, 4, 5], [4], 0),
+                                (list(range(12)), [0, 11], 1)):
+        b = st.append(tokens)
         n0 = modules.launch_count()
-        m.forward(Batch.causal(tokens, start), cache, rows)
+        m.forward(b, st, rows)
         assert modules.launch_count() - n0 == 3 + per_layer * 3 + extra, (tokens, rows)

@@ -15,7 +15,6 @@ import pytest
 from reflex_core import engine, system1
 from reflex_core.backends import get_backend
 from reflex_core.gguf import open_gguf
-from reflex_core.ops import Batch
 from reflex_core.registry import get_host
 from reflex_core.testing.modelwriter import ModelShape, tiny_kquant_shape, write_model
 
@@ -59,21 +58,21 @@ def test_prefill_and_decode_match_reference(cuda_device, model_files, arch, wtyp
     rng = np.random.default_rng(n_prompt)
     ids = rng.integers(0, rm.n_vocab, n_prompt).tolist()
     n_dec = 4
-    gc, rc = gm.new_cache(n_prompt + n_dec), rm.new_cache(n_prompt + n_dec)
-    b = Batch.causal(ids, 0)
+    gs, rs = gm.new_state(n_prompt + n_dec), rm.new_state(n_prompt + n_dec)
+    b = rs.append(ids)
+    gs.append(ids)
     rows = list(range(n_prompt))
-    ref = rm.ops.to_numpy(rm.forward(b, rc, rows))
-    got = gm.ops.to_numpy(gm.forward(b, gc, rows))
+    ref = rm.ops.to_numpy(rm.forward(b, rs, rows))
+    got = gm.ops.to_numpy(gm.forward(b, gs, rows))
     assert np.all(np.isfinite(got))
     assert rel(got, ref) < REL, f"prefill {arch} {wtype} T={n_prompt}"
-    rc.n_used = gc.n_used = b.n_kv
     nxt = int(ref[-1].argmax())
     for _ in range(n_dec):
-        b = Batch.causal([nxt], rc.n_used)
-        ref = rm.ops.to_numpy(rm.forward(b, rc, [0]))
-        got = gm.ops.to_numpy(gm.forward(b, gc, [0]))
+        b = rs.append([nxt])
+        gs.append([nxt])
+        ref = rm.ops.to_numpy(rm.forward(b, rs, [0]))
+        got = gm.ops.to_numpy(gm.forward(b, gs, [0]))
         assert rel(got, ref) < REL, f"decode {arch} {wtype} at {b.cell0}"
-        rc.n_used = gc.n_used = b.n_kv
         nxt = int(ref[-1].argmax())
     g.close()
 
@@ -108,8 +107,8 @@ def test_system1_tree_batch_equals_separate_passes_on_gpu(cuda_device, model_fil
     tree = system1.score(lm.model, lm.ops, ids, cands)
     for c, s in zip(cands, tree):
         full = ids + c
-        cache = lm.model.new_cache(len(full))
-        logits = lm.model.forward(Batch.causal(full, 0), cache, list(range(len(full))))
+        st = lm.model.new_state(len(full))
+        logits = lm.model.forward(st.append(full), st, list(range(len(full))))
         lp = lm.ops.token_logprobs(lm.ops.take_rows(logits, list(range(len(ids) - 1, len(full) - 1))), c)
         assert abs(sum(lp) - s) < 1e-4 * max(1.0, abs(s))
 

@@ -39,7 +39,6 @@ def test_attach_without_waiting_then_forward(cuda_device, model_files):
 
     from reflex_core.backends import get_backend
     from reflex_core.gguf import open_gguf
-    from reflex_core.ops import Batch
     from reflex_core.registry import get_host
     from reflex_core.testing.modelwriter import ModelShape
 
@@ -52,7 +51,7 @@ def test_attach_without_waiting_then_forward(cuda_device, model_files):
         ops.attach(g, wait=wait)
         m = cls.load(g, ops)
         ops.wait_attached()
-        b = Batch.causal([1, 2, 3, 4, 5], 0)
-        out.append(ops.to_numpy(m.forward(b, m.new_cache(5), [4])))
+        st = m.new_state(5)
+        out.append(ops.to_numpy(m.forward(st.append([1, 2, 3, 4, 5]), st, [4])))
         ops.release()
     assert np.array_equal(out[0], out[1])
