@@ -31,111 +31,10 @@ from ..cuda import driver, memory, modules, upload
 from ..cuda.modules import limit
 from ..errors import ReflexError
 from ..ops import Batch, Ops, RopeParams, Weight
+from .device_array import Block, DeviceArray, Prepared, empty, empty_f32, prod
 
 _F32 = 0
-_ITEMSIZE = {"f32": 4, "i32": 4, "f64": 8}
 _GATING = {"softmax": 1, "sigmoid": 2, "softmax_weight": 3, "sqrt_softplus": 4}
-
-
-def _prod(shape: Sequence[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
-class _Block:
-    """Device memory from the caching allocator; returned to it when collected."""
-
-    __slots__ = ("ptr", "nbytes")
-
-    def __init__(self, nbytes: int):
-        self.nbytes = nbytes
-        self.ptr = _alloc(nbytes)
-
-    def __del__(self) -> None:
-        try:
-            _free(self.ptr)
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
-
-
-_alloc, _free = memory.alloc, memory.free
-
-
-class DeviceArray:
-    """A row-major device tensor: ``ptr`` (int), NumPy-order ``shape``, ``owner`` (what keeps the
-    memory alive: a pool block, another array's owner for views, or None for borrowed memory),
-    ``size`` (element count)."""
-
-    __slots__ = ("ptr", "shape", "owner", "dtype", "size")
-
-    def __init__(self, ptr: int, shape: tuple[int, ...], owner: Any, dtype: str = "f32",
-                 size: int | None = None):
-        self.ptr = ptr
-        self.shape = shape
-        self.owner = owner
-        self.dtype = dtype
-        self.size = _prod(shape) if size is None else size
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * _ITEMSIZE[self.dtype]
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def __repr__(self) -> str:
-        return f"DeviceArray({self.ptr:#x}, shape={self.shape}, {self.dtype})"
-
-
-def empty(shape: Sequence[int], dtype: str = "f32") -> DeviceArray:
-    shape = tuple(int(s) for s in shape)
-    n = _prod(shape)
-    blk = _Block(max(1, n) * _ITEMSIZE[dtype])
-    return DeviceArray(blk.ptr, shape, blk, dtype, n)
-
-
-def _empty_f32(shape: tuple[int, ...], n: int) -> DeviceArray:
-    """``empty`` for the hot path: ``shape`` a tuple of ints, ``n`` its product, float32."""
-    blk = _Block(4 * n if n else 4)
-    return DeviceArray(blk.ptr, shape, blk, "f32", n)
-
-
-def _empty_f32_many(shapes: Sequence[tuple[int, ...]], sizes: Sequence[int]) -> list[DeviceArray]:
-    """Several float32 arrays carved from ONE pool block (each at a 256-byte aligned offset):
-    one allocation instead of several; the block lives as long as any of them."""
-    offs = []
-    total = 0
-    for n in sizes:
-        offs.append(total)
-        total += (4 * n + 255) & ~255
-    blk = _Block(total or 4)
-    base = blk.ptr
-    return [DeviceArray(base + o, sh, blk, "f32", n) for o, sh, n in zip(offs, shapes, sizes)]
-
-
-class Prepared:
-    """A batch on the device (``ops.prepare``): token ids, positions, the three mask arrays and
-    the sequence ids in one int32 buffer ``[6, T]``."""
-
-    __slots__ = ("batch", "n_tokens", "cell0", "n_kv", "buf", "tokens", "positions",
-                 "prefix_end", "own_start", "own_end", "seq_ids", "tok_min", "tok_max")
-
-    def __init__(self, batch: Batch, buf: DeviceArray):
-        T = batch.n_tokens
-        self.batch = batch
-        self.n_tokens = T
-        self.cell0 = batch.cell0
-        self.n_kv = batch.n_kv
-        self.buf = buf
-        b = buf.ptr
-        self.tokens, self.positions = b, b + 4 * T
-        self.prefix_end, self.own_start, self.own_end = b + 8 * T, b + 12 * T, b + 16 * T
-        self.seq_ids = b + 20 * T
-        self.tok_min = min(batch.tokens) if T else 0
-        self.tok_max = max(batch.tokens) if T else 0
 
 
 class CudaOps(Ops):
@@ -287,7 +186,7 @@ class CudaOps(Ops):
         """The whole weight as float32 ``[ne reversed]`` on the device (``reflex check``)."""
         shape = tuple(reversed(w.ne))
         out = empty(shape)
-        n = _prod(w.ne)
+        n = prod(w.ne)
         if w.ggml_type == _F32:
             memory.dtod(out.ptr, w.data, 4 * n)
         else:
@@ -299,8 +198,8 @@ class CudaOps(Ops):
         """Device address of ``w`` (ne [n]) as float32 (norm weights are F32 in these files)."""
         if w.ggml_type == _F32 and w.meta is not None and w.meta.n_elements == n:
             return w.data  # the hot path: F32 norm weights
-        if _prod(w.ne) != n:
-            raise ValueError(f"{w.name!r} has {_prod(w.ne)} elements, the rows have {n}")
+        if prod(w.ne) != n:
+            raise ValueError(f"{w.name!r} has {prod(w.ne)} elements, the rows have {n}")
         if w.ggml_type == _F32:
             return w.data
         a = self._f32.get(w.name)
@@ -391,10 +290,10 @@ class CudaOps(Ops):
     def _view_general(self, x, shape: Sequence[int]):
         shape = [int(s) for s in shape]
         if shape.count(-1) == 1:
-            known = _prod(s for s in shape if s != -1)
+            known = prod(s for s in shape if s != -1)
             shape[shape.index(-1)] = x.size // known if known else 0
         shape_t = tuple(shape)
-        if _prod(shape_t) != x.size or any(s < 0 for s in shape_t):
+        if prod(shape_t) != x.size or any(s < 0 for s in shape_t):
             raise ValueError(f"view: cannot view {x.shape} as {shape_t}")
         return DeviceArray(x.ptr, shape_t, x.owner, x.dtype)
 
@@ -429,7 +328,7 @@ class CudaOps(Ops):
         if shape[-1] != n_in:
             raise ValueError(f"matmul: input has {shape[-1]} columns, {w.name!r} expects {n_in}")
         T = x.size // n_in
-        y = _empty_f32(shape[:-1] + (n_out,), T * n_out)
+        y = empty_f32(shape[:-1] + (n_out,), T * n_out)
         if T and n_out:
             self._quant_ops.matmul_planned(self._qkern(), m, x.ptr, T, (w.data, 0, 0),
                                            (y.ptr, 0, 0), (n_out, 0, 0), False, m.gemv_w_ok)
@@ -458,7 +357,7 @@ class CudaOps(Ops):
             total += (4 * T * m.n_out + 255) & ~255
             one_type = one_type and w.ggml_type == t0
             gemv_ok = gemv_ok and m.gemv_w_ok
-        blk = _Block(total or 4)
+        blk = Block(total or 4)
         base = blk.ptr
         outs = [DeviceArray(base + o, lead + (m.n_out,), blk, "f32", T * m.n_out)
                 for o, m in zip(offs, metas)]
@@ -500,7 +399,7 @@ class CudaOps(Ops):
             raise ValueError(f"matmul: input has {shape[-1]} columns, {gate.name!r} expects "
                              f"{n_in}")
         T = x.size // n_in
-        y = _empty_f32(shape[:-1] + (n_out,), T * n_out)
+        y = empty_f32(shape[:-1] + (n_out,), T * n_out)
         if T and n_out:
             self._quant_ops.matmul_planned(self._qkern(), mg, x.ptr, T, (gate.data, up.data, 0),
                                            (y.ptr, 0, 0), (n_out, 0, 0), True,
@@ -512,7 +411,7 @@ class CudaOps(Ops):
         n = shape[-1] if shape else 1
         rows = x.size // n if n else 0
         wp = 0 if w is None else self._f32_vector(w, n)
-        y = _empty_f32(shape, x.size)
+        y = empty_f32(shape, x.size)
         if rows:
             self.k.launch("reflex_rmsnorm", rows, 1024 if n >= 4096 else 256,
                           (x.ptr, wp, y.ptr, n, eps))
@@ -528,7 +427,7 @@ class CudaOps(Ops):
         wp = 0 if w is None else self._f32_vector(w, n)
         # s and y from one allocation (s at a 256-byte aligned offset after y)
         off = (4 * size + 255) & ~255
-        blk = _Block(2 * off or 4)
+        blk = Block(2 * off or 4)
         y = DeviceArray(blk.ptr, shape, blk, "f32", size)
         s = DeviceArray(blk.ptr + off, shape, blk, "f32", size)
         if rows:
@@ -559,7 +458,7 @@ class CudaOps(Ops):
         if T != pb.n_tokens:
             raise ValueError(f"rope: {T} rows but {pb.n_tokens} positions")
         n_rot, neox, fb, fs, ext, af, lo, hi = self._rope_args(p)
-        y = _empty_f32(x.shape, x.size)
+        y = empty_f32(x.shape, x.size)
         if T and H:
             self.k.launch("reflex_rope", (H, T), 64 if n <= 128 else 128,
                           (x.ptr, y.ptr, pb.positions, H, d, n_rot, neox, fb, fs, ext, af, lo,
@@ -613,7 +512,7 @@ class CudaOps(Ops):
             raise ValueError(f"rope: n_rot {n_rot} must be even and <= head size {dk}")
         qn = 0 if q_norm is None else self._f32_vector(q_norm, dk)
         kn = 0 if k_norm is None else self._f32_vector(k_norm, dk)
-        out = _empty_f32(q.shape, q.size)
+        out = empty_f32(q.shape, q.size)
         if T:
             c0 = pb.cell0
             self.k.launch("reflex_qk_norm_rope_store", (H + Hkv, T), 128 if dk <= 128 else 256,
@@ -637,7 +536,7 @@ class CudaOps(Ops):
                               "not supported by the CUDA kernels")
         if pb.n_kv > n_cells:
             raise ReflexError(f"attention over {pb.n_kv} cells, the cache has {n_cells}")
-        out = _empty_f32((T, H * dv), T * H * dv)
+        out = empty_f32((T, H * dv), T * H * dv)
         if T and H:
             self.k.launch("reflex_attention", (H, T), 256,
                           (q.ptr, k_cache.ptr, v_cache.ptr, out.ptr,
@@ -648,7 +547,7 @@ class CudaOps(Ops):
         if a.shape != b.shape:
             raise ValueError(f"{kernel[7:]}: shapes {a.shape} and {b.shape} differ")
         n = a.size
-        y = _empty_f32(a.shape, n)
+        y = empty_f32(a.shape, n)
         if n:
             self.k.launch(kernel, (n + 255) // 256, 256, (a.ptr, b.ptr, y.ptr, n))
         return y
@@ -716,7 +615,7 @@ class CudaOps(Ops):
             raise ValueError(f"moe_matmul: input shape {x.shape}, expected {list(want)}")
         if x.ptr % 16:  # a row view of another array: the MoE kernels need 16-byte alignment
             x = self._copy(x)
-        y = _empty_f32((T, k, n_out), T * k * n_out)
+        y = empty_f32((T, k, n_out), T * k * n_out)
         if T and k:
             qo, qk = self._q()
             qo.moe_matmul(qk, w.data, w.ggml_type, x.ptr, ids.ptr, y.ptr, T, k, n_in, n_out, E,

@@ -1,0 +1,101 @@
+"""Device tensors of the CUDA backend: :class:`DeviceArray` (pointer, NumPy-order shape, dtype,
+the owner that keeps its memory alive), allocation from the driver's caching allocator, and
+:class:`Prepared` (a batch's token ids, positions, mask and sequence ids on the device). No
+numpy: the cold path uses these."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..cuda import memory
+from ..ops import Batch
+
+_ITEMSIZE = {"f32": 4, "i32": 4, "f64": 8}
+
+
+def prod(shape: Sequence[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+class Block:
+    """Device memory from the caching allocator; returned to it when collected."""
+
+    __slots__ = ("ptr", "nbytes")
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        self.ptr = _alloc(nbytes)
+
+    def __del__(self) -> None:
+        try:
+            _free(self.ptr)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+_alloc, _free = memory.alloc, memory.free
+
+
+class DeviceArray:
+    """A row-major device tensor: ``ptr`` (int), NumPy-order ``shape``, ``owner`` (what keeps the
+    memory alive: a pool block, another array's owner for views, or None for borrowed memory),
+    ``size`` (element count)."""
+
+    __slots__ = ("ptr", "shape", "owner", "dtype", "size")
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], owner: Any, dtype: str = "f32",
+                 size: int | None = None):
+        self.ptr = ptr
+        self.shape = shape
+        self.owner = owner
+        self.dtype = dtype
+        self.size = prod(shape) if size is None else size
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * _ITEMSIZE[self.dtype]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __repr__(self) -> str:
+        return f"DeviceArray({self.ptr:#x}, shape={self.shape}, {self.dtype})"
+
+
+def empty(shape: Sequence[int], dtype: str = "f32") -> DeviceArray:
+    shape = tuple(int(s) for s in shape)
+    n = prod(shape)
+    blk = Block(max(1, n) * _ITEMSIZE[dtype])
+    return DeviceArray(blk.ptr, shape, blk, dtype, n)
+
+
+def empty_f32(shape: tuple[int, ...], n: int) -> DeviceArray:
+    """``empty`` for the hot path: ``shape`` a tuple of ints, ``n`` its product, float32."""
+    blk = Block(4 * n if n else 4)
+    return DeviceArray(blk.ptr, shape, blk, "f32", n)
+
+
+class Prepared:
+    """A batch on the device (``ops.prepare``): token ids, positions, the three mask arrays and
+    the sequence ids in one int32 buffer ``[6, T]``."""
+
+    __slots__ = ("batch", "n_tokens", "cell0", "n_kv", "buf", "tokens", "positions",
+                 "prefix_end", "own_start", "own_end", "seq_ids", "tok_min", "tok_max")
+
+    def __init__(self, batch: Batch, buf: DeviceArray):
+        T = batch.n_tokens
+        self.batch = batch
+        self.n_tokens = T
+        self.cell0 = batch.cell0
+        self.n_kv = batch.n_kv
+        self.buf = buf
+        b = buf.ptr
+        self.tokens, self.positions = b, b + 4 * T
+        self.prefix_end, self.own_start, self.own_end = b + 8 * T, b + 12 * T, b + 16 * T
+        self.seq_ids = b + 20 * T
+        self.tok_min = min(batch.tokens) if T else 0
+        self.tok_max = max(batch.tokens) if T else 0
