@@ -116,7 +116,7 @@ class CudaOps(Ops):
             return
         self._blob = memory.mem_alloc_raw(size)
 
-        def upload() -> None:
+        def copy() -> None:
             info = upload.upload_host_region(self._blob, gguf.mm, start, size)
             self._registration = info.pop("registration", None)
             if not keep_pinned:
@@ -126,11 +126,11 @@ class CudaOps(Ops):
             self.upload_info = info
 
         if wait:
-            upload()
+            copy()
             return
         from ..background import Background
 
-        self._upload = Background(upload)
+        self._upload = Background(copy)
 
     def wait_attached(self) -> None:
         """Block until an ``attach(wait=False)`` upload is complete (re-raising its error)."""

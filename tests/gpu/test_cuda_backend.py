@@ -181,7 +181,8 @@ def test_prepare_and_views(cuda_ops):
     b = Batch.causal([1, 2, 3], 4)
     pb = cuda_ops.prepare(b)
     raw = cuda_ops.to_numpy(pb.buf)
-    assert raw.tolist() == [[1, 2, 3], [4, 5, 6], [5, 6, 7], [0, 0, 0], [0, 0, 0]]
+    # tokens, positions, prefix_end, own_start, own_end, sequence ids
+    assert raw.tolist() == [[1, 2, 3], [4, 5, 6], [5, 6, 7], [0, 0, 0], [0, 0, 0], [0, 0, 0]]
     bad = Batch((1, 2), (0, 1), 0, AttnMask((1, 5), (0, 0), (0, 0)))
     with pytest.raises(ValueError, match="outside cells"):
         cuda_ops.prepare(bad)
