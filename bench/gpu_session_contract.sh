@@ -9,7 +9,7 @@ OUT=${1:?usage: gpu_session_contract.sh OUT [RUNS]}; RUNS=${2:-7}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 MODELS=/tmp/reflex-models; mkdir -p "$OUT" "$MODELS"
 for v in base new; do
-  python3 -m pip install -q --no-index --no-deps --target /tmp/$v "$REPO"/.whl-$v/*.whl || exit 1
+  python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/$v "$REPO"/.whl-$v/*.whl || exit 1
 done
 nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee "$OUT/gpu.txt"
 ( PYTHONPATH=/tmp/new python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b,8b \
