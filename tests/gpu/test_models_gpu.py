@@ -16,6 +16,7 @@ from reflex_core import engine, system1
 from reflex_core.backends import get_backend
 from reflex_core.gguf import open_gguf
 from reflex_core.registry import get_host
+from reflex_core.sampling import SamplingParams
 from reflex_core.testing.modelwriter import ModelShape, tiny_kquant_shape, write_model
 
 # GPU and NumPy both accumulate in float32 from identical weights, in different orders: on these
@@ -86,10 +87,10 @@ def test_generate_and_system1_same_on_gpu_and_cpu(cuda_device, model_files, arch
     for backend in ("cuda", "cpu"):
         lm, ids = engine.load(str(path), backend, prompt=prompt)
         assert lm.backend == backend
-        res = engine.generate(lm, ids, 12, engine.Sampling())
+        res = engine.generate(lm, ids, 12, SamplingParams())
         cand_ids = system1.tokenize_candidates(lm.tokenizer, cands)
         s1 = system1.evaluate(lm.model, lm.ops, ids, cands, cand_ids)
-        sampled = engine.generate(lm, ids, 8, engine.Sampling(0.9, 50, 0.95, seed=3))
+        sampled = engine.generate(lm, ids, 8, SamplingParams(0.9, 50, 0.95, seed=3))
         out[backend] = (res.token_ids, s1, sampled.token_ids)
     assert out["cuda"][0] == out["cpu"][0]
     gs, cs = out["cuda"][1], out["cpu"][1]
