@@ -47,10 +47,3 @@ class Model:
         """Run ``batch`` (made by ``state``) through the model, updating ``state``; return the
         logits of the batch rows ``out_rows`` as a backend tensor ``[len(out_rows), n_vocab]``."""
         raise NotImplementedError
-
-    def close(self) -> None:
-        """Free what the model holds on its backend (the attached weights: device memory and
-        pinned pages on the GPU). The model is unusable afterwards."""
-        release = getattr(self.ops, "release", None)
-        if release is not None:
-            release()

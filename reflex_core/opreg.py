@@ -30,16 +30,16 @@ GGUF tensor (attached to both backends by the test), a :class:`BatchArg` for a p
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from .errors import PluginConflict, ReflexError
 
 CORE_PACKAGE = "reflex_core"
+# The types here are NamedTuples, not dataclasses: this module loads with the model, on the
+# cold path, where building a (frozen) dataclass costs about a millisecond each.
 
 
-@dataclass(frozen=True)
-class OpDef:
+class OpDef(NamedTuple):
     """One op. ``twin`` / ``cuda`` / ``cases``: ``"module:attr"`` (attr may be dotted, e.g. a
     method ``Class.name``); ``cuda`` None: no GPU implementation (the GPU backend refuses)."""
 
@@ -52,8 +52,7 @@ class OpDef:
     doc: str = ""
 
 
-@dataclass
-class WeightArg:
+class WeightArg(NamedTuple):
     """A weight argument of an :class:`OpCase`: float32 data (F32, NumPy shape = ne reversed) or
     raw GGML blocks ``(bytes, ne, ggml_type)``."""
 
@@ -61,20 +60,18 @@ class WeightArg:
     data: Any
 
 
-@dataclass
-class BatchArg:
+class BatchArg(NamedTuple):
     """A batch argument of an :class:`OpCase` (passed through ``ops.prepare``)."""
 
     batch: Any
 
 
-@dataclass
-class OpCase:
+class OpCase(NamedTuple):
     """Inputs of one run of an op (NumPy arrays, ints, floats, WeightArg, BatchArg)."""
 
     label: str
     args: tuple
-    kwargs: dict = field(default_factory=dict)
+    kwargs: dict = {}  # never mutated
     compare: tuple[int, ...] = ()  # argument positions written in place, compared too
     rtol: float = 1e-5
     atol: float = 1e-5

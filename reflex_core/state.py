@@ -23,15 +23,17 @@ on the device. :meth:`State.dump` / :meth:`State.load` move everything to and fr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 from .errors import ReflexError
 from .ops import AttnMask, Batch
 
 
-@dataclass(frozen=True)
-class ViewSpec:
+# The spec types are NamedTuples and small classes, not dataclasses: they are built when a model
+# loads, on the cold path, where a frozen dataclass costs about a millisecond of construction.
+
+
+class ViewSpec(NamedTuple):
     """Columns ``[col0, col0 + ncols)`` of the last dimension of a buffer, under their own name
     (MLA: V is the first ``kv_lora_rank`` columns of the latent row)."""
 
@@ -40,8 +42,7 @@ class ViewSpec:
     ncols: int
 
 
-@dataclass(frozen=True)
-class BufferSpec:
+class BufferSpec(NamedTuple):
     """One state buffer. ``shape`` is per cell (``per_token``) or per sequence slot."""
 
     name: str
@@ -49,27 +50,32 @@ class BufferSpec:
     per_token: bool
     views: tuple[ViewSpec, ...] = ()
 
-    def __post_init__(self) -> None:
-        if not self.shape or any(int(s) <= 0 for s in self.shape):
-            raise ValueError(f"state buffer {self.name!r}: shape {self.shape} must be non-empty "
-                             f"and positive")
-        for v in self.views:
-            if not (0 <= v.col0 and v.ncols > 0 and v.col0 + v.ncols <= self.shape[-1]):
-                raise ValueError(f"state view {v.name!r} [{v.col0}, {v.col0 + v.ncols}) is "
-                                 f"outside the {self.shape[-1]} columns of {self.name!r}")
 
-
-@dataclass(frozen=True)
 class StateSpec:
-    """Every buffer a model's state holds (names unique, views included)."""
+    """Every buffer a model's state holds (names unique, views included), checked."""
 
-    buffers: tuple[BufferSpec, ...]
+    __slots__ = ("buffers",)
 
-    def __post_init__(self) -> None:
+    def __init__(self, buffers: Sequence[BufferSpec]) -> None:
+        self.buffers = tuple(buffers)
+        for b in self.buffers:
+            if not b.shape or any(int(n) <= 0 for n in b.shape):
+                raise ValueError(f"state buffer {b.name!r}: shape {b.shape} must be non-empty "
+                                 f"and positive")
+            for v in b.views:
+                if not (0 <= v.col0 and v.ncols > 0 and v.col0 + v.ncols <= b.shape[-1]):
+                    raise ValueError(f"state view {v.name!r} [{v.col0}, {v.col0 + v.ncols}) is "
+                                     f"outside the {b.shape[-1]} columns of {b.name!r}")
         names = [b.name for b in self.buffers] + [v.name for b in self.buffers for v in b.views]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"state buffer names repeat: {sorted(dup)}")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StateSpec) and self.buffers == other.buffers
+
+    def __repr__(self) -> str:
+        return f"StateSpec({list(self.buffers)!r})"
 
     @property
     def recurrent(self) -> bool:
@@ -94,18 +100,18 @@ def attention_kv_spec(n_layer: int, n_head_kv: int, head_dim_k: int,
                            for b in attention_kv(i, n_head_kv, head_dim_k, head_dim_v)))
 
 
-@dataclass
 class _Seq:
     """Where one sequence stands: its next position and the cells it sees."""
 
-    pos: int = 0
-    prefix_end: int = 0
-    own_start: int = 0
-    own_end: int = 0
+    __slots__ = ("pos", "prefix_end", "own_start", "own_end")
+
+    def __init__(self, pos: int = 0, prefix_end: int = 0, own_start: int = 0,
+                 own_end: int = 0) -> None:
+        self.pos, self.prefix_end, self.own_start, self.own_end = (pos, prefix_end, own_start,
+                                                                   own_end)
 
 
-@dataclass(frozen=True)
-class Snapshot:
+class Snapshot(NamedTuple):
     """What :meth:`State.snapshot` keeps: the bookkeeping and device copies of the
     per-sequence buffers."""
 

@@ -134,6 +134,8 @@ def test_hook_reflex_register_architectures(host, tmp_path):
     assert res.token_ids == seq[len(ids):]
     info = {p.name: p for p in host.plugins()}["undo-toy"]
     assert info.version == "9.9" and [a.name for a in info.architectures] == [TOY]
+    lm.close()  # frees the backend's weights and unmaps the file
+    assert lm.gguf.closed and lm.model is None
 
 
 def toy_scale_twin(ops, x, s):

@@ -23,9 +23,9 @@ def test_spec_checks():
     with pytest.raises(ValueError, match="repeat"):
         StateSpec(attention_kv(0, 1, 2) + attention_kv(0, 1, 2))
     with pytest.raises(ValueError, match="outside"):
-        BufferSpec("kv", (6,), True, views=(ViewSpec("v", 4, 3),))
+        StateSpec([BufferSpec("kv", (6,), True, views=(ViewSpec("v", 4, 3),))])
     with pytest.raises(ValueError, match="positive"):
-        BufferSpec("k", (0, 2), True)
+        StateSpec([BufferSpec("k", (0, 2), True)])
 
 
 def test_buffers_are_allocated_by_the_backend():

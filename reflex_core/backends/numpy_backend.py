@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import sampling
 from ..errors import ModelError, ReflexError
+from ..ggml_types import GGML_TYPES
 from ..ops import Batch, Ops, RopeParams, Weight
 
 _F32, _F16, _BF16 = 0, 1, 30
@@ -27,18 +28,14 @@ _CHUNK_BYTES = 64 << 20  # float32 bytes per dequantized chunk when not caching
 
 
 def _type_name(t: int) -> str:
-    try:
-        from gguf.constants import GGMLQuantizationType
-
-        return GGMLQuantizationType(t).name
-    except (ImportError, ValueError):
-        return f"type {t}"
+    info = GGML_TYPES.get(t)
+    return info.name if info is not None else f"type {t}"
 
 
 def _quant_sizes(t: int) -> tuple[int, int]:
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    return GGML_QUANT_SIZES[GGMLQuantizationType(t)]
+    """(elements, bytes) per block of GGML type ``t`` (the project's one type table)."""
+    info = GGML_TYPES[t]
+    return info.block_size, info.type_size
 
 
 _SUPPORTED: dict[int, bool] = {}
