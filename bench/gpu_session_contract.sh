@@ -43,5 +43,6 @@ PYTHONPATH=/tmp/new python3 "$REPO/bench/coldstart.py" --models "$M06" --runs "$
   --extra "before system1=$(cmd base "$S1")" --extra "after system1=$(cmd new "$S1")" \
   --out "$OUT/cold-s1" > "$OUT/coldstart-system1.log" 2>&1
 tail -6 "$OUT/coldstart-system1.log"
-for i in 1 2; do eval "$(cmd new "generate $M06 'The capital of France is' -n 1 --backend cuda --timings")"; done \
-  > "$OUT/timings-0.6b.txt" 2>&1
+for m in "$M06" "$M8"; do for v in base new; do for i in 1 2; do
+  echo "== $v $(basename "$m")"; eval "$(cmd $v "generate $m 'The capital of France is' -n 1 --backend cuda --timings")"
+done; done; done > "$OUT/timings.txt" 2>&1

@@ -221,9 +221,9 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
         t.notes["upload"] = ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
                                       for k, v in info.items())
     sys.setswitchinterval(0.005)
-    if pref is not None and chosen == "cuda":
-        pref.wait()  # the upload has read every page: done, or about to be
-        pref = None
+    # The prefetch is not joined here: its pass over pages the upload has already pinned grows
+    # with the file and would sit on the first token's path. It only reads the mapping, which
+    # stays until Loaded.close() joins it (a one-shot process exits with os._exit, ending it).
     return (Loaded(path, g, arch, model, ops, tok, chosen, device_name, notices, pref),
             prompt_ids)
 
