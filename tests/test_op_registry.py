@@ -1,7 +1,7 @@
 """The op registry (reflex_core.opreg) in CI: every registered op has a NumPy twin that runs on
 its random cases (odd sizes, T = 1 and T > 64), deterministically and finitely; every op with a
 CUDA launcher names kernel modules that exist; the core's Ops methods are all registered. The
-CUDA side of the same cases runs on the GPU machine (tests/gpu/test_op_registry.py)."""
+CUDA side of the same cases runs on the GPU machine (tests/gpu/test_registered_ops_gpu.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Random inputs for the core's registered ops (:data:`reflex_core.opreg.CORE_OPS`): the cases
 the generic op tests run on every backend (tests/test_op_registry.py runs the twins in CI,
-tests/gpu/test_op_registry.py compares the CUDA launchers with them). Odd sizes, T = 1 and a T
+tests/gpu/test_registered_ops_gpu.py compares the CUDA launchers with them). Odd sizes, T = 1 and a T
 above 64 (the tiled/batched kernel paths) for every op. Imports NumPy: tests only."""
 
 from __future__ import annotations
