@@ -1,5 +1,6 @@
 """Run a registered op's cases (:class:`reflex_core.opreg.OpCase`) on a backend: the harness of
-the generic op tests (tests/test_op_registry.py in CI, tests/gpu/test_registered_ops_gpu.py on the GPU).
+the generic op tests (tests/test_op_registry.py in CI, tests/gpu/test_registered_ops_gpu.py on
+the GPU).
 
 ``attach_weights(ops_list, weights, path)`` writes the cases' weights into one GGUF (gguf-py's
 writer) and attaches it to each backend; ``run(ops, fn, case)`` converts the NumPy arguments to
