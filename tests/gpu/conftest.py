@@ -134,33 +134,13 @@ def attach_both(cuda_ops, ref_ops, tmp_path):
     """``attach_both({name: float32 array | (raw uint8 bytes, ne, ggml_type)}) -> (cuda, ref)``:
     write the tensors into a GGUF (gguf-py's writer), open it with the core reader and attach it
     to ``cuda_ops`` and ``ref_ops``. Arrays are F32 with ne = reversed(shape)."""
-    import numpy as np
-
     opened = []
 
     def attach(tensors: dict):
-        import gguf
-
         from reflex_core.gguf import open_gguf
+        from reflex_core.testing.op_harness import write_weights
 
-        path = tmp_path / f"t{len(opened)}.gguf"
-        w = gguf.GGUFWriter(str(path), "test")
-        for name, t in tensors.items():
-            if isinstance(t, tuple):
-                from reflex_core.gguf import GGML_TYPES
-
-                raw, ne, ggml_type = t
-                info = GGML_TYPES[ggml_type]
-                row_bytes = ne[0] // info.block_size * info.type_size
-                arr = np.frombuffer(bytes(raw), np.uint8).reshape(
-                    tuple(reversed(tuple(ne[1:]))) + (row_bytes,))
-                w.add_tensor(name, arr, raw_dtype=gguf.GGMLQuantizationType(ggml_type))
-            else:
-                w.add_tensor(name, np.ascontiguousarray(t, dtype=np.float32))
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        path = write_weights(tmp_path / f"t{len(opened)}.gguf", tensors)
         g = open_gguf(str(path))
         opened.append(g)
         cuda_ops.attach(g)
