@@ -9,15 +9,15 @@ from .errors import ModelError, ReflexError, UnsupportedTensorType
 from .hookspecs import hookimpl
 from .hparams import Meta, rope_params, uniform, vocab_size
 from .model import Model
-from .opreg import OpDef
+from .opreg import BatchArg, OpCase, OpDef, WeightArg
 from .ops import AttnMask, Batch, Ops, RopeParams, Weight
 from .registry import ArchSpec
 from .state import BufferSpec, State, StateSpec, ViewSpec, attention_kv, attention_kv_spec
 
 __all__ = [
-    "ArchConfig", "ArchSpec", "AttentionConfig", "AttnMask", "Batch", "BufferSpec", "Meta",
-    "MoEConfig", "Model", "ModelError", "OpDef", "Ops", "ReflexError", "RopeParams", "State",
-    "StateSpec", "UnsupportedTensorType", "ViewSpec", "Weight", "attention_kv",
-    "attention_kv_spec", "blocks", "derived", "hookimpl", "key", "rope_params", "uniform",
-    "vocab_size",
+    "ArchConfig", "ArchSpec", "AttentionConfig", "AttnMask", "Batch", "BatchArg", "BufferSpec",
+    "Meta", "MoEConfig", "Model", "ModelError", "OpCase", "OpDef", "Ops", "ReflexError",
+    "RopeParams", "State", "StateSpec", "UnsupportedTensorType", "ViewSpec", "Weight",
+    "WeightArg", "attention_kv", "attention_kv_spec", "blocks", "derived", "hookimpl", "key",
+    "rope_params", "uniform", "vocab_size",
 ]

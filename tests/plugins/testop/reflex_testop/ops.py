@@ -29,7 +29,7 @@ def sigmoid_mul_cuda(ops, x, g):
 def sigmoid_mul_cases(rng):
     import numpy as np
 
-    from reflex_core.opreg import OpCase
+    from reflex_core.plugin_api import OpCase
 
     out = []
     for T, n in ((1, 7), (67, 129), (3, 1000)):
