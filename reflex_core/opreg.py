@@ -3,8 +3,8 @@
 An op is one :class:`OpDef`: a name, the NumPy twin (the reference, run by the CPU backend and
 in CI), the CUDA launcher (run by the GPU backend; it launches kernels of ``package``'s kernel
 modules ``kernels``), and ``cases``, random inputs for the generic test that runs every
-registered op's CUDA launcher against its twin on the GPU machine (tests/gpu/test_registered_ops_gpu.py)
-and every twin in CI (tests/test_op_registry.py). Functions are named by ``"module:attr"`` and
+registered op's CUDA launcher against its twin on the GPU machine
+(tests/gpu/test_registered_ops_gpu.py) and every twin in CI (tests/test_op_registry.py). Functions are named by ``"module:attr"`` and
 imported on first use, so registering an op imports nothing (no NumPy on the GPU path).
 
 The core registers its own ops here (:data:`CORE_OPS`): their twin and launcher are the methods

@@ -213,7 +213,8 @@ class PluginHost:
 
             def register(spec: ArchSpec, _specs=specs) -> None:
                 if not isinstance(spec, ArchSpec):
-                    raise ReflexError(f"plugin {impl.plugin_name} registered {spec!r}, not an ArchSpec")
+                    raise ReflexError(f"plugin {impl.plugin_name} registered {spec!r}, not an "
+                                      f"ArchSpec")
                 _specs.append(spec)
 
             impl.function(register=register)

@@ -236,8 +236,8 @@ class State:
             seq_ids += [seq] * T
             s.pos += T
             cell += T
-        return Batch(tuple(tokens), tuple(positions), c0, AttnMask(tuple(pes), tuple(os_), tuple(oe)),
-                     tuple(seq_ids))
+        return Batch(tuple(tokens), tuple(positions), c0,
+                     AttnMask(tuple(pes), tuple(os_), tuple(oe)), tuple(seq_ids))
 
     def append_tree(self, prefix: Sequence[int],
                     branches: Mapping[int, Sequence[int]]) -> Batch:

@@ -55,7 +55,8 @@ def tokenize_candidates(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]
     return out
 
 
-def score(model: Any, ops: Any, prompt: Sequence[int], cands: Sequence[Sequence[int]]) -> list[float]:
+def score(model: Any, ops: Any, prompt: Sequence[int],
+          cands: Sequence[Sequence[int]]) -> list[float]:
     """Sum of log-probabilities of each candidate's tokens given the prompt.
 
     Attention-only state: ONE forward pass over the tree batch (the prompt as sequence 0, each
