@@ -1,4 +1,7 @@
-"""The ``reflex`` console entry point: start CUDA first, then import the CLI.
+"""The ``reflex`` console entry point: take over SIGINT/SIGTERM, start CUDA, then import the CLI.
+
+The signal handlers come first (reflex_core.lifecycle.handle_signals): a Ctrl-C during the
+imports below is one line and exit status 130, not a KeyboardInterrupt traceback.
 
 cuInit and the primary context take ~0.2-0.3 s and release the GIL. Starting them on a thread
 before click and the CLI are even imported hides that import time under the driver's work. Only
@@ -24,6 +27,9 @@ def _wants_gpu(argv: list) -> bool:
 
 
 def main() -> None:
+    from .lifecycle import handle_signals
+
+    handle_signals()
     argv = sys.argv[1:]
     if _wants_gpu([a for a in argv if a != "--debug"]):
         from .cuda.start import start

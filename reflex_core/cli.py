@@ -293,6 +293,7 @@ def plugins(as_json):
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console entry point: run the CLI, map errors to one line + exit status, then end the
     process the fast way (lifecycle.finish: no teardown waited for)."""
+    lifecycle.handle_signals()  # done already when started by the console script (_launch)
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv or os.environ.get("REFLEX_DEBUG") not in (None, "", "0")
     argv = [a for a in argv if a != "--debug"]  # accepted anywhere on the line

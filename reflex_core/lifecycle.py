@@ -24,6 +24,21 @@ and:
   process of its own (new session, stdio on /dev/null, no inherited descriptors) when an index
   is pending.
 
+The index helper never creates a cache directory: a user may delete the cache right after the
+command returned, and it must stay deleted. So the index folder is made (and checked,
+reflex_core.cachedir) here, before we exit, and the helper writes only into folders that exist;
+when the cache is off (an unsafe folder) no helper is started at all.
+
+Signals (:func:`handle_signals`, installed first thing by the console entry point): Ctrl-C
+(SIGINT) or SIGTERM at any point -- during the imports, the load, the forward, between the
+output and the exit -- prints one line (``error: interrupted`` / ``error: terminated``) and
+exits 130 / 143 at once (``os._exit``; the temporary file of a cache write under way is
+removed). Without this, Python raises KeyboardInterrupt wherever the main thread happens to be
+(a traceback when that is outside the CLI's ``try``, e.g. in :func:`finish` or an import) and
+dies silently of SIGTERM. The fork child must run none of it: signals are blocked across the
+fork, and the child ignores SIGINT (it is in the caller's process group until its ``setsid``;
+the exec'd helper inherits the ignore) and takes SIGTERM's default.
+
 The index helper is ``python -m reflex_core.gguf_index PATH...``: a fresh interpreter that
 parses each file and writes its missing or stale index. Without a CUDA context it is spawned
 too, rather than the index built here before exit: measured on a 2-core dev machine with a tiny
@@ -34,11 +49,19 @@ after our exit, so a process started right after ours may still miss it (and spa
 
 from __future__ import annotations
 
+import _signal  # the C half of ``signal``, loaded at startup (``signal`` builds enums: ~1 ms)
 import os
 import sys
-from typing import NoReturn
+
+TYPE_CHECKING = False  # typing costs ~5 ms to import, before the CUDA start (reflex_core._launch)
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 INDEX_HELPER_MODULE = "reflex_core.gguf_index"
+INDEX_CACHE = "index"  # the cache folder the helper writes into (gguf_index.cache_dir())
+_SIGNALS = {_signal.SIGINT: (b"error: interrupted\n", 130),
+            _signal.SIGTERM: (b"error: terminated\n", 143)}
+_ending = False  # a signal handler is ending the process
 
 
 def finish(code: int) -> NoReturn:
@@ -57,14 +80,49 @@ def finish(code: int) -> NoReturn:
     os._exit(code)
 
 
+def handle_signals() -> None:
+    """End the process on SIGINT / SIGTERM with one line and exit status 130 / 143, whatever it
+    is doing (module docstring). For the ``reflex`` command only (a library leaves signals to
+    its application); call it from the main thread, as early as possible. A signal ignored by
+    whoever started us (``nohup``, a background job of a script) stays ignored."""
+    for signum in _SIGNALS:
+        if _signal.getsignal(signum) != _signal.SIG_IGN:
+            try:
+                _signal.signal(signum, _on_signal)
+            except ValueError:  # not the main thread (an application running the CLI)
+                return
+
+
+def _on_signal(signum: int, frame) -> None:
+    global _ending
+    if _ending:  # a second signal while the first one ends the process (handlers nest)
+        return
+    _ending = True
+    cachedir = sys.modules.get("reflex_core.cachedir")
+    if cachedir is not None:
+        cachedir.discard_writes_in_flight()
+    line, code = _SIGNALS[signum]
+    try:
+        # os.write, not sys.stderr: the signal may have come in the middle of a print
+        os.write(2, line)
+    except OSError:
+        pass
+    os._exit(code)
+
+
 def index_helper_argv() -> list[str] | None:
     """The command that writes the index of every GGUF this process parsed the slow way, or
-    None when there is none to write."""
+    None when there is none to write. Makes the index folder (the helper will not) when the
+    cache is usable; None when it is not."""
     idx = sys.modules.get("reflex_core.gguf_index")  # not imported: no GGUF was opened
     if idx is None:
         return None
     paths = idx.pending_paths()
     if not paths:
+        return None
+    from . import cachedir
+
+    if cachedir.cache_dir(INDEX_CACHE) is None:
         return None
     # Absolute paths: the helper does not depend on our working directory staying put.
     return [sys.executable, "-m", INDEX_HELPER_MODULE, *(os.path.abspath(p) for p in paths)]
@@ -87,17 +145,24 @@ def _fork_teardown_child(helper: list[str] | None) -> bool:
     devnull = os.devnull.encode()
     max_fd = _max_fd()
     exe, argv = (helper[0], helper) if helper else (None, None)
+    signals = set(_SIGNALS)
     try:
         gone_r, gone_w = os.pipe()  # EOF on gone_r: every write end closed, i.e. we exited
     except OSError:
         return False
+    # Blocked in this thread across the fork, so the child starts with them blocked: our
+    # handler must not run there (it would print to the caller's stderr). In the parent, a
+    # signal taken meanwhile by another thread still runs the handler after the fork.
+    _signal.pthread_sigmask(_signal.SIG_BLOCK, signals)
     try:
         pid = os.fork()
     except OSError:
+        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, signals)
         os.close(gone_r)
         os.close(gone_w)
         return False
     if pid != 0:
+        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, signals)
         os.close(gone_r)
         return True
     # The child: system calls only, then exec or _exit.
@@ -108,6 +173,11 @@ def _fork_teardown_child(helper: list[str] | None) -> bool:
         os.dup2(null, 1)
         os.dup2(null, 2)
         os.setsid()  # no terminal signals for what outlives the command
+        # A Ctrl-C sent to the caller's group before the setsid is pending: ignoring SIGINT
+        # discards it (and the helper inherits the ignore through the exec); SIGTERM kills.
+        _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
+        _signal.signal(_signal.SIGTERM, _signal.SIG_DFL)
+        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, signals)
         os.read(gone_r, 1)  # blocks until the parent has exited
         # Close the driver's descriptors ourselves (they need not be close-on-exec): the last
         # reference goes here, so the teardown happens here, not in the helper's lifetime.

@@ -10,6 +10,7 @@ descriptors it inherited, and whether the process that started it had already ex
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -24,6 +25,8 @@ STUB = r"""#!/bin/sh
 # Read our descriptors before any redirection below changes them.
 fd0=$(readlink /proc/$$/fd/0); fd1=$(readlink /proc/$$/fd/1); fd2=$(readlink /proc/$$/fd/2)
 stray=$(readlink /proc/$$/fd/$STRAY_FD)  # empty, or whatever the shell opened there
+sigign=$(sed -n 's/^SigIgn:[[:space:]]*//p' /proc/$$/status)  # hex masks, bit n-1: signal n
+sigblk=$(sed -n 's/^SigBlk:[[:space:]]*//p' /proc/$$/status)
 set -- "$@" --end-of-args $(cat /proc/$$/stat)
 args=""
 while [ "$1" != --end-of-args ]; do args="$args $1"; shift; done
@@ -32,6 +35,8 @@ shift  # now $1.. = /proc/self/stat fields: pid comm state ppid pgrp session
   echo "args=$args"
   echo "stdio=$fd0 $fd1 $fd2"
   echo "stray=$stray"
+  echo "sigign=$sigign"
+  echo "sigblk=$sigblk"
   [ "$6" = "$$" ] && echo "session=own" || echo "session=inherited"
   [ -e "$PARENT_DONE" ] && echo "parent_done=yes" || echo "parent_done=no"
 } > "$STUB_OUT.tmp"
@@ -110,6 +115,12 @@ def test_finish_exits_with_the_code_and_leaves_the_index_to_a_detached_helper(
     assert not r["stray"].endswith("stray-file")  # closed before the exec
     assert r["session"] == "own"
     assert not (tmp_path / "atexit-ran").exists()  # neither process ran the interpreter's exit
+    # No signal left blocked (the fork blocks them across itself); the fork child ignores
+    # SIGINT from before its setsid on, and the helper it execs inherits that (the spawned
+    # helper is in a session of its own from its start: no Ctrl-C of the caller reaches it).
+    assert int(r["sigblk"], 16) == 0
+    if live:
+        assert int(r["sigign"], 16) & (1 << (signal.SIGINT - 1))
 
 
 def test_fork_child_execs_only_after_the_parent_exited(tmp_path, run_script):
@@ -184,14 +195,31 @@ def test_finish_chooses(monkeypatch, calls, live, env, fork_ok, helper, fork, sp
 
 def test_index_helper_argv(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     idx = types.SimpleNamespace(pending_paths=lambda: ["a.gguf", "/abs/b.gguf"])
     monkeypatch.setitem(sys.modules, "reflex_core.gguf_index", idx)
     assert lifecycle.index_helper_argv() == [
         sys.executable, "-m", "reflex_core.gguf_index", str(tmp_path / "a.gguf"), "/abs/b.gguf"]
+    # the index folder is made here, before we exit (the helper creates no folder)
+    assert (tmp_path / "xdg" / "reflex" / lifecycle.INDEX_CACHE).is_dir()
     idx.pending_paths = lambda: []
     assert lifecycle.index_helper_argv() is None
     monkeypatch.delitem(sys.modules, "reflex_core.gguf_index")
     assert lifecycle.index_helper_argv() is None  # never imported: no GGUF was opened
+
+
+def test_no_index_helper_when_the_cache_is_refused(monkeypatch, tmp_path, capsys):
+    from reflex_core import cachedir
+
+    monkeypatch.setattr(cachedir, "_refused", {})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    (tmp_path / "xdg" / "reflex").mkdir(parents=True, mode=0o777)
+    os.chmod(tmp_path / "xdg" / "reflex", 0o777)
+    idx = types.SimpleNamespace(pending_paths=lambda: ["/abs/b.gguf"])
+    monkeypatch.setitem(sys.modules, "reflex_core.gguf_index", idx)
+    assert lifecycle.index_helper_argv() is None
+    assert "notice: not using the cache directory" in capsys.readouterr().err
+    assert os.listdir(tmp_path / "xdg" / "reflex") == []
 
 
 def test_cuda_context_live_reads_the_cuda_start(monkeypatch):
@@ -205,3 +233,63 @@ def test_cuda_context_live_reads_the_cuda_start(monkeypatch):
     assert lifecycle._cuda_context_live()
     monkeypatch.delitem(sys.modules, "reflex_core.cuda.start")
     assert not lifecycle._cuda_context_live()
+
+
+# ----------------------------------------------------------------------------------------------
+# Nothing is written into a cache folder after the command returned (the finding: the detached
+# index writer re-created a cache directory the caller deleted right after the command returned)
+
+AFTER_SCRIPT = r"""
+import os, sys
+sys.executable = os.environ["STUB_PYTHON"]  # the index helper is started through the stub
+sys.argv = ["reflex", *sys.argv[1:]]
+from reflex_core._launch import main
+main()
+"""
+
+HOLD_STUB = r"""#!/bin/sh
+# The index helper, held until the test says go (bounded: 60 s), then run for real.
+i=0
+while [ ! -e "$GO" ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done
+"$REAL_PYTHON" "$@"
+touch "$DONE"
+"""
+
+
+UNTIL_WIRED = pytest.mark.xfail(strict=True, reason=(
+    "until reflex_core.gguf_index's helper writes with cachedir.write_atomic(..., "
+    "create_dirs=False) (wired at the merge; then drop this mark)"))
+
+
+@pytest.mark.parametrize("delete", [pytest.param(True, marks=UNTIL_WIRED), False],
+                         ids=["cache-deleted", "control"])
+def test_a_cache_deleted_after_the_command_returned_stays_deleted(tmp_path, model_files,
+                                                                  delete):
+    from reflex_core.testing.modelwriter import ModelShape
+
+    model = model_files(ModelShape(n_layer=1), tokenizer="qwen3")
+    stub = tmp_path / "stub-python"
+    stub.write_text(HOLD_STUB)
+    stub.chmod(0o755)
+    (tmp_path / "after.py").write_text(AFTER_SCRIPT)
+    xdg = tmp_path / "xdg"
+    env = dict(os.environ, XDG_CACHE_HOME=str(xdg), STUB_PYTHON=str(stub),
+               REAL_PYTHON=sys.executable, GO=str(tmp_path / "go"), DONE=str(tmp_path / "done"))
+    env.pop("REFLEX_NO_INDEX", None)
+    p = subprocess.run([sys.executable, str(tmp_path / "after.py"), "generate", str(model), "Hi",
+                        "-n", "1", "--backend", "cpu"], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    if delete:
+        import shutil
+
+        shutil.rmtree(xdg / "reflex")  # the user clears the cache right after the command
+    (tmp_path / "go").touch()
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "done").exists():
+        assert time.monotonic() < deadline, "the index helper never finished"
+        time.sleep(0.05)
+    if delete:
+        assert not (xdg / "reflex").exists()
+    else:  # the helper does write the index when its folder is there
+        assert list((xdg / "reflex" / lifecycle.INDEX_CACHE).iterdir())

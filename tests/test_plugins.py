@@ -3,6 +3,7 @@ third-party architecture plugin defined right here, run end to end through the e
 
 from __future__ import annotations
 
+import os
 import json
 import subprocess
 import sys
@@ -306,3 +307,151 @@ def test_entry_point_cache_is_used_and_invalidated(tmp_path, monkeypatch):
     monkeypatch.setenv("REFLEX_NO_PLUGIN_CACHE", "1")
     registry.discover_entry_points()
     assert len(calls) == 2
+
+
+# --------------------------------------------------------------------------------------------
+# The entry-point cache against a corrupt, crafted or stale file (finding "Plugin entry-point
+# cache": `[]`/`null` in entry-points.json broke every command until deleted; the stamp only
+# recorded sys.path directory mtimes, so an in-place edit of an entry_points.txt went unnoticed;
+# a crafted cache file made Reflex import any module).
+
+
+@pytest.fixture
+def ep_cache(tmp_path, monkeypatch):
+    """entry-points.json in a fresh cache (this process's and its subprocesses')."""
+    from reflex_core import cachedir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("REFLEX_NO_PLUGIN_CACHE", raising=False)
+    monkeypatch.setattr(cachedir, "_refused", {}, raising=False)  # (raising: for old code)
+    return tmp_path / "cache" / "reflex" / "entry-points.json"
+
+
+@pytest.fixture
+def scans(monkeypatch) -> list:
+    """One item per full metadata scan (importlib.metadata.entry_points call)."""
+    import importlib.metadata
+
+    calls: list = []
+    real = importlib.metadata.entry_points
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda **kw: calls.append(kw) or real(**kw))
+    return calls
+
+
+def pairs(entries) -> set:
+    return {(e.name, e.value) for e in entries}
+
+
+def valid_cache(ep_cache) -> dict:
+    registry.discover_entry_points()
+    return json.loads(ep_cache.read_bytes())
+
+
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+@pytest.mark.parametrize("content", [
+    b"[]", b"null", b"{}", b"0", b'"x"', b"", b"\xff\xfe\x00", b"{not json", nested(100_000),
+    b'{"stamp": null}', b'{"format": 2, "stamp": [], "entries": {}}',
+], ids=lambda c: repr(c[:20]))
+def test_a_malformed_entry_point_cache_is_discarded_rescanned_and_rewritten(
+        ep_cache, scans, content):
+    first = registry.discover_entry_points()
+    ep_cache.write_bytes(content)
+    assert registry.discover_entry_points() == first
+    assert len(scans) == 2  # rescanned ...
+    assert isinstance(json.loads(ep_cache.read_bytes()), dict)  # ... and rewritten
+    assert registry.discover_entry_points() == first and len(scans) == 2  # a hit again
+
+
+@pytest.mark.parametrize("entries", [
+    [1], [[]], [["qwen3", "reflex_qwen3.plugin"]], [[1, 2, 3, 4, 5]], "entries", {"a": 1},
+    [["qwen3", "reflex_qwen3.plugin", "reflex-infer-qwen3", "0.1.0", None, "extra"]],
+])
+def test_cache_entries_of_the_wrong_shape_are_discarded(ep_cache, scans, entries):
+    data = valid_cache(ep_cache)
+    data["entries"] = entries
+    ep_cache.write_text(json.dumps(data))
+    assert any(e.name == "qwen3" for e in registry.discover_entry_points()) and len(scans) == 2
+
+
+@pytest.mark.parametrize("content", ["[]", "null"])
+def test_reflex_plugins_works_with_a_broken_entry_point_cache(ep_cache, content):
+    ep_cache.parent.mkdir(parents=True, mode=0o700)
+    ep_cache.write_text(content)
+    p = subprocess.run([sys.executable, "-m", "reflex_core", "plugins"], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    assert "reflex-infer-qwen3" in p.stdout
+
+
+@pytest.fixture
+def evil(tmp_path, monkeypatch):
+    """A module on sys.path that records being imported: what a crafted cache points at."""
+    folder = tmp_path / "evil"
+    folder.mkdir()
+    mark = tmp_path / "evil-was-imported"
+    (folder / "evil_mod.py").write_text(f"open({str(mark)!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(folder))
+    yield mark
+    sys.modules.pop("evil_mod", None)
+
+
+def test_a_crafted_cache_cannot_make_reflex_import_another_module(ep_cache, evil, host):
+    """Each cached entry's module swapped for one of the attacker's choosing (the stamp left
+    valid): the cache is not trusted, the real plugins load, the crafted module is not
+    imported."""
+    data = valid_cache(ep_cache)
+    for e in data["entries"]:
+        e[1] = "evil_mod"
+    ep_cache.write_text(json.dumps(data))
+    registry.reset_host()
+    h = registry.get_host()
+    assert ("qwen3", "reflex_qwen3.plugin") in pairs(h.entry_points())
+    h.resolve("qwen3")
+    h.load_all()
+    assert not evil.exists() and "evil_mod" not in sys.modules
+
+
+def test_a_cached_entry_must_be_declared_by_its_installed_distribution(ep_cache, scans, tmp_path):
+    """Entries that name a real module but a distribution, version or metadata folder that
+    does not declare them are refused too: the cache only picks among installed entry points."""
+    data = valid_cache(ep_cache)
+    q = next(e for e in data["entries"] if e[0] == "qwen3")
+    other = next(e for e in data["entries"] if e[0] == "qwen3moe")
+    fake = tmp_path / "fake-1.0.dist-info"  # not in a sys.path folder
+    fake.mkdir()
+    (fake / "METADATA").write_text(f"Name: {q[2]}\nVersion: {q[3]}\n")
+    (fake / "entry_points.txt").write_text("[reflex]\nqwen3 = evil_mod\n")
+    for i, value in [(1, "reflex_qwen3_moe.plugin"), (2, "someone-else"), (3, "9.9"),
+                     (4, other[4]), (4, str(fake)), (4, None)]:
+        crafted = json.loads(json.dumps(data))
+        next(e for e in crafted["entries"] if e[0] == "qwen3")[i] = value
+        if i == 4 and value == str(fake):
+            next(e for e in crafted["entries"] if e[0] == "qwen3")[1] = "evil_mod"
+        ep_cache.write_text(json.dumps(crafted))
+        n = len(scans)
+        assert ("qwen3", "reflex_qwen3.plugin") in pairs(registry.discover_entry_points())
+        assert len(scans) == n + 1, (i, value)  # not served from the crafted cache
+
+
+def test_an_entry_points_txt_edited_in_place_is_noticed(ep_cache, tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    info = site / "fake_dist-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-dist\nVersion: 1.0\n")
+    ept = info / "entry_points.txt"
+    ept.write_text("[reflex]\nfakearch = fake_mod\n")
+    monkeypatch.syspath_prepend(str(site))
+    assert ("fakearch", "fake_mod") in pairs(registry.discover_entry_points())
+    assert ("fakearch", "fake_mod") in pairs(registry.discover_entry_points())  # cached
+    folders = [(p, os.stat(p)) for p in (site, info)]
+    with open(ept, "r+") as f:  # in place: same inode, no folder changes
+        f.write("[reflex]\nfakearch = fake_mod.v2\n")
+    for p, st in folders:  # (not needed on Linux; makes "in place" explicit)
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    st = os.stat(ept)
+    os.utime(ept, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # past a coarse clock's tick
+    assert ("fakearch", "fake_mod.v2") in pairs(registry.discover_entry_points())
