@@ -24,6 +24,11 @@ forged -- makes it a miss (the full parse runs), and it is deleted and written a
   is a miss before anything in it is read.
 - Format: a fixed binary layout (``_HEAD`` then ``_BODY``, then the model's path and the two
   sections), every length checked against the bytes present; no marshal or pickle.
+- Forged indexes (their CRC recomputed by someone who can write the cache directory) meet the
+  same checks. What those cannot see -- where inside a string array each block or token lies,
+  which id each table slot holds -- a forger could misstate, changing a prompt's ids, never the
+  parse, and never making a run crash, loop or read out of bounds. The directory is the user's
+  own (reflex_core.cachedir), as ``__pycache__`` is.
 - Reading: the index path is lstat'ed and must be a regular file of at most
   ``MAX_INDEX_BYTES``, then opened with O_NOFOLLOW | O_NONBLOCK and fstat'ed again before one
   byte is read; a symlink, FIFO or device there is refused (and removed) without reading it.
@@ -259,7 +264,10 @@ def build(g: GGUFFile, st: os.stat_result) -> Record:
 
 
 def save(path: str, record: Record) -> bool:
-    return write_atomic(index_file(path), encode(record))
+    data = encode(record)
+    if len(data) > MAX_INDEX_BYTES:  # it would never be read: keep the parse's part alone
+        data = encode(record._replace(tok=None))
+    return write_atomic(index_file(path), data)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -286,9 +294,9 @@ def _gone(model: bytes, key: tuple) -> bool:
     """Whether the model an index was made for no longer exists as it was."""
     try:
         return _stat_key(os.stat(model)) != key
-    except (FileNotFoundError, NotADirectoryError):
+    except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL in the path
         return True
-    except (OSError, ValueError):  # e.g. no permission now: not evidence that it is gone
+    except OSError:  # e.g. no permission now: not evidence that it is gone
         return False
 
 
