@@ -8,9 +8,9 @@ never a crash or a huge allocation; time and memory stay linear in the file size
 
 String arrays (the tokenizer's 152k tokens and 151k merges) dominate the parse. At open time
 only their end is found, in C-speed bulk operations (see `_scan_block`); the strings are
-decoded on first access, in bulk as well. ``parse_record`` / ``from_record`` turn a parse into
-plain data and back (a cache of it lives elsewhere: this module imports only errors and
-ggml_types from reflex_core).
+decoded on first access, in bulk as well. ``parse_record`` keeps where those arrays lie, and
+``from_record`` parses the same file again with it, skipping only their walk (a cache of records
+lives elsewhere: this module imports only errors and ggml_types from reflex_core).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import os
 import stat
 import struct
 import sys
-import zlib
 from array import array
 from collections.abc import Sequence
 
@@ -348,78 +347,77 @@ def parse(g: GGUFFile) -> None:
 
 
 # ------------------------------------------------------------------------------------------
-# The parse as plain data (what a cache keeps; see reflex_core.gguf_index)
+# The parse's costly part as data (what a cache keeps; see reflex_core.gguf_index)
+
+_HINTS = struct.Struct("<I")  # number of string arrays
+_HINT = struct.Struct("<QQI")  # where an array's elements start, its count, its number of blocks
+_HINT_BLOCK = struct.Struct("<IQB")  # strings in a block, where the block ends, verified fast
 
 
-def parse_record(g: GGUFFile) -> dict:
-    """The parse of ``g`` as plain data (ints, strings, bytes, tuples, lists, dicts): what
-    from_record needs to rebuild it over the same file without reading the metadata again."""
-    meta = []
-    for key, val in g.metadata.items():
-        vtype = g.value_types[key]
-        if vtype == GGUF_TYPE_ARRAY:
-            lay = g.layout[key]
-            meta.append((key, vtype, (val.elem_type, len(val),
-                                      lay[1] if lay[0] == "s" else (lay[1], lay[2]))))
-        else:
-            meta.append((key, vtype, val))
-    return {"header": bytes(g.mm[:_HEADER.size]), "size": g.file_size, "probe": _probe(g.mm),
-            "version": g.version,
-            "alignment": g.alignment, "data_offset": g.data_offset, "meta": meta,
-            "tensors": [(t.name, tuple(t.ne), t.ggml_type, t.offset, t.nbytes)
-                        for t in g.tensors.values()]}
+def parse_record(g: GGUFFile) -> bytes:
+    """Where the string arrays of the parsed ``g`` lie, block by block (see
+    ``_Parser.scan_strings``): the one part of a parse that walks every string. ``from_record``
+    parses the same file again with it, reading and checking everything else as ``parse`` does."""
+    arrays = [lay[1] for lay in g.layout.values() if lay[0] == "s" and lay[1]]
+    out = [_HINTS.pack(len(arrays))]
+    for blocks in arrays:
+        out.append(_HINT.pack(blocks[0][1], sum(b[0] for b in blocks), len(blocks)))
+        out += [_HINT_BLOCK.pack(cnt, end, fast) for cnt, _, end, fast in blocks]
+    return b"".join(out)
 
 
-def from_record(g: GGUFFile, d) -> bool:
-    """Fill the fresh ``g`` from ``d`` (a parse_record of this same file). False, with ``g``
-    untouched, when ``d`` is malformed or does not fit the bytes ``g`` maps (another file, or
-    this one changed): the caller parses instead."""
-    mm = g.mm
-    try:
-        if mm[:_HEADER.size] != d["header"] or d["size"] != len(mm) or d["probe"] != _probe(mm):
-            return False
-        meta, vtypes, layout, tensors = {}, {}, {}, {}
-        for key, vtype, val in d["meta"]:
-            if vtype == GGUF_TYPE_ARRAY:
-                etype, n, lay = val
-                if etype == GGUF_TYPE_STRING:
-                    blocks = [(cnt, mm[a:b], fast) for cnt, a, b, fast in lay]
-                    meta[key] = GGUFArray(etype, key, g.path, n, blocks=blocks)
-                    layout[key] = ("s", lay)
-                else:
-                    nums = array(_ARRAY_CODE[etype])
-                    nums.frombytes(mm[lay[0]:lay[1]])
-                    if _BYTESWAP:  # pragma: no cover
-                        nums.byteswap()
-                    if len(nums) != n:
-                        return False
-                    meta[key] = GGUFArray(etype, key, g.path, n, nums=nums)
-                    layout[key] = ("n", lay[0], lay[1])
-            else:
-                meta[key] = val
-            vtypes[key] = vtype
-        size = len(mm)
-        for name, ne, ggml_type, offset, nbytes in d["tensors"]:
-            if offset + nbytes > size or ggml_type not in GGML_TYPES:
-                return False
-            tensors[name] = TensorInfo(name, tuple(ne), ggml_type, offset, nbytes)
-        version, alignment, data_offset = d["version"], d["alignment"], d["data_offset"]
-    except (KeyError, TypeError, ValueError, IndexError):
+def from_record(g: GGUFFile, rec, accept=None) -> bool:
+    """Fill the fresh ``g`` by parsing its file with ``rec`` (a parse_record of this same file)
+    in place of the string arrays' walk. Everything else -- header, every other value, the
+    tensor directory -- is read from the file with parse's checks, so a record can only say
+    where strings lie, and each of its blocks must fall where the parse reaches that array.
+    ``accept(parsed)``, when given, has the last word. False, with ``g`` untouched, when ``rec``
+    is malformed or does not fit the bytes ``g`` maps: the caller parses instead."""
+    hints = _read_hints(rec, g.file_size)
+    if hints is None:
         return False
-    g.version, g.alignment, g.data_offset = version, alignment, data_offset
-    g.metadata, g.value_types, g.layout, g.tensors = meta, vtypes, layout, tensors
+    h = GGUFFile(g.path, g.mm)  # shares g's mapping; dropped (not closed) when refused
+    try:
+        _HintedParser(h, g.mm, hints).parse()
+    except (GGUFError, _Unhinted):
+        return False
+    if hints or (accept is not None and not accept(h)):  # a hint no array used: not this file
+        return False
+    g.version, g.alignment, g.data_offset = h.version, h.alignment, h.data_offset
+    g.metadata, g.value_types, g.layout, g.tensors = h.metadata, h.value_types, h.layout, h.tensors
     return True
 
 
-_PROBE = 1 << 20
+def _read_hints(rec, size: int) -> dict | None:
+    """{where an array's elements start: (count, [(count, start, end, fast)])} from a
+    parse_record; None unless ``rec`` is exactly that, every block inside the file's ``size``
+    bytes (each count bounded by the bytes that remain, so nothing larger than ``rec`` is built)."""
+    try:
+        rec = memoryview(rec).cast("B")
+        (n_arrays,), pos, hints = _HINTS.unpack_from(rec, 0), _HINTS.size, {}
+        for _ in range(n_arrays):
+            start, n, n_blocks = _HINT.unpack_from(rec, pos)
+            pos += _HINT.size
+            end = pos + n_blocks * _HINT_BLOCK.size
+            if end > len(rec) or start in hints:
+                return None
+            blocks, a, total = [], start, 0
+            for cnt, b, fast in _HINT_BLOCK.iter_unpack(rec[pos:end]):
+                # a string takes at least its 8-byte length
+                if not 1 <= cnt <= (b - a) // 8 or b > size or fast > 1:
+                    return None
+                blocks.append((cnt, a, b, fast == 1))
+                a, total = b, total + cnt
+            if not blocks or total != n:
+                return None
+            hints[start], pos = (n, blocks), end
+        return hints if pos == len(rec) else None
+    except (struct.error, TypeError, ValueError):
+        return None
 
 
-def _probe(mm: mmap.mmap) -> int:
-    """CRC-32 of the file's first and last MiB: with the identity a cache keys on (size, mtime,
-    inode), it catches a file overwritten in place by another of the same size with its mtime
-    kept (``cp -p``): its metadata (name, shapes, vocabulary) or its last tensor's bytes differ."""
-    n = len(mm)
-    return zlib.crc32(mm[max(0, n - _PROBE):], zlib.crc32(mm[:min(n, _PROBE)]))
+class _Unhinted(Exception):
+    """A string array the record does not describe."""
 
 
 # ------------------------------------------------------------------------------------------
@@ -624,6 +622,32 @@ class _Parser:
             if ti.offset + ti.nbytes > self.size:
                 raise self.error(f"truncated: tensor {ti.name!r} data ({ti.nbytes} bytes at offset "
                                  f"{ti.offset}) runs past the end of the file ({self.size} bytes)")
+
+
+class _HintedParser(_Parser):
+    """The parser of from_record: string arrays come from the record's blocks (each used once),
+    not from a walk."""
+
+    def __init__(self, g: GGUFFile, mm: mmap.mmap, hints: dict):
+        super().__init__(g, mm)
+        self.hints = hints
+
+    def scan_strings(self, pos: int, n: int, key: str):
+        if n == 0:
+            return [], pos
+        hint = self.hints.pop(pos, None)
+        if hint is None or hint[0] != n:
+            raise _Unhinted(key)
+        mm, blocks = self.mm, []
+        for cnt, a, b, fast in hint[1]:
+            # A block starts with a string's length, which fits the block (1..255 in a fast
+            # one: see _scan_block). Cheap, and it catches a boundary moved off a string; what
+            # lies inside a block is the record's word (its CRC and the file's are the cache's).
+            n0 = _U64.unpack_from(mm, a)[0]
+            if n0 > b - a - 8 or fast and not 1 <= n0 <= 255:
+                raise _Unhinted(key)
+            blocks.append((cnt, mm[a:b], fast))
+        return blocks, hint[1][-1][2]
 
 
 def _scan_block(mm, pos: int, cnt: int, window: int, limit: int) -> bytes | None:

@@ -1,4 +1,4 @@
-"""A GGUF file's index: its parse and its tokenizer's tables, cached on disk per file.
+"""A GGUF file's index: what its parse and its tokenizer cost, cached on disk per file.
 
 Why: in Python, reading a Qwen3 GGUF's directory means walking 152k token strings and 151k
 merges (to find where the arrays end), and the tokenizer needs a bytes -> id table over the
@@ -8,39 +8,82 @@ driver's start. None of it depends on the prompt, so it is done once per file an
 way Python keeps ``.pyc`` files: the next process maps the index and looks tokens up in an
 open-addressing table (a few microseconds each) without building anything.
 
-A record is ``{"format", "identity", "gguf": gguf.parse_record(g), "tok": Tokenizer.tables()}``
-(``tok`` None for a file without a tokenizer we can read); the tokenizer's tables are kept as
-they come, never looked into here. Keyed by the file's identity (real path, size, mtime in ns,
-inode, device) and checked against its content (its 24-byte header and a CRC-32 of its first
-and last MiB, ~2 ms): a file that is rewritten or replaced does not match its old index, which
-is then ignored and replaced. An index that is unreadable, of another format version or
-inconsistent with the file is ignored too (the full parse runs). Where:
-``$XDG_CACHE_HOME/reflex/index`` (``~/.cache/reflex/index``); ``REFLEX_NO_INDEX=1`` turns the
-index off (never read, never written).
+The index is a cache, never an authority. A run never fails or changes its output because of
+it: whatever is wrong with one -- unreadable, truncated, damaged, of another format, stale,
+forged -- makes it a miss (the full parse runs), and it is deleted and written again.
+
+- What it holds: where the file's string arrays lie (``gguf.parse_record``: ``gguf.from_record``
+  reads everything else from the file again, with the reader's checks) and the tokenizer's
+  tables (``tokenizer.tables.dumps``: checked against the file by ``tables.fits`` before use,
+  and bounded in every lookup). Nothing else is taken from it.
+- Identity: the model's real path, size, mtime (ns), inode and device, and a CRC-32 of every
+  byte the index was derived from: the file's header, metadata and tensor directory, i.e.
+  ``[0, data_offset)`` (5.95 MB for Qwen3-0.6B: ~1.4 ms on a 2-core dev VM). A file rewritten in
+  place with its size and mtime kept no longer matches.
+- Integrity: a CRC-32 of the whole index, so random damage (any single bit flip, a truncation)
+  is a miss before anything in it is read.
+- Format: a fixed binary layout (``_HEAD`` then ``_BODY``, then the model's path and the two
+  sections), every length checked against the bytes present; no marshal or pickle.
+- Forged indexes (their CRC recomputed by someone who can write the cache directory) meet the
+  same checks. What those cannot see -- where inside a string array each block or token lies,
+  which id each table slot holds -- a forger could misstate, changing a prompt's ids, never the
+  parse, and never making a run crash, loop or read out of bounds. The directory is the user's
+  own (reflex_core.cachedir), as ``__pycache__`` is.
+- Reading: the index path is lstat'ed and must be a regular file of at most
+  ``MAX_INDEX_BYTES``, then opened with O_NOFOLLOW | O_NONBLOCK and fstat'ed again before one
+  byte is read; a symlink, FIFO or device there is refused (and removed) without reading it.
+
+Where: ``$XDG_CACHE_HOME/reflex/index`` (``~/.cache/reflex/index``); ``REFLEX_NO_INDEX=1``
+turns the index off (never read, never written).
 
 When written: reflex_core.modelfile schedules the index of a file it parsed the slow way; the
 CLI has it written after the command's output is flushed, by ``write_pending()`` in this
 process or by ``python -m reflex_core.gguf_index PATH...`` (``pending_paths()``) in another.
+That helper also keeps the directory tidy (``evict``): indexes whose model is gone or changed
+are removed, and the oldest go while the directory is over ``MAX_CACHE_BYTES``. Never on the
+way to a first token.
 
-No third-party imports (marshal, zlib): this module is on the cold path.
+No third-party imports (struct, zlib): this module is on the cold path.
 """
 
 from __future__ import annotations
 
-import marshal
 import os
+import stat
+import struct
 import sys
 import weakref
 import zlib
-from typing import Any
+from typing import Any, NamedTuple
 
 from .cachedir import cache_root, write_atomic
 from .errors import ReflexError
 from .gguf import GGUFFile, from_record, map_file, parse, parse_record
 
-FORMAT = 2  # bump when the record's layout or meaning changes (2: the content probe)
+FORMAT = 3  # bump when the layout or meaning changes (3: binary, region CRC, string-array hints)
+MAX_INDEX_BYTES = 64 << 20  # an index larger than this is refused unread (Qwen3's: ~4.7 MB)
+MAX_CACHE_BYTES = 256 << 20  # evict() keeps the directory under this
+
+_MAGIC = b"RXINDEX\n"
+_HEAD = struct.Struct("<8sII")  # magic, FORMAT, CRC-32 of everything after the head
+# the model's size, mtime_ns, inode, device; the length and CRC-32 of the region the index was
+# derived from; the byte lengths of the model's real path, the parse record and the tables
+# (the last + 1; 0: no tables)
+_BODY = struct.Struct("<QqQQQIIII")
+_MAX_PATH = 1 << 16
+_OPEN = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) \
+    | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+
 _pending: list[tuple[Any, os.stat_result]] = []  # (weakref to a GGUFFile, its fstat)
 _kept: list[Any] = []  # see keep()
+
+
+class Record(NamedTuple):
+    model: bytes  # the model's real path (os.fsencode)
+    stat: tuple  # the model's (size, mtime_ns, inode, device)
+    region: tuple  # (length, CRC-32) of the model's bytes the index was derived from
+    gguf: Any  # gguf.parse_record
+    tok: Any  # the tokenizer's tables: tables.dumps() bytes; after restore(), the decoded dict
 
 
 def enabled() -> bool:
@@ -51,54 +94,241 @@ def cache_dir() -> str:
     return os.path.join(cache_root(), "index")
 
 
-def _identity(path: str, st: os.stat_result) -> tuple:
-    return (os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+def _stat_key(st: os.stat_result) -> tuple:
+    return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+
+def _index_path(real: str) -> str:
+    base = "".join(c if c.isalnum() or c in "-_." else "_" for c in os.path.basename(real))[:80]
+    return os.path.join(cache_dir(), f"{base}-{zlib.crc32(os.fsencode(real)):08x}.rxi")
 
 
 def index_file(path: str) -> str:
-    real = os.path.realpath(path)
-    base = "".join(c if c.isalnum() or c in "-_." else "_" for c in os.path.basename(real))[:80]
-    return os.path.join(cache_dir(), f"{base}-{zlib.crc32(real.encode()):08x}.rxi")
+    return _index_path(os.path.realpath(path))
 
 
-def load(path: str, st: os.stat_result) -> dict | None:
-    """The index of ``path`` (whose fstat is ``st``) when a valid one is cached, else None."""
+def _region_crc(mm: Any, n: int) -> int:
+    with memoryview(mm) as mv, mv[:n] as region:  # released: the mapping can still be closed
+        return zlib.crc32(region)
+
+
+# ----------------------------------------------------------------------------------------------
+# The file format
+
+
+def encode(rec: Record) -> bytes:
+    tok = b"" if rec.tok is None else rec.tok
+    body = b"".join((_BODY.pack(*rec.stat, *rec.region, len(rec.model), len(rec.gguf),
+                                0 if rec.tok is None else len(tok) + 1),
+                     rec.model, rec.gguf, tok))
+    return _HEAD.pack(_MAGIC, FORMAT, zlib.crc32(body)) + body
+
+
+def decode(data: Any) -> Record | None:
+    """The Record ``encode`` wrote (its sections as memoryviews of ``data``); None unless
+    ``data`` is exactly one, of this FORMAT, with its CRC."""
+    data = memoryview(data).cast("B")
+    if len(data) < _HEAD.size + _BODY.size:
+        return None
+    magic, fmt, crc = _HEAD.unpack_from(data, 0)
+    if magic != _MAGIC or fmt != FORMAT or zlib.crc32(data[_HEAD.size:]) != crc:
+        return None
+    *st, rlen, rcrc, n_path, n_gguf, n_tok = _BODY.unpack_from(data, _HEAD.size)
+    a = _HEAD.size + _BODY.size
+    b, c = a + n_path, a + n_path + n_gguf
+    if n_path > _MAX_PATH or c + max(n_tok - 1, 0) != len(data):
+        return None
+    return Record(bytes(data[a:b]), tuple(st), (rlen, rcrc), data[b:c],
+                  data[c:] if n_tok else None)
+
+
+def _read(fn: str, limit: int, size: int | None = None) -> bytearray | None:
+    """The first ``size`` bytes (all when None) of the index file ``fn`` if it is a regular file
+    of at most ``limit`` bytes; None when there is none. OSError when something else is there
+    or it cannot be read. Never opens a symlink (O_NOFOLLOW), never blocks on a FIFO or device
+    (lstat first, O_NONBLOCK, fstat before reading)."""
     try:
-        with open(index_file(path), "rb") as f:
-            data = marshal.loads(f.read())
-    except (OSError, EOFError, ValueError, TypeError):
+        st = os.lstat(fn)
+    except FileNotFoundError:
         return None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        return None
-    if data.get("identity") != _identity(path, st):
-        return None
-    return data
+    if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+        raise OSError(f"{fn}: not a regular file of at most {limit} bytes")
+    fd = os.open(fn, _OPEN)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            raise OSError(f"{fn}: not a regular file of at most {limit} bytes")
+        buf = bytearray(st.st_size if size is None else min(size, st.st_size))
+        with memoryview(buf) as mv:
+            got = 0
+            while got < len(buf):
+                n = os.readv(fd, [mv[got:]])
+                if n == 0:
+                    raise OSError(f"{fn}: shorter than its size")  # truncated meanwhile
+                got += n
+        return buf
+    finally:
+        os.close(fd)
 
 
-def restore(g: GGUFFile, st: os.stat_result) -> dict | None:
-    """Fill the fresh (unparsed) ``g``, whose file's fstat is ``st``, from its cached index.
-    Returns the record, or None (``g`` untouched: parse it) when there is no valid one."""
-    rec = load(g.path, st)
-    if rec is None or not from_record(g, rec.get("gguf")):
+def _discard(fn: str) -> None:
+    """Remove a bad index (best effort: the next write replaces it anyway)."""
+    try:
+        os.unlink(fn)
+    except OSError:
+        pass
+
+
+def load(path: str, st: os.stat_result) -> Record | None:
+    """The index of ``path`` (whose fstat is ``st``) when one is cached, intact, of this FORMAT
+    and made for this very file (path, size, mtime, inode, device), else None; one that is
+    there but fails any of this is deleted. Its region's CRC is restore()'s to check."""
+    real = os.path.realpath(path)
+    return _load(_index_path(real), real, st)
+
+
+def _load(fn: str, real: str, st: os.stat_result) -> Record | None:
+    try:
+        data = _read(fn, MAX_INDEX_BYTES)
+    except OSError:
+        _discard(fn)
+        return None
+    if data is None:
+        return None
+    rec = decode(data)
+    if rec is None or rec.model != os.fsencode(real) or rec.stat != _stat_key(st):
+        _discard(fn)
         return None
     return rec
 
 
-def build(g: GGUFFile, st: os.stat_result) -> dict:
-    """The index record of the parsed GGUFFile ``g``: its parse and, when it has a tokenizer
-    we can read, that tokenizer's tables."""
+def restore(g: GGUFFile, st: os.stat_result) -> Record | None:
+    """Fill the fresh (unparsed) ``g``, whose file's fstat is ``st``, from its cached index.
+    Returns the Record (``tok``: the tokenizer's tables, decoded and checked against the file,
+    or None), or None (``g`` untouched: parse it; a bad index is deleted) when there is no
+    valid one."""
+    try:
+        return _restore(g, st)
+    except Exception:  # noqa: BLE001 - a cache never fails a run (e.g. an unusable cache dir)
+        return None
+
+
+def _restore(g: GGUFFile, st: os.stat_result) -> Record | None:
+    real = os.path.realpath(g.path)
+    fn = _index_path(real)
+    rec = _load(fn, real, st)
+    if rec is None:
+        return None
+    n, crc = rec.region
+    tables = None
+
+    def accept(h: GGUFFile) -> bool:
+        nonlocal tables
+        if h.data_offset != n:
+            return False
+        if rec.tok is None:
+            return True
+        from .tokenizer.tables import fits, loads
+
+        tables = loads(rec.tok)
+        return tables is not None and fits(tables, h)
+
+    if n > g.file_size or _region_crc(g.mm, n) != crc or not from_record(g, rec.gguf, accept):
+        _discard(fn)
+        return None
+    return rec._replace(tok=tables)
+
+
+def build(g: GGUFFile, st: os.stat_result) -> Record:
+    """The index record of the parsed GGUFFile ``g`` (whose file's fstat was ``st``): where its
+    string arrays lie and, when it has a tokenizer we can read, that tokenizer's tables.
+    ReflexError when the file changed since ``st`` (its index would describe other bytes)."""
     from .tokenizer import Tokenizer
+    from .tokenizer.tables import dumps
 
     try:
-        tables = Tokenizer.from_gguf(g).tables()
+        tables = dumps(Tokenizer.from_gguf(g).tables())
     except ReflexError:  # no tokenizer, or one we cannot read: the parse alone is worth keeping
         tables = None
-    return {"format": FORMAT, "identity": _identity(g.path, st), "gguf": parse_record(g),
-            "tok": tables}
+    region = (g.data_offset, _region_crc(g.mm, g.data_offset))
+    # The region's CRC is taken now, not when g was parsed: the file must not have changed in
+    # between (a rewrite that also restores the mtime within that window is not caught).
+    try:
+        now = _stat_key(os.stat(g.path))
+    except OSError:
+        now = None
+    if now != _stat_key(st):
+        raise ReflexError(f"{g.path} changed since it was parsed")
+    return Record(os.fsencode(os.path.realpath(g.path)), _stat_key(st), region, parse_record(g),
+                  tables)
 
 
-def save(path: str, record: dict) -> bool:
-    return write_atomic(index_file(path), marshal.dumps(record))
+def save(path: str, record: Record) -> bool:
+    data = encode(record)
+    if len(data) > MAX_INDEX_BYTES:  # it would never be read: keep the parse's part alone
+        data = encode(record._replace(tok=None))
+    return write_atomic(index_file(path), data)
+
+
+# ----------------------------------------------------------------------------------------------
+# Eviction (the index helper's, never on the way to a first token)
+
+
+def _model_of(fn: str) -> tuple[bytes, tuple] | None:
+    """(the model's real path, its stat key) from the head of the index file ``fn``; None when
+    ``fn`` is not one of this FORMAT. OSError as _read."""
+    data = _read(fn, MAX_INDEX_BYTES, _HEAD.size + _BODY.size + _MAX_PATH)
+    if data is None or len(data) < _HEAD.size + _BODY.size:
+        return None
+    magic, fmt, _ = _HEAD.unpack_from(data, 0)
+    if magic != _MAGIC or fmt != FORMAT:
+        return None
+    *st, _, _, n_path, _, _ = _BODY.unpack_from(data, _HEAD.size)
+    a = _HEAD.size + _BODY.size
+    if a + n_path > len(data):
+        return None
+    return bytes(data[a:a + n_path]), tuple(st)
+
+
+def _gone(model: bytes, key: tuple) -> bool:
+    """Whether the model an index was made for no longer exists as it was."""
+    try:
+        return _stat_key(os.stat(model)) != key
+    except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL in the path
+        return True
+    except OSError:  # e.g. no permission now: not evidence that it is gone
+        return False
+
+
+def evict(keep: frozenset[str] = frozenset(), max_bytes: int | None = None) -> None:
+    """Tidy the index directory: remove what is not a regular file, indexes of another format,
+    of a model that is gone or changed, then the oldest (by mtime) while the indexes total more
+    than ``max_bytes`` (MAX_CACHE_BYTES). ``keep``: index files never removed for size (those
+    just written). Best effort: errors only mean less is removed."""
+    limit = MAX_CACHE_BYTES if max_bytes is None else max_bytes
+    try:
+        with os.scandir(cache_dir()) as it:
+            entries = [e for e in it if e.name.endswith(".rxi")]
+    except OSError:
+        return
+    live = []
+    for e in entries:
+        try:
+            st = e.stat(follow_symlinks=False)
+            model = _model_of(e.path) if stat.S_ISREG(st.st_mode) else None
+        except OSError:
+            model = None
+        if model is None or _gone(*model):
+            _discard(e.path)
+        else:
+            live.append((st.st_mtime_ns, e.path, st.st_size))
+    total = sum(size for _, _, size in live)
+    for _, fn, size in sorted(live):
+        if total <= limit:
+            break
+        if fn not in keep:
+            _discard(fn)
+            total -= size
 
 
 # ----------------------------------------------------------------------------------------------
@@ -146,39 +376,47 @@ def write_pending() -> None:
     _pending.clear()
     for g, st in live:
         try:
-            record = build(g, st)
+            save(g.path, build(g, st))
         except Exception:  # noqa: BLE001 - an index is an optimisation, never an error
             continue
-        save(g.path, record)
 
 
 # ----------------------------------------------------------------------------------------------
 # python -m reflex_core.gguf_index PATH...
 
 
-def refresh(path: str) -> None:
+def refresh(path: str) -> str | None:
     """Write the index of the GGUF at ``path`` unless a valid one is cached (GGUFError for a
-    file that is not a readable GGUF)."""
+    file that is not a readable GGUF). Returns the index file when there is one now."""
     if not enabled():
-        return
+        return None
     mm, st = map_file(path)
     g = GGUFFile(path, mm)
     try:
-        if restore(g, st) is None:
-            parse(g)
-            save(path, build(g, st))
+        if restore(g, st) is not None:
+            return index_file(path)
+        parse(g)
+        return index_file(path) if save(path, build(g, st)) else None
     finally:
         g.close()
 
 
 def main(argv: list[str]) -> int:
-    """(Re)write the index of each path where it is missing or stale; silent, and exit
-    status 0 whatever happens: a process exiting after its output hands this its pending
-    paths (fork + exec), and nobody reads its output or waits for it."""
+    """(Re)write the index of each path where it is missing or stale, then tidy the directory
+    (``evict``); silent, and exit status 0 whatever happens: a process exiting after its output
+    hands this its pending paths (fork + exec), and nobody reads its output or waits for it."""
+    written = set()
     for path in argv:
         try:
-            refresh(path)
+            fn = refresh(path)
         except BaseException:  # noqa: BLE001 - an index is an optimisation, never an error
+            continue
+        if fn is not None:
+            written.add(fn)
+    if enabled():
+        try:
+            evict(frozenset(written))
+        except BaseException:  # noqa: BLE001
             pass
     return 0
 

@@ -2,9 +2,9 @@
 has a valid one (reflex_core.gguf_index), else the slow way -- and then the index is scheduled
 to be written once the process's work is done.
 
-The layers stay apart: reflex_core.gguf parses and turns a parse into plain data and back;
-the tokenizer exports and imports its own tables; gguf_index stores both per file without
-looking inside. This module is where they meet.
+The layers stay apart: reflex_core.gguf parses (and re-parses with a record of where its string
+arrays lie); the tokenizer exports, stores, checks and imports its own tables; gguf_index stores
+both per file and checks the index against the file. This module is where they meet.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class ModelFile(GGUFFile):
     def __init__(self, path: str, mm: Any):
         super().__init__(path, mm)
         self.index_state = "off"  # "hit", "miss" (parsed; its index is scheduled), "off"
-        self.tokenizer_tables: Any = None  # from the index (opaque: Tokenizer.from_tables)
+        self.tokenizer_tables: Any = None  # from the index, checked (Tokenizer.from_tables)
 
 
 def open_model_file(path: str | os.PathLike, use_index: bool = True) -> ModelFile:
@@ -30,7 +30,8 @@ def open_model_file(path: str | os.PathLike, use_index: bool = True) -> ModelFil
 
     ``use_index``: take the parse and the tokenizer's tables from the file's cached index when
     there is a valid one (REFLEX_NO_INDEX=1 turns it off), and schedule one to be written when
-    there is not (``gguf_index.pending_paths()`` / ``write_pending()``)."""
+    there is not (``gguf_index.pending_paths()`` / ``write_pending()``). Whatever is wrong with
+    an index only makes it a miss."""
     path = os.fspath(path)
     mm, st = map_file(path)
     g = ModelFile(path, mm)
@@ -39,7 +40,7 @@ def open_model_file(path: str | os.PathLike, use_index: bool = True) -> ModelFil
         return g
     rec = gguf_index.restore(g, st)
     if rec is not None:
-        g.index_state, g.tokenizer_tables = "hit", rec.get("tok")
+        g.index_state, g.tokenizer_tables = "hit", rec.tok
     else:
         parse(g)
         g.index_state = "miss"

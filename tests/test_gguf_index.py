@@ -5,13 +5,14 @@ once and uses it; ``python -m reflex_core.gguf_index`` writes it in a process of
 
 from __future__ import annotations
 
-import marshal
+import struct
 import os
 import random
 import shutil
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from reflex_core import gguf_index
 from reflex_core.gguf import GGUFFile, open_gguf
 from reflex_core.modelfile import load_tokenizer, open_model_file
 from reflex_core.testing.modelwriter import ModelShape, qwen3_tokenizer_json_path
-from reflex_core.tokenizer import Tokenizer
+from reflex_core.tokenizer import Tokenizer, tables
 from test_tokenizer_fast import CORPUS, fresh
 
 
@@ -126,19 +127,30 @@ def test_fallback_vocabulary_records_no_tables(cache, tmp_path):
     assert tok.encode(" Paris") == [7148] and tok.last_path == "full"
 
 
-def test_same_size_rewrite_with_mtime_kept_is_caught(cache, qwen_file, tmp_path):
-    # cp -p of another same-size file over this one: same inode, size and mtime; the probe
-    # (CRC of the first and last MiB) sees the new content
+def test_same_size_rewrite_with_mtime_kept(cache, qwen_file, tmp_path):
+    # Overwritten in place with the same size and its mtime kept (cp -p): same inode, size and
+    # mtime. A change in the tensor data leaves the index valid (nothing of the data is in it:
+    # the new bytes are read); a change anywhere in [0, data_offset) makes it a miss (the
+    # stale-index findings: tests/test_index_hardening.py).
     p = tmp_path / "m.gguf"
     shutil.copy(qwen_file, p)
-    indexed(p)
+    g, _ = indexed(p)
     st = p.stat()
-    data = bytearray(p.read_bytes())
-    data[-1] ^= 0xFF  # the last tensor's last byte
-    with open(p, "r+b") as f:
-        f.write(data)
-    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert p.stat().st_ino == st.st_ino and p.stat().st_mtime_ns == st.st_mtime_ns
+    last = list(g.tensors)[-1]
+
+    def rewrite(pos: int) -> None:
+        data = bytearray(p.read_bytes())
+        data[pos] ^= 0xFF
+        with open(p, "r+b") as f:
+            f.write(data)
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert (p.stat().st_ino, p.stat().st_mtime_ns) == (st.st_ino, st.st_mtime_ns)
+
+    rewrite(p.stat().st_size - 1)  # the last tensor's last byte
+    h = open_model_file(p)
+    assert h.index_state == "hit"
+    assert bytes(h.tensor_data(last)) == bytes(open_gguf(p).tensor_data(last))
+    rewrite(g.data_offset - 1)  # the last byte the index was derived from (padding)
     assert open_model_file(p).index_state == "miss"
 
 
@@ -158,42 +170,120 @@ def test_changed_file_ignores_its_index(cache, qwen_file, tmp_path):
     assert open_model_file(p).index_state == "miss"
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "format", "identity", "header",
-                                    "tensor past the end", "table size"])
-def test_bad_index_is_ignored(cache, qwen_file, tmp_path, damage):
+def forge(path, tok=None, tok_raw=None, body=None, **fields) -> None:
+    """Rewrite the index of ``path`` as someone who can write the cache would, with a correct
+    CRC: ``fields`` replace the Record's, ``tok`` maps the decoded tables dict, ``tok_raw`` the
+    tables' bytes, ``body`` the encoded index (its CRC recomputed after)."""
+    f = Path(gguf_index.index_file(str(path)))
+    rec = gguf_index.decode(f.read_bytes())
+    assert rec is not None
+    if tok is not None:
+        fields["tok"] = tables.dumps(tok(tables.loads(rec.tok)))
+    if tok_raw is not None:
+        fields["tok"] = tok_raw(bytes(rec.tok))
+    data = gguf_index.encode(rec._replace(**fields))
+    if body is not None:
+        data = body(data)
+        data = data[:12] + struct.pack("<I", zlib.crc32(data[16:])) + data[16:]
+    f.write_bytes(data)
+
+
+def _u32_at(b: bytes, pos: int, v: int = 0xFFFFFFFF) -> bytes:
+    return b[:pos] + struct.pack("<I", v) + b[pos + 4:]
+
+
+def _tokens_span_at(t: dict) -> int:
+    """Where the tokens' (lo, hi, count) lie in tables.dumps(t)."""
+    return 6 + 20 + 4 + len(t["tb"]) + sum(9 + len(x.encode()) for _, x, _ in t["added"])
+
+
+def _hints(rec, fn):
+    """A parse record whose string-array blocks went through ``fn([(cnt, end, fast)])``."""
+    raw = bytes(rec.gguf)
+    (n,), pos, out = struct.unpack_from("<I", raw, 0), 4, [raw[:4]]
+    for _ in range(n):
+        start, count, nb = struct.unpack_from("<QQI", raw, pos)
+        pos += 20
+        blocks = [struct.unpack_from("<IQB", raw, pos + 13 * i) for i in range(nb)]
+        pos += 13 * nb
+        blocks = fn(blocks)
+        out.append(struct.pack("<QQI", start, count, len(blocks)))
+        out += [struct.pack("<IQB", *b) for b in blocks]
+    return b"".join(out)
+
+
+def _no_empty_slot(t):
+    t["table"] = b"\0\0\0\0" * (len(t["table"]) // 4)
+    return t
+
+
+def _shifted_tokens(t):
+    lo, hi, rel, lens = t["tokens"]
+    t["tokens"] = (lo + 8, hi + 8, rel, lens)
+    return t
+
+
+def _control_token(t):  # a NORMAL token made CONTROL: the added tokens no longer agree
+    t["tb"] = t["tb"][:9707] + b"\x03" + t["tb"][9708:]
+    return t
+
+
+def _put(p, data: bytes) -> None:
+    Path(gguf_index.index_file(str(p))).write_bytes(data)
+
+
+DAMAGE = {
+    "garbage": lambda p, raw: _put(p, b"\0junk" * 10),
+    "truncated": lambda p, raw: _put(p, raw[:len(raw) // 2]),
+    "five bytes": lambda p, raw: _put(p, b"\xdb\xff\xff\xff\x7f"),
+    "empty": lambda p, raw: _put(p, b""),
+    "format": lambda p, raw: _put(p, raw[:8] + struct.pack("<I", 2) + raw[12:]),
+    "crc": lambda p, raw: _put(p, raw[:-1] + bytes([raw[-1] ^ 1])),
+    "identity": lambda p, raw: forge(p, model=b"/elsewhere/m.gguf"),
+    "mtime": lambda p, raw: forge(p, stat=(lambda s: (s[0], s[1] + 1, s[2], s[3]))(
+        gguf_index.decode(raw).stat)),
+    "region crc": lambda p, raw: forge(p, region=(gguf_index.decode(raw).region[0],
+                                                  gguf_index.decode(raw).region[1] ^ 1)),
+    "region past the end": lambda p, raw: forge(p, region=(1 << 62, 0)),
+    "path length huge": lambda p, raw: forge(p, body=lambda d: _u32_at(d, 60)),
+    "sections past the end": lambda p, raw: forge(p, body=lambda d: _u32_at(d, 64)),
+    "hint count huge": lambda p, raw: forge(p, gguf=struct.pack("<I", 0xFFFFFFFF)
+                                            + bytes(gguf_index.decode(raw).gguf)[4:]),
+    "hint block moved": lambda p, raw: forge(p, gguf=_hints(
+        gguf_index.decode(raw), lambda bl: [(bl[0][0], bl[0][1] + 8, bl[0][2])] + bl[1:])),
+    "hint block count": lambda p, raw: forge(p, gguf=_hints(
+        gguf_index.decode(raw), lambda bl: [(bl[0][0] + 1, bl[0][1], bl[0][2])] + bl[1:])),
+    "hint missing": lambda p, raw: forge(p, gguf=struct.pack("<I", 0)),
+    "tables garbage": lambda p, raw: forge(p, tok_raw=lambda b: b"RXTB\x01\x01" + b"\xff" * 50),
+    "tables truncated": lambda p, raw: forge(p, tok_raw=lambda b: b[:-1]),
+    "added count huge": lambda p, raw: forge(p, tok_raw=lambda b: _u32_at(b, 22)),
+    "types length huge": lambda p, raw: forge(p, tok_raw=lambda b: _u32_at(b, 26)),
+    "token count huge": lambda p, raw: forge(p, tok_raw=lambda b: _u32_at(
+        b, _tokens_span_at(tables.loads(b)) + 16)),
+    "no empty slot": lambda p, raw: forge(p, tok=_no_empty_slot),
+    "table size": lambda p, raw: forge(p, tok=lambda t: {**t, "table": t["table"][:-4]}),
+    "probe unbounded": lambda p, raw: forge(p, tok=lambda t: {**t, "probe": 1 << 20}),
+    "tokens elsewhere": lambda p, raw: forge(p, tok=_shifted_tokens),
+    "token types": lambda p, raw: forge(p, tok=_control_token),
+    "k": lambda p, raw: forge(p, tok=lambda t: {**t, "k": t["k"] - 1}),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_bad_index_is_a_miss_deleted_and_rebuilt(cache, qwen_file, tmp_path, damage):
     p = tmp_path / "m.gguf"
     shutil.copy(qwen_file, p)
     g, _ = indexed(p)
     f = Path(gguf_index.index_file(str(p)))
-    raw = f.read_bytes()
-    rec = marshal.loads(raw)
-    if damage == "garbage":
-        f.write_bytes(b"\x00not marshal" * 10)
-    elif damage == "truncated":
-        f.write_bytes(raw[:len(raw) // 2])
-    else:
-        if damage == "format":
-            rec["format"] = -1
-        elif damage == "identity":
-            rec["identity"] = ("/elsewhere",) + tuple(rec["identity"][1:])
-        elif damage == "header":
-            rec["gguf"]["header"] = b"GGUF" + b"\xff" * 20
-        elif damage == "tensor past the end":
-            t = rec["gguf"]["tensors"]
-            t[0] = (t[0][0], t[0][1], t[0][2], 10 ** 12, t[0][4])
-        elif damage == "table size":
-            rec["tok"]["table"] = rec["tok"]["table"][:-4]
-        f.write_bytes(marshal.dumps(rec))
+    DAMAGE[damage](p, f.read_bytes())
     h = open_model_file(p)
-    if damage == "table size":  # the parse is fine; the tokenizer refuses the tables
-        assert h.index_state == "hit"
-        tok = load_tokenizer(h)
-        assert tok._scoped._merge_strs is None  # built from the metadata
-    else:
-        assert h.index_state == "miss"
+    assert h.index_state == "miss"
+    assert not f.exists()  # deleted ...
     same_parse(g, h)
     assert load_tokenizer(h).encode("The capital of France is") == \
         Tokenizer.from_gguf(g).encode("The capital of France is")
+    gguf_index.write_pending()  # ... and rebuilt
+    assert open_model_file(p).index_state == "hit"
 
 
 def test_no_index_env(cache, qwen_file, monkeypatch):
@@ -297,3 +387,82 @@ def test_entry_point_does_nothing_with_no_index_env(cache, qwen_file):
                        capture_output=True, env=env, timeout=300)
     assert (r.returncode, r.stdout, r.stderr) == (0, b"", b"")
     assert not cache.exists()
+
+
+def test_evict_removes_what_is_not_an_index_of_a_live_model_then_the_oldest(cache, tmp_path,
+                                                                           qwen_file):
+    models = []
+    for name in "abcd":
+        models.append(tmp_path / f"{name}.gguf")
+        shutil.copy(qwen_file, models[-1])
+        g = open_model_file(models[-1])
+        gguf_index.write_pending()
+        g.close()
+    files = [Path(gguf_index.index_file(str(m))) for m in models]
+    for i, f in enumerate(files):  # a oldest ... d newest
+        os.utime(f, ns=(10 ** 18 + i * 10 ** 9,) * 2)
+    d = Path(gguf_index.cache_dir())
+    link = d / "link.rxi"
+    link.symlink_to(files[3])
+    (d / "old-format.rxi").write_bytes(b"\xfb" + b"\0" * 100)  # an earlier FORMAT (marshal)
+    (d / "notes.txt").write_bytes(b"not ours")
+    st = models[1].stat()  # b changed: its index can never be used again
+    os.utime(models[1], ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    size = files[0].stat().st_size
+    gguf_index.evict(keep=frozenset([str(files[0])]), max_bytes=2 * size)
+    assert [f.exists() for f in files] == [True, False, False, True]  # b stale; c oldest left
+    assert not link.exists() and not (d / "old-format.rxi").exists()
+    assert (d / "notes.txt").exists() and models[3].exists()
+    gguf_index.evict()  # under the cap, every model as indexed: nothing to do
+    assert [f.exists() for f in files] == [True, False, False, True]
+
+
+def test_vocab_table_lookups_are_bounded_whatever_the_table_holds():
+    raw = tables.Strings(b"\0" * 8 + b"ab" + b"\0" * 8 + b"cd", (0, 20, struct.pack("<II", 8, 18),
+                                                               struct.pack("<II", 2, 2)))
+    assert list(raw) == [b"ab", b"cd"]
+    full = struct.pack("<i", 7) * 16  # no empty slot, ids >= k: each lookup stops after 3 probes
+    vt = tables.VocabTable(full, 15, 3, raw, 2)
+    assert vt.get(b"ab") is None and vt.get(b"zz", 5) == 5
+    good = bytearray(b"\xff" * 64)
+    for i, key in enumerate((b"ab", b"cd")):
+        h = zlib.crc32(key) & 15
+        while good[4 * h:4 * h + 4] != b"\xff" * 4:
+            h = (h + 1) & 15
+        good[4 * h:4 * h + 4] = struct.pack("<i", i)
+    vt = tables.VocabTable(bytes(good), 15, 2, raw, 2)
+    assert (vt.get(b"ab"), vt.get(b"cd"), vt.get(b"ef")) == (0, 1, None)
+    with pytest.raises(ValueError):
+        tables.VocabTable(bytes(good), 15, tables.MAX_PROBE + 1, raw, 2)
+
+
+def test_truncated_or_damaged_sections_never_raise(cache, qwen_file, tmp_path):
+    # every prefix length and many single-byte changes of both sections: decoded or refused,
+    # never an exception, never an allocation beyond the section's own size
+    p = tmp_path / "m.gguf"
+    shutil.copy(qwen_file, p)
+    g, _ = indexed(p)
+    rec = gguf_index.decode(Path(gguf_index.index_file(str(p))).read_bytes())
+    tok, hints = bytes(rec.tok), bytes(rec.gguf)
+    assert tables.loads(tok) is not None
+    rng = random.Random(3)
+    t = tables.loads(tok)
+    at = _tokens_span_at(t)
+    fields = list(range(40)) + list(range(at, at + 20)) + list(range(at + 20 + 8 * len(t["tb"]),
+                                                                     at + 40 + 8 * len(t["tb"])))
+    for n in fields + rng.sample(range(len(tok)), 200):
+        assert tables.loads(tok[:n]) is None
+    for i in fields * 8 + rng.sample(range(len(tok)), 300):
+        b = bytearray(tok)
+        b[i] = rng.randrange(256)
+        t = tables.loads(bytes(b))
+        if t is not None:
+            assert tables.fits(t, g) in (True, False)
+    from reflex_core.gguf import GGUFFile, from_record
+
+    for n in range(len(hints)):
+        assert not from_record(GGUFFile(g.path, g.mm), hints[:n])
+    for _ in range(500):
+        b = bytearray(hints)
+        b[rng.randrange(len(b))] = rng.randrange(256)
+        from_record(GGUFFile(g.path, g.mm), bytes(b))
