@@ -52,10 +52,12 @@ import os
 import stat
 import struct
 import sys
+import time
 import weakref
 import zlib
 from typing import Any, NamedTuple
 
+from . import cachedir
 from .cachedir import cache_root, write_atomic
 from .errors import ReflexError
 from .gguf import GGUFFile, from_record, map_file, parse, parse_record
@@ -90,8 +92,11 @@ def enabled() -> bool:
     return os.environ.get("REFLEX_NO_INDEX", "") in ("", "0")
 
 
+INDEX_DIR = "index"  # below the cache root
+
+
 def cache_dir() -> str:
-    return os.path.join(cache_root(), "index")
+    return os.path.join(cache_root(), INDEX_DIR)
 
 
 def _stat_key(st: os.stat_result) -> tuple:
@@ -183,6 +188,8 @@ def load(path: str, st: os.stat_result) -> Record | None:
     """The index of ``path`` (whose fstat is ``st``) when one is cached, intact, of this FORMAT
     and made for this very file (path, size, mtime, inode, device), else None; one that is
     there but fails any of this is deleted. Its region's CRC is restore()'s to check."""
+    if cachedir.cache_dir(INDEX_DIR, create=False) is None:  # missing, or not safe to trust
+        return None
     real = os.path.realpath(path)
     return _load(_index_path(real), real, st)
 
@@ -263,11 +270,13 @@ def build(g: GGUFFile, st: os.stat_result) -> Record:
                   tables)
 
 
-def save(path: str, record: Record) -> bool:
+def save(path: str, record: Record, create_dirs: bool = True) -> bool:
+    """Write ``record`` as the index of ``path``. ``create_dirs`` False: only into a cache
+    directory that exists (the detached writer must not bring back one the user deleted)."""
     data = encode(record)
     if len(data) > MAX_INDEX_BYTES:  # it would never be read: keep the parse's part alone
         data = encode(record._replace(tok=None))
-    return write_atomic(index_file(path), data)
+    return write_atomic(index_file(path), data, create_dirs=create_dirs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -300,15 +309,32 @@ def _gone(model: bytes, key: tuple) -> bool:
         return False
 
 
+_TEMP_AGE_S = 3600  # a writer's temp file older than this was left by a killed process
+
+
+def _stale_temp(e: os.DirEntry) -> bool:
+    """A temporary file of cachedir.write_atomic that its writer never renamed (SIGKILL, power
+    cut): hidden, ``.tmp``, and old."""
+    if not (e.name.startswith(".") and e.name.endswith(".tmp")):
+        return False
+    try:
+        return time.time() - e.stat(follow_symlinks=False).st_mtime > _TEMP_AGE_S
+    except OSError:
+        return False
+
+
 def evict(keep: frozenset[str] = frozenset(), max_bytes: int | None = None) -> None:
     """Tidy the index directory: remove what is not a regular file, indexes of another format,
     of a model that is gone or changed, then the oldest (by mtime) while the indexes total more
     than ``max_bytes`` (MAX_CACHE_BYTES). ``keep``: index files never removed for size (those
     just written). Best effort: errors only mean less is removed."""
     limit = MAX_CACHE_BYTES if max_bytes is None else max_bytes
+    folder = cachedir.cache_dir(INDEX_DIR, create=False)
+    if folder is None:
+        return
     try:
-        with os.scandir(cache_dir()) as it:
-            entries = [e for e in it if e.name.endswith(".rxi")]
+        with os.scandir(folder) as it:
+            entries = [e for e in it if e.name.endswith(".rxi") or _stale_temp(e)]
     except OSError:
         return
     live = []
@@ -318,7 +344,7 @@ def evict(keep: frozenset[str] = frozenset(), max_bytes: int | None = None) -> N
             model = _model_of(e.path) if stat.S_ISREG(st.st_mode) else None
         except OSError:
             model = None
-        if model is None or _gone(*model):
+        if model is None or e.name.endswith(".tmp") or _gone(*model):
             _discard(e.path)
         else:
             live.append((st.st_mtime_ns, e.path, st.st_size))
@@ -385,9 +411,10 @@ def write_pending() -> None:
 # python -m reflex_core.gguf_index PATH...
 
 
-def refresh(path: str) -> str | None:
+def refresh(path: str, create_dirs: bool = True) -> str | None:
     """Write the index of the GGUF at ``path`` unless a valid one is cached (GGUFError for a
-    file that is not a readable GGUF). Returns the index file when there is one now."""
+    file that is not a readable GGUF). Returns the index file when there is one now.
+    ``create_dirs``: as :func:`save`."""
     if not enabled():
         return None
     mm, st = map_file(path)
@@ -396,7 +423,7 @@ def refresh(path: str) -> str | None:
         if restore(g, st) is not None:
             return index_file(path)
         parse(g)
-        return index_file(path) if save(path, build(g, st)) else None
+        return index_file(path) if save(path, build(g, st), create_dirs) else None
     finally:
         g.close()
 
@@ -408,7 +435,7 @@ def main(argv: list[str]) -> int:
     written = set()
     for path in argv:
         try:
-            fn = refresh(path)
+            fn = refresh(path, create_dirs=False)  # after the command: never re-create the dir
         except BaseException:  # noqa: BLE001 - an index is an optimisation, never an error
             continue
         if fn is not None:

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from typing import NoReturn
 
 INDEX_HELPER_MODULE = "reflex_core.gguf_index"
-INDEX_CACHE = "index"  # the cache folder the helper writes into (gguf_index.cache_dir())
+INDEX_CACHE = "index"  # the cache folder the helper writes into (gguf_index.INDEX_DIR)
 _SIGNALS = {_signal.SIGINT: (b"error: interrupted\n", 130),
             _signal.SIGTERM: (b"error: terminated\n", 143)}
 _ending = False  # a signal handler is ending the process

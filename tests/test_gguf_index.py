@@ -360,6 +360,13 @@ def test_entry_point_writes_the_index_the_next_open_hits(cache, qwen_file, tmp_p
     elsewhere.mkdir()
     cmd = [sys.executable, "-m", "reflex_core.gguf_index", str(tmp_path / "missing.gguf"),
            str(junk), str(tmp_path), str(p)]
+    # the entry point never creates the cache folder (a reflex command makes it before it
+    # hands the write over): without it nothing is written
+    r = subprocess.run(cmd, capture_output=True, cwd=elsewhere, timeout=300)
+    assert r.returncode == 0 and not os.path.exists(gguf_index.cache_dir())
+    from reflex_core import cachedir
+
+    assert cachedir.cache_dir(gguf_index.INDEX_DIR) == gguf_index.cache_dir()
     r = subprocess.run(cmd, capture_output=True, cwd=elsewhere, timeout=300)
     assert (r.returncode, r.stdout, r.stderr) == (0, b"", b"")  # bad paths: silently skipped
     f = Path(gguf_index.index_file(str(p)))

@@ -234,6 +234,9 @@ def test_indexes_of_deleted_models_are_evicted(tmp_path, small_vocab):
         models.append(tmp_path / f"{name}.gguf")
         shutil.copy(small_vocab, models[-1])
     helper = [sys.executable, "-m", "reflex_core.gguf_index"]
+    # the folder a reflex command makes before it hands the write to the helper
+    (tmp_path / "xdg" / "reflex" / "index").mkdir(parents=True, mode=0o700)
+    os.chmod(tmp_path / "xdg" / "reflex", 0o700)
     r = subprocess.run(helper + [str(m) for m in models[:3]], env=env, capture_output=True,
                        timeout=300)
     assert r.returncode == 0
@@ -252,3 +255,17 @@ def test_indexes_of_deleted_models_are_evicted(tmp_path, small_vocab):
     r = subprocess.run(helper + [str(models[3])], env=env, capture_output=True, timeout=300)
     assert r.returncode == 0
     assert [f.is_file() for f in files] == [False, False, True, True]
+
+
+def test_eviction_removes_temp_files_left_by_killed_writers(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    from reflex_core import cachedir
+
+    folder = Path(cachedir.cache_dir(gguf_index.INDEX_DIR))
+    old, fresh = folder / ".m.rxi.0123456789abcdef.tmp", folder / ".n.rxi.fedcba9876543210.tmp"
+    for f in (old, fresh):
+        f.write_bytes(b"partial")
+    t = time.time() - 2 * 3600
+    os.utime(old, (t, t))
+    gguf_index.evict()
+    assert not old.exists() and fresh.exists()  # a writer may still be renaming the fresh one

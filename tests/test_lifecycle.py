@@ -256,12 +256,7 @@ touch "$DONE"
 """
 
 
-UNTIL_WIRED = pytest.mark.xfail(strict=True, reason=(
-    "until reflex_core.gguf_index's helper writes with cachedir.write_atomic(..., "
-    "create_dirs=False) (wired at the merge; then drop this mark)"))
-
-
-@pytest.mark.parametrize("delete", [pytest.param(True, marks=UNTIL_WIRED), False],
+@pytest.mark.parametrize("delete", [True, False],
                          ids=["cache-deleted", "control"])
 def test_a_cache_deleted_after_the_command_returned_stays_deleted(tmp_path, model_files,
                                                                   delete):
