@@ -23,9 +23,8 @@ entries must all be equal; ``per_layer="all"`` keeps the list of every layer's v
 ``bound="blocks"`` / ``bound="dim"`` bounds a count by the file's tensor directory as soon as it
 is read (:meth:`~reflex_core.hparams.Meta.bounded`): the block count before any per-layer list
 is made from it, widths and head / expert counts so that an absurd one is an error naming its
-key rather than a failed shape check later. Fields
-declared with :func:`derived` are
-computed by the class's :meth:`ArchConfig.derive` (RoPE parameters, the vocabulary size).
+key rather than a failed shape check later. Fields declared with :func:`derived` are computed
+by the class's :meth:`ArchConfig.derive` (RoPE parameters, the vocabulary size).
 
 :class:`AttentionConfig` holds the spec §3 fields every attention family reads; :class:`MoEConfig`
 adds the routed experts (spec §4.5). A family subclasses them and adds its own keys.

@@ -3,13 +3,14 @@ Families declare their configuration on top of this (:mod:`reflex_core.config`).
 
 ``Meta(gguf, arch)`` reads keys the way llama.cpp does: a required key that is missing, a key
 stored with the wrong kind (a string where a number is expected, ...), an integer out of its
-range or a float that is not finite is a :class:`ModelError` naming the key and the file.
+range or a float that is not finite is a :class:`ModelError` naming the key and the file. A key
+is written without its architecture prefix (``meta.u32("attention.head_count")`` reads
+``qwen3.attention.head_count``); keys of the global namespaces (``general.``, ``tokenizer.``,
+``split.``, ``adapter.``) and keys already starting with ``{arch}.`` are used as written.
+
 Counts that size things (blocks, heads, experts, the vocabulary) are bounded by the file's own
-tensor directory (:meth:`Meta.bounded`) before anything is built from them: metadata of a few
-bytes must not make the reader allocate gigabytes. A key is written without its architecture prefix
-(``meta.u32("attention.head_count")`` reads ``qwen3.attention.head_count``); keys of the global
-namespaces (``general.``, ``tokenizer.``, ``split.``, ``adapter.``) and keys already starting with
-``{arch}.`` are used as written.
+tensor directory (:meth:`Meta.bounded`) before anything is built from them: a few bytes of
+metadata must not make the reader allocate gigabytes.
 
 Standard library only (the GPU cold path imports this).
 """
@@ -227,12 +228,13 @@ class Meta:
         if bound is None:
             return value
         if bound == "blocks":
-            limit, what = len(getattr(self.gguf, "tensors", None) or ()), "the number of tensors in the file"
+            limit = len(getattr(self.gguf, "tensors", None) or ())
+            what = "the number of tensors in the file"
         elif bound == "dim":
             limit, what = self.largest_dim(), "the largest tensor dimension in the file"
         else:
             raise ValueError(f"unknown bound {bound!r}")
-        biggest = max(value) if isinstance(value, list) else value
+        biggest = max(value, default=0) if isinstance(value, list) else value
         if isinstance(biggest, int) and biggest > limit:
             raise self.error(f"metadata key {self.key(key)!r} = {biggest} is more than "
                               f"{what} ({limit})")

@@ -6,6 +6,7 @@ fuzzes each target for a minute (scripts/test.sh); this is the part that runs ev
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -42,19 +43,23 @@ def test_index_seeds_replay_without_findings():
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
 
 
-def test_a_tensor_without_dimensions_is_a_shape_error(tmp_path):
-    """Found by the hparams target: a tensor of 0 dimensions (a scalar to ggml) where the model
-    binds a vector made the CPU backend's weight() fail with an IndexError."""
+@pytest.mark.parametrize("name", sorted(BAD_TENSORS))
+def test_bad_tensor_shapes_are_model_errors(tmp_path, name):
+    """Found by the hparams target: a tensor of 0 dimensions (a scalar to ggml) where a vector
+    is bound made the CPU backend's weight() fail with an IndexError; an expert tensor with a
+    trailing 1 ([D, F, E, 1]) passed the shape check and failed in moe_matmul (ValueError)."""
     from reflex_qwen3.model import Qwen3
+    from reflex_qwen3_moe.model import Qwen3MoE
 
     from reflex_core.backends.numpy_backend import NumpyOps
     from reflex_core.errors import ModelError
     from reflex_core.gguf import open_gguf
 
-    path = tmp_path / "scalar.gguf"
-    path.write_bytes(bad_tensor_model("tensor-no-dims").to_bytes())
+    arch, tensor, ne = BAD_TENSORS[name]
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(bad_tensor_model(name).to_bytes())
     g = open_gguf(path)
     ops = NumpyOps()
     ops.attach(g)
-    with pytest.raises(ModelError, match=r"'output_norm\.weight' has shape \[\], expected \[8\]"):
-        Qwen3(g, ops)
+    with pytest.raises(ModelError, match=re.escape(f"'{tensor}' has shape {list(ne)}")):
+        (Qwen3MoE if arch == "qwen3moe" else Qwen3)(g, ops)

@@ -304,6 +304,10 @@ BAD = {
     "freq-base-zero": ("qwen3", False, "qwen3.rope.freq_base", 0.0, FLOAT32, None),
     "freq-base-f64-huge": ("qwen3", False, "qwen3.rope.freq_base", 1e300, FLOAT64, None),
     "rope-factor-inf": ("qwen3", False, "qwen3.rope.scaling.factor", float("inf"), FLOAT32, None),
+    # found by the fuzzer: "a b" with "a" and "b" in the vocabulary but not "ab" (tokenizers
+    # panics on it)
+    "merge-result-missing": ("qwen3", True, "tokenizer.ggml.merges", MERGES + ["a b"], ARRAY,
+                             STRING),
 }
 
 
@@ -313,17 +317,19 @@ def bad_model(name: str) -> GGUF:
     return tiny_model(arch, tokenizer=tok).set(key, value, vtype, elem)
 
 
-# Known-bad tensor directories: name -> (tensor, its new shape). The reader accepts them (the
-# byte sizes follow the shapes); the backends' weight binding must refuse them.
+# Known-bad tensor directories: name -> (architecture, tensor, its new shape). The reader
+# accepts them (the byte sizes follow the shapes); the weight binding must refuse them. The
+# first and the last were found by the fuzzer.
 BAD_TENSORS = {
-    "tensor-no-dims": ("output_norm.weight", ()),
-    "tensor-wrong-rows": ("blk.0.attn_k.weight", (8, 2)),
+    "tensor-no-dims": ("qwen3", "output_norm.weight", ()),
+    "tensor-wrong-rows": ("qwen3", "blk.0.attn_k.weight", (8, 2)),
+    "expert-tensor-4d": ("qwen3moe", "blk.0.ffn_up_exps.weight", (8, 8, 2, 1)),
 }
 
 
 def bad_tensor_model(name: str) -> GGUF:
-    tname, ne = BAD_TENSORS[name]
-    g = tiny_model("qwen3", tokenizer=False)
+    arch, tname, ne = BAD_TENSORS[name]
+    g = tiny_model(arch, tokenizer=False)
     t = g.tensor(tname)
     n = 4
     for d in ne:

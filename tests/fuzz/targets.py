@@ -105,7 +105,7 @@ def tokenizer(data: bytes) -> None:
         served = Tokenizer.from_tables(g, tables)
         if served is not None:
             got = [served.encode(t) for t in TEXTS]
-            assert got == ids, f"tokenizer served from its tables encodes differently: {got} != {ids}"
+            assert got == ids, f"the tokenizer served from its tables encodes {got}, not {ids}"
     except ReflexError:
         pass
     finally:
