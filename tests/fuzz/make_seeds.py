@@ -7,8 +7,9 @@ known-bad reproducers of issue 12 -- metadata of the wrong type, out-of-range id
 floats, absurd counts -- each the valid model with one key changed (``craft.BAD``, also used
 by tests/test_metadata_types.py), and tensor directories the weight binding must refuse
 (``craft.BAD_TENSORS``). seeds-index/ holds index files that must be treated as
-misses: the 5-byte ``marshal`` bombs (a tuple / list / string of 2**31 - 1 items), a truncated
-and an empty file; the harness adds the valid index the writer makes for its model.
+misses: the 5-byte ``marshal`` bombs (a tuple / list / string of 2**31 - 1 items), an empty
+file and a GGUF header's first bytes; the harness adds the valid index the writer makes for its
+model.
 """
 
 from __future__ import annotations

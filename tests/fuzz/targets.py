@@ -11,8 +11,10 @@
   opens models (``modelfile.open_model_file`` + ``load_tokenizer``). The file is valid, so here
   *any* exception is a finding, and so is a result that differs from the file's own (the index
   is a cache, never an authority). The target knows the index only through its public entry
-  points: the index writer's command (``python -m reflex_core.gguf_index PATH``) makes the
-  seed, and the one file it writes under ``$XDG_CACHE_HOME`` is where inputs go.
+  points, so that it outlives changes of the format: the index writer's command
+  (``python -m reflex_core.gguf_index PATH``) makes the seed, and the file it wrote
+  (``gguf_index.index_file(PATH)``, else the largest file under ``$XDG_CACHE_HOME``) is where
+  each input goes.
 
 A target returns normally for accepted input and for a ReflexError; any other exception
 propagates (the harness, ``run.py``, reports it with the input). Inputs are written to a fresh
