@@ -40,7 +40,7 @@ $PIP install -q "atheris==3.0.0"
 "$VENV/bin/python" -m pytest -q "$@"
 
 # Fuzz each target for REFLEX_FUZZ_SECONDS (default 60 for the full run, none when pytest got
-# arguments); any finding fails the run. README "Testing" says what counts as one.
+# arguments); any finding fails the run. README "Fuzzing" says what counts as one.
 FUZZ_SECONDS=${REFLEX_FUZZ_SECONDS:-$([ $# -eq 0 ] && echo 60 || echo 0)}
 fuzz_failed=0
 if [ "$FUZZ_SECONDS" -gt 0 ]; then

@@ -15,9 +15,6 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ..errors import ModelError, ReflexError
-from ..ggml_types import (GGUF_TYPE_INT8, GGUF_TYPE_INT16, GGUF_TYPE_INT32, GGUF_TYPE_INT64,
-                          GGUF_TYPE_STRING, GGUF_TYPE_UINT8, GGUF_TYPE_UINT16, GGUF_TYPE_UINT32,
-                          GGUF_TYPE_UINT64, VALUE_TYPE_NAMES)
 from .pretokenizers import PRETOKENIZERS, PreTokenizerSpec
 
 # llama.cpp token types (tokenizer.ggml.token_type)
@@ -45,10 +42,12 @@ _FIM_SEP_TEXTS = ("<|file_sep|>",)
 _DICT_CHUNK = 16384  # tokens per dict.update in bpe_vocab
 
 
-# element types allowed in the arrays (token types: any integer type, as llama.cpp reads them)
-_STRINGS = frozenset((GGUF_TYPE_STRING,))
-_INTEGERS = frozenset((GGUF_TYPE_UINT8, GGUF_TYPE_INT8, GGUF_TYPE_UINT16, GGUF_TYPE_INT16,
-                       GGUF_TYPE_UINT32, GGUF_TYPE_INT32, GGUF_TYPE_UINT64, GGUF_TYPE_INT64))
+# GGUF value types (spec §2), as an array's ``elem_type`` gives them: the tokenizer knows
+# nothing of the reader's modules (tests/test_gguf_layers.py), so it names the few it checks.
+_VALUE_TYPE_NAMES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "bool",
+                     "string", "array", "uint64", "int64", "float64")
+_STRINGS = frozenset((8,))
+_INTEGERS = frozenset((0, 1, 2, 3, 4, 5, 10, 11))  # token types: any integer type (llama.cpp)
 
 
 def declared_tokenizer(md: dict) -> tuple[PreTokenizerSpec, str, Any]:
@@ -147,7 +146,8 @@ def _kind(v: Any) -> str:
         return "string"
     elem = getattr(v, "elem_type", None)
     if elem is not None:
-        return f"array of {VALUE_TYPE_NAMES.get(elem, str(elem)).lower()}"
+        name = _VALUE_TYPE_NAMES[elem] if 0 <= elem < len(_VALUE_TYPE_NAMES) else str(elem)
+        return f"array of {name}"
     return "array" if hasattr(v, "__len__") else type(v).__name__
 
 
