@@ -84,7 +84,7 @@ def bpe_model(vocab: dict[str, int], merges: list[tuple[str, str]], spec: PreTok
     for a merge whose result is not in the vocabulary: ``tokenizers`` (0.23) panics on that one
     (a PanicException, and a Rust panic message on stderr) where it reports the other
     inconsistencies as errors. (The check is C-speed iteration, ~35 ms on this 2-core VM for
-    Qwen3's 151k merges in the full build, which takes ~15x that; the prompt-scoped BPE on the
+    Qwen3's 151k merges in the full build, which takes ~10x that; the prompt-scoped BPE on the
     cold path passes only the few merges a prompt uses.)"""
     from tokenizers import models
 
