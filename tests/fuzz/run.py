@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or tempfile.mkdtemp(prefix=f"reflex-fuzz-{args.target}-")
     corpus = os.path.join(out, "corpus")
     os.makedirs(corpus, exist_ok=True)
+    targets.set_workdir(os.path.join(out, "work"))
     seeds = [args.seeds or os.path.join(HERE, "seeds-index" if args.target == "index" else
                                         "seeds")]
     if args.target == "index":
@@ -146,10 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fuzz {args.target}: {' '.join(lf[1:])} (address space capped at "
           f"{limit / 2 ** 30:.2f} GiB)", flush=True)
     atheris.Setup(lf, fn, custom_mutator=custom_mutator)
-    try:
-        atheris.Fuzz()
-    finally:
-        targets.cleanup()
+    atheris.Fuzz()  # libFuzzer exits the process itself
     return 0
 
 

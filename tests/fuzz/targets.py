@@ -45,6 +45,14 @@ def _workdir() -> str:
     return _dir
 
 
+def set_workdir(path: str) -> None:
+    """Write the inputs (and the index target's model) under ``path`` instead of a temporary
+    folder: libFuzzer ends the process with exit(), so no ``cleanup()`` would run."""
+    global _dir
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    _dir = path
+
+
 def _input_file(data: bytes) -> str:
     path = os.path.join(_workdir(), f"in{next(_counter)}.gguf")
     with open(path, "wb") as f:
