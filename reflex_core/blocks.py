@@ -18,13 +18,11 @@ from .ops import Ops, RopeParams, Weight
 
 # --- shapes --------------------------------------------------------------------------------
 def check_shape(w: Weight, ne: Sequence[int]) -> Weight:
-    """Raise ModelError unless ``w.ne`` equals ``ne`` (trailing 1s are insignificant)."""
+    """Raise ModelError unless ``w.ne`` equals ``ne``, rank included: the backends lay a weight
+    out by its rank (an expert tensor must be 3-D), so ``[D, F, E, 1]`` where ``[D, F, E]`` is
+    expected would pass here and fail inside an op. (ggml-written files store no trailing 1s.)"""
     got = list(w.ne)
     want = list(ne)
-    while len(got) > 1 and got[-1] == 1:
-        got.pop()
-    while len(want) > 1 and want[-1] == 1:
-        want.pop()
     if got != want:
         raise ModelError(f"tensor {w.name!r} has shape {list(w.ne)}, expected {list(ne)}")
     return w

@@ -19,9 +19,12 @@ A family declares a frozen dataclass whose fields say where they come from::
 kind is a one-line :class:`~reflex_core.errors.ModelError` naming the file and the key). A
 default may be a function of the fields read before it (``default=lambda v: v["n_head"]``).
 ``per_layer=True`` reads a per-layer key (a scalar, or an array of one entry per block) whose
-entries must all be equal; ``per_layer="all"`` keeps the list of every layer's value. Fields
-declared with :func:`derived` are
-computed by the class's :meth:`ArchConfig.derive` (RoPE parameters, the vocabulary size).
+entries must all be equal; ``per_layer="all"`` keeps the list of every layer's value.
+``bound="blocks"`` / ``bound="dim"`` bounds a count by the file's tensor directory as soon as it
+is read (:meth:`~reflex_core.hparams.Meta.bounded`): the block count before any per-layer list
+is made from it, widths and head / expert counts so that an absurd one is an error naming its
+key rather than a failed shape check later. Fields declared with :func:`derived` are computed
+by the class's :meth:`ArchConfig.derive` (RoPE parameters, the vocabulary size).
 
 :class:`AttentionConfig` holds the spec §3 fields every attention family reads; :class:`MoEConfig`
 adds the routed experts (spec §4.5). A family subclasses them and adds its own keys.
@@ -39,12 +42,15 @@ from .ops import RopeParams
 
 
 def key(name: str, *, kind: str = "u32", default: Any = REQUIRED,
-        per_layer: bool | str = False) -> Any:
+        per_layer: bool | str = False, bound: str | None = None) -> Any:
     """A field read from metadata key ``{arch}.{name}``. ``kind``: "u32", "f32", "bool", "str".
-    ``default``: a value, a function of the fields read so far, or REQUIRED."""
+    ``default``: a value, a function of the fields read so far, or REQUIRED. ``bound``: None,
+    "blocks" or "dim" (see :meth:`Meta.bounded`; u32 keys only)."""
     if kind not in ("u32", "f32", "bool", "str"):
         raise ValueError(f"unknown metadata kind {kind!r}")
-    return dataclasses.field(metadata={"key": (name, kind, default, per_layer)})
+    if bound not in (None, "blocks", "dim") or (bound and kind != "u32"):
+        raise ValueError(f"bound {bound!r} does not apply to a {kind} key")
+    return dataclasses.field(metadata={"key": (name, kind, default, per_layer, bound)})
 
 
 def derived() -> Any:
@@ -87,33 +93,36 @@ class ArchConfig:
 
 
 def _read(meta: Meta, values: dict[str, Any], name: str, kind: str, default: Any,
-          per_layer: bool | str) -> Any:
+          per_layer: bool | str, bound: str | None) -> Any:
     if callable(default) and default is not REQUIRED:
         default = default(values) if not meta.has(name) else REQUIRED
     if per_layer:
         n = values.get("n_layer_all")
         if n is None:
             raise TypeError(f"per-layer key {name!r} declared before block_count")
-        vals = meta.u32_or_array(name, n, default)
+        vals = meta.bounded(name, meta.u32_or_array(name, n, default), bound)
         return uniform(meta, name, vals) if per_layer is True else vals
     read: Callable[..., Any] = getattr(meta, kind)
-    return read(name, default)
+    return meta.bounded(name, read(name, default), bound)
 
 
 @dataclass(frozen=True)
 class AttentionConfig(ArchConfig):
     """Spec §3: the hyper-parameters every attention family reads, with llama.cpp's checks."""
 
-    n_layer_all: int = key("block_count")  # L_all: blocks in the file
+    n_layer_all: int = key("block_count", bound="blocks")  # L_all: blocks in the file
     n_nextn: int = key("nextn_predict_layers", default=0)  # MTP blocks at the end, not run
-    n_embd: int = key("embedding_length")  # D
-    n_head: int = key("attention.head_count", per_layer=True)  # H
-    n_head_kv: int = key("attention.head_count_kv", per_layer=True,
+    n_embd: int = key("embedding_length", bound="dim")  # D
+    n_head: int = key("attention.head_count", per_layer=True, bound="dim")  # H
+    n_head_kv: int = key("attention.head_count_kv", per_layer=True, bound="dim",
                          default=lambda v: v["n_head"])  # H_kv
-    head_dim_k: int = key("attention.key_length", default=lambda v: v["n_embd"] // v["n_head"])
-    head_dim_v: int = key("attention.value_length", default=lambda v: v["n_embd"] // v["n_head"])
-    n_rot: int = key("rope.dimension_count", default=lambda v: v["head_dim_k"])
-    n_ff: int = key("feed_forward_length", per_layer=True, default=0)  # F (0: absent)
+    head_dim_k: int = key("attention.key_length", bound="dim",
+                          default=lambda v: v["n_embd"] // v["n_head"])
+    head_dim_v: int = key("attention.value_length", bound="dim",
+                          default=lambda v: v["n_embd"] // v["n_head"])
+    n_rot: int = key("rope.dimension_count", bound="dim", default=lambda v: v["head_dim_k"])
+    # F (0: absent). Not bounded: qwen3moe files state a dense width no tensor has.
+    n_ff: int = key("feed_forward_length", per_layer=True, default=0)
     n_ctx_train: int = key("context_length")
     eps: float = key("attention.layer_norm_rms_epsilon", kind="f32")
     n_layer: int = derived()  # L: blocks executed (L_all minus the MTP blocks)
@@ -139,6 +148,9 @@ class AttentionConfig(ArchConfig):
         elif name == "n_rot" and (v["head_dim_k"] <= 0 or v["head_dim_v"] <= 0):
             raise meta.error(f"head sizes must be > 0 (key_length {v['head_dim_k']}, "
                               f"value_length {v['head_dim_v']})")
+        elif name == "eps" and v["eps"] < 0:
+            raise meta.error(f"{meta.key('attention.layer_norm_rms_epsilon')} = {v['eps']} "
+                              f"must be >= 0")
 
     @classmethod
     def derive(cls, meta: Meta, values: dict[str, Any]) -> dict[str, Any]:
@@ -171,7 +183,7 @@ def _check_experts(meta: Meta, n_layer_all: int) -> tuple[int, list, int, int]:
     ``k <= E``; with E > 0: ``k > 0``, ``groups < E``, and with groups > 1:
     ``E % groups == 0`` and ``0 < groups_used < groups``. Returns (E, k per layer, groups,
     groups used)."""
-    E = meta.u32("expert_count", 0)
+    E = meta.bounded("expert_count", meta.u32("expert_count", 0), "dim")
     ks = meta.u32_or_array("expert_used_count", n_layer_all, 0)
     G = meta.u32("expert_group_count", 0)
     G_used = meta.u32("expert_group_used_count", 0)
@@ -194,7 +206,7 @@ class MoEConfig(AttentionConfig):
     every layer (layer 0's k is the one llama.cpp's graphs use), F_e from
     ``expert_feed_forward_length`` or ``F / k``."""
 
-    n_ff_exp_file: int = key("expert_feed_forward_length", per_layer=True, default=0)
+    n_ff_exp_file: int = key("expert_feed_forward_length", per_layer=True, default=0, bound="dim")
     n_expert: int = derived()  # E
     n_expert_used: int = derived()  # k (layer 0's)
     n_ff_exp: int = derived()  # F_e

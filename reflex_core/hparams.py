@@ -1,12 +1,16 @@
 """Typed access to one architecture's GGUF metadata and its RoPE parameters (spec §2-§4.3).
 Families declare their configuration on top of this (:mod:`reflex_core.config`).
 
-``Meta(gguf, arch)`` reads keys the way llama.cpp does: a required key that is missing, or a key
-stored with the wrong kind (a string where a number is expected, ...), is a :class:`ModelError`
-naming the key and the file. A key is written without its architecture prefix
-(``meta.u32("attention.head_count")`` reads ``qwen3.attention.head_count``); keys of the global
-namespaces (``general.``, ``tokenizer.``, ``split.``, ``adapter.``) and keys already starting with
-``{arch}.`` are used as written.
+``Meta(gguf, arch)`` reads keys the way llama.cpp does: a required key that is missing, a key
+stored with the wrong kind (a string where a number is expected, ...), an integer out of its
+range or a float that is not finite is a :class:`ModelError` naming the key and the file. A key
+is written without its architecture prefix (``meta.u32("attention.head_count")`` reads
+``qwen3.attention.head_count``); keys of the global namespaces (``general.``, ``tokenizer.``,
+``split.``, ``adapter.``) and keys already starting with ``{arch}.`` are used as written.
+
+Counts that size things (blocks, heads, experts, the vocabulary) are bounded by the file's own
+tensor directory (:meth:`Meta.bounded`) before anything is built from them: a few bytes of
+metadata must not make the reader allocate gigabytes.
 
 Standard library only (the GPU cold path imports this).
 """
@@ -31,6 +35,7 @@ _TYPE_NAMES = {T_UINT8: "uint8", T_INT8: "int8", T_UINT16: "uint16", T_INT16: "i
 _GLOBAL_NAMESPACES = ("general.", "tokenizer.", "split.", "adapter.")
 
 REQUIRED: Any = object()  # sentinel: the key must be present
+F32_MAX = 3.4028234663852886e38  # float32's largest finite value: the kernels take float32
 
 
 def _file_name(gguf: Any) -> str:
@@ -79,10 +84,14 @@ class Meta:
     """One file's metadata, read for one architecture."""
 
     def __init__(self, gguf: Any, arch: str) -> None:
+        if not isinstance(arch, str):  # a plugin passes the file's general.architecture on
+            raise ModelError(f"{_file_name(gguf)}: metadata key 'general.architecture' has "
+                             f"wrong type (expected string)")
         self.gguf = gguf
         self.arch = arch
         self.metadata = gguf.metadata
         self.file = _file_name(gguf)
+        self._largest_dim: int | None = None
 
     # --- keys -------------------------------------------------------------------------
     def key(self, key: str) -> str:
@@ -126,13 +135,18 @@ class Meta:
         return v
 
     def f32(self, key: str, default: Any = REQUIRED) -> Any:
+        """A finite float in float32's range (inf and NaN are refused: no hyper-parameter means
+        them, and the kernels take float32)."""
         full, v, found = self._get(key, default)
         if not found:
             return v
         t, _ = _stored_type(self.gguf, full, v)
         if t not in _FLOAT_TYPES or isinstance(v, bool):
             raise self._kind_error(full, "float32", t)
-        return float(v)
+        v = float(v)
+        if not abs(v) <= F32_MAX:
+            raise self.error(f"metadata key {full!r} = {v} is not a finite float32")
+        return v
 
     def bool(self, key: str, default: Any = REQUIRED) -> Any:
         full, v, found = self._get(key, default)
@@ -179,20 +193,59 @@ class Meta:
             if elem is not None and elem not in (T_INT32, T_UINT32, T_BOOL):
                 raise self.error(f"metadata key {full!r} is an array of "
                                   f"{_TYPE_NAMES.get(elem, elem)} (expected int32/uint32/bool)")
-            vals = list(v)
-            if len(vals) != n_layers:
-                raise self.error(f"metadata key {full!r} has {len(vals)} entries; expected one "
+            if len(v) != n_layers:
+                raise self.error(f"metadata key {full!r} has {len(v)} entries; expected one "
                                   f"per block ({n_layers})")
             out = []
-            for x in vals:
+            for x in v:
                 if isinstance(x, bool):
                     out.append(int(x))
                 elif isinstance(x, int) or (hasattr(x, "__index__") and not isinstance(x, float)):
-                    out.append(int(x))
+                    x = int(x)
+                    if not 0 <= x < 2 ** 32:
+                        raise self.error(f"metadata key {full!r} holds {x}, out of range for "
+                                          f"uint32")
+                    out.append(x)
                 else:
                     raise self.error(f"metadata key {full!r} holds a non-integer entry {x!r}")
             return out
         return [self.u32(key)] * n_layers
+
+    # --- bounds -----------------------------------------------------------------------
+    def bounded(self, key: str, value: Any, bound: str | None) -> Any:
+        """``value`` (an int or a per-layer list) of ``key``, checked against ``bound``:
+
+        * ``"blocks"``: at most the number of tensors in the file -- every block of a model has
+          tensors of its own (``blk.{i}.*``), so a block count above it cannot be a model, and
+          the count must be refused before per-layer lists are made from it;
+        * ``"dim"``: at most the largest tensor dimension in the file -- a width (embedding,
+          head size), a head count, an expert count or the vocabulary size is a tensor
+          dimension or a factor of one (``attn_q`` is ``[D, H * d_h]``);
+        * None: no bound.
+
+        ``gguf.tensors`` is the file's tensor directory (a Meta over an object without one
+        bounds every count to 0)."""
+        if bound is None:
+            return value
+        if bound == "blocks":
+            limit = len(getattr(self.gguf, "tensors", None) or ())
+            what = "the number of tensors in the file"
+        elif bound == "dim":
+            limit, what = self.largest_dim(), "the largest tensor dimension in the file"
+        else:
+            raise ValueError(f"unknown bound {bound!r}")
+        biggest = max(value, default=0) if isinstance(value, list) else value
+        if isinstance(biggest, int) and biggest > limit:
+            raise self.error(f"metadata key {self.key(key)!r} = {biggest} is more than "
+                              f"{what} ({limit})")
+        return value
+
+    def largest_dim(self) -> int:
+        """The largest dimension of any tensor in the file (0 without tensors)."""
+        if self._largest_dim is None:
+            tensors = getattr(self.gguf, "tensors", None) or {}
+            self._largest_dim = max((max(t.ne, default=0) for t in tensors.values()), default=0)
+        return self._largest_dim
 
     # --- derived ----------------------------------------------------------------------
     def vocab_size(self) -> int:
@@ -210,13 +263,13 @@ def vocab_size(gguf: Any, arch: str) -> int:
         if n is None:
             raise meta.error(f"tokenizer.ggml.model is {model!r} and {arch}.vocab_size is "
                               f"missing: the vocabulary size is unknown")
-        return n
+        return meta.bounded("vocab_size", n, "dim")
     tokens = meta.array("tokenizer.ggml.tokens", None)
     if tokens is None:
         n = meta.u32("vocab_size", None)
         if n is None:
             raise meta.error("metadata key 'tokenizer.ggml.tokens' is missing (no vocabulary)")
-        return n
+        return meta.bounded("vocab_size", n, "dim")
     return len(tokens)
 
 
@@ -235,15 +288,18 @@ def rope_params(meta: Meta, n_rot: int, mode: str = "neox", yarn_log_mul: float 
     if mode not in ("neox", "norm"):
         raise ValueError(f"rope mode must be 'neox' or 'norm', got {mode!r}")
     base = meta.f32("rope.freq_base", 10000.0) if freq_base is None else float(freq_base)
+    if not base > 0:
+        raise meta.error(f"{meta.key('rope.freq_base')} = {base} must be > 0")
     stype = meta.str("rope.scaling.type", "linear")
     if stype not in _SCALING_TYPES:
         raise meta.error(f"unknown rope scaling type {stype!r} (expected one of "
                           f"{', '.join(_SCALING_TYPES)})")
     if stype == "longrope":
         raise meta.error("rope scaling type 'longrope' is not supported")
-    factor = meta.f32("rope.scaling.factor", None)
-    if factor is None:
-        factor = meta.f32("rope.scale_linear", 0.0)
+    factor_key = "rope.scaling.factor" if meta.has("rope.scaling.factor") else "rope.scale_linear"
+    factor = meta.f32(factor_key, 0.0)
+    if factor < 0:
+        raise meta.error(f"{meta.key(factor_key)} = {factor} must be >= 0 (0: no scaling)")
     freq_scale = 1.0 if factor == 0.0 else 1.0 / factor
     if stype == "none":
         freq_scale = 1.0
@@ -264,11 +320,18 @@ def rope_params(meta: Meta, n_rot: int, mode: str = "neox", yarn_log_mul: float 
             attn_factor = g(F, mscale) / g(F, mscale_all)
         else:
             attn_factor = g(F, 1.0)
-        attn_factor /= 1.0 + 0.1 * math.log(F)  # the rope kernel multiplies this back in
+        mag = 1.0 + 0.1 * math.log(F)  # the rope kernel multiplies this back in
+        if not mag > 0:  # a factor below e^-10 shrinks YaRN's magnitude to zero or less
+            raise meta.error(f"{meta.key(factor_key)} = {factor} is out of range for YaRN "
+                              f"scaling")
+        attn_factor /= mag
     attn_factor *= meta.f32("rope.scaling.attn_factor", 1.0)
     if ext_factor != 0.0 and n_ctx_orig <= 0:
         raise meta.error("YaRN rope scaling needs rope.scaling.original_context_length or "
                           "context_length")
+    if not (abs(freq_scale) <= F32_MAX and abs(attn_factor) <= F32_MAX):
+        raise meta.error(f"RoPE scaling ({meta.key(factor_key)} = {factor}, "
+                          f"{meta.key('rope.scaling.attn_factor')}) is out of float32's range")
     return RopeParams(n_rot=n_rot, mode=mode, freq_base=base, freq_scale=freq_scale,
                       ext_factor=ext_factor, attn_factor=attn_factor, beta_fast=32.0,
                       beta_slow=1.0, n_ctx_orig=n_ctx_orig)

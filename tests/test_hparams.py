@@ -20,8 +20,19 @@ class Arr(list):
         self.elem_type = elem_type
 
 
+def directory(g, n_layer=3, dims=((64, 100), (64, 128))):
+    """A tensor directory for ``g`` (Meta bounds counts by it): ``n_layer`` blocks' worth of
+    tensors whose dimensions reach the largest of ``dims``."""
+    g.tensors = {}
+    for i in range(n_layer):
+        for j, ne in enumerate(dims):
+            name = f"blk.{i}.t{j}.weight"
+            g.tensors[name] = g._Info(name, ne, 0, 4)
+    return g
+
+
 def qwen3_meta(fake_gguf, **over):
-    g = fake_gguf(path="/models/q.gguf")
+    g = directory(fake_gguf(path="/models/q.gguf"))
     g.set("general.architecture", "qwen3", T_STRING)
     for k, v, t in [("block_count", 3, T_UINT32), ("context_length", 4096, T_UINT32),
                     ("embedding_length", 64, T_UINT32), ("feed_forward_length", 96, T_UINT32),
@@ -191,7 +202,7 @@ def test_qwen3_hparams(fake_gguf):
 
 def moe_meta(fake_gguf, **over):
     """A qwen3moe file's metadata: the qwen3 keys under the qwen3moe prefix plus the experts."""
-    g = fake_gguf(path="/models/moe.gguf")
+    g = directory(fake_gguf(path="/models/moe.gguf"))
     q = qwen3_meta(fake_gguf)
     for k, v in q.metadata.items():
         g.set(k.replace("qwen3.", "qwen3moe.", 1), v, q.value_types[k])

@@ -298,3 +298,37 @@ def test_no_numpy_import(model_path):
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_merge_whose_result_is_not_in_the_vocabulary(capfd):
+    """Found by the fuzzer: a merge "a b" whose parts are tokens but whose result is not made
+    tokenizers panic (a PanicException and a Rust panic message on stderr). A one-line
+    ModelError naming the key, and nothing on stderr."""
+    tokens = _byte_vocab() + ["\u0120t"]
+    md = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2", "tokenizer.ggml.tokens": tokens,
+          "tokenizer.ggml.token_type": [1] * 257, "tokenizer.ggml.merges": ["\u0120 t", "a b"]}
+    tok = Tokenizer.from_gguf(_Meta(md))
+    with pytest.raises(ModelError, match=r"tokenizer\.ggml\.merges has the merge 'a b' whose result 'ab' "
+                                         r"is not in the vocabulary"):
+        tok.encode("ab")
+    assert "panicked" not in capfd.readouterr().err
+
+
+def test_metadata_of_the_wrong_type():
+    """Issue 12: each tokenizer key is type-checked where it is read (one-line ModelError)."""
+    base = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2",
+            "tokenizer.ggml.tokens": _byte_vocab(), "tokenizer.ggml.merges": []}
+    for key, value, expected in [
+            ("tokenizer.ggml.model", 2, "string"), ("tokenizer.ggml.pre", ["qwen2"], "string"),
+            ("tokenizer.ggml.tokens", "abc", "an array of strings"),
+            ("tokenizer.ggml.token_type", 1, "an array of integers"),
+            ("tokenizer.ggml.merges", 7, "an array of strings"),
+            ("tokenizer.ggml.eos_token_id", "5", "an unsigned integer token id"),
+            ("tokenizer.ggml.bos_token_id", 5.0, "an unsigned integer token id"),
+            ("tokenizer.ggml.bos_token_id", True, "an unsigned integer token id"),
+            ("tokenizer.ggml.add_bos_token", 1, "bool")]:
+        with pytest.raises(ModelError, match=f"'{key}' has wrong type .*expected {expected}") as e:
+            Tokenizer.from_gguf(_Meta({**base, key: value}))
+        assert "\n" not in str(e.value)
+    with pytest.raises(ModelError, match="'tokenizer.ggml.eos_token_id' = 256 is not a token id"):
+        Tokenizer.from_gguf(_Meta({**base, "tokenizer.ggml.eos_token_id": 256}))

@@ -29,12 +29,49 @@ from typing import Any, Sequence
 
 from ..cuda import driver, memory, modules, upload
 from ..cuda.modules import limit
-from ..errors import ReflexError
+from ..errors import ModelError, ReflexError
+from ..ggml_types import GGML_TYPES
 from ..ops import Batch, Ops, RopeParams, Weight
 from .device_array import Block, DeviceArray, Prepared, empty, empty_f32, prod
 
 _F32 = 0
 _GATING = {"softmax": 1, "sigmoid": 2, "softmax_weight": 3, "sqrt_softplus": 4}
+
+
+def tensor_region(tensors: Any, data_offset: int, file_size: int) -> tuple[int, int]:
+    """(start, size) of the file's tensor-data region that :meth:`CudaOps.attach` uploads: from
+    ``data_offset`` to the end of the last tensor, but never past the end of the file (a
+    directory from a cache could claim more; :func:`weight_offset` then refuses the tensors
+    that lie outside, as the CPU backend refuses them when they are used)."""
+    start = int(data_offset)
+    end = max((int(t.offset) + int(t.nbytes) for t in tensors), default=start)
+    return start, max(0, min(end, int(file_size)) - start)
+
+
+def weight_offset(info: Any, ggml_type: int, ne: tuple, start: int, size: int) -> int:
+    """Where the bytes of tensor ``info`` (type ``ggml_type``, shape ``ne``) lie in the uploaded
+    region ``[start, start + size)`` of the file, as an offset into it -- after the checks
+    NumpyOps.weight makes: the tensor's byte size must be what its shape and type take, and its
+    bytes must lie inside the region. A kernel handed a pointer past the upload would read
+    other memory, so an inconsistent directory is a ModelError here. Pure (no device): tested
+    in CI."""
+    name = info.name
+    t = GGML_TYPES[ggml_type]
+    row = ne[0] if ne else 1
+    if row % t.block_size:
+        raise ModelError(f"tensor {name!r}: row length {row} is not a multiple of the "
+                         f"{t.name} block size {t.block_size}")
+    want = row // t.block_size * t.type_size
+    for n in ne[1:]:
+        want *= n
+    nbytes, offset = int(info.nbytes), int(info.offset)
+    if nbytes != want:
+        raise ModelError(f"tensor {name!r}: {nbytes} bytes of data, expected {want}")
+    rel = offset - start
+    if rel < 0 or rel + nbytes > size:
+        raise ModelError(f"tensor {name!r}: its data ({nbytes} bytes at offset {offset}) lies "
+                         f"outside the file's tensor data [{start}, {start + size})")
+    return rel
 
 
 class CudaOps(Ops):
@@ -106,10 +143,7 @@ class CudaOps(Ops):
         same address would upload stale bytes."""
         self.release()
         self.gguf = gguf
-        tensors = list(gguf.tensors.values())
-        start = int(gguf.data_offset)
-        end = max((t.offset + t.nbytes for t in tensors), default=start)
-        size = end - start
+        start, size = tensor_region(gguf.tensors.values(), gguf.data_offset, len(gguf.mm))
         self._data_offset = start
         self._blob_size = size
         if size <= 0:
@@ -168,7 +202,7 @@ class CudaOps(Ops):
             "cpu or a file quantized with a supported type")
         from ..cuda import quant_ops
 
-        ptr = self._blob + (int(info.offset) - self._data_offset)
+        ptr = self._blob + weight_offset(info, t, ne, self._data_offset, self._blob_size)
         w = Weight(name, t, ne, ptr, quant_ops.plan(t, ne, ptr, name))
         self._weights[name] = w
         return w

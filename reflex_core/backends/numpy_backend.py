@@ -165,10 +165,11 @@ class NumpyOps(Ops):
         info, t, ne = self._tensor_info(name, type_supported,
                                         "which the CPU backend cannot dequantize")
         block, size = _quant_sizes(t)
-        if ne[0] % block:
-            raise ModelError(f"tensor {name!r}: row length {ne[0]} is not a multiple of the "
+        row = ne[0] if ne else 1  # a tensor of 0 dimensions is one element (as in ggml)
+        if row % block:
+            raise ModelError(f"tensor {name!r}: row length {row} is not a multiple of the "
                              f"{_type_name(t)} block size {block}")
-        row_bytes = ne[0] // block * size
+        row_bytes = row // block * size
         n_rows = 1
         for n in ne[1:]:
             n_rows *= n

@@ -1,6 +1,13 @@
 """A GGUF vocabulary as llama.cpp reads it: token types, which tokenizer a file declares, the
 special ids and end-of-generation set, GPT-2's byte-level table, and the BPE vocabulary as a
 bytes -> id table. Stdlib only (no ``tokenizers``): all of this is cheap and on the cold path.
+
+Every ``tokenizer.ggml.*`` value is type-checked where it is read (``md_str``, ``md_bool``,
+``md_id``, ``md_array``): a value of the wrong kind (an id stored as a string or a float,
+``pre`` as an array, merges as integers, ``token_type`` as a scalar) or a special id outside
+the vocabulary is a one-line ModelError naming the key. The metadata is the reader's: Python
+kinds stand for the GGUF value types (int for the integer types, float for float32/64, str,
+bool, and an array carrying its ``elem_type``).
 """
 
 from __future__ import annotations
@@ -35,25 +42,36 @@ _FIM_SEP_TEXTS = ("<|file_sep|>",)
 _DICT_CHUNK = 16384  # tokens per dict.update in bpe_vocab
 
 
+# GGUF value types (spec §2), as an array's ``elem_type`` gives them: the tokenizer knows
+# nothing of the reader's modules (tests/test_gguf_layers.py), so it names the few it checks.
+_VALUE_TYPE_NAMES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "bool",
+                     "string", "array", "uint64", "int64", "float64")
+_STRINGS = frozenset((8,))
+_INTEGERS = frozenset((0, 1, 2, 3, 4, 5, 10, 11))  # token types: any integer type (llama.cpp)
+
+
 def declared_tokenizer(md: dict) -> tuple[PreTokenizerSpec, str, Any]:
     """(pre-tokenizer spec, ``pre`` name, the token array) of the tokenizer ``md`` declares;
-    ModelError (one line) when there is none or it is not supported."""
-    model = md.get("tokenizer.ggml.model")
+    ModelError (one line) when there is none, it is not supported, or one of its arrays
+    (tokens, token types, merges) is of the wrong type."""
+    model = md_str(md, "tokenizer.ggml.model")
     if model is None or model in ("none", "no_vocab"):
         raise ModelError("this model has no tokenizer (tokenizer.ggml.model is "
                          f"{'missing' if model is None else repr(model)}); pass token ids instead of text")
     if model not in SUPPORTED_MODELS:
         raise ModelError(f"tokenizer.ggml.model {model!r} is not supported "
                          f"(supported: {', '.join(SUPPORTED_MODELS)})")
-    pre = md.get("tokenizer.ggml.pre")
+    pre = md_str(md, "tokenizer.ggml.pre")
     spec = PRETOKENIZERS.get(pre) if pre is not None else None
     if spec is None:
         known = ", ".join(sorted(PRETOKENIZERS))
         what = "is missing" if pre is None else f"{pre!r} is not supported"
         raise ModelError(f"tokenizer.ggml.pre {what} (known: {known})")
-    src = md.get("tokenizer.ggml.tokens")
+    src = md_array(md, "tokenizer.ggml.tokens", _STRINGS, "an array of strings")
     if src is None or len(src) == 0:
         raise ModelError("tokenizer.ggml.tokens is missing or empty")
+    md_array(md, "tokenizer.ggml.token_type", _INTEGERS, "an array of integers")
+    md_array(md, "tokenizer.ggml.merges", _STRINGS, "an array of strings")
     return spec, pre, src
 
 
@@ -101,17 +119,87 @@ def special_tokens(md: dict, spec: PreTokenizerSpec, added: list[tuple[int, str,
         if i is not None:
             eog.add(i)
     eog.update(i for i in (eos, eot, eom) if i is not None)
-    add_bos = bool(md.get("tokenizer.ggml.add_bos_token", spec.add_bos_default))
-    add_eos = bool(md.get("tokenizer.ggml.add_eos_token", False))
+    add_bos = md_bool(md, "tokenizer.ggml.add_bos_token", spec.add_bos_default)
+    add_eos = md_bool(md, "tokenizer.ggml.add_eos_token", False)
     return SpecialTokens(bos, eos, eot, pad, add_bos, add_eos, frozenset(eog))
 
 
 def _opt_id(md: dict, key: str, n: int, default: int | None = None) -> int | None:
-    v = md.get(key)
+    v = md_id(md, key, n)
     if v is None:
         return default if default is not None and 0 <= default < n else None
-    v = int(v)
-    return v if 0 <= v < n else (default if default is not None and 0 <= default < n else None)
+    return v
+
+
+# ---------------------------------------------------------------- typed metadata access
+
+
+def _kind(v: Any) -> str:
+    """The GGUF kind of a metadata value, for messages."""
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "float"
+    if isinstance(v, (str, bytes)):
+        return "string"
+    elem = getattr(v, "elem_type", None)
+    if elem is not None:
+        name = _VALUE_TYPE_NAMES[elem] if 0 <= elem < len(_VALUE_TYPE_NAMES) else str(elem)
+        return f"array of {name}"
+    return "array" if hasattr(v, "__len__") else type(v).__name__
+
+
+def wrong_type(key: str, v: Any, expected: str) -> ModelError:
+    return ModelError(f"metadata key {key!r} has wrong type {_kind(v)} (expected {expected})")
+
+
+def md_str(md: dict, key: str) -> str | None:
+    """A string value, or None when absent."""
+    v = md.get(key)
+    if v is not None and not isinstance(v, str):
+        raise wrong_type(key, v, "string")
+    return v
+
+
+def md_bool(md: dict, key: str, default: bool) -> bool:
+    v = md.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise wrong_type(key, v, "bool")
+    return v
+
+
+def md_id(md: dict, key: str, n: int) -> int | None:
+    """A token id of a vocabulary of ``n`` tokens, or None when absent. llama.cpp warns about
+    an id outside the vocabulary and uses its default; a file naming a token it does not have
+    is broken, and generation that cannot stop (a missing end-of-generation id) is worse than
+    an error, so this refuses it."""
+    v = md.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise wrong_type(key, v, "an unsigned integer token id")
+    if not 0 <= v < n:
+        raise ModelError(f"metadata key {key!r} = {v} is not a token id (the vocabulary has "
+                         f"{n} tokens)")
+    return v
+
+
+def md_array(md: dict, key: str, elems: frozenset, expected: str) -> Any:
+    """An array value whose elements are of one of the GGUF types ``elems``, or None when
+    absent. (A plain list, as tests pass, has no element type to check.)"""
+    v = md.get(key)
+    if v is None:
+        return None
+    if isinstance(v, (str, bytes, bool, int, float)) or not hasattr(v, "__len__"):
+        raise wrong_type(key, v, expected)
+    elem = getattr(v, "elem_type", None)
+    if elem is not None and elem not in elems:
+        raise wrong_type(key, v, expected)
+    return v
 
 
 def md_list(md: dict, key: str) -> list | None:

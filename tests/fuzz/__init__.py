@@ -1,0 +1,1 @@
+"""The fuzz harness (README "Fuzzing"): craft (tiny GGUF files), targets, mutate, run."""
