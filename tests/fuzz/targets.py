@@ -180,25 +180,18 @@ class _Index:
         self.model = os.path.join(root, "model.gguf")
         with open(self.model, "wb") as f:
             f.write(tiny_model("qwen3", tokenizer=True).to_bytes())
+        from reflex_core import cachedir, gguf_index
+
+        # the folder a reflex command makes before it hands the write to the writer
+        cachedir.cache_dir(gguf_index.INDEX_DIR)
         subprocess.run([sys.executable, "-m", "reflex_core.gguf_index", self.model],
                        check=True, timeout=120)
-        self.path = self._index_path()
+        self.path = gguf_index.index_file(self.model)
+        if not os.path.isfile(self.path):
+            raise RuntimeError(f"the index writer wrote no index at {self.path}")
         with open(self.path, "rb") as f:
             self.seed = f.read()
         self.want = self.result(use_index=False)
-
-    def _index_path(self) -> str:
-        """Where the writer put the model's index: ``gguf_index.index_file`` where the module
-        has it, else the largest file it wrote under the cache folder."""
-        from reflex_core import gguf_index
-
-        index_file = getattr(gguf_index, "index_file", None)
-        if callable(index_file) and os.path.isfile(index_file(self.model)):
-            return index_file(self.model)
-        written = [os.path.join(d, n) for d, _, names in os.walk(self.cache) for n in names]
-        if not written:
-            raise RuntimeError(f"the index writer wrote nothing under {self.cache}")
-        return max(written, key=os.path.getsize)
 
     def result(self, use_index: bool = True):
         """What the engine sees of the model: metadata, tensor directory, prompt ids."""
