@@ -123,3 +123,24 @@ class FakeGGUF:
 @pytest.fixture
 def fake_gguf():
     return FakeGGUF
+
+
+@pytest.fixture()
+def index_cache(tmp_path, monkeypatch):
+    """A fresh cache folder with GGUF indexes on, and no index pending from another test."""
+    from reflex_core import gguf_index
+
+    d = tmp_path / "xdg"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(d))
+    monkeypatch.delenv("REFLEX_NO_INDEX", raising=False)
+    gguf_index._pending.clear()
+    yield d
+    gguf_index._pending.clear()
+
+
+@pytest.fixture(scope="module")
+def qwen_tok_file(model_files):
+    """A one-layer qwen3 file with the real Qwen3 tokenizer."""
+    from reflex_core.testing.modelwriter import ModelShape
+
+    return model_files(ModelShape(n_layer=1), tokenizer="qwen3")

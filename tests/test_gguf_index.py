@@ -26,21 +26,6 @@ from reflex_core.tokenizer import Tokenizer, tables
 from test_tokenizer_fast import CORPUS, fresh
 
 
-@pytest.fixture()
-def cache(tmp_path, monkeypatch):
-    d = tmp_path / "xdg"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(d))
-    monkeypatch.delenv("REFLEX_NO_INDEX", raising=False)
-    gguf_index._pending.clear()
-    yield d
-    gguf_index._pending.clear()
-
-
-@pytest.fixture(scope="module")
-def qwen_file(model_files):
-    return model_files(ModelShape(n_layer=1), tokenizer="qwen3")
-
-
 @pytest.fixture(scope="module")
 def ref():
     return tokenizers.Tokenizer.from_file(str(qwen3_tokenizer_json_path()))
@@ -76,16 +61,16 @@ def same_parse(g, h) -> None:
         assert bytes(g.tensor_data(name)) == bytes(h.tensor_data(name))
 
 
-def test_parse_from_index_equals_full_parse(cache, qwen_file, model_files):
-    same_parse(*indexed(qwen_file))
+def test_parse_from_index_equals_full_parse(index_cache, qwen_tok_file, model_files):
+    same_parse(*indexed(qwen_tok_file))
     other = model_files(ModelShape(n_layer=2), weight_type="Q8_0", seed=3)  # no tokenizer
     g, h = indexed(other)
     same_parse(g, h)
     assert h.tokenizer_tables is None
 
 
-def test_tokenizer_from_index_equals_reference(cache, qwen_file, ref):
-    g, h = indexed(qwen_file)
+def test_tokenizer_from_index_equals_reference(index_cache, qwen_tok_file, ref):
+    g, h = indexed(qwen_tok_file)
     slow = Tokenizer.from_gguf(g)
     tok = load_tokenizer(h)
     assert tok._scoped is not None and tok._scoped.checked  # really served by the index
@@ -113,7 +98,7 @@ def test_tokenizer_from_index_equals_reference(cache, qwen_file, ref):
         assert vt.get(junk) == slow._scoped._vocab.get(junk)
 
 
-def test_fallback_vocabulary_records_no_tables(cache, tmp_path):
+def test_fallback_vocabulary_records_no_tables(index_cache, tmp_path):
     # A vocabulary the prompt-scoped path refuses (two tokens' ids swapped: merge i no longer
     # makes token 256+i): the index keeps only the verdict, the tokenizer takes the full path.
     from test_tokenizer_fast import _qwen3_lists, _write_tokenizer_gguf
@@ -127,13 +112,13 @@ def test_fallback_vocabulary_records_no_tables(cache, tmp_path):
     assert tok.encode(" Paris") == [7148] and tok.last_path == "full"
 
 
-def test_same_size_rewrite_with_mtime_kept(cache, qwen_file, tmp_path):
+def test_same_size_rewrite_with_mtime_kept(index_cache, qwen_tok_file, tmp_path):
     # Overwritten in place with the same size and its mtime kept (cp -p): same inode, size and
     # mtime. A change in the tensor data leaves the index valid (nothing of the data is in it:
     # the new bytes are read); a change anywhere in [0, data_offset) makes it a miss (the
     # stale-index findings: tests/test_index_hardening.py).
     p = tmp_path / "m.gguf"
-    shutil.copy(qwen_file, p)
+    shutil.copy(qwen_tok_file, p)
     g, _ = indexed(p)
     st = p.stat()
     last = list(g.tensors)[-1]
@@ -154,9 +139,9 @@ def test_same_size_rewrite_with_mtime_kept(cache, qwen_file, tmp_path):
     assert open_model_file(p).index_state == "miss"
 
 
-def test_changed_file_ignores_its_index(cache, qwen_file, tmp_path):
+def test_changed_file_ignores_its_index(index_cache, qwen_tok_file, tmp_path):
     p = tmp_path / "m.gguf"
-    shutil.copy(qwen_file, p)
+    shutil.copy(qwen_tok_file, p)
     indexed(p)
     st = p.stat()
     os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # touched
@@ -165,7 +150,7 @@ def test_changed_file_ignores_its_index(cache, qwen_file, tmp_path):
     gguf_index.write_pending()
     assert open_model_file(p).index_state == "hit"
     q = tmp_path / "n.gguf"  # replaced by another file (new inode) under the same name
-    shutil.copy(qwen_file, q)
+    shutil.copy(qwen_tok_file, q)
     os.replace(q, p)
     assert open_model_file(p).index_state == "miss"
 
@@ -270,9 +255,9 @@ DAMAGE = {
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
-def test_bad_index_is_a_miss_deleted_and_rebuilt(cache, qwen_file, tmp_path, damage):
+def test_bad_index_is_a_miss_deleted_and_rebuilt(index_cache, qwen_tok_file, tmp_path, damage):
     p = tmp_path / "m.gguf"
-    shutil.copy(qwen_file, p)
+    shutil.copy(qwen_tok_file, p)
     g, _ = indexed(p)
     f = Path(gguf_index.index_file(str(p)))
     DAMAGE[damage](p, f.read_bytes())
@@ -286,15 +271,15 @@ def test_bad_index_is_a_miss_deleted_and_rebuilt(cache, qwen_file, tmp_path, dam
     assert open_model_file(p).index_state == "hit"
 
 
-def test_no_index_env(cache, qwen_file, monkeypatch):
+def test_no_index_env(index_cache, qwen_tok_file, monkeypatch):
     monkeypatch.setenv("REFLEX_NO_INDEX", "1")
-    g = open_model_file(qwen_file)
+    g = open_model_file(qwen_tok_file)
     assert g.index_state == "off" and not gguf_index.pending()
-    assert not cache.exists()
+    assert not index_cache.exists()
 
 
-def test_pending_holds_files_weakly(cache, qwen_file):
-    g = open_model_file(qwen_file)
+def test_pending_holds_files_weakly(index_cache, qwen_tok_file):
+    g = open_model_file(qwen_tok_file)
     assert gguf_index.pending()
     g.close()
     del g
@@ -303,13 +288,13 @@ def test_pending_holds_files_weakly(cache, qwen_file):
     gc.collect()
     assert not gguf_index.pending()
     gguf_index.write_pending()
-    assert not os.path.exists(gguf_index.index_file(str(qwen_file)))
+    assert not os.path.exists(gguf_index.index_file(str(qwen_tok_file)))
 
 
-def test_cli_writes_the_index_then_uses_it(tmp_path, qwen_file):
+def test_cli_writes_the_index_then_uses_it(tmp_path, qwen_tok_file):
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "xdg"))
     env.pop("REFLEX_NO_INDEX", None)
-    cmd = [sys.executable, "-m", "reflex_core", "generate", str(qwen_file),
+    cmd = [sys.executable, "-m", "reflex_core", "generate", str(qwen_tok_file),
            "The capital of France is", "-n", "3", "--backend", "cpu", "--timings"]
     runs = [subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)]
     # the index is written after exit, by a detached helper: wait for it (bounded)
@@ -330,20 +315,20 @@ def test_cli_writes_the_index_then_uses_it(tmp_path, qwen_file):
     assert same(runs[0].stdout) == same(runs[1].stdout)
 
 
-def test_open_gguf_is_the_plain_parse(cache, qwen_file, tmp_path):
+def test_open_gguf_is_the_plain_parse(index_cache, qwen_tok_file, tmp_path):
     p = tmp_path / "m.gguf"
-    shutil.copy(qwen_file, p)
+    shutil.copy(qwen_tok_file, p)
     g = open_gguf(p)  # neither reads nor schedules an index
-    assert type(g) is GGUFFile and not gguf_index.pending() and not cache.exists()
+    assert type(g) is GGUFFile and not gguf_index.pending() and not index_cache.exists()
     _, h = indexed(p)
     same_parse(open_gguf(p), h)
     assert open_model_file(p, use_index=False).index_state == "off"
 
 
-def test_pending_paths(cache, qwen_file, tmp_path):
+def test_pending_paths(index_cache, qwen_tok_file, tmp_path):
     p, q = tmp_path / "a.gguf", tmp_path / "b.gguf"
-    shutil.copy(qwen_file, p)
-    shutil.copy(qwen_file, q)
+    shutil.copy(qwen_tok_file, p)
+    shutil.copy(qwen_tok_file, q)
     g, h = open_model_file(p), open_model_file(q)
     assert sorted(gguf_index.pending_paths()) == sorted([str(p), str(q)])
     h.close()  # a closed file is no longer pending
@@ -351,9 +336,9 @@ def test_pending_paths(cache, qwen_file, tmp_path):
     assert g.index_state == "miss"
 
 
-def test_entry_point_writes_the_index_the_next_open_hits(cache, qwen_file, tmp_path):
+def test_entry_point_writes_the_index_the_next_open_hits(index_cache, qwen_tok_file, tmp_path):
     p = tmp_path / "m.gguf"
-    shutil.copy(qwen_file, p)
+    shutil.copy(qwen_tok_file, p)
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a gguf file at all" * 4)
     elsewhere = tmp_path / "cwd"
@@ -388,20 +373,20 @@ def test_entry_point_writes_the_index_the_next_open_hits(cache, qwen_file, tmp_p
     assert open_model_file(p).index_state == "hit"
 
 
-def test_entry_point_does_nothing_with_no_index_env(cache, qwen_file):
+def test_entry_point_does_nothing_with_no_index_env(index_cache, qwen_tok_file):
     env = dict(os.environ, REFLEX_NO_INDEX="1")
-    r = subprocess.run([sys.executable, "-m", "reflex_core.gguf_index", str(qwen_file)],
+    r = subprocess.run([sys.executable, "-m", "reflex_core.gguf_index", str(qwen_tok_file)],
                        capture_output=True, env=env, timeout=300)
     assert (r.returncode, r.stdout, r.stderr) == (0, b"", b"")
-    assert not cache.exists()
+    assert not index_cache.exists()
 
 
-def test_evict_removes_what_is_not_an_index_of_a_live_model_then_the_oldest(cache, tmp_path,
-                                                                           qwen_file):
+def test_evict_removes_what_is_not_an_index_of_a_live_model_then_the_oldest(index_cache, tmp_path,
+                                                                           qwen_tok_file):
     models = []
     for name in "abcd":
         models.append(tmp_path / f"{name}.gguf")
-        shutil.copy(qwen_file, models[-1])
+        shutil.copy(qwen_tok_file, models[-1])
         g = open_model_file(models[-1])
         gguf_index.write_pending()
         g.close()
@@ -443,11 +428,11 @@ def test_vocab_table_lookups_are_bounded_whatever_the_table_holds():
         tables.VocabTable(bytes(good), 15, tables.MAX_PROBE + 1, raw, 2)
 
 
-def test_truncated_or_damaged_sections_never_raise(cache, qwen_file, tmp_path):
+def test_truncated_or_damaged_sections_never_raise(index_cache, qwen_tok_file, tmp_path):
     # every prefix length and many single-byte changes of both sections: decoded or refused,
     # never an exception, never an allocation beyond the section's own size
     p = tmp_path / "m.gguf"
-    shutil.copy(qwen_file, p)
+    shutil.copy(qwen_tok_file, p)
     g, _ = indexed(p)
     rec = gguf_index.decode(Path(gguf_index.index_file(str(p))).read_bytes())
     tok, hints = bytes(rec.tok), bytes(rec.gguf)

@@ -1,4 +1,4 @@
-"""The GGUF index is a cache, never an authority (issue 12, requirements 1 and 2's eviction).
+"""The GGUF index is a index_cache, never an authority (issue 12, requirements 1 and 2's eviction).
 
 One test per finding of the hardening pass, written against the public surface only
 (``open_model_file``, ``load_tokenizer``, ``gguf_index.index_file`` / ``write_pending``, the
@@ -31,26 +31,10 @@ import pytest
 from reflex_core import gguf_index
 from reflex_core.gguf import open_gguf
 from reflex_core.modelfile import load_tokenizer, open_model_file
-from reflex_core.testing.modelwriter import ModelShape
 from reflex_core.tokenizer import Tokenizer
 
 TEXTS = ["The capital of France is", " Paris<|im_end|>", "naïve café 東京 123,456 \n\t x",
          "<think>ok</think> def f(x): return x**2"]
-
-
-@pytest.fixture()
-def cache(tmp_path, monkeypatch):
-    d = tmp_path / "xdg"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(d))
-    monkeypatch.delenv("REFLEX_NO_INDEX", raising=False)
-    gguf_index._pending.clear()
-    yield d
-    gguf_index._pending.clear()
-
-
-@pytest.fixture(scope="module")
-def qwen_file(model_files):
-    return model_files(ModelShape(n_layer=1), tokenizer="qwen3")
 
 
 @pytest.fixture(scope="module")
@@ -114,10 +98,10 @@ def index_now(path) -> Path:
 # Stale index served
 
 
-def test_same_size_same_mtime_overwrite_is_not_served_from_the_old_index(cache, qwen_file,
+def test_same_size_same_mtime_overwrite_is_not_served_from_the_old_index(index_cache, qwen_tok_file,
                                                                         tmp_path):
     p = tmp_path / "m.gguf"
-    shutil.copy(qwen_file, p)
+    shutil.copy(qwen_tok_file, p)
     index_now(p)
     st = p.stat()
     data = bytearray(p.read_bytes())
@@ -153,7 +137,7 @@ def test_same_size_same_mtime_overwrite_is_not_served_from_the_old_index(cache, 
 # Corrupt index never discarded
 
 
-def test_random_bit_flips_of_an_index_never_change_the_output(cache, small_vocab, tmp_path):
+def test_random_bit_flips_of_an_index_never_change_the_output(index_cache, small_vocab, tmp_path):
     p = tmp_path / "v.gguf"
     shutil.copy(small_vocab, p)
     want = reference(p)
@@ -201,9 +185,9 @@ def _run_child(path, env, timeout=60):
 
 
 @pytest.mark.parametrize("what", ["five bytes", "fifo", "symlink to /dev/zero"])
-def test_special_or_crafted_file_at_the_index_path_is_a_miss(cache, qwen_file, tmp_path, what):
+def test_special_or_crafted_file_at_the_index_path_is_a_miss(index_cache, qwen_tok_file, tmp_path, what):
     p = tmp_path / "m.gguf"
-    shutil.copy(qwen_file, p)
+    shutil.copy(qwen_tok_file, p)
     env = dict(os.environ)
     f = Path(gguf_index.index_file(str(p)))
     f.parent.mkdir(parents=True, exist_ok=True)
