@@ -32,6 +32,7 @@ from reflex_core import gguf_index
 from reflex_core.gguf import open_gguf
 from reflex_core.modelfile import load_tokenizer, open_model_file
 from reflex_core.tokenizer import Tokenizer
+from test_tokenizer_fast import _qwen3_lists, _write_tokenizer_gguf
 
 TEXTS = ["The capital of France is", " Paris<|im_end|>", "naïve café 東京 123,456 \n\t x",
          "<think>ok</think> def f(x): return x**2"]
@@ -42,28 +43,12 @@ def small_vocab(tmp_path_factory) -> Path:
     """A tokenizer-only GGUF with the first 2000 Qwen3 tokens, their merges and Qwen3's added
     tokens (ids 2000..): served by the prompt-scoped path, and an index small enough that 300
     flips spread over all of its parts."""
-    import gguf
-
-    from reflex_core.testing.modelwriter import _qwen3_vocab
-
-    tokens, types, merges = (list(x) for x in _qwen3_vocab())
+    tokens, types, merges = _qwen3_lists()
     first = next(i for i, t in enumerate(types) if t != 1)
     keep = list(range(2000)) + list(range(first, len(tokens)))
     path = tmp_path_factory.mktemp("small") / "small-vocab.gguf"
-    w = gguf.GGUFWriter(str(path), "qwen3")
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list([tokens[i] for i in keep])
-    w.add_token_types([types[i] for i in keep])
-    w.add_token_merges(merges[:2000 - 256])
-    w.add_bos_token_id(2000)
-    w.add_eos_token_id(2002)
-    w.add_add_bos_token(False)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return _write_tokenizer_gguf(path, [tokens[i] for i in keep], [types[i] for i in keep],
+                                 merges[:2000 - 256], bos=2000, eos=2002)
 
 
 def snapshot(g, tok) -> tuple:

@@ -206,7 +206,7 @@ def _qwen3_lists():
     return list(tokens), list(types), list(merges)
 
 
-def _write_tokenizer_gguf(path, tokens, types, merges):
+def _write_tokenizer_gguf(path, tokens, types, merges, bos=151643, eos=151645):
     import gguf
     w = gguf.GGUFWriter(str(path), "qwen3")
     w.add_tokenizer_model("gpt2")
@@ -214,8 +214,8 @@ def _write_tokenizer_gguf(path, tokens, types, merges):
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
-    w.add_bos_token_id(151643)
-    w.add_eos_token_id(151645)
+    w.add_bos_token_id(bos)
+    w.add_eos_token_id(eos)
     w.add_add_bos_token(False)
     w.write_header_to_file()
     w.write_kv_data_to_file()
