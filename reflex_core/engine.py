@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 from .background import Background
 from .cuda.start import start as start_cuda
-from .errors import CudaUnavailable, ReflexError
+from .errors import CudaUnavailable, ModelError, ReflexError, UnsupportedTensorType
 from .sampling import SamplingParams
 from .timing import Timings, since_process_start_ms
 
@@ -205,7 +205,13 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
         else:
             ops.attach(g)
     with t.span("bind weights"):
-        model = model_cls.load(g, ops)
+        try:
+            model = model_cls.load(g, ops)
+        except (ModelError, UnsupportedTensorType) as e:
+            # a tensor's error names the tensor; the user also needs to know which file
+            if not str(e).startswith((str(path), str(getattr(g, "path", path)))):
+                raise type(e)(f"{path}: {e}") from None
+            raise
     if chosen == "cuda":
         with t.span("wait for the upload"):
             ops.wait_attached()

@@ -80,6 +80,25 @@ class Batch:
         return len(self.tokens)
 
     @property
+    def runs(self) -> tuple[tuple[int, int, int], ...]:
+        """The batch as runs of consecutive tokens of one sequence: ``(seq, t0, t1)`` for batch
+        rows ``[t0, t1)``, in batch order. Ops on per-sequence state (a recurrent layer) walk
+        each run in order, starting from the run's sequence slot; a sequence in two runs of one
+        batch is an error there (its slot would be read and written twice)."""
+        ids = self.seq_ids
+        if not ids:
+            return ()
+        if ids.count(ids[0]) == len(ids):  # one sequence (C speed: prompts of thousands)
+            return ((ids[0], 0, len(ids)),)
+        out: list[tuple[int, int, int]] = []
+        t0 = 0
+        for t in range(1, len(ids) + 1):
+            if t == len(ids) or ids[t] != ids[t0]:
+                out.append((ids[t0], t0, t))
+                t0 = t
+        return tuple(out)
+
+    @property
     def n_kv(self) -> int:
         """Cells in use once this batch is written: attention spans cells [0, n_kv)."""
         return self.cell0 + len(self.tokens)
@@ -192,6 +211,13 @@ class Ops:
             tname = GGML_TYPES[t].name if t in GGML_TYPES else f"type {t}"
             raise UnsupportedTensorType(f"tensor {name!r} has GGML type {tname} ({t}), {cannot}")
         return info, t, tuple(int(n) for n in info.ne)
+
+    def f32_data(self, w: Weight) -> Any:
+        """The values of ``w`` as float32, in the backend's own form, for an op that reads a
+        small tensor whole (a conv kernel, a per-head vector): the CPU backend gives an ndarray
+        (NumPy order, ``ne`` reversed), the CUDA backend the device address of the float32
+        values (the tensor itself when it is F32, else a dequantized copy made once)."""
+        raise NotImplementedError
 
     # --- state buffers (reflex_core.state.State allocates and copies through these) ----------
     state_dtype = "f32"  # element type of the state buffers this backend allocates

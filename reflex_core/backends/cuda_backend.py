@@ -241,6 +241,9 @@ class CudaOps(Ops):
             a = self._f32[w.name] = self.dequantize(w)
         return a.ptr
 
+    def f32_data(self, w: Weight) -> int:
+        return self._f32_vector(w, prod(w.ne))
+
     # --- state buffers ---------------------------------------------------------------------
     def zeros(self, shape: Sequence[int]) -> DeviceArray:
         out = empty(shape)
@@ -302,9 +305,12 @@ class CudaOps(Ops):
         buf.extend(m.own_start)
         buf.extend(m.own_end)
         buf.extend(batch.seq_ids)
-        dev = empty((6, T), "i32")
+        runs = batch.runs
+        for r in runs:
+            buf.extend(r)
+        dev = empty((len(buf),), "i32")
         memory.htod(dev.ptr, buf)
-        return Prepared(batch, dev)
+        return Prepared(batch, dev, len(runs))
 
     # --- tensor ops -------------------------------------------------------------------------
     def shape(self, x) -> tuple[int, ...]:

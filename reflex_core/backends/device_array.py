@@ -80,13 +80,15 @@ def empty_f32(shape: tuple[int, ...], n: int) -> DeviceArray:
 
 
 class Prepared:
-    """A batch on the device (``ops.prepare``): token ids, positions, the three mask arrays and
-    the sequence ids in one int32 buffer ``[6, T]``."""
+    """A batch on the device (``ops.prepare``): token ids, positions, the three mask arrays,
+    the sequence ids (``T`` int32 each) and the sequence runs (:attr:`Batch.runs`, ``n_runs``
+    triples ``(seq, t0, t1)``) in one int32 buffer."""
 
     __slots__ = ("batch", "n_tokens", "cell0", "n_kv", "buf", "tokens", "positions",
-                 "prefix_end", "own_start", "own_end", "seq_ids", "tok_min", "tok_max")
+                 "prefix_end", "own_start", "own_end", "seq_ids", "runs", "n_runs", "tok_min",
+                 "tok_max")
 
-    def __init__(self, batch: Batch, buf: DeviceArray):
+    def __init__(self, batch: Batch, buf: DeviceArray, n_runs: int):
         T = batch.n_tokens
         self.batch = batch
         self.n_tokens = T
@@ -97,5 +99,6 @@ class Prepared:
         self.tokens, self.positions = b, b + 4 * T
         self.prefix_end, self.own_start, self.own_end = b + 8 * T, b + 12 * T, b + 16 * T
         self.seq_ids = b + 20 * T
+        self.runs, self.n_runs = b + 24 * T, n_runs
         self.tok_min = min(batch.tokens) if T else 0
         self.tok_max = max(batch.tokens) if T else 0

@@ -93,6 +93,7 @@ class Prepared:
     tokens: np.ndarray  # int64 [T]
     positions: np.ndarray  # int64 [T]
     seq_ids: np.ndarray  # int64 [T]
+    runs: np.ndarray  # int64 [n_runs, 3]: Batch.runs
     cell0: int
     n_kv: int
     mask: np.ndarray  # bool [T, n_kv]
@@ -194,6 +195,9 @@ class NumpyOps(Ops):
                 self._f32[w.name] = a
         return a
 
+    def f32_data(self, w: Weight) -> np.ndarray:
+        return self.dequantize(w)
+
     def _expert(self, w: Weight, e: int) -> np.ndarray:
         key = (w.name, e)
         a = self._f32.get(key)
@@ -240,7 +244,8 @@ class NumpyOps(Ops):
                              f"positions")
         return Prepared(batch, np.asarray(batch.tokens, dtype=np.int64).reshape(-1),
                         np.asarray(batch.positions, dtype=np.int64).reshape(-1),
-                        np.asarray(batch.seq_ids, dtype=np.int64).reshape(-1), batch.cell0,
+                        np.asarray(batch.seq_ids, dtype=np.int64).reshape(-1),
+                        np.asarray(batch.runs, dtype=np.int64).reshape(-1, 3), batch.cell0,
                         batch.n_kv, mask_array(batch))
 
     # --- tensor ops --------------------------------------------------------------------
