@@ -4,8 +4,8 @@
 #
 #   REFLEX_VENV=path   venv to use/create (default .venv)
 #   PYTHON=python3.x   interpreter for a new venv (default python3)
-#   REFLEX_CACHE=dir   where the llama-cpp-python CPU wheel is built once and kept
-#                      (default ${XDG_CACHE_HOME:-~/.cache}/reflex-ci)
+#   REFLEX_CACHE=dir   where the llama-cpp-python sdist, its CPU wheel and llama.cpp's tokenizer
+#                      test vectors are kept (default ${XDG_CACHE_HOME:-~/.cache}/reflex-ci)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -17,14 +17,32 @@ LCP_VERSION=0.3.36
 PIP="$VENV/bin/python -m pip"
 $PIP install -q --upgrade pip setuptools wheel
 
-# The oracle: llama-cpp-python built from its PyPI source distribution (CPU only). The first build
-# takes 10-15 minutes on 2 cores; the wheel is cached afterwards.
+# The oracle: llama-cpp-python built from its PyPI source distribution (CPU only), and llama.cpp's
+# tokenizer test vectors (vendor/llama.cpp/models/ggml-vocab-*) from that same sdist, for
+# tests/test_vocab_vectors.py. The sdist is downloaded once; the first build takes 10-15 minutes
+# on 2 cores; the wheel and the vectors are cached afterwards.
+SDIST="$CACHE/sdist/llama_cpp_python-$LCP_VERSION.tar.gz"
+VOCAB_DIR="$CACHE/vocab-$LCP_VERSION"
+fetch_sdist() {
+  [ -f "$SDIST" ] || $PIP download -q --no-binary :all: --no-deps -d "$CACHE/sdist" \
+    "llama-cpp-python==$LCP_VERSION"
+}
 mkdir -p "$CACHE/wheels"
 if ! ls "$CACHE"/wheels/llama_cpp_python-$LCP_VERSION-*.whl >/dev/null 2>&1; then
+  fetch_sdist
   echo "building llama-cpp-python $LCP_VERSION (CPU) from source; this takes a while the first time"
   CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_CUDA=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF" \
   CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-    $PIP wheel -q --no-deps --no-binary llama-cpp-python -w "$CACHE/wheels" "llama-cpp-python==$LCP_VERSION"
+    $PIP wheel -q --no-deps -w "$CACHE/wheels" "$SDIST"
+fi
+if [ ! -d "$VOCAB_DIR" ]; then
+  fetch_sdist
+  # Unpacked beside the final name and renamed, so that an interrupted run leaves no partial dir.
+  rm -rf "$VOCAB_DIR.partial" && mkdir -p "$VOCAB_DIR.partial"
+  models="llama_cpp_python-$LCP_VERSION/vendor/llama.cpp/models"
+  tar -xzf "$SDIST" -C "$VOCAB_DIR.partial" --strip-components=4 --wildcards \
+    "$models/ggml-vocab-*.gguf" "$models/ggml-vocab-*.gguf.inp" "$models/ggml-vocab-*.gguf.out"
+  mv "$VOCAB_DIR.partial" "$VOCAB_DIR"
 fi
 $PIP install -q "$CACHE"/wheels/llama_cpp_python-$LCP_VERSION-*.whl
 
@@ -59,6 +77,7 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
   done
 fi
 
+export REFLEX_LLAMA_VOCAB_DIR="$VOCAB_DIR"
 set +e
 "$VENV/bin/python" -m pytest -q "$@"
 rc=$?

@@ -66,7 +66,9 @@ _DEEPSEEK_LLM_RES = (
 PRETOKENIZERS: dict[str, PreTokenizerSpec] = {
     "qwen2": PreTokenizerSpec((_QWEN2_RE,), normalizer="NFC"),
     "deepseek-r1-qwen": PreTokenizerSpec((_QWEN2_RE,), normalizer="NFC"),
-    "qwen35": PreTokenizerSpec((_QWEN35_RE,), normalizer="NFC"),
+    # No NFC for qwen35: its regex takes combining marks (\p{M}) into words instead, and
+    # llama.cpp's vocab test vectors (from Qwen3.5's own tokenizer) keep NFD input decomposed.
+    "qwen35": PreTokenizerSpec((_QWEN35_RE,)),
     "deepseek-v3": PreTokenizerSpec(_DEEPSEEK_V3_RES),
     "deepseek-llm": PreTokenizerSpec(_DEEPSEEK_LLM_RES),
 }
