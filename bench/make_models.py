@@ -1,12 +1,16 @@
-"""Write the synthetic benchmark GGUFs: real Qwen3 tokenizer, random weights, real shapes.
+"""Write the synthetic benchmark GGUFs: real tokenizer, random weights, real shapes.
 
-    python bench/make_models.py OUT_DIR [--which 0.6b,8b,30b]
+    python bench/make_models.py OUT_DIR [--which 0.6b,8b,30b,q35-0.8b,q35-35b]
 
 0.6b: Qwen3-0.6B-shaped, Q8_0 (~640 MB)      8b: Qwen3-8B-shaped, Q4_K_M mix (~5.0 GB)
 30b: Qwen3-30B-A3B-shaped (qwen3moe), Q4_K_M mix (~18.5 GB)
+q35-0.8b: Qwen3.5-0.8B-shaped (qwen35), Q8_0 (~0.8 GB)
+q35-35b: Qwen3.5-35B-A3B-shaped (qwen35moe), Q4_K_M mix (~20 GB)
 
-Random weights make the text meaningless but the work (bytes moved, kernels run) real. Files
-that already exist with the right size are kept.
+The Qwen3 files carry the Qwen3 tokenizer; the Qwen3.5 ones its token list under Qwen3.5's
+pre-tokenizer ("qwen35"), padded to Qwen3.5's 248320 ids. Random weights make the text
+meaningless but the work (bytes moved, kernels run) real. Files that already exist with the
+right size are kept.
 """
 
 from __future__ import annotations
@@ -17,24 +21,30 @@ import time
 from pathlib import Path
 
 from reflex_core.testing.modelwriter import (q4_k_m_overrides, qwen3_0_6b_shape, qwen3_8b_shape,
-                                             qwen3_30b_a3b_shape, write_model)
+                                             qwen3_30b_a3b_shape, qwen35_0_8b_shape,
+                                             qwen35_35b_a3b_shape, write_model)
 
+# name -> (file name, shape function, weight type, Q4_K_M mix, tokenizer)
 MODELS = {
-    "0.6b": ("qwen3-0.6b-shaped-q8_0.gguf", qwen3_0_6b_shape, "Q8_0", False),
-    "8b": ("qwen3-8b-shaped-q4_k_m.gguf", qwen3_8b_shape, "Q4_K", True),
-    "30b": ("qwen3-30b-a3b-shaped-q4_k_m.gguf", qwen3_30b_a3b_shape, "Q4_K", True),
+    "0.6b": ("qwen3-0.6b-shaped-q8_0.gguf", qwen3_0_6b_shape, "Q8_0", False, "qwen3"),
+    "8b": ("qwen3-8b-shaped-q4_k_m.gguf", qwen3_8b_shape, "Q4_K", True, "qwen3"),
+    "30b": ("qwen3-30b-a3b-shaped-q4_k_m.gguf", qwen3_30b_a3b_shape, "Q4_K", True, "qwen3"),
+    "q35-0.8b": ("qwen35-0.8b-shaped-q8_0.gguf", qwen35_0_8b_shape, "Q8_0", False, "qwen35"),
+    "q35-35b": ("qwen35-35b-a3b-shaped-q4_k_m.gguf", qwen35_35b_a3b_shape, "Q4_K", True, "qwen35"),
 }
 
 
 def make(out: Path, which: str) -> Path:
-    name, shape_fn, wtype, mix = MODELS[which]
+    if which not in MODELS:
+        raise SystemExit(f"unknown model {which!r} (choose from {', '.join(MODELS)})")
+    name, shape_fn, wtype, mix, tokenizer = MODELS[which]
     path = out / name
     if path.exists() and path.stat().st_size > 0:
         return path
     shape = shape_fn()
     t0 = time.perf_counter()
     tmp = path.with_suffix(".partial")
-    write_model(tmp, shape, weight_type=wtype, tokenizer="qwen3", seed=1,
+    write_model(tmp, shape, weight_type=wtype, tokenizer=tokenizer, seed=1,
                 type_overrides=q4_k_m_overrides(shape) if mix else None)
     tmp.rename(path)
     print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t0:.1f} s",

@@ -43,14 +43,13 @@ def testop_plugin():
 
 
 def op_ids():
-    import sys
+    """The core's ops, the test plugin's and those of every installed plugin (CI installs all
+    of plugins/*)."""
+    from reflex_core.registry import get_host
 
-    sys.path.insert(0, str(TESTOP))
-    from reflex_testop import plugin  # noqa: F401 - only to list its op below
-
-    names = [op.name for op in opreg.CORE_OPS] + ["testop_sigmoid_mul"]
-    sys.path.remove(str(TESTOP))
-    return names
+    get_host().load_all()  # registers the installed plugins' ops
+    names = [op.name for op in opreg.all_ops()]
+    return names + [n for n in ("testop_sigmoid_mul",) if n not in names]
 
 
 def cases_of(op):
@@ -63,7 +62,7 @@ def test_every_core_op_method_is_registered():
     not_ops = {"attach", "weight", "has_weight", "prepare", "shape", "view", "zeros", "empty",
                "clone", "copy_rows", "rows_to_bytes", "rows_from_bytes", "sample", "to_numpy",
                "synchronize", "from_numpy", "release", "wait_attached",
-               "release_host_registration", "dequantize", "kernels"}
+               "release_host_registration", "dequantize", "kernels", "f32_data"}
     methods = {n for n in vars(CudaOps) | vars(Ops) if not n.startswith("_")
                and callable(getattr(CudaOps, n))}
     registered = {op.name for op in opreg.CORE_OPS}
@@ -99,7 +98,13 @@ def test_cuda_launcher_and_kernel_modules_exist(name):
     op = opreg.get(name)
     assert op.cuda is not None, f"op {name} has no CUDA launcher"
     assert callable(opreg.resolve(op.cuda))
-    src = ROOT / "cuda" if op.package == opreg.CORE_PACKAGE else TESTOP / "cuda"
+    if op.package == opreg.CORE_PACKAGE:
+        src = ROOT / "cuda"
+    else:  # a plugin of this tree: plugins/<dir>/<package>/ next to plugins/<dir>/cuda/
+        dirs = [p.parent for p in [TESTOP / op.package, *ROOT.glob(f"plugins/*/{op.package}")]
+                if p.is_dir()]
+        assert len(dirs) == 1, f"{name}: no plugin folder holds package {op.package}"
+        src = dirs[0] / "cuda"
     for module in op.kernels:
         assert (src / f"{module}.cu").is_file(), f"{name}: kernel module {module} missing"
 
@@ -108,4 +113,5 @@ def test_plugin_ops_dispatch_through_ops_attributes():
     ops = NumpyOps()
     x = np.array([[1.0, -2.0]], np.float32)
     np.testing.assert_allclose(ops.testop_sigmoid_mul(x, np.zeros_like(x)), x / 2)
-    assert opreg.kernel_packages() == {"reflex_testop"}
+    assert "reflex_testop" in opreg.kernel_packages()
+    assert opreg.CORE_PACKAGE not in opreg.kernel_packages()

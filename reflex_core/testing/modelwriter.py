@@ -2,11 +2,12 @@
 
 Used by the CPU oracle tests (NumPy reference vs llama.cpp), the GPU tests and the benchmarks.
 The files follow what llama.cpp's converter writes for ``qwen3`` / ``qwen3moe`` (tensor names and
-shapes of spec sections 5.2 and 6.2, keys with the value types of gguf-py's ``add_*`` helpers), so
-llama.cpp loads them.
+shapes of spec sections 5.2 and 6.2) and ``qwen35`` / ``qwen35moe`` (spec section 7: a
+``Qwen35Shape``), keys with the value types of gguf-py's ``add_*`` helpers, so llama.cpp loads them.
 
     from reflex_core.testing.modelwriter import ModelShape, write_model
     write_model(tmp_path / "m.gguf", ModelShape(), weight_type="Q8_0", seed=1)
+    write_model(tmp_path / "h.gguf", tiny_qwen35_shape(nextn_predict_layers=1))
 
 Weights. Every matrix is random with a per-tensor standard deviation chosen so activations stay
 O(1) through any number of layers and logits are O(1-10):
@@ -16,6 +17,15 @@ O(1) through any number of layers and logits are O(1-10):
 * ``attn_q/k/v``, ``ffn_gate/up`` (and the expert versions), the router: ``1/sqrt(n_in)``;
 * ``attn_output``, ``ffn_down`` (and ``ffn_down_exps``): ``0.5/sqrt(n_in)``;
 * norm weights: ``1 + 0.1·N(0,1)``, always F32 (like the converter); the router is always F32.
+
+Qwen3.5 (spec 7.3/7.4, stored as the converter leaves them): norms "already +1" as above (the
+GDN ``ssm_norm``, which the converter does not shift, is drawn the same way: weight ~1);
+``attn_qkv`` / ``attn_gate`` / ``ssm_beta`` / ``ssm_alpha`` ``1/sqrt(D)``, ``ssm_out``
+``0.5/sqrt(value_dim)``; ``ssm_conv1d`` ``1/sqrt(K_c)`` (a tap sum of K_c unit inputs stays unit);
+``ssm_a = -exp(A_log)`` with ``A_log ~ U(-1, 1)``; ``ssm_dt.bias ~ N(-1, 0.3)``; the shared-expert
+gate vector ``1/sqrt(D)`` and ``nextn.eh_proj`` ``1/sqrt(2D)``. ``ssm_conv1d``, ``ssm_a``,
+``ssm_dt.bias``, ``ffn_gate_inp(_shexp)`` and every 1-D tensor stay F32 whatever the weight type
+(converter and llama-quantize never change them).
 
 Float types draw Gaussians. Quantized types are synthesized as random *valid blocks* (random
 quant bytes from a fast RNG, then the block's scale fields overwritten with sane values), which is
@@ -55,6 +65,12 @@ __all__ = [
     "qwen3_8b_shape",
     "qwen3_30b_a3b_shape",
     "tiny_kquant_shape",
+    "Qwen35Shape",
+    "tiny_qwen35_shape",
+    "tiny_qwen35moe_shape",
+    "tiny_qwen35_kquant_shape",
+    "qwen35_0_8b_shape",
+    "qwen35_35b_a3b_shape",
     "qwen3_tokenizer_json_path",
     "WEIGHT_TYPES",
     "Q4_K_M_OVERRIDES",
@@ -81,12 +97,38 @@ def q4_k_m_overrides(shape: "ModelShape") -> dict[str, str]:
     Q6_K for ``output`` and for attn_v / ffn_down(_exps) of the layers llama.cpp's
     ``use_more_bits`` picks (first and last eighth, every third layer between); Q4_K elsewhere.
     Gives real-size files (Qwen3-8B ~5.0 GB, Qwen3-30B-A3B ~18.6 GB).
+    For a ``Qwen35Shape`` see ``_qwen35_q4_k_m_overrides``.
     """
+    if isinstance(shape, Qwen35Shape):
+        return _qwen35_q4_k_m_overrides(shape)
     n = shape.n_layer
     ov = {"output": "Q6_K", "token_embd": "Q4_K"}
     for i in range(n):
-        if i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2:
+        if _use_more_bits(i, n):
             for t in ("attn_v", "ffn_down", "ffn_down_exps"):
+                ov[f"blk.{i}.{t}"] = "Q6_K"
+    return ov
+
+
+def _use_more_bits(i: int, n: int) -> bool:
+    # llama-quant.cpp's choice of the layers that get more bits in the _M mixes
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def _qwen35_q4_k_m_overrides(shape: "Qwen35Shape") -> dict[str, str]:
+    """llama-quantize's Q4_K_M mix for a Qwen3.5 shape (use with weight_type="Q4_K").
+
+    llama-quant.cpp counts the attn_v-like tensors (``attn_v`` of attention and MTP blocks,
+    ``attn_qkv`` of GDN blocks: one per block) and every tensor whose name holds ``ffn_down``
+    (``ffn_down``, ``ffn_down_exps``, ``ffn_down_shexp``) over all ``n_layer + nextn`` blocks and
+    gives the ``use_more_bits`` blocks Q6_K. The head is Q6_K: ``output``, or ``token_embd``
+    when tied (llama.cpp then quantizes the embedding like the head).
+    """
+    n = shape.n_layer_all
+    ov = {"output": "Q6_K", "token_embd": "Q6_K" if shape.tied else "Q4_K"}
+    for i in range(n):
+        if _use_more_bits(i, n):
+            for t in ("attn_v", "attn_qkv", "ffn_down", "ffn_down_exps", "ffn_down_shexp"):
                 ov[f"blk.{i}.{t}"] = "Q6_K"
     return ov
 
@@ -150,6 +192,140 @@ def tiny_kquant_shape(arch: str = "qwen3", **changes) -> ModelShape:
     if arch == "qwen3moe":
         base = base.replace(n_expert=4, n_expert_used=2, n_ff_exp=256)
     return base.replace(**changes)
+
+
+@dataclass
+class Qwen35Shape(ModelShape):
+    """Hyper-parameters of a ``qwen35`` / ``qwen35moe`` model (spec section 7).
+
+    The defaults are a tiny dense hybrid: 4 blocks (GDN, GDN, GDN, attention by the interval
+    rule), D=64, attention H=4, H_kv=2, d_h=32 with partial RoPE (n_rot=8), GDN H_k=2 key heads
+    and H_v=4 value heads (H_v > H_k, as in the released models) of d_k = d_v = 16.
+    ``n_ff`` is the dense FFN width (qwen35); qwen35moe writes ``feed_forward_length`` only when
+    n_ff > 0 (llama.cpp uses it as a fallback only). A file without any attention block is
+    valid but llama.cpp 0.3.36 aborts on it (GGML_ASSERT(buffer): an empty KV cache), so oracle
+    tests keep at least one.
+    """
+
+    arch: str = "qwen35"  # "qwen35" or "qwen35moe"
+    n_layer: int = 4  # L: trunk blocks (the MTP blocks come on top)
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 32
+    rope_freq_base: float = 1e7
+    n_rot: int = 8  # rope.dimension_count: the rotated dims of a head (partial RoPE, <= head_dim)
+    rope_sections: tuple[int, ...] | None = None  # IMROPE sections (4); None: n_rot/2 split 11:11:10
+    ssm_conv_kernel: int = 4  # K_c
+    ssm_state_size: int = 16  # d_k (= d_v: llama.cpp supports only equal GDN head sizes)
+    ssm_group_count: int = 2  # H_k
+    ssm_time_step_rank: int = 4  # H_v (a multiple of H_k)
+    # true = GDN block, length n_layer + nextn_predict_layers (MTP blocks false); None: the key is
+    # not written and full_attention_interval decides
+    recurrent_layers: tuple[bool, ...] | None = None
+    full_attention_interval: int | None = 4  # None: key not written (llama.cpp then uses 4)
+    nextn_predict_layers: int = 0  # MTP blocks appended after the trunk
+    mtp_shared_head: bool = False  # also write the optional nextn.shared_head_head / _norm
+    n_ff_shexp: int = 0  # F_s, shared expert width (qwen35moe)
+    shexp_gate_2d: bool = True  # ffn_gate_inp_shexp as ne [D, 1] (the converter's) or [D]
+
+    @property
+    def n_layer_all(self) -> int:
+        """Blocks in the file (block_count): trunk + MTP."""
+        return self.n_layer + self.nextn_predict_layers
+
+    @property
+    def ssm_inner_size(self) -> int:
+        """d_inner = H_v·d_v (d_v = d_k)."""
+        return self.ssm_time_step_rank * self.ssm_state_size
+
+    def recurrent_flags(self) -> list[bool]:
+        """Whether each of the ``n_layer_all`` blocks is a GDN block, as llama.cpp decides it:
+        the explicit array, else block i < n_layer is recurrent iff (i+1) % interval != 0."""
+        if self.recurrent_layers is not None:
+            return [bool(r) for r in self.recurrent_layers]
+        k = 4 if self.full_attention_interval is None else self.full_attention_interval
+        return [i < self.n_layer and (i + 1) % k != 0 for i in range(self.n_layer_all)]
+
+    def dimension_sections(self) -> list[int]:
+        """rope.dimension_sections as written: the explicit ones or n_rot/2 split like Qwen3.5's
+        default [11, 11, 10, 0] (which is the split of 32 = 64/2)."""
+        if self.rope_sections is not None:
+            return [int(x) for x in self.rope_sections]
+        half = self.n_rot // 2
+        third, rest = divmod(half, 3)
+        return [third + (rest > 0), third + (rest > 1), third, 0]
+
+
+def tiny_qwen35_shape(**changes) -> Qwen35Shape:
+    """A tiny dense qwen35 (the ``Qwen35Shape`` defaults: 3 GDN blocks then 1 attention block,
+    H_v=4 > H_k=2, partial RoPE, vocab 128 with tokenizer "none"); ``changes`` override fields.
+    Every ne0 is a multiple of 32 (Q8_0/Q4_0/Q5_0 blocks)."""
+    return Qwen35Shape().replace(**changes)
+
+
+def tiny_qwen35moe_shape(**changes) -> Qwen35Shape:
+    """A tiny qwen35moe: the tiny_qwen35_shape trunk with E=4 experts, k=2, F_e=32, a shared
+    expert of F_s=64 and no dense width; ``changes`` override fields."""
+    return Qwen35Shape(arch="qwen35moe", n_ff=0, n_expert=4, n_expert_used=2, n_ff_exp=32,
+                       n_ff_shexp=64).replace(**changes)
+
+
+def tiny_qwen35_kquant_shape(arch: str = "qwen35", **changes) -> Qwen35Shape:
+    """A tiny qwen35 / qwen35moe whose every quantizable matrix has ne0 % 256 == 0 (K-quants):
+    D=256, attention H=2 x d_h=128 (n_rot=32), GDN H_k=2, H_v=4 of d_k=64, F=512
+    (moe: E=4, k=2, F_e=F_s=256)."""
+    base = Qwen35Shape(arch=arch, n_embd=256, n_head=2, n_head_kv=1, head_dim=128, n_rot=32,
+                       ssm_state_size=64, ssm_group_count=2, ssm_time_step_rank=4, n_ff=512)
+    if arch == "qwen35moe":
+        base = base.replace(n_ff=0, n_expert=4, n_expert_used=2, n_ff_exp=256, n_ff_shexp=256)
+    return base.replace(**changes)
+
+
+# Qwen3.5's vocabulary size (config.json vocab_size of every released Qwen3.5 model)
+_QWEN35_VOCAB_SIZE = 248320
+
+
+def qwen35_0_8b_shape() -> Qwen35Shape:
+    """Qwen3.5-0.8B: 24 blocks (GDN x3 then attention), D=1024, H=8, H_kv=2, d_h=256, n_rot=64,
+    GDN H_k=16, H_v=16, d_k=128, K_c=4, F=3584, tied, V=248320, rope base 1e7.
+
+    Sources (the Qwen/Qwen3.5-0.8B config.json itself was not in the searchable corpus):
+    L=24, D=1024, H=8, H_kv=2, context 262144 from fitmygpu.com/models/qwen-3.5-0.8b;
+    head_dim 256, intermediate_size 3584, linear_num_key_heads 16, linear_num_value_heads 16,
+    linear_key/value_head_dim 128, linear_conv_kernel_dim 4, full_attention_interval 4 from the
+    config.json of oopere/Qwen3.5-0.65B-Base-Rearchitected (a depth-pruned Qwen3.5-0.8B: same
+    widths, 20 blocks); partial_rotary_factor 0.25 and mrope_section [11, 11, 10] are the
+    documented Qwen3.5 values (transformers' Qwen3_5TextConfig, llama.cpp's converter default);
+    rope_theta 1e7 as in every Qwen3.5 config (radixark's 35B-A3B recipe: --rotary-base 1e7);
+    tied embeddings as in Qwen's small checkpoints (not confirmed for 0.8B); V=248320 (the
+    Qwen3.5 vocabulary, aprender's Qwen3.5 notes). llama.cpp labels L=24, D=1024 as 0.8B.
+    """
+    return Qwen35Shape(arch="qwen35", n_layer=24, n_embd=1024, n_head=8, n_head_kv=2, head_dim=256,
+                       n_ff=3584, n_vocab=_QWEN35_VOCAB_SIZE, context_length=262144, tied=True,
+                       rope_freq_base=1e7, n_rot=64, ssm_conv_kernel=4, ssm_state_size=128,
+                       ssm_group_count=16, ssm_time_step_rank=16, full_attention_interval=4)
+
+
+def qwen35_35b_a3b_shape() -> Qwen35Shape:
+    """Qwen3.5-35B-A3B (qwen35moe): 40 blocks (GDN x3 then attention), D=2048, H=16, H_kv=2,
+    d_h=256, n_rot=64, GDN H_k=16, H_v=32, d_k=128, K_c=4, E=256, k=8, F_e=512, F_s=512, untied,
+    V=248320, rope base 1e7; no MTP block (pass .replace(nextn_predict_layers=1) for one).
+
+    Sources: D=2048, head_dim 256, full_attention_interval 4 and the layer_types pattern from a
+    Qwen3_5MoeForConditionalGeneration config.json mirror (huggingface.co/compiledcode83/...);
+    256 experts, 8 routed + 1 shared from transformers' qwen3_5_moe model doc; rotary base 1e7,
+    rotary percent 0.25 and one MTP layer from radixark's Qwen3.5-35B-A3B recipe. Not found in
+    the corpus and taken from the published Qwen3.5-35B-A3B config as recalled (verify before
+    quoting): L=40 (llama.cpp labels L=40 as 35B-A3B), H=16, H_kv=2, linear_num_key_heads 16,
+    linear_num_value_heads 32, linear_key/value_head_dim 128 (the Qwen3.5 GDN pattern of the
+    2B-9B configs), moe_intermediate_size 512, shared_expert_intermediate_size 512, untied.
+    """
+    return Qwen35Shape(arch="qwen35moe", n_layer=40, n_embd=2048, n_head=16, n_head_kv=2,
+                       head_dim=256, n_ff=0, n_vocab=_QWEN35_VOCAB_SIZE, context_length=262144,
+                       tied=False, rope_freq_base=1e7, n_rot=64, ssm_conv_kernel=4,
+                       ssm_state_size=128, ssm_group_count=16, ssm_time_step_rank=32,
+                       full_attention_interval=4, n_expert=256, n_expert_used=8, n_ff_exp=512,
+                       n_ff_shexp=512)
 
 
 # --------------------------------------------------------------------------------------------
@@ -263,7 +439,9 @@ class TensorSpec:
     name: str
     ne: tuple[int, ...]  # ne order (ne0 innermost)
     ggml_type: str  # "F32", "Q4_K", ...
-    kind: str  # "norm" | "router" | "matrix"
+    # "norm" | "router" | "matrix"; Qwen3.5 also "conv" (F32 Gaussian like "router"), "ssm_a",
+    # "dt_bias" (see _tensor_chunks)
+    kind: str
     sigma: float  # target std of the (dequantized) values; norms: spread around 1
 
     @property
@@ -284,14 +462,22 @@ class TensorSpec:
 
 
 def _resolve_vocab(shape: ModelShape, tokenizer: str) -> int:
-    if tokenizer == "qwen3":
+    if tokenizer in ("qwen3", "qwen35"):
         return _QWEN3_VOCAB_SIZE if shape.n_vocab is None else int(shape.n_vocab)
     if tokenizer == "none":
         return 128 if shape.n_vocab is None else int(shape.n_vocab)
-    raise ValueError(f"unknown tokenizer {tokenizer!r} (use 'none' or 'qwen3')")
+    raise ValueError(f"unknown tokenizer {tokenizer!r} (use 'none', 'qwen3' or 'qwen35')")
+
+
+_QWEN35_ARCHS = ("qwen35", "qwen35moe")
 
 
 def _check_shape(shape: ModelShape) -> None:
+    if isinstance(shape, Qwen35Shape):
+        _check_qwen35_shape(shape)
+        return
+    if shape.arch in _QWEN35_ARCHS:
+        raise ValueError(f"arch {shape.arch!r} needs a Qwen35Shape (see tiny_qwen35_shape())")
     if shape.arch not in ("qwen3", "qwen3moe"):
         raise ValueError(f"arch {shape.arch!r} is not supported by the writer (qwen3, qwen3moe)")
     for f in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "context_length"):
@@ -304,6 +490,45 @@ def _check_shape(shape: ModelShape) -> None:
             raise ValueError("qwen3moe needs n_expert > 0, 0 < n_expert_used <= n_expert and n_ff_exp > 0")
     elif shape.n_ff <= 0:
         raise ValueError("ModelShape.n_ff must be > 0")
+
+
+def _check_qwen35_shape(shape: Qwen35Shape) -> None:
+    if shape.arch not in _QWEN35_ARCHS:
+        raise ValueError(f"a Qwen35Shape has arch 'qwen35' or 'qwen35moe', not {shape.arch!r}")
+    for f in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "context_length", "n_rot",
+              "ssm_state_size", "ssm_group_count", "ssm_time_step_rank"):
+        if getattr(shape, f) <= 0:
+            raise ValueError(f"Qwen35Shape.{f} must be > 0")
+    if shape.n_head % shape.n_head_kv:
+        raise ValueError(f"n_head={shape.n_head} is not a multiple of n_head_kv={shape.n_head_kv}")
+    if shape.ssm_time_step_rank % shape.ssm_group_count:
+        raise ValueError(f"ssm_time_step_rank (H_v={shape.ssm_time_step_rank}) must be a multiple of "
+                         f"ssm_group_count (H_k={shape.ssm_group_count})")
+    if shape.ssm_conv_kernel < 2:
+        raise ValueError(f"ssm_conv_kernel must be >= 2, got {shape.ssm_conv_kernel}")
+    if shape.n_rot % 2 or shape.n_rot > shape.head_dim:
+        raise ValueError(f"n_rot={shape.n_rot} must be even and <= head_dim={shape.head_dim}")
+    sec = shape.dimension_sections()
+    if len(sec) != 4 or min(sec) < 0 or sum(sec) <= 0:
+        raise ValueError(f"rope sections {sec}: need 4 non-negative ints with a positive sum")
+    if shape.nextn_predict_layers < 0:
+        raise ValueError("nextn_predict_layers must be >= 0")
+    if shape.full_attention_interval is not None and shape.full_attention_interval <= 0:
+        raise ValueError("full_attention_interval must be > 0 (or None: key not written)")
+    if shape.recurrent_layers is not None:
+        rl = list(shape.recurrent_layers)
+        if len(rl) != shape.n_layer_all:
+            raise ValueError(f"recurrent_layers has {len(rl)} entries, expected n_layer + "
+                             f"nextn_predict_layers = {shape.n_layer_all}")
+        if any(rl[shape.n_layer:]):
+            raise ValueError("recurrent_layers: the MTP blocks (after n_layer) must be false")
+    if shape.arch == "qwen35moe":
+        if not (shape.n_expert > 0 and 0 < shape.n_expert_used <= shape.n_expert
+                and shape.n_ff_exp > 0 and shape.n_ff_shexp > 0):
+            raise ValueError("qwen35moe needs n_expert > 0, 0 < n_expert_used <= n_expert, "
+                             "n_ff_exp > 0 and n_ff_shexp > 0")
+    elif shape.n_ff <= 0:
+        raise ValueError("Qwen35Shape.n_ff must be > 0 for qwen35")
 
 
 def _pick_type(short: str, full: str, weight_type: str, overrides: dict[str, str] | None) -> str:
@@ -324,6 +549,8 @@ def tensor_plan(shape: ModelShape, *, weight_type: str = "F32", tokenizer: str =
     """
     _check_shape(shape)
     n_vocab = _resolve_vocab(shape, tokenizer)
+    if isinstance(shape, Qwen35Shape):
+        return _qwen35_plan(shape, n_vocab, weight_type, type_overrides)
     D, H, Hkv, hd = shape.n_embd, shape.n_head, shape.n_head_kv, shape.head_dim
     plan: list[TensorSpec] = []
 
@@ -365,6 +592,97 @@ def tensor_plan(shape: ModelShape, *, weight_type: str = "F32", tokenizer: str =
             mat(p + "ffn_gate.weight", (D, F), 1.0 / D ** 0.5)
             mat(p + "ffn_up.weight", (D, F), 1.0 / D ** 0.5)
             mat(p + "ffn_down.weight", (F, D), 0.5 / F ** 0.5)
+    norm("output_norm.weight", D)
+    if not shape.tied:
+        mat("output.weight", (D, n_vocab), s_embd)
+    return plan
+
+
+def _qwen35_plan(shape: Qwen35Shape, n_vocab: int, weight_type: str,
+                 type_overrides: dict[str, str] | None) -> list[TensorSpec]:
+    """Spec 7.2/7.3: per block attn_norm, the mixer (gated attention or GDN), post_attention_norm,
+    the FFN (dense or routed + shared experts); MTP blocks add the nextn tensors."""
+    D, H, Hkv, hd = shape.n_embd, shape.n_head, shape.n_head_kv, shape.head_dim
+    dk, Hk, Hv = shape.ssm_state_size, shape.ssm_group_count, shape.ssm_time_step_rank
+    key_dim, value_dim = Hk * dk, Hv * dk
+    conv_dim = 2 * key_dim + value_dim
+    plan: list[TensorSpec] = []
+
+    def mat(name: str, ne: tuple[int, ...], sigma: float) -> None:
+        full = name[: -len(".weight")]
+        short = full.split(".", 2)[2] if full.startswith("blk.") else full
+        t = _pick_type(short, full, weight_type, type_overrides)
+        if t not in WEIGHT_TYPES:
+            raise ValueError(f"{name}: unsupported weight type {t!r} (supported: {', '.join(WEIGHT_TYPES)})")
+        block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]][0]
+        if ne[0] % block:
+            raise ValueError(f"{name}: {t} needs ne0 to be a multiple of {block}, got ne={list(ne)}; "
+                             f"pick dimensions that are multiples of {block}")
+        plan.append(TensorSpec(name, ne, t, "matrix", sigma))
+
+    def f32(name: str, ne: tuple[int, ...], kind: str, sigma: float) -> None:
+        plan.append(TensorSpec(name, ne, "F32", kind, sigma))
+
+    def norm(name: str, n: int) -> None:
+        f32(name, (n,), "norm", 0.1)
+
+    def attention(p: str) -> None:
+        mat(p + "attn_q.weight", (D, 2 * H * hd), 1.0 / D ** 0.5)  # per head [q_h, gate_h]
+        mat(p + "attn_k.weight", (D, Hkv * hd), 1.0 / D ** 0.5)
+        mat(p + "attn_v.weight", (D, Hkv * hd), 1.0 / D ** 0.5)
+        mat(p + "attn_output.weight", (H * hd, D), 0.5 / (H * hd) ** 0.5)
+        norm(p + "attn_q_norm.weight", hd)
+        norm(p + "attn_k_norm.weight", hd)
+
+    def gated_delta_net(p: str) -> None:
+        mat(p + "attn_qkv.weight", (D, conv_dim), 1.0 / D ** 0.5)
+        mat(p + "attn_gate.weight", (D, value_dim), 1.0 / D ** 0.5)
+        mat(p + "ssm_beta.weight", (D, Hv), 1.0 / D ** 0.5)
+        mat(p + "ssm_alpha.weight", (D, Hv), 1.0 / D ** 0.5)
+        f32(p + "ssm_conv1d.weight", (shape.ssm_conv_kernel, conv_dim), "conv",
+            1.0 / shape.ssm_conv_kernel ** 0.5)
+        f32(p + "ssm_dt.bias", (Hv,), "dt_bias", _DT_BIAS_STD)
+        f32(p + "ssm_a", (Hv,), "ssm_a", 0.0)
+        norm(p + "ssm_norm.weight", dk)
+        mat(p + "ssm_out.weight", (value_dim, D), 0.5 / value_dim ** 0.5)
+
+    def ffn(p: str) -> None:
+        if shape.arch == "qwen35moe":
+            E, Fe, Fs = shape.n_expert, shape.n_ff_exp, shape.n_ff_shexp
+            f32(p + "ffn_gate_inp.weight", (D, E), "router", 1.0 / D ** 0.5)
+            mat(p + "ffn_gate_exps.weight", (D, Fe, E), 1.0 / D ** 0.5)
+            mat(p + "ffn_up_exps.weight", (D, Fe, E), 1.0 / D ** 0.5)
+            mat(p + "ffn_down_exps.weight", (Fe, D, E), 0.5 / Fe ** 0.5)
+            f32(p + "ffn_gate_inp_shexp.weight", (D, 1) if shape.shexp_gate_2d else (D,), "router",
+                1.0 / D ** 0.5)
+            mat(p + "ffn_gate_shexp.weight", (D, Fs), 1.0 / D ** 0.5)
+            mat(p + "ffn_up_shexp.weight", (D, Fs), 1.0 / D ** 0.5)
+            mat(p + "ffn_down_shexp.weight", (Fs, D), 0.5 / Fs ** 0.5)
+        else:
+            F = shape.n_ff
+            mat(p + "ffn_gate.weight", (D, F), 1.0 / D ** 0.5)
+            mat(p + "ffn_up.weight", (D, F), 1.0 / D ** 0.5)
+            mat(p + "ffn_down.weight", (F, D), 0.5 / F ** 0.5)
+
+    s_embd = 2.0 / D ** 0.5
+    mat("token_embd.weight", (D, n_vocab), s_embd)
+    recurrent = shape.recurrent_flags()
+    for i in range(shape.n_layer_all):
+        p = f"blk.{i}."
+        norm(p + "attn_norm.weight", D)
+        if recurrent[i]:
+            gated_delta_net(p)
+        else:
+            attention(p)
+        norm(p + "post_attention_norm.weight", D)
+        ffn(p)
+        if i >= shape.n_layer:  # MTP block
+            mat(p + "nextn.eh_proj.weight", (2 * D, D), 1.0 / (2 * D) ** 0.5)
+            norm(p + "nextn.enorm.weight", D)
+            norm(p + "nextn.hnorm.weight", D)
+            if shape.mtp_shared_head:
+                mat(p + "nextn.shared_head_head.weight", (D, n_vocab), s_embd)
+                norm(p + "nextn.shared_head_norm.weight", D)
     norm("output_norm.weight", D)
     if not shape.tied:
         mat("output.weight", (D, n_vocab), s_embd)
@@ -473,11 +791,34 @@ def _f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     return ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
 
 
+# GDN decay g = ssm_a·softplus(alpha + dt_bias) with alpha ~ N(0, 1): A_log ~ U(-1, 1) gives
+# -ssm_a in [0.37, 2.7]; dt_bias around -1 makes softplus ~0.3-0.5, so the per-token decay
+# exp(g) is mostly 0.3-0.9 and the state carries over several tokens, which the oracle tests need
+# to see (dt_bias ~ 0 would forget most of the state each token).
+_A_LOG_HALF_RANGE = 1.0
+_DT_BIAS_MEAN = -1.0
+_DT_BIAS_STD = 0.3
+
+
 def _tensor_chunks(spec: TensorSpec, seed: int, zero_data: bool) -> Iterator[np.ndarray]:
     """The tensor's bytes as a sequence of arrays (each at most ~_CHUNK_BYTES)."""
     n = 1
     for d in spec.ne:
         n *= d
+    if spec.kind == "ssm_a":  # stored as -exp(A_log), spec 7.4
+        if zero_data:
+            yield -np.ones(n, np.float32)
+        else:
+            a_log = _rng_for(seed, spec.name).uniform(-_A_LOG_HALF_RANGE, _A_LOG_HALF_RANGE, n)
+            yield (-np.exp(a_log)).astype(np.float32)
+        return
+    if spec.kind == "dt_bias":
+        if zero_data:
+            yield np.zeros(n, np.float32)
+        else:
+            rng = _rng_for(seed, spec.name)
+            yield (_DT_BIAS_MEAN + spec.sigma * rng.standard_normal(n)).astype(np.float32)
+        return
     if spec.kind == "norm":
         if zero_data:
             yield np.ones(n, np.float32)
@@ -547,7 +888,47 @@ def _add_hparams(w: gguf.GGUFWriter, shape: ModelShape, n_vocab: int) -> None:
         w.add_expert_feed_forward_length(shape.n_ff_exp)
     w.add_key_length(shape.head_dim)
     w.add_value_length(shape.head_dim)
-    rs = shape.rope_scaling
+    _add_rope_scaling(w, shape.rope_scaling)
+
+
+def _add_qwen35_hparams(w: gguf.GGUFWriter, shape: Qwen35Shape) -> None:
+    """Spec 7.1 with the value types of gguf-py's add_* helpers (u32, f32; sections i32[4];
+    recurrent_layers bool[L_all])."""
+    arch = shape.arch
+    w.add_block_count(shape.n_layer_all)
+    w.add_context_length(shape.context_length)
+    w.add_embedding_length(shape.n_embd)
+    if shape.n_ff > 0:
+        w.add_feed_forward_length(shape.n_ff)
+    w.add_head_count(shape.n_head)
+    w.add_head_count_kv(shape.n_head_kv)
+    w.add_rope_freq_base(float(shape.rope_freq_base))
+    w.add_layer_norm_rms_eps(float(shape.rms_eps))
+    if arch == "qwen35moe":
+        w.add_expert_count(shape.n_expert)
+        w.add_expert_used_count(shape.n_expert_used)
+        w.add_expert_feed_forward_length(shape.n_ff_exp)
+        w.add_expert_shared_feed_forward_length(shape.n_ff_shexp)
+    w.add_key_length(shape.head_dim)
+    w.add_value_length(shape.head_dim)
+    w.add_rope_dimension_count(shape.n_rot)
+    w.add_rope_dimension_sections(shape.dimension_sections())
+    w.add_ssm_conv_kernel(shape.ssm_conv_kernel)
+    w.add_ssm_state_size(shape.ssm_state_size)
+    w.add_ssm_group_count(shape.ssm_group_count)
+    w.add_ssm_time_step_rank(shape.ssm_time_step_rank)
+    w.add_ssm_inner_size(shape.ssm_inner_size)
+    if shape.recurrent_layers is not None:
+        # gguf-py's add_recurrent_layers is newer than the installed gguf; same key, bool array
+        w.add_array(f"{arch}.attention.recurrent_layers", [bool(r) for r in shape.recurrent_layers])
+    if shape.full_attention_interval is not None:
+        w.add_full_attention_interval(shape.full_attention_interval)
+    if shape.nextn_predict_layers:
+        w.add_nextn_predict_layers(shape.nextn_predict_layers)
+    _add_rope_scaling(w, shape.rope_scaling)
+
+
+def _add_rope_scaling(w: gguf.GGUFWriter, rs: dict | None) -> None:
     if rs:
         kind = rs.get("type", rs.get("rope_type"))
         if kind not in ("linear", "yarn", "none"):
@@ -578,7 +959,8 @@ def _add_tokenizer(w: gguf.GGUFWriter, shape: ModelShape, tokenizer: str, n_voca
     tokens, types = _qwen3_vocab_sized(n_vocab)
     _, _, merges = _qwen3_vocab()
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
+    # "qwen35": the Qwen3 token list under Qwen3.5's pre-tokenizer (llama.cpp's qwen35 regex)
+    w.add_tokenizer_pre("qwen35" if tokenizer == "qwen35" else "qwen2")
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
@@ -599,8 +981,10 @@ def write_model(path, shape: ModelShape | None = None, *, weight_type: str = "F3
 
     weight_type: type of the matrices (2-D and expert 3-D tensors, token_embd, output), one of
     WEIGHT_TYPES. type_overrides: per-tensor types, see ``tensor_plan`` (``Q4_K_M_OVERRIDES``).
-    tokenizer: "none" (``tokenizer.ggml.model = none`` + ``{arch}.vocab_size``; callers feed ids)
-    or "qwen3" (the real Qwen3 tokenizer). zero_data: matrices all zero, norms all one (fast;
+    tokenizer: "none" (``tokenizer.ggml.model = none`` + ``{arch}.vocab_size``; callers feed ids),
+    "qwen3" (the real Qwen3 tokenizer) or "qwen35" (the same token list with pre = "qwen35",
+    padded with UNUSED tokens up to n_vocab). ``shape`` may be a ``Qwen35Shape``.
+    zero_data: matrices all zero, norms all one, ssm_a -1, dt bias 0 (fast;
     a forward pass then gives all-zero logits - use it only where the values do not matter).
     arch_name: the file's general.architecture (and metadata prefix) when it differs from the
     layout's ``shape.arch`` (a plugin's test architecture with the qwen3 layout).
@@ -617,7 +1001,10 @@ def write_model(path, shape: ModelShape | None = None, *, weight_type: str = "F3
     w = _Writer(tmp, arch_name or shape.arch)
     try:
         w.add_name(f"reflex-random-{arch_name or shape.arch}")
-        _add_hparams(w, shape, n_vocab)
+        if isinstance(shape, Qwen35Shape):
+            _add_qwen35_hparams(w, shape)
+        else:
+            _add_hparams(w, shape, n_vocab)
         ftype = _FILE_TYPES[weight_type]
         if type_overrides and weight_type in _FILE_TYPES_MIXED:
             ftype = _FILE_TYPES_MIXED[weight_type]

@@ -376,20 +376,20 @@ def llama_cpu_numerics_ops(kv_type: str = "f32", **options: Any):
                 x = f(x.reshape(-1, x.shape[-1])).reshape(x.shape)
             return super().moe_matmul(x, w, ids)
 
-        def kv_write(self, cache, layer, k, v, pb):
+        def kv_write(self, k_cache, v_cache, k, v, pb):
             if kv_type == "f16":
                 k, v = round_f16(k), round_f16(v)
-            super().kv_write(cache, layer, k, v, pb)
+            super().kv_write(k_cache, v_cache, k, v, pb)
 
-        def attention(self, q, cache, layer, pb, scale):
+        def attention(self, q, k_cache, v_cache, pb, scale):
             if kv_type != "f16":
-                return super().attention(q, cache, layer, pb, scale)
+                return super().attention(q, k_cache, v_cache, pb, scale)
             q = round_f16(q)
             T, H, dk = q.shape
-            Hkv = cache.n_kv_heads
+            Hkv = k_cache.shape[1]
             G = H // Hkv
-            K = cache.k[layer][:pb.n_kv]
-            V = cache.v[layer][:pb.n_kv]
+            K = k_cache[:pb.n_kv]
+            V = v_cache[:pb.n_kv]
             qh = q.reshape(T, Hkv, G, dk).transpose(1, 2, 0, 3).reshape(Hkv, G * T, dk)
             s = np.matmul(qh, K.transpose(1, 2, 0)).astype(np.float64) * scale
             s = np.where(np.tile(pb.mask, (G, 1))[None], s, -np.inf)

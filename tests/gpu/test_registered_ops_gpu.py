@@ -1,5 +1,6 @@
-"""Every registered op (the core's and the test plugin's) on the GPU against its NumPy twin, on
-the op's own random cases (reflex_core.opreg: odd sizes, T = 1 and T > 64)."""
+"""Every registered op (the core's, the test plugin's and every installed plugin's) on the GPU
+against its NumPy twin, on the op's own random cases (reflex_core.opreg: odd sizes, T = 1 and
+T > 64; the Qwen3.5 recurrent ops also T = 7, 64 and 600)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,17 @@ from reflex_core import opreg
 from reflex_core.gguf import open_gguf
 from reflex_core.testing import op_harness
 
-NAMES = [op.name for op in opreg.CORE_OPS] + ["testop_sigmoid_mul"]
+
+
+def _names() -> list[str]:
+    from reflex_core.registry import get_host
+
+    get_host().load_all()  # registers the installed plugins' ops
+    names = [op.name for op in opreg.all_ops()]
+    return names + [n for n in ("testop_sigmoid_mul",) if n not in names]
+
+
+NAMES = _names()
 
 
 @pytest.mark.parametrize("name", NAMES)
