@@ -455,3 +455,29 @@ def test_an_entry_points_txt_edited_in_place_is_noticed(ep_cache, tmp_path, monk
     st = os.stat(ept)
     os.utime(ept, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # past a coarse clock's tick
     assert ("fakearch", "fake_mod.v2") in pairs(registry.discover_entry_points())
+
+
+def test_qwen35_plugin_alone_serves_qwen35_files_and_nothing_else(tmp_path):
+    """With only reflex-infer-qwen35-hybrid loaded (as if installed alone): a qwen35 file loads,
+    importing that plugin only; a qwen3 file is a one-line error naming what to install."""
+    from reflex_core.testing.modelwriter import ModelShape, tiny_qwen35_shape, write_model
+
+    q35 = write_model(tmp_path / "q35.gguf", tiny_qwen35_shape(), weight_type="F32")
+    q3 = write_model(tmp_path / "q3.gguf", ModelShape(), weight_type="F32")
+    code = (
+        "import sys; from reflex_core import engine\n"
+        f"lm, _ = engine.load({str(q35)!r}, 'cpu')\n"
+        "mods = sorted(m for m in sys.modules if m.startswith('reflex_') and m != 'reflex_core'"
+        " and not m.startswith('reflex_core.'))\n"
+        "print(type(lm.model).__name__, ','.join(sorted({m.split('.')[0] for m in mods})))\n")
+    env = dict(os.environ, REFLEX_LOAD_PLUGINS="reflex-infer-qwen35-hybrid")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "Qwen35 reflex_qwen35_hybrid"
+    p = subprocess.run([sys.executable, "-m", "reflex_core", "generate", str(q3), "-n", "1",
+                        "--backend", "cpu", "x"], capture_output=True, text=True, env=env)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and len(lines) == 1, p.stderr
+    assert "no installed plugin serves architecture 'qwen3'" in lines[0], lines[0]
+    assert "installed architectures: qwen35, qwen35moe" in lines[0], lines[0]
+    assert "Traceback" not in p.stderr
