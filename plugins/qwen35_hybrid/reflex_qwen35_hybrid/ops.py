@@ -44,6 +44,11 @@ MODULE = "qwen35"
 CONV_MAX_K = 8
 CONV_CHUNK = 64  # tokens per conv thread
 DELTA_MAX_D = 256
+DELTA_CHUNK = 64  # tokens per chunk of the chunked delta rule
+DELTA_COLS = 16  # state columns per block of the chunked walk
+# A batch whose longest run has this many tokens takes the chunked delta rule (two kernels and a
+# scratch buffer); shorter ones the sequential kernel, which needs neither.
+DELTA_CHUNKED_MIN_RUN = 128
 
 
 # --- shared host checks ----------------------------------------------------------------------
@@ -328,12 +333,26 @@ def delta_rule_cuda(ops, y, b, a, ssm_a, dt_bias, state, pb, n_k_heads, eps):
                             state.shape, n_k_heads)
     if d > DELTA_MAX_D:
         raise ValueError(f"qwen35_delta_rule: head size {d} > {DELTA_MAX_D} (the kernel's limit)")
-    _runs("qwen35_delta_rule", pb, T, state.shape[0])
+    runs, max_len = _runs("qwen35_delta_rule", pb, T, state.shape[0])
     o = ops.empty((T, H_v * d))
-    if T and d:
+    if not (T and d):
+        return o
+    gates = (ops.f32_data(ssm_a), ops.f32_data(dt_bias))
+    if max_len < DELTA_CHUNKED_MIN_RUN:
         _launch(ops, "reflex_qwen35_delta_rule", ((d + 3) // 4, H_v, pb.n_runs), 128,
-                (y.ptr, b.ptr, a.ptr, ops.f32_data(ssm_a), ops.f32_data(dt_bias), state.ptr,
-                 o.ptr, pb.runs, int(n_k_heads), H_v, d, float(eps)))
+                (y.ptr, b.ptr, a.ptr, *gates, state.ptr, o.ptr, pb.runs, int(n_k_heads), H_v, d,
+                 float(eps)))
+        return o
+    C = DELTA_CHUNK
+    n_chunks = sum((t1 - t0 + C - 1) // C for _, t0, t1 in runs)
+    # one record per (chunk, value head): U, W [C, d], QK [C, C], two [C] scales, e^{G_last}
+    scratch = ops.empty((n_chunks * H_v, 2 * C * d + C * C + 2 * C + 1))
+    _launch(ops, "reflex_qwen35_delta_prep", ((max_len + C - 1) // C, H_v, pb.n_runs), 256,
+            (y.ptr, b.ptr, a.ptr, *gates, pb.runs, scratch.ptr, int(n_k_heads), H_v, d,
+             float(eps)))
+    _launch(ops, "reflex_qwen35_delta_chunked", ((d + DELTA_COLS - 1) // DELTA_COLS, H_v,
+                                                 pb.n_runs), 256,
+            (y.ptr, state.ptr, o.ptr, pb.runs, scratch.ptr, int(n_k_heads), H_v, d))
     return o
 
 
@@ -497,6 +516,13 @@ def conv_cases(rng):
     return out
 
 
+# Tolerance of the delta-rule cases: the twin against the float64 reference, both CUDA paths
+# against the twin. The float32 emulation of the chunked kernels (tests/test_qwen35_ops.py) differs
+# from the twin by at most 9e-8 on o (|o| <= 0.4) and 1.8e-7 on the state (|S| <= 2.4) on its
+# cases (d = 24, 40, 128; runs of 1 to 600 tokens), as much as the twin differs from float64.
+DELTA_RTOL, DELTA_ATOL = 1e-5, 1e-6
+
+
 def delta_rule_cases(rng):
     import numpy as np
 
@@ -504,9 +530,12 @@ def delta_rule_cases(rng):
 
     out = []
     # (T, H_k, H_v, d): H_v = 3 H_k (tiled pairing), odd head sizes, one and eight state
-    # values per lane of the kernel (d = 24, 40, 128, 256)
+    # values per lane of the sequential kernel (d = 24, 40, 128, 256); T = 600 (a run of 517
+    # tokens) takes the chunked path, with one to four 64-key row blocks (d = 24, 128, 136, 256)
+    # and a partial block of state columns (d = 24, 136)
     shapes = [(T, 2, 6, 24) for T in (1, 7, 64, 600)] + [(64, 3, 3, 40), (7, 2, 4, 128),
-                                                         (7, 1, 2, 256)]
+                                                         (7, 1, 2, 256), (600, 2, 4, 128),
+                                                         (600, 1, 2, 136), (600, 1, 1, 256)]
     eps = 1e-6
     for i, (T, H_k, H_v, d) in enumerate(shapes):
         runs = _RUNS[T]
@@ -522,7 +551,7 @@ def delta_rule_cases(rng):
         args = (y, b, a, WeightArg(f"ssm_a{i}", ssm_a), WeightArg(f"dt{i}", dt), state,
                 _batch(runs), H_k, eps)
         out.append(OpCase(f"T={T} H_k={H_k} H_v={H_v} d={d}", args, compare=(5,),
-                          rtol=1e-5, atol=1e-6, expect=o.astype(np.float32)))
+                          rtol=DELTA_RTOL, atol=DELTA_ATOL, expect=o.astype(np.float32)))
     return out
 
 
