@@ -539,6 +539,23 @@ def _pick_type(short: str, full: str, weight_type: str, overrides: dict[str, str
     return weight_type
 
 
+def _matrix_spec(name: str, ne: tuple[int, ...], sigma: float, weight_type: str,
+                 type_overrides: dict[str, str] | None) -> TensorSpec:
+    """A weight matrix's TensorSpec: its type from ``weight_type`` / ``type_overrides`` (see
+    :func:`tensor_plan`), checked against the type's block size."""
+    full = name[: -len(".weight")]
+    short = full.split(".", 2)[2] if full.startswith("blk.") else full
+    t = _pick_type(short, full, weight_type, type_overrides)
+    if t not in WEIGHT_TYPES:
+        raise ValueError(f"{name}: unsupported weight type {t!r} (supported: {', '.join(WEIGHT_TYPES)})")
+    block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]][0]
+    if ne[0] % block:
+        raise ValueError(f"{name}: {t} needs ne0 to be a multiple of {block}, got ne={list(ne)}; "
+                         f"pick dimensions that are multiples of {block} (see tiny_kquant_shape(), "
+                         f"tiny_qwen35_kquant_shape())")
+    return TensorSpec(name, ne, t, "matrix", sigma)
+
+
 def tensor_plan(shape: ModelShape, *, weight_type: str = "F32", tokenizer: str = "none",
                 type_overrides: dict[str, str] | None = None) -> list[TensorSpec]:
     """The tensors ``write_model`` writes, in file order (names, ne, types, target stds).
@@ -555,16 +572,7 @@ def tensor_plan(shape: ModelShape, *, weight_type: str = "F32", tokenizer: str =
     plan: list[TensorSpec] = []
 
     def mat(name: str, ne: tuple[int, ...], sigma: float) -> None:
-        full = name[: -len(".weight")]
-        short = full.split(".", 2)[2] if full.startswith("blk.") else full
-        t = _pick_type(short, full, weight_type, type_overrides)
-        if t not in WEIGHT_TYPES:
-            raise ValueError(f"{name}: unsupported weight type {t!r} (supported: {', '.join(WEIGHT_TYPES)})")
-        block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]][0]
-        if ne[0] % block:
-            raise ValueError(f"{name}: {t} needs ne0 to be a multiple of {block}, got ne={list(ne)}; "
-                             f"pick dimensions that are multiples of {block} (see tiny_kquant_shape())")
-        plan.append(TensorSpec(name, ne, t, "matrix", sigma))
+        plan.append(_matrix_spec(name, ne, sigma, weight_type, type_overrides))
 
     def norm(name: str, n: int) -> None:
         plan.append(TensorSpec(name, (n,), "F32", "norm", 0.1))
@@ -609,16 +617,7 @@ def _qwen35_plan(shape: Qwen35Shape, n_vocab: int, weight_type: str,
     plan: list[TensorSpec] = []
 
     def mat(name: str, ne: tuple[int, ...], sigma: float) -> None:
-        full = name[: -len(".weight")]
-        short = full.split(".", 2)[2] if full.startswith("blk.") else full
-        t = _pick_type(short, full, weight_type, type_overrides)
-        if t not in WEIGHT_TYPES:
-            raise ValueError(f"{name}: unsupported weight type {t!r} (supported: {', '.join(WEIGHT_TYPES)})")
-        block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]][0]
-        if ne[0] % block:
-            raise ValueError(f"{name}: {t} needs ne0 to be a multiple of {block}, got ne={list(ne)}; "
-                             f"pick dimensions that are multiples of {block}")
-        plan.append(TensorSpec(name, ne, t, "matrix", sigma))
+        plan.append(_matrix_spec(name, ne, sigma, weight_type, type_overrides))
 
     def f32(name: str, ne: tuple[int, ...], kind: str, sigma: float) -> None:
         plan.append(TensorSpec(name, ne, "F32", kind, sigma))

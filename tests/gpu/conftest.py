@@ -17,6 +17,7 @@ Fixtures
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 
@@ -192,3 +193,58 @@ def testop_plugin(cuda_device, tmp_path_factory):
     opreg.unregister("testop_sigmoid_mul")
     sys.path.remove(str(TESTOP))
     os.environ.pop("REFLEX_KERNEL_DIR_REFLEX_TESTOP", None)
+
+
+def _gpu_and_reference(path):
+    """(gguf, the file's model on the GPU, the same on NumPy)."""
+    from reflex_core.backends import get_backend
+    from reflex_core.gguf import open_gguf
+    from reflex_core.registry import get_host
+
+    g = open_gguf(path)
+    cls = get_host().resolve(g.get("general.architecture")).load_model_class()
+    gops, rops = get_backend("cuda"), get_backend("cpu")
+    gops.attach(g)
+    rops.attach(g)
+    return g, cls.load(g, gops), cls.load(g, rops)
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) or 1.0))
+
+
+@pytest.fixture
+def gpu_and_reference(cuda_device):
+    """``load(path) -> (gguf, GPU model, NumPy model)``, and ``rel(got, ref)``."""
+    return _gpu_and_reference, _rel
+
+
+@pytest.fixture
+def prefill_decode_vs_reference(cuda_device):
+    """``check(path, n_prompt, bound, what, n_decode=4)``: a random prompt of ``n_prompt`` tokens
+    as one batch, then ``n_decode`` greedy single-token steps, on the GPU and on NumPy from the
+    same file; every logit row within ``bound`` (max|diff| / max|ref|)."""
+
+    def check(path, n_prompt: int, bound: float, what: str, n_decode: int = 4) -> None:
+        g, gm, rm = _gpu_and_reference(path)
+        ids = np.random.default_rng(n_prompt).integers(0, rm.n_vocab, n_prompt).tolist()
+        gs, rs = gm.new_state(n_prompt + n_decode), rm.new_state(n_prompt + n_decode)
+        b = rs.append(ids)
+        gs.append(ids)
+        rows = list(range(n_prompt))
+        ref = rm.ops.to_numpy(rm.forward(b, rs, rows))
+        got = gm.ops.to_numpy(gm.forward(b, gs, rows))
+        assert np.all(np.isfinite(got))
+        assert _rel(got, ref) < bound, f"prefill {what} T={n_prompt}: {_rel(got, ref):.3g}"
+        nxt = int(ref[-1].argmax())
+        for _ in range(n_decode):
+            b = rs.append([nxt])
+            gs.append([nxt])
+            ref = rm.ops.to_numpy(rm.forward(b, rs, [0]))
+            got = gm.ops.to_numpy(gm.forward(b, gs, [0]))
+            assert _rel(got, ref) < bound, f"decode {what} at {b.cell0}: {_rel(got, ref):.3g}"
+            nxt = int(ref[-1].argmax())
+        g.close()
+
+    return check

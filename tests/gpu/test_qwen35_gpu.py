@@ -10,13 +10,9 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from reflex_core import engine, system1
-from reflex_core.backends import get_backend
-from reflex_core.gguf import open_gguf
-from reflex_core.registry import get_host
 from reflex_core.sampling import SamplingParams
 from reflex_core.testing.modelwriter import (tiny_qwen35_kquant_shape, tiny_qwen35_shape,
                                              tiny_qwen35moe_shape, write_model)
@@ -38,54 +34,22 @@ def shape_for(arch: str, wtype: str):
     return tiny_qwen35_shape(ssm_group_count=1, ssm_time_step_rank=3, ssm_state_size=32)
 
 
-def pair(path):
-    g = open_gguf(path)
-    cls = get_host().resolve(g.get("general.architecture")).load_model_class()
-    gops, rops = get_backend("cuda"), get_backend("cpu")
-    gops.attach(g)
-    rops.attach(g)
-    return g, cls.load(g, gops), cls.load(g, rops)
-
-
-def rel(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) or 1.0))
-
-
 @pytest.mark.parametrize("arch,wtype", [("qwen35", t) for t in ("F32", "Q8_0", "Q4_K")] +
                          [("qwen35moe", t) for t in ("F32", "Q8_0", "Q4_K")])
 @pytest.mark.parametrize("n_prompt", [1, 7, 64, 600])
-def test_prefill_and_decode_match_reference(cuda_device, model_files, arch, wtype, n_prompt):
+def test_prefill_and_decode_match_reference(prefill_decode_vs_reference, model_files, arch, wtype,
+                                            n_prompt):
     path = model_files(shape_for(arch, wtype), weight_type=wtype, seed=11)
-    g, gm, rm = pair(path)
-    rng = np.random.default_rng(n_prompt)
-    ids = rng.integers(0, rm.n_vocab, n_prompt).tolist()
-    n_dec = 4
-    gs, rs = gm.new_state(n_prompt + n_dec), rm.new_state(n_prompt + n_dec)
-    b = rs.append(ids)
-    gs.append(ids)
-    rows = list(range(n_prompt))
-    ref = rm.ops.to_numpy(rm.forward(b, rs, rows))
-    got = gm.ops.to_numpy(gm.forward(b, gs, rows))
-    assert np.all(np.isfinite(got))
-    assert rel(got, ref) < REL, f"prefill {arch} {wtype} T={n_prompt}: {rel(got, ref):.3g}"
-    nxt = int(ref[-1].argmax())
-    for _ in range(n_dec):
-        b = rs.append([nxt])
-        gs.append([nxt])
-        ref = rm.ops.to_numpy(rm.forward(b, rs, [0]))
-        got = gm.ops.to_numpy(gm.forward(b, gs, [0]))
-        assert rel(got, ref) < REL, f"decode {arch} {wtype} at {b.cell0}: {rel(got, ref):.3g}"
-        nxt = int(ref[-1].argmax())
-    g.close()
+    prefill_decode_vs_reference(path, n_prompt, REL, f"{arch} {wtype}")
 
 
 @pytest.mark.parametrize("arch", ["qwen35", "qwen35moe"])
-def test_forked_sequences_in_one_batch(cuda_device, model_files, arch):
+def test_forked_sequences_in_one_batch(gpu_and_reference, model_files, arch):
     """A prompt, three forks of its state, then one batch feeding the three sequences runs of
     different lengths (the second system1 pass): GPU = NumPy, every row."""
     path = model_files(shape_for(arch, "F32"), weight_type="F32", seed=12)
-    g, gm, rm = pair(path)
+    load, rel = gpu_and_reference
+    g, gm, rm = load(path)
     prompt = list(range(3, 40))
     branches = {1: [5, 6, 7], 2: [9], 3: [11, 12, 13, 14, 15, 16, 17]}
     outs = []
