@@ -226,8 +226,9 @@ class Ops:
         """A new zero-filled float32 tensor of ``shape``."""
         raise NotImplementedError
 
-    def empty(self, shape: Sequence[int]):
-        """A new float32 tensor of ``shape`` whose contents are undefined (an op's output)."""
+    def empty(self, shape: Sequence[int], dtype: str = "f32"):
+        """A new tensor of ``shape`` whose contents are undefined (an op's output); ``dtype``
+        "f32" or "i32" (expert / head ids for ``moe_matmul``)."""
         raise NotImplementedError
 
     def clone(self, x):

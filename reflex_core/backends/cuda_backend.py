@@ -250,8 +250,10 @@ class CudaOps(Ops):
         memory.memset(out.ptr, 0, out.nbytes)
         return out
 
-    def empty(self, shape: Sequence[int]) -> DeviceArray:
-        return empty(shape)
+    def empty(self, shape: Sequence[int], dtype: str = "f32") -> DeviceArray:
+        if dtype not in ("f32", "i32"):
+            raise ValueError(f"empty: dtype {dtype!r} is not f32 or i32")
+        return empty(shape, dtype)
 
     @staticmethod
     def kernels(package: str, module: str) -> Any:

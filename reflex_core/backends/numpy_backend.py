@@ -217,8 +217,8 @@ class NumpyOps(Ops):
     def zeros(self, shape: Sequence[int]) -> np.ndarray:
         return np.zeros(tuple(int(n) for n in shape), np.float32)
 
-    def empty(self, shape: Sequence[int]) -> np.ndarray:
-        return np.empty(tuple(int(n) for n in shape), np.float32)
+    def empty(self, shape: Sequence[int], dtype: str = "f32") -> np.ndarray:
+        return np.empty(tuple(int(n) for n in shape), {"f32": np.float32, "i32": np.int32}[dtype])
 
     def clone(self, x) -> np.ndarray:
         return np.array(x, copy=True)
