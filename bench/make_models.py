@@ -1,14 +1,17 @@
 """Write the synthetic benchmark GGUFs: real tokenizer, random weights, real shapes.
 
-    python bench/make_models.py OUT_DIR [--which 0.6b,8b,30b,q35-0.8b,q35-35b]
+    python bench/make_models.py OUT_DIR [--which 0.6b,8b,30b,q35-0.8b,q35-35b,ds-v2-lite]
 
 0.6b: Qwen3-0.6B-shaped, Q8_0 (~640 MB)      8b: Qwen3-8B-shaped, Q4_K_M mix (~5.0 GB)
 30b: Qwen3-30B-A3B-shaped (qwen3moe), Q4_K_M mix (~18.5 GB)
 q35-0.8b: Qwen3.5-0.8B-shaped (qwen35), Q8_0 (~0.8 GB)
 q35-35b: Qwen3.5-35B-A3B-shaped (qwen35moe), Q4_K_M mix (~20 GB)
+ds-v2-lite: DeepSeek-V2-Lite-shaped (deepseek2, MLA), Q4_K_M mix (~10.4 GB)
 
 The Qwen3 files carry the Qwen3 tokenizer; the Qwen3.5 ones its token list under Qwen3.5's
-pre-tokenizer ("qwen35"), padded to Qwen3.5's 248320 ids. Random weights make the text
+pre-tokenizer ("qwen35"), padded to Qwen3.5's 248320 ids; the DeepSeek one the DeepSeek-LLM / V2
+tokenizer (102400 tokens) copied from llama.cpp's ggml-vocab-deepseek-llm.gguf, found through
+REFLEX_LLAMA_VOCAB_DIR (llama.cpp's models/ folder; scripts/test.sh fills one). Random weights make the text
 meaningless but the work (bytes moved, kernels run) real. Files that already exist with the
 right size are kept.
 """
@@ -20,9 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-from reflex_core.testing.modelwriter import (q4_k_m_overrides, qwen3_0_6b_shape, qwen3_8b_shape,
-                                             qwen3_30b_a3b_shape, qwen35_0_8b_shape,
-                                             qwen35_35b_a3b_shape, write_model)
+from reflex_core.testing.modelwriter import (deepseek_v2_lite_shape, q4_k_m_overrides,
+                                             qwen3_0_6b_shape, qwen3_8b_shape, qwen3_30b_a3b_shape,
+                                             qwen35_0_8b_shape, qwen35_35b_a3b_shape, write_model)
 
 # name -> (file name, shape function, weight type, Q4_K_M mix, tokenizer)
 MODELS = {
@@ -31,6 +34,8 @@ MODELS = {
     "30b": ("qwen3-30b-a3b-shaped-q4_k_m.gguf", qwen3_30b_a3b_shape, "Q4_K", True, "qwen3"),
     "q35-0.8b": ("qwen35-0.8b-shaped-q8_0.gguf", qwen35_0_8b_shape, "Q8_0", False, "qwen35"),
     "q35-35b": ("qwen35-35b-a3b-shaped-q4_k_m.gguf", qwen35_35b_a3b_shape, "Q4_K", True, "qwen35"),
+    "ds-v2-lite": ("deepseek-v2-lite-shaped-q4_k_m.gguf", deepseek_v2_lite_shape, "Q4_K", True,
+                   "deepseek-llm"),
 }
 
 

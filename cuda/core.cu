@@ -23,7 +23,8 @@ Kernels (launch shape)
   reflex_argmax         first index of the row maximum    grid rows, block 1024         [PPi]
   reflex_token_logprobs log_softmax(x)[target] per row    grid rows, block 1024         [PPPi]
   reflex_sample         temperature/top-k/top-p draw      grid 1, block 512             [PididdPP]
-  reflex_moe_route      gating, top-k, renorm, scale      grid T, block 256             [PPPiiiif]
+  reflex_moe_route      gating, bias, groups, top-k, renorm, scale
+                                                          grid T, block 256             [PPPPiiiifii]
   reflex_moe_combine    sum_j w[t,j] * y[t,j,:]           grid (ceil(n/256), T), 256    [PPPii]
 
 Numerics: float32 everywhere except RoPE angles (float64 so that large positions keep their
@@ -710,19 +711,28 @@ reflex_sample(const float* __restrict__ x, int V, double temp, int top_k, double
 
 // ------------------------------------------------------------------------------------------
 // moe_route: one block (256 threads) per token. probs (float32) by gating: 1 softmax(logits),
-// 2 sigmoid, 3 the logits themselves (softmax_weight), 4 sqrt(softplus) (softplus = z above 20);
-// k rounds of block argmax (largest prob, lowest index on ties; taken experts flagged) pick the
-// experts; weights = their probs (gating 3: softmax over the k picked), / max(sum,
-// 6.103515625e-5) when norm, * scale when scale is neither 0 nor 1 (spec section 4.5).
-// ids [T, k] int32, w [T, k] float32. E <= REFLEX_MOE_MAX_E, k <= REFLEX_MOE_MAX_K.
+// 2 sigmoid, 3 the logits themselves (softmax_weight), 4 sqrt(softplus) (softplus = z above 20).
+// Selection scores sel = probs + bias[e] (bias null: none). n_group > 1 (DeepSeek's
+// group-limited routing): each of the n_group consecutive groups of E / n_group (>= 2) experts
+// scores the sum of its two largest sel, a group is kept when fewer than n_group_used groups
+// beat it (a higher score, or an equal one at a lower index), the sel of the others become
+// -inf. k rounds of block argmax over sel (largest, lowest index on ties; taken experts
+// flagged) pick the experts in descending order; weights = their unbiased probs (gating 3:
+// softmax over the k picked), / max(sum, 6.103515625e-5) when norm, * scale when scale is
+// neither 0 nor 1 (spec section 4.5). ids [T, k] int32, w [T, k] float32.
+// E <= REFLEX_MOE_MAX_E, k <= REFLEX_MOE_MAX_K; the launcher validates the groups.
 
 #define REFLEX_MOE_MAX_E 1024  // experts (the backend reads both limits from the manifest)
 #define REFLEX_MOE_MAX_K 64  // experts per token
 
-extern "C" __global__ void reflex_moe_route(const float* __restrict__ logits, int* __restrict__ ids,
+extern "C" __global__ void reflex_moe_route(const float* __restrict__ logits,
+                                            const float* __restrict__ bias, int* __restrict__ ids,
                                             float* __restrict__ wout, int E, int k, int gating,
-                                            int norm, float scale) {
-    __shared__ float sp[REFLEX_MOE_MAX_E];
+                                            int norm, float scale, int n_group, int n_group_used) {
+    __shared__ float sp[REFLEX_MOE_MAX_E];  // probs: the weights
+    __shared__ float ss[REFLEX_MOE_MAX_E];  // selection scores
+    __shared__ float gscore[REFLEX_MOE_MAX_E / 2];  // groups hold >= 2 experts
+    __shared__ unsigned char gkept[REFLEX_MOE_MAX_E / 2];
     __shared__ unsigned char taken[REFLEX_MOE_MAX_E];
     __shared__ float red[32];
     __shared__ float rv[32];
@@ -743,7 +753,10 @@ extern "C" __global__ void reflex_moe_route(const float* __restrict__ logits, in
         }
         s = block_sum_f(s, red);  // its __syncthreads also orders the sp writes
         const float inv = 1.0f / s;
-        for (int e = threadIdx.x; e < E; e += blockDim.x) sp[e] = sp[e] * inv;
+        for (int e = threadIdx.x; e < E; e += blockDim.x) {
+            sp[e] = sp[e] * inv;
+            ss[e] = bias ? sp[e] + bias[e] : sp[e];
+        }
     } else {
         for (int e = threadIdx.x; e < E; e += blockDim.x) {
             const float z = lr[e];
@@ -752,20 +765,44 @@ extern "C" __global__ void reflex_moe_route(const float* __restrict__ logits, in
             else if (gating == 4) v = sqrtf(z > 20.0f ? z : log1pf(expf(fminf(z, 20.0f))));
             else v = z;
             sp[e] = v;
+            ss[e] = bias ? v + bias[e] : v;
         }
     }
     __syncthreads();
+    if (n_group > 1) {
+        const int per = E / n_group;
+        for (int g = threadIdx.x; g < n_group; g += blockDim.x) {
+            float a = -INFINITY, b = -INFINITY;  // the two largest sel of the group
+            for (int i = g * per; i < (g + 1) * per; i++) {
+                const float v = ss[i];
+                if (v > a) { b = a; a = v; }
+                else if (v > b) b = v;
+            }
+            gscore[g] = a + b;
+        }
+        __syncthreads();
+        for (int g = threadIdx.x; g < n_group; g += blockDim.x) {
+            const float s = gscore[g];
+            int better = 0;
+            for (int h = 0; h < n_group; h++) better += gscore[h] > s || (gscore[h] == s && h < g);
+            gkept[g] = better < n_group_used;
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < E; e += blockDim.x)
+            if (!gkept[e / per]) ss[e] = -INFINITY;
+        __syncthreads();
+    }
     for (int j = 0; j < k; j++) {
         float bv = -INFINITY;
         int bi = -1;
         for (int e = threadIdx.x; e < E; e += blockDim.x) {
-            const float v = sp[e];
+            const float v = ss[e];
             if (!taken[e] && (bi < 0 || v > bv)) { bv = v; bi = e; }
         }
         block_argmax(bv, bi, rv, ri);
         if (threadIdx.x == 0) {
             seli[j] = bi;
-            selp[j] = bv;
+            selp[j] = bi < 0 ? 0.f : sp[bi];
             if (bi >= 0) taken[bi] = 1;
         }
         __syncthreads();

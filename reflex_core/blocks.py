@@ -198,9 +198,12 @@ def swiglu_ffn(ops: Ops, x, gate: Weight, up: Weight, down: Weight):
 
 
 def moe_ffn(ops: Ops, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: Weight,
-            k: int, gating: str = "softmax", norm: bool = True, scale: float = 0.0):
-    """Routed experts (spec §4.5, no selection bias, no groups): ``x [T, D]`` -> ``[T, D]``."""
-    ids, weights = ops.moe_route(ops.matmul(x, router), k, gating, norm, scale)
+            k: int, gating: str = "softmax", norm: bool = True, scale: float = 0.0,
+            bias: Optional[Weight] = None, groups: tuple[int, int] = (0, 0)):
+    """Routed experts (spec §4.5): ``x [T, D]`` -> ``[T, D]``; ``bias`` (the expert-selection
+    bias ``exp_probs_b``) and ``groups`` (expert group count, groups used) as
+    :meth:`Ops.moe_route` takes them."""
+    ids, weights = ops.moe_route(ops.matmul(x, router), k, gating, norm, scale, bias, groups)
     y = ops.moe_matmul(ops.moe_matmul_swiglu(x, gate_exps, up_exps, ids), down_exps, ids)
     return ops.moe_combine(y, weights)
 

@@ -194,7 +194,10 @@ def _check_experts(meta: Meta, n_layer_all: int) -> tuple[int, list, int, int]:
         if min(ks) <= 0:
             raise meta.error(f"{meta.key('expert_used_count')} must be > 0 with {E} experts")
         if G >= E or (G > 1 and (E % G or not 0 < G_used < G)):
-            raise meta.error(f"expert groups {G} (using {G_used}) do not fit {E} experts")
+            raise meta.error(f"{meta.key('expert_group_count')} = {G} (using "
+                             f"{meta.key('expert_group_used_count')} = {G_used}) does not divide "
+                             f"{meta.key('expert_count')} = {E} into groups of which some but not "
+                             f"all are used")
     elif G:
         raise meta.error(f"{meta.key('expert_group_count')} = {G} without experts")
     return E, ks, G, G_used

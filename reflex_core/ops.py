@@ -157,6 +157,24 @@ class Weight:
         return f"Weight({self.name!r}, type={self.ggml_type}, ne={list(self.ne)})"
 
 
+def moe_route_groups(E: int, k: int, groups: tuple[int, int]) -> tuple[int, int]:
+    """The validated ``(G, G_used)`` of an :meth:`Ops.moe_route` call, ``(0, 0)`` when ungrouped
+    (G <= 1); ValueError (one line) for what llama.cpp refuses: G not dividing E, a group of
+    fewer than two experts (its score needs two), G_used outside ``(0, G)``, and k above the
+    experts the kept groups hold (the rest would be chosen among masked ones)."""
+    if not 0 < k <= E:
+        raise ValueError(f"moe_route: k={k} experts of {E}")
+    G, used = (int(g) for g in groups)
+    if G <= 1:
+        if G < 0:
+            raise ValueError(f"moe_route: {G} expert groups")
+        return 0, 0
+    if E % G or E // G < 2 or not 0 < used < G or k > used * (E // G):
+        raise ValueError(f"moe_route: {E} experts in {G} groups, {used} groups used, top-{k}: "
+                         f"need G | E, E/G >= 2, 0 < used < G, k <= used * E/G")
+    return G, used
+
+
 class Ops:
     """The op set every backend implements. See the module docstring for conventions.
 
@@ -361,14 +379,21 @@ class Ops:
 
     # --- MoE (qwen3moe, qwen35moe, deepseek2) --------------------------------------------
     def moe_route(self, logits, k: int, gating: str = "softmax", norm: bool = True,
-                  scale: float = 0.0):
+                  scale: float = 0.0, bias: Weight | None = None,
+                  groups: tuple[int, int] = (0, 0)):
         """Router: ``logits [T, E]`` -> (expert ids ``[T, k]``, weights ``[T, k]``), spec §4.5.
 
-        gating "softmax": probs = softmax(logits); the k largest probs are selected (equal probs:
-        the lower expert index first); their weights are the probs, divided by
-        max(sum, 6.103515625e-5) when ``norm``; multiplied by ``scale`` when it is neither 0 nor
-        1. Also "sigmoid", "softmax_weight", "sqrt_softplus" (§4.5; no bias, no groups).
-        Stays on the device (no host round trip).
+        probs by ``gating``: "softmax" softmax(logits), "sigmoid", "softmax_weight" (the logits
+        themselves; the weights become a softmax over the k selected), "sqrt_softplus". The
+        selection scores are ``sel = probs + bias`` (``bias``: ne ``[E]``, DeepSeek-V3's
+        ``exp_probs_b``; it changes which experts are chosen, never their weights). With
+        ``groups = (G, G_used)``, G > 1 (DeepSeek's group-limited routing), the E experts form G
+        consecutive groups; a group's score is the sum of its two largest sel; only the G_used
+        best groups stay selectable (equal scores: the lower group index first). The k largest
+        sel are selected, in descending order (equal values: the lower expert index first);
+        their weights are their unbiased probs, divided by max(sum, 6.103515625e-5) when
+        ``norm``, multiplied by ``scale`` when it is neither 0 nor 1. ``groups`` with G <= 1:
+        no grouping. Stays on the device (no host round trip).
         """
         raise NotImplementedError
 

@@ -250,7 +250,7 @@ def test_moe_hparams(fake_gguf):
         (dict(expert_feed_forward_length=(None, None), feed_forward_length=(None, None)),
          "expert FFN width is unknown"),
         (dict(expert_feed_forward_length=(Arr([48, 48, 32], T_UINT32), T_ARRAY)), "differ"),
-        (dict(expert_group_count=(8, T_UINT32)), "expert groups"),
+        (dict(expert_group_count=(8, T_UINT32)), "expert_group_count = 8"),
         (dict(expert_count=(8, T_INT32)), None),  # any integer kind is accepted
     ]
     for over, msg in bad:

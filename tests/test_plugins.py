@@ -211,7 +211,11 @@ def test_two_plugins_claiming_one_architecture_is_an_error_naming_both(host):
     assert "undo-toy-a" in msg and "undo-toy-b" in msg and TOY in msg and "\n" not in msg
 
 
-def test_unknown_architecture_names_it_the_installed_plugins_and_what_to_install(host):
+def test_unknown_architecture_names_it_the_installed_plugins_and_what_to_install(monkeypatch):
+    # every family's plugin is installed here: leave deepseek_mla out as if it were not
+    monkeypatch.setenv("REFLEX_DISABLE_PLUGINS", "reflex-infer-deepseek-mla")
+    registry.reset_host()
+    host = registry.get_host()
     with pytest.raises(UnsupportedArchitecture) as e:
         host.resolve("deepseek2")
     msg = str(e.value)
@@ -220,6 +224,7 @@ def test_unknown_architecture_names_it_the_installed_plugins_and_what_to_install
     with pytest.raises(UnsupportedArchitecture) as e:
         host.resolve("mamba9")
     assert "'mamba9'" in str(e.value)
+    registry.reset_host()
 
 
 def test_registering_something_that_is_not_an_archspec_fails_clearly(host):

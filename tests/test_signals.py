@@ -88,6 +88,11 @@ from reflex_core._launch import main
 main()
 """
 
+def _default_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 EXPECTED = {signal.SIGINT: ("error: interrupted\n", 130),
             signal.SIGTERM: ("error: terminated\n", 143)}
 
@@ -109,6 +114,9 @@ def run_until(tmp_path):
         or "both": SIGINT then SIGTERM at once); (rc, out, err)."""
         mark = tmp_path / f"reached-{point}"
         e = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "xdg"), **(env or {}))
+        # as a command started from a terminal: a test run from a background job (CI under
+        # nohup / setsid) would hand down SIGINT ignored, which reflex rightly leaves ignored
+        popen.setdefault("preexec_fn", _default_signals)
         p = subprocess.Popen([sys.executable, str(script), point, str(mark), *args],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e,
                              **popen)

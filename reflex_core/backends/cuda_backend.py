@@ -31,7 +31,7 @@ from ..cuda import driver, memory, modules, upload
 from ..cuda.modules import limit
 from ..errors import ModelError, ReflexError
 from ..ggml_types import GGML_TYPES
-from ..ops import Batch, Ops, RopeParams, Weight
+from ..ops import Batch, Ops, RopeParams, Weight, moe_route_groups
 from .device_array import Block, DeviceArray, Prepared, empty, empty_f32, prod
 
 _F32 = 0
@@ -620,21 +620,25 @@ class CudaOps(Ops):
 
     # --- MoE --------------------------------------------------------------------------------
     def moe_route(self, logits, k: int, gating: str = "softmax", norm: bool = True,
-                  scale: float = 0.0):
+                  scale: float = 0.0, bias: Weight | None = None,
+                  groups: tuple[int, int] = (0, 0)):
         T, E = logits.shape
-        if not 0 < k <= E:
-            raise ValueError(f"moe_route: k={k} experts of {E}")
+        G, used = moe_route_groups(E, k, groups)
         if E > limit("MOE_MAX_E") or k > limit("MOE_MAX_K"):
             raise ReflexError(f"moe_route: {E} experts / top-{k} exceeds the CUDA kernel's "
                               f"{limit('MOE_MAX_E')} / {limit('MOE_MAX_K')}")
         g = _GATING.get(gating)
         if g is None:
             raise ValueError(f"moe_route: unknown gating {gating!r}")
+        if bias is not None and prod(bias.ne) != E:
+            raise ValueError(f"moe_route: bias {bias.name!r} has {prod(bias.ne)} values, not {E}")
+        bias_ptr = 0 if bias is None else self.f32_data(bias)  # 0: the kernel adds no bias
         ids = empty((T, k), "i32")
         w = empty((T, k))
         if T:
             self.k.launch("reflex_moe_route", T, 256,
-                          (logits.ptr, ids.ptr, w.ptr, E, k, g, 1 if norm else 0, scale))
+                          (logits.ptr, bias_ptr, ids.ptr, w.ptr, E, k, g, 1 if norm else 0, scale,
+                           G, used))
         return ids, w
 
     def moe_matmul(self, x, w: Weight, ids) -> DeviceArray:

@@ -20,7 +20,7 @@ import numpy as np
 from .. import sampling
 from ..errors import ModelError, ReflexError
 from ..ggml_types import GGML_TYPES
-from ..ops import Batch, Ops, RopeParams, Weight
+from ..ops import Batch, Ops, RopeParams, Weight, moe_route_groups
 
 _F32, _F16, _BF16 = 0, 1, 30
 _NON_FLOAT_TYPES = {24, 25, 26, 27, 28}  # I8, I16, I32, I64, F64: not weights we compute with
@@ -385,11 +385,11 @@ class NumpyOps(Ops):
 
     # --- MoE -----------------------------------------------------------------------------
     def moe_route(self, logits, k: int, gating: str = "softmax", norm: bool = True,
-                  scale: float = 0.0):
+                  scale: float = 0.0, bias: Weight | None = None,
+                  groups: tuple[int, int] = (0, 0)):
         z = np.asarray(logits, dtype=np.float32).astype(np.float64)
         T, E = z.shape
-        if not 0 < k <= E:
-            raise ValueError(f"moe_route: k={k} experts of {E}")
+        G, used = moe_route_groups(E, k, groups)
         if gating in ("softmax", "softmax_weight"):
             e = np.exp(z - z.max(axis=-1, keepdims=True))
             probs = e / e.sum(axis=-1, keepdims=True) if gating == "softmax" else z
@@ -399,8 +399,22 @@ class NumpyOps(Ops):
             probs = np.sqrt(np.where(z > 20.0, z, np.log1p(np.exp(np.minimum(z, 20.0)))))
         else:
             raise ValueError(f"moe_route: unknown gating {gating!r}")
-        # top-k of probs; equal values: the lowest expert index first (stable sort)
-        ids = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+        sel = probs
+        if bias is not None:
+            b = np.asarray(self.f32_data(bias), dtype=np.float64).reshape(-1)
+            if b.size != E:
+                raise ValueError(f"moe_route: bias {bias.name!r} has {b.size} values, not {E}")
+            sel = probs + b
+        if G:
+            grouped = sel.reshape(T, G, E // G)
+            top2 = -np.sort(-grouped, axis=-1)[:, :, :2].sum(axis=-1)
+            # the G_used best groups; equal scores: the lower group index first (stable sort)
+            kept = np.argsort(-top2, axis=-1, kind="stable")[:, :used]
+            mask = np.ones((T, G), bool)
+            np.put_along_axis(mask, kept, False, axis=-1)
+            sel = np.where(np.repeat(mask, E // G, axis=-1), -np.inf, sel)
+        # top-k of sel; equal values: the lowest expert index first (stable sort)
+        ids = np.argsort(-sel, axis=-1, kind="stable")[:, :k]
         w = np.take_along_axis(probs, ids, axis=-1)
         if gating == "softmax_weight":
             w = np.exp(w - w.max(axis=-1, keepdims=True))

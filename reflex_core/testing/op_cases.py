@@ -155,6 +155,30 @@ def moe_route(rng):
                               rtol=1e-5, atol=1e-6))
         out.append(OpCase(f"scaled T={T}", (_f(rng, T, 37, scale=2), 3, "softmax", False, 2.5),
                           rtol=1e-5, atol=1e-6))
+        # DeepSeek routing: the selection bias (exp_probs_b) and group-limited top-k
+        out.append(OpCase(f"V3 sigmoid bias 8 groups T={T}",
+                          (_f(rng, T, 64, scale=2), 6, "sigmoid", True, 2.5,
+                           WeightArg(f"bias64_{T}", _f(rng, 64, scale=0.2)), (8, 3)),
+                          rtol=1e-5, atol=1e-6))
+        out.append(OpCase(f"softmax bias 3 groups of 4 T={T}",
+                          (_f(rng, T, 12, scale=2), 3, "softmax", False, 0.0,
+                           WeightArg(f"bias12_{T}", _f(rng, 12, scale=0.1)), (3, 2)),
+                          rtol=1e-5, atol=1e-6))
+        out.append(OpCase(f"softmax_weight 4 groups of 3 T={T}",
+                          (_f(rng, T, 12, scale=2), 2, "softmax_weight", True, 0.0, None, (4, 1)),
+                          rtol=1e-5, atol=1e-6))
+        out.append(OpCase(f"sqrt_softplus bias T={T}",
+                          (_f(rng, T, 37, scale=2), 4, "sqrt_softplus", True, 1.5,
+                           WeightArg(f"bias37_{T}", _f(rng, 37, scale=0.3))),
+                          rtol=1e-5, atol=1e-6))
+    # ties everywhere (the sums are exact in float32): equal sel within groups and across them,
+    # and two groups of equal score at the cut of the kept three
+    ties = np.zeros((2, 16), np.float32)
+    ties[1, [2, 9, 13]] = 1.0
+    bias = np.array([0, .25, .25, 0, .5, 0, 0, .5, .25, .25, 0, 0, .5, 0, 0, .5], np.float32)
+    out.append(OpCase("ties sigmoid bias 4 groups",
+                      (ties, 5, "sigmoid", True, 0.0, WeightArg("bias16", bias), (4, 3)),
+                      rtol=1e-5, atol=1e-6))
     return out
 
 
