@@ -26,6 +26,7 @@ Kernels (launch shape)
   reflex_moe_route      gating, bias, groups, top-k, renorm, scale
                                                           grid T, block 256             [PPPPiiiifii]
   reflex_moe_combine    sum_j w[t,j] * y[t,j,:]           grid (ceil(n/256), T), 256    [PPPii]
+  reflex_lora_add       w += scale * L @ R (LoRA merge)   grid (n_in/32, n_out/32, E), (32, 8)  [PPPiiiiif]
 
 Numerics: float32 everywhere except RoPE angles (float64 so that large positions keep their
 precision), the log-sum-exp of token_logprobs (float64 sum) and sampling (float64 as
@@ -842,4 +843,53 @@ extern "C" __global__ void reflex_moe_combine(const float* __restrict__ y, const
     float s = 0.f;
     for (int j = 0; j < k; j++) s += wt[j] * yt[(size_t)j * n];
     out[(size_t)t * n + c] = s;
+}
+
+// ------------------------------------------------------------------------------------------
+// lora_add: the load-time LoRA merge (reflex_core/lora.py), in place on a float32 weight:
+//   w[e, o, i] += scale * sum_{j < rank} l[e, o, j] * R[e](j, i)     (j ascending, fmaf)
+// with l [E, n_out, rank] row-major and R[e](j, i) = r[e*rank*n_in + j*rs_j + i*rs_i] (rs_j =
+// n_in, rs_i = 1 for B @ A; rs_j = 1, rs_i = rank for the embedding's A @ B^T). Tiles of
+// LORA_TILE x LORA_TILE outputs; rank goes through shared memory LORA_TILE at a time.
+// Grid (ceil(n_in/LORA_TILE), ceil(n_out/LORA_TILE), E), block (LORA_TILE, LORA_BLOCK_Y). Its
+// twin is NumpyOps.merge_lora (tests/gpu/test_lora_gpu.py).
+
+#define LORA_TILE 32
+#define LORA_BLOCK_Y 8
+
+extern "C" __global__ void __launch_bounds__(LORA_TILE * LORA_BLOCK_Y)
+reflex_lora_add(float* __restrict__ w, const float* __restrict__ l, const float* __restrict__ r,
+                int n_out, int n_in, int rank, int rs_j, int rs_i, float scale) {
+    __shared__ float ls[LORA_TILE][LORA_TILE + 1];  // [output row][j]
+    __shared__ float rs[LORA_TILE][LORA_TILE + 1];  // [j][column]
+    constexpr int ROWS = LORA_TILE / LORA_BLOCK_Y;
+    const size_t e = blockIdx.z;
+    w += e * n_out * (size_t)n_in;
+    l += e * n_out * (size_t)rank;
+    r += e * rank * (size_t)n_in;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int i = blockIdx.x * LORA_TILE + tx;
+    const int o0 = blockIdx.y * LORA_TILE;
+    float acc[ROWS];
+#pragma unroll
+    for (int k = 0; k < ROWS; k++) acc[k] = 0.f;
+    for (int j0 = 0; j0 < rank; j0 += LORA_TILE) {
+        for (int rr = ty; rr < LORA_TILE; rr += LORA_BLOCK_Y) {
+            const int o = o0 + rr, j = j0 + tx, jr = j0 + rr;
+            ls[rr][tx] = (o < n_out && j < rank) ? l[(size_t)o * rank + j] : 0.f;
+            rs[rr][tx] = (jr < rank && i < n_in) ? r[(size_t)jr * rs_j + (size_t)i * rs_i] : 0.f;
+        }
+        __syncthreads();
+        const int jn = min(LORA_TILE, rank - j0);
+#pragma unroll
+        for (int k = 0; k < ROWS; k++)
+            for (int j = 0; j < jn; j++) acc[k] = fmaf(ls[ty + k * LORA_BLOCK_Y][j], rs[j][tx], acc[k]);
+        __syncthreads();
+    }
+    if (i >= n_in) return;
+#pragma unroll
+    for (int k = 0; k < ROWS; k++) {
+        const int o = o0 + ty + k * LORA_BLOCK_Y;
+        if (o < n_out) w[(size_t)o * n_in + i] += scale * acc[k];
+    }
 }

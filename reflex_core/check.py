@@ -19,7 +19,7 @@ must agree wherever the reference's margin exceeds the bound.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 REL_BOUND = 1e-3
 DEFAULT_PROMPT = "The capital of France is"
@@ -146,7 +146,10 @@ def _gpu_dequantizer(gpu_ops: Any):
 
 
 def run_check(path: str, prompt: str | None = None, n_decode: int = 4,
-              reference_dequant: str = "auto") -> CheckResult:
+              reference_dequant: str = "auto",
+              lora: Sequence[tuple[str, float]] = ()) -> CheckResult:
+    """``lora``: (adapter path, scale) pairs merged into both backends' weights (the
+    dequantization rows still compare the file's own tensors, checked before the merge)."""
     from .backends import get_backend
     from .cuda.start import start
     from .engine import _tokenizer_or_none
@@ -178,6 +181,16 @@ def run_check(path: str, prompt: str | None = None, n_decode: int = 4,
     if reference_dequant == "gpu" or (reference_dequant == "auto" and total > GPU_DEQUANT_ABOVE):
         ref_ops.dequantizer = _gpu_dequantizer(gpu_ops)
         res.reference_dequant = "gpu"
+    res.dequant = check_dequant(g, gpu_ops)
+    if lora:
+        from .lora import close_all, open_adapters
+
+        adapters = open_adapters(lora, g)
+        try:  # the reference first: with the GPU dequantizer it reads the unmerged GPU weights
+            ref_ops.merge_lora(adapters)
+            gpu_ops.merge_lora(adapters)
+        finally:
+            close_all(adapters)
     gpu_m, ref_m = cls.load(g, gpu_ops), cls.load(g, ref_ops)
     ids = [i % ref_m.n_vocab for i in ids]
     n = len(ids) + n_decode
@@ -197,5 +210,4 @@ def run_check(path: str, prompt: str | None = None, n_decode: int = 4,
         gpu = gpu_ops.to_numpy(gpu_m.forward(b, gs, [0]))
         _compare("decode", b.cell0, ref, gpu, res.positions)
         nxt = int(ref[-1].argmax())
-    res.dequant = check_dequant(g, gpu_ops)
     return res

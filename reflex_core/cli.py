@@ -73,6 +73,18 @@ backend_option = click.option(
     help="cuda: the GPU (default when one is present); cpu: the NumPy reference backend.")
 
 
+def _lora_specs(ctx, param, values):
+    from .lora import parse_lora_arg
+
+    return [parse_lora_arg(v) for v in values]
+
+
+lora_option = click.option(
+    "--lora", multiple=True, metavar="ADAPTER.gguf[:SCALE]", callback=_lora_specs,
+    help="A GGUF LoRA adapter merged into the weights at load, times SCALE (default 1); repeat "
+         "to add several in order.")
+
+
 def model_options(f):
     """[MODEL] PROMPT positionals plus the Hub options shared by generate and system1."""
     f = click.option("--revision", default=None,
@@ -82,6 +94,37 @@ def model_options(f):
     f = click.option("--quickstart", is_flag=True,
                      help="Run the default model (Qwen3-0.6B Q8_0 from Qwen's GGUF repository).")(f)
     return click.argument("args", nargs=-1, metavar="[MODEL] PROMPT")(f)
+
+
+def state_file_options(f):
+    """--export-kv / --import-kv, shared by generate and system1 (reflex_core.statefile)."""
+    f = click.option("--import-kv", "import_kv", metavar="FILE", default=None,
+                     help="Continue from a state file written by --export-kv: PROMPT (which may "
+                          "be empty) is appended to it.")(f)
+    return click.option("--export-kv", "export_kv", metavar="FILE", default=None,
+                        help="Write the model state after the job to FILE (generate -n 0: the "
+                             "prompt alone, a prefix file to --import-kv later).")(f)
+
+
+def open_state_files(import_kv: str | None, export_kv: str | None, t):
+    """Before the model loads: refuse an export that cannot be written, read the import (its
+    checksum and structure; checked against the model once it is loaded)."""
+    from . import statefile
+
+    if export_kv is not None:
+        statefile.check_target(export_kv)
+    if import_kv is None:
+        return None
+    with t.span("read state file"):
+        return statefile.read(import_kv)
+
+
+def write_state_file(path: str, lm, dumped: dict, tokens, pending, t) -> None:
+    from . import statefile
+
+    with t.span("write state file"):
+        n = statefile.write(path, lm, dumped, tokens, pending)
+    t.notes["state file"] = f"{path}: {n} bytes, {len(tokens)} tokens + {len(pending)} pending"
 
 
 def resolve_model_prompt(args, quickstart: bool, hub_model: str | None, revision: str | None,
@@ -107,8 +150,9 @@ def resolve_model_prompt(args, quickstart: bool, hub_model: str | None, revision
 
 @cli.command()
 @model_options
-@click.option("-n", "n_tokens", type=click.IntRange(min=1), default=32, show_default=True,
-              help="Tokens to generate (stops early at an end-of-generation token).")
+@click.option("-n", "n_tokens", type=click.IntRange(min=0), default=32, show_default=True,
+              help="Tokens to generate (stops early at an end-of-generation token); 0 only with "
+                   "--export-kv.")
 @click.option("--temp", "temperature", type=click.FloatRange(min=0.0), default=0.0,
               show_default=True, help="Sampling temperature; 0 = greedy.")
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
@@ -117,21 +161,32 @@ def resolve_model_prompt(args, quickstart: bool, hub_model: str | None, revision
               show_default=True, help="Nucleus sampling threshold.")
 @click.option("--seed", type=int, default=None, help="Sampling seed (default: random).")
 @backend_option
+@lora_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--timings", is_flag=True, help="Print each cold-path phase to stderr.")
+@state_file_options
 def generate(args, quickstart, hub_model, revision, n_tokens, temperature, top_k, top_p, seed,
-             backend, as_json, timings):
+             backend, lora, as_json, timings, import_kv, export_kv):
     """Generate text continuing PROMPT with MODEL (a local GGUF file, or --model/--quickstart)."""
     from . import engine
     from .timing import Timings
 
     t = Timings()
     model, prompt = resolve_model_prompt(args, quickstart, hub_model, revision, t)
-    if not prompt:
+    if n_tokens == 0 and export_kv is None:
+        raise click.BadParameter("0 is not in the range x>=1 (0 only with --export-kv)",
+                                 param_hint="'-n'")
+    if not prompt and import_kv is None:
         raise ReflexError("empty prompt: give at least one character of text")
-    lm, ids = engine.load(model, backend, t, prompt=prompt, one_shot=True)
+    saved = open_state_files(import_kv, export_kv, t)
+    lm, ids = engine.load(model, backend, t, prompt=prompt or None, one_shot=True,
+                          continuation=saved is not None, lora=lora)
     for note in lm.notices:
         engine.warn(note)
+    if saved is not None:
+        from .statefile import check_model
+
+        check_model(saved, lm)
     from .sampling import SamplingParams
 
     sampling = SamplingParams(temperature, top_k, top_p, seed)
@@ -140,7 +195,10 @@ def generate(args, quickstart, hub_model, revision, n_tokens, temperature, top_k
         sys.stdout.write(s)
         sys.stdout.flush()
 
-    res = engine.generate(lm, ids or [], n_tokens, sampling, None if as_json else on_text, t)
+    res = engine.generate(lm, ids or [], n_tokens, sampling, None if as_json else on_text, t,
+                          resume=saved, keep_state=export_kv is not None)
+    if export_kv is not None:
+        write_state_file(export_kv, lm, res.state.dump(), res.fed, res.pending, t)
     if as_json:
         click.echo(json.dumps(render.generate_json(res, lm.backend), ensure_ascii=False))
     else:
@@ -157,32 +215,49 @@ def generate(args, quickstart, hub_model, revision, n_tokens, temperature, top_k
 @click.option("--normalize", is_flag=True,
               help="Divide each score by its token count before the softmax over candidates.")
 @backend_option
+@lora_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of lines.")
 @click.option("--timings", is_flag=True, help="Print each cold-path phase to stderr.")
-def system1(args, quickstart, hub_model, revision, candidates, normalize, backend, as_json,
-            timings):
+@state_file_options
+def system1(args, quickstart, hub_model, revision, candidates, normalize, backend, lora, as_json,
+            timings, import_kv, export_kv):
     """Score each --candidate continuation of PROMPT in one forward pass (no decode loop)."""
     from . import engine, system1 as s1
     from .timing import Timings, since_process_start_ms
 
     t = Timings()
     model, prompt = resolve_model_prompt(args, quickstart, hub_model, revision, t)
-    if not prompt:
+    if not prompt and import_kv is None:
         raise ReflexError("empty prompt: system1 needs a prompt to condition on")
     if not candidates:
         raise ReflexError("no candidates: give at least one --candidate TEXT")
     for i, c in enumerate(candidates):
         if c == "":
             raise ReflexError(f"candidate {i} is empty: every --candidate needs some text")
-    lm, ids = engine.load(model, backend, t, prompt=prompt, texts=candidates, one_shot=True)
+    saved = open_state_files(import_kv, export_kv, t)
+    lm, ids = engine.load(model, backend, t, prompt=prompt or None, texts=candidates,
+                          one_shot=True, continuation=saved is not None, lora=lora)
     for note in lm.notices:
         engine.warn(note)
     tok = lm.require_tokenizer()
+    past: list[int] = []
+    if saved is not None:
+        from .statefile import check_model
+
+        check_model(saved, lm)
+        past, ids = saved.tokens, saved.pending + (ids or [])
     with t.span("encode candidates"):
         cand_ids = s1.tokenize_candidates(tok, candidates)
+    prefix: list[dict] = []  # the state before the prompt's last token, for --export-kv
     with t.span("score (one forward)"):
-        res = s1.evaluate(lm.model, lm.ops, ids or [], candidates, cand_ids, normalize)
+        res = s1.evaluate(lm.model, lm.ops, ids or [], candidates, cand_ids, normalize,
+                          None if saved is None else saved.dumped,
+                          prefix.append if export_kv is not None else None)
     ms = since_process_start_ms()
+    t.notes["prefill"] = (f"{res.n_prefill} tokens"
+                          + (f" after {res.n_imported} imported" if saved is not None else ""))
+    if export_kv is not None:
+        write_state_file(export_kv, lm, prefix[0], past + ids[:-1], ids[-1:], t)
     if as_json:
         click.echo(json.dumps(render.system1_json(res, ms, normalize, lm.backend),
                               ensure_ascii=False))
@@ -217,13 +292,14 @@ def smoke(as_json):
               help="How the NumPy reference gets float weights: gguf.quants (cpu), or the GPU's "
                    "dequantization, itself checked bit for bit in the same run (gpu; auto picks "
                    "it for files over 2 GiB, where gguf.quants would take minutes).")
+@lora_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def check(model, prompt, steps, reference_dequant, as_json):
+def check(model, prompt, steps, reference_dequant, lora, as_json):
     """Compare the GPU forward with the NumPy reference (logits at every position) and the GPU
     dequantization of every tensor type in MODEL with gguf.quants (bit for bit)."""
     from . import check as chk
 
-    res = chk.run_check(model, prompt, steps, reference_dequant)
+    res = chk.run_check(model, prompt, steps, reference_dequant, lora=lora)
     if as_json:
         click.echo(json.dumps(render.check_json(res), indent=1))
     else:

@@ -28,6 +28,7 @@ from .background import Background
 from .cuda.start import start as start_cuda
 from .errors import CudaUnavailable, ModelError, ReflexError, UnsupportedTensorType
 from .sampling import SamplingParams
+from .state import State
 from .timing import Timings, since_process_start_ms
 
 BACKENDS = ("auto", "cuda", "cpu")
@@ -45,6 +46,8 @@ class Loaded:
     device: str = ""
     notices: list[str] = field(default_factory=list)
     prefetch: Any = None  # the page-cache prefetch thread (Background), joined by close()
+    # the merged LoRA adapters, as "<content fingerprint>*<scale>" (state files record them)
+    lora: list[str] = field(default_factory=list)
 
     def close(self) -> None:
         """Free the model's backend resources (GPU weights, pinned pages) and unmap the file.
@@ -116,12 +119,17 @@ def _preimport_cuda() -> None:
 
 def load(path: str, backend: str = "auto", timings: Timings | None = None,
          prompt: str | None = None, texts: Sequence[str] = (),
-         one_shot: bool = False) -> tuple[Loaded, list[int] | None]:
+         one_shot: bool = False,
+         continuation: bool = False,
+         lora: Sequence[tuple[str, float]] = ()) -> tuple[Loaded, list[int] | None]:
     """Open ``path`` and build its model on ``backend``; also encode ``prompt`` when given.
 
     ``texts`` are other strings the job will encode (system1 candidates): the tokenizer prepares
     for them together with the prompt. ``one_shot``: the process exits after this job, so the
-    GPU upload skips unpinning the mmap pages. Returns (loaded, prompt_ids)."""
+    GPU upload skips unpinning the mmap pages. ``continuation``: the prompt continues an
+    imported state, so it gets no BOS. ``lora``: (adapter path, scale) pairs, merged into the
+    weights in order once they are on the backend (reflex_core.lora). Returns (loaded,
+    prompt_ids)."""
     t = timings or Timings()
     if backend not in BACKENDS:
         raise ReflexError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -148,6 +156,12 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
     if not isinstance(arch, str) or not arch:
         what = "missing" if arch is None else "not a string"
         raise ReflexError(f"{path}: general.architecture is {what}; is this a model GGUF?")
+    adapters: list = []
+    if lora:  # checked against the base before any weight moves
+        from . import lora as lora_mod
+
+        with t.span("open LoRA adapters"):
+            adapters = lora_mod.open_adapters(lora, g)
 
     with t.span("resolve plugin"):
         from .registry import get_host
@@ -171,7 +185,7 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
         with t.span("encode prompt"):
             if hasattr(tok, "prepare"):
                 tok.prepare([prompt, *texts])
-            prompt_ids = tok.encode(prompt)
+            prompt_ids = tok.encode(prompt, add_special=not continuation)
 
     notices: list[str] = []
     device_name = ""
@@ -204,6 +218,16 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
             ops.attach(g, keep_pinned=one_shot, wait=False)
         else:
             ops.attach(g)
+    lora_ids: list[str] = []
+    if adapters:  # before binding, so the model binds the merged weights
+        from .statefile import fingerprint
+
+        lora_ids = [f"{fingerprint(a.gguf)}*{a.user_scale!r}" for a in adapters]
+        try:
+            with t.span("merge LoRA adapters"):  # on the GPU: after the upload
+                ops.merge_lora(adapters)
+        finally:
+            lora_mod.close_all(adapters)
     with t.span("bind weights"):
         try:
             model = model_cls.load(g, ops)
@@ -231,7 +255,7 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
     # The prefetch is not joined here: its pass over pages the upload has already pinned grows
     # with the file and would sit on the first token's path. It only reads the mapping, which
     # stays until Loaded.close() joins it (a one-shot process exits with os._exit, ending it).
-    return (Loaded(path, g, arch, model, ops, tok, chosen, device_name, notices, pref),
+    return (Loaded(path, g, arch, model, ops, tok, chosen, device_name, notices, pref, lora_ids),
             prompt_ids)
 
 
@@ -244,28 +268,47 @@ class GenerateResult:
     prompt_ids: list[int]
     token_ids: list[int]
     text: str
-    first_token_ms: float  # process start -> first generated token id on the host
+    first_token_ms: float  # process start -> first generated token id on the host (-n 0: prefill done)
     seed: int | None
+    n_prefill: int = 0  # tokens fed in the first forward (an imported file's pending ones included)
+    n_imported: int = 0  # tokens already in the imported state
+    # with keep_state: what --export-kv writes (the state, every token id it has processed, and
+    # those given to the job but not fed: the last sampled one, or with -n 0 the prompt's last)
+    state: Any = None
+    fed: list[int] = field(default_factory=list)
+    pending: list[int] = field(default_factory=list)
 
 
-def check_context(lm: Loaded, n_prompt: int, n_new: int) -> None:
+def check_context(lm: Loaded, n_prompt: int, n_new: int, n_imported: int = 0) -> None:
     limit = lm.model.n_ctx_train
-    if limit and n_prompt + n_new > limit:
-        raise ReflexError(f"prompt ({n_prompt} tokens) + {n_new} new tokens exceeds the model's "
-                          f"context length ({limit} tokens)")
+    if limit and n_imported + n_prompt + n_new > limit:
+        past = f"the imported state ({n_imported} tokens) + " if n_imported else ""
+        raise ReflexError(f"{past}prompt ({n_prompt} tokens) + {n_new} new tokens exceeds the "
+                          f"model's context length ({limit} tokens)")
 
 
 def generate(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: SamplingParams,
              on_text: Callable[[str], None] | None = None,
-             timings: Timings | None = None) -> GenerateResult:
+             timings: Timings | None = None, resume: Any = None,
+             keep_state: bool = False) -> GenerateResult:
     """Prefill the prompt as one batch, then decode up to ``n_new`` tokens (stopping at an
-    end-of-generation token). ``on_text`` receives text as soon as it is complete UTF-8."""
+    end-of-generation token). ``on_text`` receives text as soon as it is complete UTF-8.
+
+    ``resume`` (a statefile.Saved, checked against the model): start from its state and feed
+    its pending tokens + ``prompt_ids`` as the first batch. ``keep_state``: the result carries
+    the final state and its token ids (for --export-kv); ``n_new`` may then be 0: the prompt
+    but its last token is fed and that token stays pending (a prefix file)."""
     t = timings or Timings()
-    if not prompt_ids:
+    past = list(resume.tokens) if resume is not None else []
+    feed = (list(resume.pending) if resume is not None else []) + list(prompt_ids)
+    if not feed:
+        if resume is not None:
+            raise ReflexError(f"{resume.path} has no pending token and the prompt is empty: "
+                              "give a prompt to continue with")
         raise ReflexError("empty prompt: give at least one character of text")
-    if n_new < 1:
+    if n_new < 0 or (n_new == 0 and not keep_state):
         raise ReflexError("-n must be at least 1")
-    check_context(lm, len(prompt_ids), n_new)
+    check_context(lm, len(feed), n_new, len(past))
     model, ops = lm.model, lm.ops
     seed = sampling.seed
     if not sampling.greedy and seed is None:
@@ -281,10 +324,21 @@ def generate(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: Sampli
         return ops.sample(logits, sampling.temperature, sampling.top_k, sampling.top_p,
                           rng.random())
 
-    state = model.new_state(len(prompt_ids) + n_new)
+    n_cells = len(past) + len(feed) + n_new
+    state = (model.new_state(n_cells) if resume is None
+             else State.load(model.state_spec(), ops, resume.dumped, n_cells))
+    t.notes["prefill"] = (f"{len(feed) if n_new else len(feed) - 1} tokens"
+                          + (f" after {len(past)} imported" if resume is not None else ""))
+    if n_new == 0:
+        with t.span("first forward"):
+            if len(feed) > 1:
+                batch = state.append(feed[:-1])
+                model.forward(batch, state, [batch.n_tokens - 1])
+        return GenerateResult(list(prompt_ids), [], "", since_process_start_ms(), seed,
+                              len(feed) - 1, len(past), state, past + feed[:-1], feed[-1:])
     out: list[int] = []
     with t.span("first forward"):
-        batch = state.append(prompt_ids)
+        batch = state.append(feed)
         logits = model.forward(batch, state, [batch.n_tokens - 1])
         nxt = pick(logits)
     first_ms = since_process_start_ms()
@@ -304,7 +358,10 @@ def generate(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: Sampli
         if tail:
             on_text(tail)
     text = tok.decode(out) if tok is not None else ""
-    return GenerateResult(list(prompt_ids), out, text, first_ms, seed)
+    res = GenerateResult(list(prompt_ids), out, text, first_ms, seed, len(feed), len(past))
+    if keep_state:
+        res.state, res.fed, res.pending = state, past + feed + out[:-1], out[-1:]
+    return res
 
 
 def warn(msg: str) -> None:

@@ -23,6 +23,8 @@ class ModelFile(GGUFFile):
         super().__init__(path, mm)
         self.index_state = "off"  # "hit", "miss" (parsed; its index is scheduled), "off"
         self.tokenizer_tables: Any = None  # from the index, checked (Tokenizer.from_tables)
+        # CRC-32 of [0, data_offset) when the index check computed it (state files reuse it)
+        self.region_crc: int | None = None
 
 
 def open_model_file(path: str | os.PathLike, use_index: bool = True) -> ModelFile:
@@ -41,6 +43,7 @@ def open_model_file(path: str | os.PathLike, use_index: bool = True) -> ModelFil
     rec = gguf_index.restore(g, st)
     if rec is not None:
         g.index_state, g.tokenizer_tables = "hit", rec.tok
+        g.region_crc = rec.region[1]  # restore() checked the file's region against it
     else:
         parse(g)
         g.index_state = "miss"

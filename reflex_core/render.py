@@ -59,6 +59,7 @@ def generate_json(res: Any, backend: str) -> dict:
         "n_tokens": len(res.token_ids),
         "process_start_to_first_token_ms": round(res.first_token_ms, 3),
         "backend": backend, "seed": res.seed,
+        "n_prefill": res.n_prefill, "n_imported_tokens": res.n_imported,
     }
 
 
@@ -87,6 +88,7 @@ def system1_json(res: Any, ms: float, normalize: bool, backend: str) -> dict:
         "process_start_to_result_ms": round(ms, 3), "num_candidates": len(res.candidates),
         "best_idx": res.best_idx, "best_text": res.candidates[res.best_idx].text,
         "entropy": res.entropy, "normalize": normalize, "backend": backend,
+        "n_prefill": res.n_prefill, "n_imported_tokens": res.n_imported,
     }
 
 

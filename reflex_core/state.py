@@ -291,9 +291,30 @@ class State:
                 "buffers": [[b.name, list(b.shape), b.per_token] for b in self.spec.buffers],
                 "data": data}
 
+    def dump_prefix(self, n_cells: int) -> dict:
+        """Sequence 0 alone as it stood after its first ``n_cells`` cells, as a one-sequence
+        :meth:`dump` (a prefix file). Sequence 0 must see one range of cells from cell 0; with
+        per-sequence buffers ``n_cells`` must be all of them (a slot holds the latest state
+        only), while per-token cells are append-only, so any prefix of them is exact."""
+        s = self._seqs[0]
+        if s.own_start != s.own_end or not 0 <= n_cells <= s.prefix_end:
+            raise ValueError(f"sequence 0 has no prefix of {n_cells} cells")
+        if self.spec.recurrent and n_cells != s.prefix_end:
+            raise ValueError("per-sequence buffers hold the state after all of sequence 0's cells")
+        data = {}
+        for b, buf in self.buffers():
+            data[b.name] = self.ops.rows_to_bytes(buf, 0, n_cells if b.per_token else 1)
+        pos = s.pos - (s.prefix_end - n_cells)
+        return {"n_cells_used": n_cells, "n_seqs": 1, "seqs": [[pos, n_cells, n_cells, n_cells]],
+                "dtype": self.ops.state_dtype,
+                "buffers": [[b.name, list(b.shape), b.per_token] for b in self.spec.buffers],
+                "data": data}
+
     @classmethod
-    def load(cls, spec: StateSpec, ops: Any, dumped: Mapping, n_cells: int) -> "State":
-        """A state of ``n_cells`` cells holding what :meth:`dump` wrote. The spec must be the
+    def load(cls, spec: StateSpec, ops: Any, dumped: Mapping, n_cells: int,
+             n_seqs: int = 1) -> "State":
+        """A state of ``n_cells`` cells holding what :meth:`dump` wrote, with at least
+        ``n_seqs`` sequences (those beyond the dump's start empty). The spec must be the
         same (names, shapes) and the dtype the backend's: a mismatch is a one-line error."""
         want = [[b.name, list(b.shape), b.per_token] for b in spec.buffers]
         if [list(x) for x in dumped.get("buffers", [])] != want:
@@ -305,10 +326,11 @@ class State:
         if used > n_cells:
             raise ReflexError(f"the saved state holds {used} cells, more than the {n_cells} "
                               f"allocated")
-        st = cls(spec, ops, n_cells, int(dumped["n_seqs"]))
+        saved_seqs = int(dumped["n_seqs"])
+        st = cls(spec, ops, n_cells, max(n_seqs, saved_seqs))
         for b, buf in st.buffers():
-            rows = used if b.per_token else st.n_seqs
+            rows = used if b.per_token else saved_seqs
             ops.rows_from_bytes(buf, 0, rows, dumped["data"][b.name])
         st.n_used = used
-        st._seqs = [_Seq(*map(int, s)) for s in dumped["seqs"]]
+        st._seqs[:saved_seqs] = [_Seq(*map(int, s)) for s in dumped["seqs"]]
         return st

@@ -13,16 +13,21 @@ is divided by the candidate's token count before the softmax (the reported score
 A model whose state is recurrent (per-sequence buffers, :attr:`StateSpec.recurrent`) cannot attend
 selectively: the prompt then runs once, each candidate gets its own sequence forked from the
 prompt's state (device-side copies), and every candidate is scored in one second pass -- the same
-numbers in two forward passes.
+numbers in two forward passes. (When the prompt's state is exported, the prompt's last token runs
+with each candidate instead, so that the state before it can be written.)
+
+The prompt may continue an imported state (``--import-kv``), and the state before the prompt's
+last token can be handed out as a prefix file (``--export-kv``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .errors import ReflexError
+from .state import State
 
 
 @dataclass
@@ -39,6 +44,8 @@ class System1Result:
     candidates: list[Candidate]
     best_idx: int
     entropy: float
+    n_prefill: int = 0  # prompt tokens this job fed (an imported state's pending ones included)
+    n_imported: int = 0  # tokens already in the imported state
 
 
 def tokenize_candidates(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
@@ -55,57 +62,68 @@ def tokenize_candidates(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]
     return out
 
 
-def score(model: Any, ops: Any, prompt: Sequence[int],
-          cands: Sequence[Sequence[int]]) -> list[float]:
+def score(model: Any, ops: Any, prompt: Sequence[int], cands: Sequence[Sequence[int]],
+          start: Mapping | None = None,
+          on_prefix: Callable[[dict], None] | None = None) -> list[float]:
     """Sum of log-probabilities of each candidate's tokens given the prompt.
 
     Attention-only state: ONE forward pass over the tree batch (the prompt as sequence 0, each
     candidate as its own sequence continuing it). Recurrent state: the prompt first, then every
-    candidate from its own fork of the prompt's state, all candidates in one second pass."""
+    candidate from its own fork of the prompt's state, all candidates in one second pass.
+
+    ``start``: a one-sequence :meth:`State.dump` (an imported state file) the prompt continues.
+    ``on_prefix`` receives the state after the prompt but its last token (a one-sequence dump:
+    what ``--export-kv`` writes, with the last token pending)."""
     if not prompt:
         raise ReflexError("empty prompt: system1 needs a prompt to condition on")
     P = len(prompt)
+    K = 0 if start is None else int(start["n_cells_used"])
     total = P + sum(len(c) for c in cands)
     spec = model.state_spec()
     limit = model.n_ctx_train
     # the tree batch holds every candidate at once; forked sequences only one each
-    need = P + max(map(len, cands)) if spec.recurrent else total
+    need = K + (P + max(map(len, cands)) if spec.recurrent else total)
     if limit and need > limit:
-        raise ReflexError(f"prompt + candidates ({total} tokens) exceed the model's context "
-                          f"length ({limit} tokens)")
-    state = model.new_state(total, 1 + len(cands))
+        past = f"the imported state ({K} tokens) + " if K else ""
+        raise ReflexError(f"{past}prompt + candidates ({total} tokens) exceed the model's "
+                          f"context length ({limit} tokens)")
+    n_seqs = 1 + len(cands)
+    state = (model.new_state(total, n_seqs) if start is None
+             else State.load(spec, ops, start, K + total, n_seqs))
     branches = {1 + i: list(c) for i, c in enumerate(cands)}
-    # batch row whose logits predict each candidate token, in candidate order
-    rows: list[int] = []
-    targets: list[int] = []
+    targets = [t for c in cands for t in c]
     if not spec.recurrent:
         batch = state.append_tree(prompt, branches)
-        start = P
+        # batch row whose logits predict each candidate token, in candidate order
+        rows: list[int] = []
+        row = P
         for c in cands:
-            rows += [P - 1] + [start + j for j in range(len(c) - 1)]
-            targets += c
-            start += len(c)
+            rows += [P - 1] + [row + j for j in range(len(c) - 1)]
+            row += len(c)
         uniq = sorted(set(rows))
         where = {r: i for i, r in enumerate(uniq)}
         logits = model.forward(batch, state, uniq)
+        if on_prefix is not None:  # cells are append-only: the prompt's are final already
+            on_prefix(state.dump_prefix(K + P - 1))
         lp = ops.token_logprobs(ops.take_rows(logits, [where[r] for r in rows]), targets)
     else:
-        first = state.append(prompt, 0)
-        last = model.forward(first, state, [P - 1])
+        # The prompt runs once and each candidate from its own fork of the prompt's state. To
+        # export a prefix (the state before the prompt's last token, that token pending), the
+        # last token goes with each candidate instead: the same numbers, still two passes.
+        split = on_prefix is not None
+        head = list(prompt[:-1]) if split else list(prompt)
+        last = model.forward(state.append(head, 0), state, [len(head) - 1]) if head else None
+        if split:
+            on_prefix(state.dump_prefix(K + P - 1))
         for seq in branches:
             state.fork(0, seq)
-        first_lp = ops.token_logprobs(ops.take_rows(last, [0] * len(cands)), [c[0] for c in cands])
-        rest = {seq: toks[:-1] for seq, toks in branches.items() if len(toks) > 1}
-        later: list[float] = []
-        if rest:
-            batch = state.append_branches(rest)
-            logits = model.forward(batch, state, list(range(batch.n_tokens)))
-            later = ops.token_logprobs(logits, [t for toks in branches.values() for t in toks[1:]])
-        lp, k = [], 0
-        for i, c in enumerate(cands):
-            lp.append(first_lp[i])
-            lp += later[k:k + len(c) - 1]
-            k += len(c) - 1
+        if split:
+            batch = state.append_branches({seq: [prompt[-1]] + toks[:-1]
+                                           for seq, toks in branches.items()})
+            lp = ops.token_logprobs(model.forward(batch, state, list(range(batch.n_tokens))),
+                                    targets)
+        else:
+            lp = _forked_logprobs(model, ops, state, last, branches)
     scores, k = [], 0
     for c in cands:
         scores.append(float(sum(lp[k:k + len(c)])))
@@ -113,9 +131,32 @@ def score(model: Any, ops: Any, prompt: Sequence[int],
     return scores
 
 
+def _forked_logprobs(model: Any, ops: Any, state: State, last: Any,
+                     branches: Mapping[int, Sequence[int]]) -> list[float]:
+    """Candidate token log-probabilities, candidate by candidate: each first token from the
+    prompt's last logits ``last``, the others from one pass over every fork's tokens."""
+    first = ops.token_logprobs(ops.take_rows(last, [0] * len(branches)),
+                               [toks[0] for toks in branches.values()])
+    rest = {seq: toks[:-1] for seq, toks in branches.items() if len(toks) > 1}
+    later: list[float] = []
+    if rest:
+        batch = state.append_branches(rest)
+        logits = model.forward(batch, state, list(range(batch.n_tokens)))
+        later = ops.token_logprobs(logits, [t for toks in branches.values() for t in toks[1:]])
+    lp, k = [], 0
+    for i, toks in enumerate(branches.values()):
+        lp.append(first[i])
+        lp += later[k:k + len(toks) - 1]
+        k += len(toks) - 1
+    return lp
+
+
 def evaluate(model: Any, ops: Any, prompt: Sequence[int], texts: Sequence[str],
-             cand_ids: Sequence[Sequence[int]], normalize: bool = False) -> System1Result:
-    scores = score(model, ops, prompt, cand_ids)
+             cand_ids: Sequence[Sequence[int]], normalize: bool = False,
+             start: Mapping | None = None,
+             on_prefix: Callable[[dict], None] | None = None) -> System1Result:
+    """Score the candidates (:func:`score`; ``start``/``on_prefix`` as there) and rank them."""
+    scores = score(model, ops, prompt, cand_ids, start, on_prefix)
     logits = [s / len(c) if normalize else s for s, c in zip(scores, cand_ids)]
     m = max(logits)
     exps = [math.exp(x - m) for x in logits]
@@ -125,4 +166,5 @@ def evaluate(model: Any, ops: Any, prompt: Sequence[int], texts: Sequence[str],
     cands = [Candidate(i, t, list(c), s, p)
              for i, (t, c, s, p) in enumerate(zip(texts, cand_ids, scores, probs))]
     best = max(range(len(cands)), key=lambda i: (probs[i], -i))
-    return System1Result(cands, best, entropy)
+    return System1Result(cands, best, entropy, len(prompt),
+                         0 if start is None else int(start["n_cells_used"]))

@@ -24,7 +24,7 @@ MS = 412.3456789  # a fixed "process start -> result" figure
 
 def generate_result() -> GenerateResult:
     return GenerateResult(prompt_ids=[785, 6722, 315], token_ids=[12095, 13, 576],
-                          text=' Paris. "Café"\u00e9', first_token_ms=MS, seed=7)
+                          text=' Paris. "Café"\u00e9', first_token_ms=MS, seed=7, n_prefill=3)
 
 
 def system1_result() -> System1Result:
@@ -32,7 +32,7 @@ def system1_result() -> System1Result:
         candidates=[Candidate(0, " Paris", [12095], -0.123456789, 0.8765432109),
                     Candidate(1, ' "Lon"don', [7148, 13], -2.5, 0.1),
                     Candidate(2, " Zürich", [19846], -3.0000004, 0.0234567891)],
-        best_idx=0, entropy=0.4321098765)
+        best_idx=0, entropy=0.4321098765, n_prefill=3)
 
 
 def smoke_result() -> dict:
@@ -108,7 +108,7 @@ GOLDEN = {  # name: (argv, stdout)
         ('{"status": "ok", "text": " Paris. \\"Café\\"é", "prompt_token_ids": [785, '
          '6722, 315], "token_ids": [12095, 13, 576], "n_prompt_tokens": 3, '
          '"n_tokens": 3, "process_start_to_first_token_ms": 412.346, "backend": '
-         '"cuda", "seed": 7}\n')),
+         '"cuda", "seed": 7, "n_prefill": 3, "n_imported_tokens": 0}\n')),
     'system1_text': (['system1', 'm.gguf', 'The capital', '-c', ' Paris', '-c', 'x', '-c', 'y'],
         ('REFLEX_SYSTEM1_CANDIDATE_OK idx=0 text=" Paris" token_ids=[12095] '
          'score=-0.123457 probability=0.876543\n'
@@ -127,7 +127,7 @@ GOLDEN = {  # name: (argv, stdout)
          '"score": -3.0000004, "probability": 0.0234567891}], '
          '"process_start_to_result_ms": 412.346, "num_candidates": 3, "best_idx": '
          '0, "best_text": " Paris", "entropy": 0.4321098765, "normalize": true, '
-         '"backend": "cuda"}\n')),
+         '"backend": "cuda", "n_prefill": 3, "n_imported_tokens": 0}\n')),
     'smoke_text': (['smoke'],
         ('REFLEX_SMOKE_OK process_start_to_result_ms=412.346 device="NVIDIA H200" '
          'sm=90 image=sass\n')),
@@ -329,7 +329,7 @@ def run_cli(monkeypatch, argv: list[str]) -> str:
                                require_tokenizer=lambda: None)
     monkeypatch.setattr(engine, "load", lambda *a, **k: (lm, [1, 2, 3]))
 
-    def fake_generate(lm, ids, n, sampling, on_text, t):
+    def fake_generate(lm, ids, n, sampling, on_text, t, **kw):
         res = generate_result()
         if on_text is not None:
             on_text(res.text)
@@ -337,7 +337,7 @@ def run_cli(monkeypatch, argv: list[str]) -> str:
 
     monkeypatch.setattr(engine, "generate", fake_generate)
     monkeypatch.setattr(system1, "tokenize_candidates", lambda tok, c: [[1]] * len(c))
-    monkeypatch.setattr(system1, "evaluate", lambda *a: system1_result())
+    monkeypatch.setattr(system1, "evaluate", lambda *a, **k: system1_result())
     monkeypatch.setattr(timing, "since_process_start_ms", lambda perf=None: MS)
     fake_smoke = types.SimpleNamespace(smoke=smoke_result)
     import reflex_core.cuda as cuda_pkg
@@ -345,7 +345,7 @@ def run_cli(monkeypatch, argv: list[str]) -> str:
     monkeypatch.setitem(__import__("sys").modules, "reflex_core.cuda.smoke", fake_smoke)
     monkeypatch.setattr(cuda_pkg, "smoke", fake_smoke, raising=False)
     monkeypatch.setattr(check, "run_check",
-                        lambda model, prompt, steps, rd: check_result(ok=(prompt != "fail")))
+                        lambda model, prompt, steps, rd, **k: check_result(ok=(prompt != "fail")))
     monkeypatch.setattr(bench, "warm", lambda *a, **k: bench_warm())
     monkeypatch.setattr(bench, "cold", lambda *a, **k: bench_cold(gpu=a[5] == "cuda"))
     host = types.SimpleNamespace(load_all=lambda: None, plugins=plugin_infos,

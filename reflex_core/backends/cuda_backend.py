@@ -35,6 +35,7 @@ from ..ops import Batch, Ops, RopeParams, Weight, moe_route_groups
 from .device_array import Block, DeviceArray, Prepared, empty, empty_f32, prod
 
 _F32 = 0
+_LORA_TILE, _LORA_BLOCK_Y = 32, 8  # cuda/core.cu LORA_TILE, LORA_BLOCK_Y (reflex_lora_add)
 _GATING = {"softmax": 1, "sigmoid": 2, "softmax_weight": 3, "sqrt_softplus": 4}
 
 
@@ -91,6 +92,8 @@ class CudaOps(Ops):
         self.upload_info: dict = {}
         self._weights: dict[str, Weight] = {}
         self._f32: dict[str, DeviceArray] = {}
+        self._lora_blobs: list[int] = []  # merged LoRA weights (merge_lora), freed by release
+        self._after_upload: list = []  # merge_lora launches waiting for the upload
         self._quant_ops: Any = None
         self._quant_k: Any = None
         self._rope_p: Any = None  # the RopeParams whose kernel arguments _rope_a holds
@@ -171,6 +174,9 @@ class CudaOps(Ops):
         up, self._upload = getattr(self, "_upload", None), None
         if up is not None:
             up.wait()
+        pending, self._after_upload = self._after_upload, []
+        for run in pending:  # the LoRA merges (merge_lora), in order
+            run()
 
     def release_host_registration(self) -> None:
         """Unpin the mmap pages registered by attach (the upload is complete by then)."""
@@ -180,6 +186,7 @@ class CudaOps(Ops):
 
     def release(self) -> None:
         """Free the weights (device) and unpin the host pages; the ops can attach again."""
+        self._after_upload = []
         try:
             self.wait_attached()
         except Exception:  # noqa: BLE001 - releasing anyway
@@ -187,10 +194,13 @@ class CudaOps(Ops):
         self.release_host_registration()
         self._weights.clear()
         self._f32.clear()
+        if self._blob or self._lora_blobs:
+            driver.synchronize()
         if self._blob:
             blob, self._blob = self._blob, 0
-            driver.synchronize()
             memory.mem_free_raw(blob)
+        while self._lora_blobs:
+            memory.mem_free_raw(self._lora_blobs.pop())
         self.gguf = None
 
     def weight(self, name: str) -> Weight:
@@ -206,6 +216,90 @@ class CudaOps(Ops):
         w = Weight(name, t, ne, ptr, quant_ops.plan(t, ne, ptr, name))
         self._weights[name] = w
         return w
+
+    def merge_lora(self, adapters: Sequence[Any]) -> None:
+        """Merge LoRA adapters (reflex_core.lora.Adapter, in order) into the weights, on the
+        device: each target is dequantized to float32 into one allocation for all of them, then
+        ``reflex_lora_add`` adds ``scale · B @ A`` (``A @ Bᵀ`` for the embedding) in place. The
+        weight table points at the F32 copies at once (every matmul/embed/MoE kernel reads F32),
+        so a model bound afterwards binds the merged weights. The blob keeps the originals (one
+        allocation: they cannot be freed one by one). Each adapter's tensor data goes up in one
+        copy now (the caller may close the adapter on return); F16/BF16 factors are converted on
+        the device, one launch per type. The launches that read the base weights wait for the
+        upload: after an ``attach(wait=False)`` they run in :meth:`wait_attached`, so the model
+        binds while the weights upload, as without adapters."""
+        from ..cuda import quant_ops
+
+        slots: dict[str, int] = {}
+        total = 0
+        for ad in adapters:
+            for m in ad.merges:
+                if m.name not in slots:
+                    slots[m.name] = total
+                    total += (4 * prod(m.ne) + 255) & ~255
+        if not total:
+            return
+        blob = memory.mem_alloc_raw(total)
+        self._lora_blobs.append(blob)
+        bases = {name: self.weight(name) for name in slots}
+        factors = [self._lora_factors(ad) for ad in adapters]
+        for name, off in slots.items():
+            ne, ptr = bases[name].ne, blob + off
+            self._weights[name] = Weight(name, _F32, ne, ptr, quant_ops.plan(_F32, ne, ptr, name))
+            self._f32.pop(name, None)
+
+        def launch() -> None:
+            qo, qk = self._q()
+            for name, w in bases.items():  # the base values, as float32
+                if w.ggml_type == _F32:
+                    memory.dtod(blob + slots[name], w.data, 4 * prod(w.ne))
+                else:
+                    qo.dequant(qk, w.data, w.ggml_type, prod(w.ne), blob + slots[name])
+            for ad, (ptrs, _held) in zip(adapters, factors):
+                for m in ad.merges:
+                    n_in, n_out = m.ne[0], m.ne[1]
+                    lp, rp = ptrs[m.a.name], ptrs[m.b.name]
+                    rs_j, rs_i = 1, m.rank  # the embedding: R(j, i) = B[i, j]
+                    if not m.embedding:
+                        lp, rp = rp, lp
+                        rs_j, rs_i = n_in, 1
+                    self.k.launch("reflex_lora_add",
+                                  ((n_in + _LORA_TILE - 1) // _LORA_TILE,
+                                   (n_out + _LORA_TILE - 1) // _LORA_TILE, m.n_expert),
+                                  (_LORA_TILE, _LORA_BLOCK_Y, 1),
+                                  (blob + slots[m.name], lp, rp, n_out, n_in, m.rank, rs_j, rs_i,
+                                   float(m.scale)))
+
+        if getattr(self, "_upload", None) is not None:
+            self._after_upload.append(launch)
+        else:
+            launch()
+
+    def _lora_factors(self, adapter: Any) -> tuple[dict[str, int], list]:
+        """(device float32 address of each of ``adapter``'s factors by tensor name, the buffers
+        that hold them): its tensor data goes up in one copy from the mapping; F32 factors are
+        read in place, F16/BF16 ones from one conversion of the whole region per type (every
+        factor lies a multiple of 4 bytes into the region, lora.py checks, so the region's k-th
+        16-bit word is factor byte 2k)."""
+        g = adapter.gguf
+        start, size = tensor_region(g.tensors.values(), g.data_offset, len(g.mm))
+        raw = empty(((size + 3) // 4,))
+        addr, _ = upload.buffer_address(g.mm)
+        memory.htod(raw.ptr, addr + start, size)
+        ptrs: dict[str, int] = {}
+        converted: dict[int, DeviceArray] = {}
+        qo, qk = self._q()
+        for m in adapter.merges:
+            for f in (m.a, m.b):
+                if f.ggml_type == _F32:
+                    ptrs[f.name] = raw.ptr + f.offset
+                    continue
+                conv = converted.get(f.ggml_type)
+                if conv is None:
+                    conv = converted[f.ggml_type] = empty((size // 2,))
+                    qo.dequant(qk, raw.ptr, f.ggml_type, size // 2, conv.ptr)
+                ptrs[f.name] = conv.ptr + 2 * f.offset
+        return ptrs, [raw, *converted.values()]
 
     def _meta(self, w: Weight):
         """``w.meta`` (the weight's quant_ops.MatPlan), made now for a Weight built elsewhere."""
@@ -624,14 +718,14 @@ class CudaOps(Ops):
                   groups: tuple[int, int] = (0, 0)):
         T, E = logits.shape
         G, used = moe_route_groups(E, k, groups)
-        if E > limit("MOE_MAX_E") or k > limit("MOE_MAX_K"):
-            raise ReflexError(f"moe_route: {E} experts / top-{k} exceeds the CUDA kernel's "
-                              f"{limit('MOE_MAX_E')} / {limit('MOE_MAX_K')}")
         g = _GATING.get(gating)
         if g is None:
             raise ValueError(f"moe_route: unknown gating {gating!r}")
         if bias is not None and prod(bias.ne) != E:
             raise ValueError(f"moe_route: bias {bias.name!r} has {prod(bias.ne)} values, not {E}")
+        if E > limit("MOE_MAX_E") or k > limit("MOE_MAX_K"):
+            raise ReflexError(f"moe_route: {E} experts / top-{k} exceeds the CUDA kernel's "
+                              f"{limit('MOE_MAX_E')} / {limit('MOE_MAX_K')}")
         bias_ptr = 0 if bias is None else self.f32_data(bias)  # 0: the kernel adds no bias
         ids = empty((T, k), "i32")
         w = empty((T, k))

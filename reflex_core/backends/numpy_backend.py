@@ -75,6 +75,16 @@ def dequantize_rows(raw: np.ndarray, ggml_type: int) -> np.ndarray:
     return np.ascontiguousarray(y, dtype=np.float32)
 
 
+def _lora_factor(adapter: Any, f: Any) -> np.ndarray:
+    """A LoRA factor (reflex_core.lora.Factor: F32, F16 or BF16) as float32 in NumPy order."""
+    raw = np.frombuffer(adapter.factor_bytes(f), dtype=np.uint8)
+    if f.ggml_type == _BF16:
+        a = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    else:
+        a = dequantize_rows(raw, f.ggml_type)
+    return a.reshape(tuple(reversed(f.ne)))
+
+
 class _Data:
     """``Weight.data`` of this backend: the raw bytes as uint8 ``[..., n_rows, row_bytes]``."""
 
@@ -212,6 +222,23 @@ class NumpyOps(Ops):
             if self.cache_weights:
                 self._f32[key] = a
         return a
+
+    def merge_lora(self, adapters: Sequence[Any]) -> None:
+        """Merge LoRA adapters (reflex_core.lora.Adapter, in order) into the weights: each
+        merged tensor becomes a float32 array that replaces the weight's dequantized values
+        (every op reads those first), ``W + scale · (B @ A)`` -- ``A @ Bᵀ`` for the embedding --
+        computed in float32. The twin of CudaOps.merge_lora."""
+        for ad in adapters:
+            for m in ad.merges:
+                w = self.weight(m.name)
+                a = _lora_factor(ad, m.a)
+                b = _lora_factor(ad, m.b)
+                delta = a @ b.T if m.embedding else b @ a
+                base = self.dequantize(w).reshape(delta.shape)
+                merged = base + np.float32(m.scale) * delta
+                for key in [k for k in self._f32 if isinstance(k, tuple) and k[0] == m.name]:
+                    del self._f32[key]  # per-expert copies of the unmerged tensor
+                self._f32[m.name] = np.ascontiguousarray(merged, dtype=np.float32)
 
     # --- state buffers -----------------------------------------------------------------
     def zeros(self, shape: Sequence[int]) -> np.ndarray:

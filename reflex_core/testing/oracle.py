@@ -83,13 +83,14 @@ def _captured_stderr() -> Iterator[list[str]]:
 
 def llama_logits(path: str | os.PathLike, tokens: Sequence[int], n_prompt: int | None = None,
                  kv_type: str = "f32", n_threads: int = 2, flash_attn: bool = False,
-                 repack: bool = False) -> np.ndarray:
+                 repack: bool = False, lora: Sequence[tuple[str, float]] = ()) -> np.ndarray:
     """llama.cpp's logits for every position of ``tokens`` (float32 ``[len(tokens), V]``).
 
     ``tokens[:n_prompt]`` (default: all but the last 4, at least 1) go in one batch, the rest one
     token per ``llama_decode``. ``kv_type`` is "f32" or "f16" (llama.cpp's default). ``flash_attn``
     and ``repack`` (CPU weight repacking into interleaved layouts) are off by default: the plain
-    kernels are the reference.
+    kernels are the reference. ``lora``: (adapter path, scale) pairs llama.cpp applies at run
+    time (``llama_adapter_lora_init`` + ``llama_set_adapters_lora``; freed with the model).
     """
     L = import_llama_cpp()
     tokens = [int(t) for t in tokens]
@@ -132,6 +133,19 @@ def llama_logits(path: str | os.PathLike, tokens: Sequence[int], n_prompt: int |
         if not ctx:
             raise RuntimeError(f"llama.cpp could not create a context for {path}: "
                                f"{''.join(err).strip()[-2000:]}")
+        if lora:
+            handles = []
+            for lpath, _ in lora:
+                with _captured_stderr() as err:
+                    h = L.llama_adapter_lora_init(model, str(lpath).encode())
+                if not h:
+                    raise RuntimeError(f"llama.cpp could not load the adapter {lpath}: "
+                                       f"{''.join(err).strip()[-2000:]}")
+                handles.append(h)
+            arr = (L.llama_adapter_lora_p_ctypes * len(handles))(*handles)
+            scales = (ctypes.c_float * len(handles))(*(float(sc) for _, sc in lora))
+            if L.llama_set_adapters_lora(ctx, arr, len(handles), scales) != 0:
+                raise RuntimeError(f"llama_set_adapters_lora failed for {path}")
         n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
         if n_vocab <= 0:
             raise RuntimeError(f"llama.cpp reports {n_vocab} tokens for {path}")
