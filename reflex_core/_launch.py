@@ -10,7 +10,7 @@ commands that will use the GPU start it (not ``--backend cpu``, not ``--help``, 
 
 import sys
 
-GPU_COMMANDS = {"generate", "system1", "smoke", "check", "bench"}
+GPU_COMMANDS = {"generate", "system1", "smoke", "check", "bench", "stdio", "uds"}
 
 
 def _wants_gpu(argv: list) -> bool:

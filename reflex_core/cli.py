@@ -96,6 +96,45 @@ def model_options(f):
     return click.argument("args", nargs=-1, metavar="[MODEL] PROMPT")(f)
 
 
+def prompt_options(f):
+    """--chat / --system / -f, shared by generate and system1 (reflex_core.chat)."""
+    f = click.option("-f", "--file", "prompt_file", metavar="FILE", default=None,
+                     help="Read PROMPT from FILE ('-': standard input; one trailing newline is "
+                          "dropped); PROMPT is then not given.")(f)
+    f = click.option("--system", metavar="TEXT", default=None,
+                     help="With --chat: a system message before the user's.")(f)
+    return click.option("--chat", is_flag=True,
+                        help="Send PROMPT as a user message through the model's chat template "
+                             "(tokenizer.chat_template), ready for the assistant's reply.")(f)
+
+
+def read_prompt_file(path: str) -> str:
+    """The prompt in ``path`` ('-': stdin), UTF-8, less one trailing newline (the one an editor
+    or ``echo`` adds, which is not part of the prompt; llama.cpp's -f drops it too)."""
+    where = "standard input" if path == "-" else path
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
+    except OSError as e:
+        raise ReflexError(f"{where}: cannot read the prompt: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ReflexError(f"{where}: the prompt is not UTF-8 text (byte {e.start} is "
+                          f"0x{data[e.start]:02x})") from None
+    return text[:-1] if text.endswith("\n") else text
+
+
+def chat_request(chat: bool, system: str | None) -> dict | None:
+    """engine.load's ``chat`` argument from --chat / --system."""
+    if system is not None and not chat:
+        raise click.UsageError("--system applies to --chat only")
+    return {"system": system} if chat else None
+
+
 def state_file_options(f):
     """--export-kv / --import-kv, shared by generate and system1 (reflex_core.statefile)."""
     f = click.option("--import-kv", "import_kv", metavar="FILE", default=None,
@@ -128,17 +167,24 @@ def write_state_file(path: str, lm, dumped: dict, tokens, pending, t) -> None:
 
 
 def resolve_model_prompt(args, quickstart: bool, hub_model: str | None, revision: str | None,
-                         t) -> tuple[str, str]:
-    """(local GGUF path, prompt) from the positionals and the Hub options."""
+                         t, prompt_file: str | None = None) -> tuple[str, str]:
+    """(local GGUF path, prompt) from the positionals, the Hub options and -f."""
     if quickstart and hub_model:
         raise click.UsageError("give --quickstart or --model, not both")
     remote = quickstart or hub_model is not None
-    want = 1 if remote else 2
+    want = (0 if remote else 1) + (prompt_file is None)
     if len(args) != want:
-        what = "PROMPT (the model comes from --model/--quickstart)" if remote else "MODEL PROMPT"
-        raise click.UsageError(f"expected {what}, got {len(args)} argument(s)")
+        what = ["MODEL"] if not remote else []
+        if prompt_file is None:
+            what.append("PROMPT")
+        where = " (the model comes from --model/--quickstart)" if remote else ""
+        where += " (the prompt comes from -f)" if prompt_file is not None else ""
+        raise click.UsageError(f"expected {' '.join(what) or 'no argument'}{where}, got "
+                               f"{len(args)} argument(s)")
     if revision and not remote:
         raise click.UsageError("--revision applies to --model/--quickstart only")
+    if prompt_file is not None:
+        args = (*args, read_prompt_file(prompt_file))
     if remote:
         from . import hub
 
@@ -165,22 +211,24 @@ def resolve_model_prompt(args, quickstart: bool, hub_model: str | None, revision
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--timings", is_flag=True, help="Print each cold-path phase to stderr.")
 @state_file_options
+@prompt_options
 def generate(args, quickstart, hub_model, revision, n_tokens, temperature, top_k, top_p, seed,
-             backend, lora, as_json, timings, import_kv, export_kv):
+             backend, lora, as_json, timings, import_kv, export_kv, chat, system, prompt_file):
     """Generate text continuing PROMPT with MODEL (a local GGUF file, or --model/--quickstart)."""
     from . import engine
     from .timing import Timings
 
     t = Timings()
-    model, prompt = resolve_model_prompt(args, quickstart, hub_model, revision, t)
+    chat_args = chat_request(chat, system)
+    model, prompt = resolve_model_prompt(args, quickstart, hub_model, revision, t, prompt_file)
     if n_tokens == 0 and export_kv is None:
         raise click.BadParameter("0 is not in the range x>=1 (0 only with --export-kv)",
                                  param_hint="'-n'")
-    if not prompt and import_kv is None:
+    if not prompt and (import_kv is None or chat):
         raise ReflexError("empty prompt: give at least one character of text")
     saved = open_state_files(import_kv, export_kv, t)
     lm, ids = engine.load(model, backend, t, prompt=prompt or None, one_shot=True,
-                          continuation=saved is not None, lora=lora)
+                          continuation=saved is not None, lora=lora, chat=chat_args)
     for note in lm.notices:
         engine.warn(note)
     if saved is not None:
@@ -219,15 +267,18 @@ def generate(args, quickstart, hub_model, revision, n_tokens, temperature, top_k
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of lines.")
 @click.option("--timings", is_flag=True, help="Print each cold-path phase to stderr.")
 @state_file_options
+@prompt_options
 def system1(args, quickstart, hub_model, revision, candidates, normalize, backend, lora, as_json,
-            timings, import_kv, export_kv):
-    """Score each --candidate continuation of PROMPT in one forward pass (no decode loop)."""
+            timings, import_kv, export_kv, chat, system, prompt_file):
+    """Score each --candidate continuation of PROMPT in one forward pass (no decode loop); with
+    --chat the candidates continue the rendered chat, i.e. they are the assistant's reply."""
     from . import engine, system1 as s1
     from .timing import Timings, since_process_start_ms
 
     t = Timings()
-    model, prompt = resolve_model_prompt(args, quickstart, hub_model, revision, t)
-    if not prompt and import_kv is None:
+    chat_args = chat_request(chat, system)
+    model, prompt = resolve_model_prompt(args, quickstart, hub_model, revision, t, prompt_file)
+    if not prompt and (import_kv is None or chat):
         raise ReflexError("empty prompt: system1 needs a prompt to condition on")
     if not candidates:
         raise ReflexError("no candidates: give at least one --candidate TEXT")
@@ -236,7 +287,8 @@ def system1(args, quickstart, hub_model, revision, candidates, normalize, backen
             raise ReflexError(f"candidate {i} is empty: every --candidate needs some text")
     saved = open_state_files(import_kv, export_kv, t)
     lm, ids = engine.load(model, backend, t, prompt=prompt or None, texts=candidates,
-                          one_shot=True, continuation=saved is not None, lora=lora)
+                          one_shot=True, continuation=saved is not None, lora=lora,
+                          chat=chat_args)
     for note in lm.notices:
         engine.warn(note)
     tok = lm.require_tokenizer()
@@ -265,6 +317,84 @@ def system1(args, quickstart, hub_model, revision, candidates, normalize, backen
         echo_lines(render.system1_lines(res, ms, lm.backend))
     if timings:
         print_timings(t, ("result", ms))
+
+
+def server_options(f):
+    """The loading options of the servers: the model (a positional or --model/--quickstart),
+    --backend, --lora."""
+    f = lora_option(backend_option(f))
+    f = click.option("--revision", default=None,
+                     help="With --model/--quickstart: a branch, tag or commit of the repository.")(f)
+    f = click.option("--model", "hub_model", metavar="REPO[:FILE]", default=None,
+                     help="A GGUF from the Hugging Face Hub instead of a local MODEL path.")(f)
+    return click.option("--quickstart", is_flag=True,
+                        help="Serve the default model (Qwen3-0.6B Q8_0).")(f)
+
+
+def load_server_engine(model: str | None, quickstart: bool, hub_model: str | None,
+                       revision: str | None, backend: str, lora):
+    """The servers' engine: loaded as a one-shot command's (the process ends through
+    lifecycle.finish), its notices on stderr."""
+    from . import api, engine
+
+    if quickstart and hub_model:
+        raise click.UsageError("give --quickstart or --model, not both")
+    remote = quickstart or hub_model is not None
+    if remote == (model is not None):
+        raise click.UsageError("give MODEL, or --model/--quickstart" if not remote else
+                               "MODEL comes from --model/--quickstart: drop the MODEL argument")
+    if revision and not remote:
+        raise click.UsageError("--revision applies to --model/--quickstart only")
+    if remote and not quickstart:
+        from . import hub
+
+        hub.parse_spec(hub_model)
+        model = hub_model
+    eng = api.load_for_process(None if quickstart else model, backend=backend, lora=lora,
+                               revision=revision, one_shot=True)
+    for note in eng.notices:
+        engine.warn(note)
+    return eng
+
+
+@cli.command()
+@click.argument("model", required=False)
+@server_options
+def stdio(model, quickstart, hub_model, revision, backend, lora):
+    """Serve MODEL over stdin/stdout: one JSON request per line, one JSON reply per line
+    (docs/ipc.md). Ends at the end of stdin (0) or on SIGINT/SIGTERM (130/143) once the request
+    under way is answered."""
+    from . import ipc
+
+    eng = load_server_engine(model, quickstart, hub_model, revision, backend, lora)
+    click.echo(f"reflex stdio: serving {eng.path} ({eng.backend})", err=True)
+    raise click.exceptions.Exit(ipc.run_stdio(eng))
+
+
+@cli.command()
+@click.argument("args", nargs=-1, metavar="[MODEL] PATH")
+@server_options
+def uds(args, quickstart, hub_model, revision, backend, lora):
+    """Serve MODEL on the Unix socket PATH (created 0600), the stdio protocol, one connection
+    at a time (docs/ipc.md). Ends on SIGINT/SIGTERM (130/143) once the request under way is
+    answered, or on a "shutdown" request (0)."""
+    from . import ipc
+
+    want = 1 if (quickstart or hub_model is not None) else 2
+    if len(args) != want:
+        raise click.UsageError(f"expected {'PATH' if want == 1 else 'MODEL PATH'}, got "
+                               f"{len(args)} argument(s)")
+    path = args[-1]
+    sock = ipc.bind_socket(path)  # before the load: a taken path fails at once
+    try:
+        eng = load_server_engine(args[0] if want == 2 else None, quickstart, hub_model,
+                                 revision, backend, lora)
+    except BaseException:
+        sock.close()
+        os.unlink(path)
+        raise
+    click.echo(f"reflex uds: serving {eng.path} ({eng.backend}) on {path}", err=True)
+    raise click.exceptions.Exit(ipc.run_uds(eng, sock, path))
 
 
 @cli.command()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Generator, Sequence
 
 from .background import Background
 from .cuda.start import start as start_cuda
@@ -121,15 +121,18 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
          prompt: str | None = None, texts: Sequence[str] = (),
          one_shot: bool = False,
          continuation: bool = False,
-         lora: Sequence[tuple[str, float]] = ()) -> tuple[Loaded, list[int] | None]:
+         lora: Sequence[tuple[str, float]] = (),
+         chat: dict[str, Any] | None = None) -> tuple[Loaded, list[int] | None]:
     """Open ``path`` and build its model on ``backend``; also encode ``prompt`` when given.
 
     ``texts`` are other strings the job will encode (system1 candidates): the tokenizer prepares
     for them together with the prompt. ``one_shot``: the process exits after this job, so the
     GPU upload skips unpinning the mmap pages. ``continuation``: the prompt continues an
     imported state, so it gets no BOS. ``lora``: (adapter path, scale) pairs, merged into the
-    weights in order once they are on the backend (reflex_core.lora). Returns (loaded,
-    prompt_ids)."""
+    weights in order once they are on the backend (reflex_core.lora). ``chat``: ``prompt`` is one
+    user message, rendered with the file's chat template first (the dict: render_chat's keyword
+    arguments, e.g. ``{"system": ...}``); the rendered text writes its own special tokens, so it
+    gets no BOS from the tokenizer (reflex_core.chat). Returns (loaded, prompt_ids)."""
     t = timings or Timings()
     if backend not in BACKENDS:
         raise ReflexError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -182,10 +185,16 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
         if tok is None:
             raise ReflexError(f"{path}: this model has no tokenizer; text prompts cannot be "
                               "encoded")
+        if chat is not None:
+            from .chat import render_chat
+
+            with t.span("render chat template"):
+                prompt = render_chat(g, prompt, **chat)
         with t.span("encode prompt"):
             if hasattr(tok, "prepare"):
                 tok.prepare([prompt, *texts])
-            prompt_ids = tok.encode(prompt, add_special=not continuation)
+            prompt_ids = tok.encode(prompt, add_special=not (continuation or chat is not None),
+                                    parse_special=True)
 
     notices: list[str] = []
     device_name = ""
@@ -277,6 +286,9 @@ class GenerateResult:
     state: Any = None
     fed: list[int] = field(default_factory=list)
     pending: list[int] = field(default_factory=list)
+    # why decoding ended: "length" (n_new tokens), "eog" (an end-of-generation token), "stop" (a
+    # stop string; ``text`` ends before it, ``token_ids`` include the token that completed it)
+    stop_reason: str = "length"
 
 
 def check_context(lm: Loaded, n_prompt: int, n_new: int, n_imported: int = 0) -> None:
@@ -290,14 +302,33 @@ def check_context(lm: Loaded, n_prompt: int, n_new: int, n_imported: int = 0) ->
 def generate(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: SamplingParams,
              on_text: Callable[[str], None] | None = None,
              timings: Timings | None = None, resume: Any = None,
-             keep_state: bool = False) -> GenerateResult:
+             keep_state: bool = False, stop: Sequence[str] = ()) -> GenerateResult:
     """Prefill the prompt as one batch, then decode up to ``n_new`` tokens (stopping at an
-    end-of-generation token). ``on_text`` receives text as soon as it is complete UTF-8.
+    end-of-generation token, or once the text contains one of ``stop``: the text then ends
+    before it). ``on_text`` receives text as soon as it is complete UTF-8 (and, with ``stop``,
+    as soon as it cannot be the start of a stop string).
 
     ``resume`` (a statefile.Saved, checked against the model): start from its state and feed
     its pending tokens + ``prompt_ids`` as the first batch. ``keep_state``: the result carries
     the final state and its token ids (for --export-kv); ``n_new`` may then be 0: the prompt
     but its last token is fed and that token stays pending (a prefix file)."""
+    steps = generate_steps(lm, prompt_ids, n_new, sampling, on_text is not None, timings, resume,
+                           keep_state, stop)
+    while True:
+        try:
+            piece = next(steps)
+        except StopIteration as done:
+            return done.value
+        on_text(piece)  # type: ignore[misc]  # pieces come only when on_text is given
+
+
+def generate_steps(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: SamplingParams,
+                   stream: bool = False, timings: Timings | None = None, resume: Any = None,
+                   keep_state: bool = False, stop: Sequence[str] = ()
+                   ) -> Generator[str, None, GenerateResult]:
+    """:func:`generate` as a generator: yields the text pieces (when ``stream``) and returns
+    the GenerateResult, so that a caller can iterate over the text (the Python API's
+    ``stream=True``) with the decode loop still on its own thread, where the backend lives."""
     t = timings or Timings()
     past = list(resume.tokens) if resume is not None else []
     feed = (list(resume.pending) if resume is not None else []) + list(prompt_ids)
@@ -308,14 +339,21 @@ def generate(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: Sampli
         raise ReflexError("empty prompt: give at least one character of text")
     if n_new < 0 or (n_new == 0 and not keep_state):
         raise ReflexError("-n must be at least 1")
+    stops = list(stop)
+    if any(not isinstance(s, str) or not s for s in stops):
+        raise ReflexError("every stop string must be a non-empty string")
+    tok = lm.tokenizer
+    if stops and tok is None:
+        raise ReflexError(f"{lm.path}: this model has no tokenizer, so its output has no text "
+                          "to look for stop strings in")
     check_context(lm, len(feed), n_new, len(past))
     model, ops = lm.model, lm.ops
     seed = sampling.seed
     if not sampling.greedy and seed is None:
         seed = random.SystemRandom().randrange(2**31)
     rng = random.Random(seed)
-    tok = lm.tokenizer
-    streamer = tok.streamer() if tok is not None else None
+    # Text is decoded as it comes when someone reads it: the caller, or the stop-string check.
+    text_out = _TextOut(tok, stops, stream) if tok is not None and (stream or stops) else None
     eog = tok.eog_ids if tok is not None else frozenset()
 
     def pick(logits) -> int:
@@ -342,26 +380,88 @@ def generate(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: Sampli
         logits = model.forward(batch, state, [batch.n_tokens - 1])
         nxt = pick(logits)
     first_ms = since_process_start_ms()
+    stop_reason = "length"
     with t.span("decode"):
         while True:
             out.append(nxt)
-            if streamer is not None and on_text is not None:
-                piece = streamer.push(nxt)
+            if text_out is not None:
+                piece = text_out.push(nxt)
                 if piece:
-                    on_text(piece)
-            if len(out) >= n_new or nxt in eog:
+                    yield piece
+                if text_out.stopped:
+                    stop_reason = "stop"
+                    break
+            if nxt in eog:
+                stop_reason = "eog"
+                break
+            if len(out) >= n_new:
                 break
             logits = model.forward(state.append([nxt]), state, [0])
             nxt = pick(logits)
-    if streamer is not None and on_text is not None:
-        tail = streamer.flush()
+    if text_out is not None:
+        tail = text_out.flush()
         if tail:
-            on_text(tail)
-    text = tok.decode(out) if tok is not None else ""
-    res = GenerateResult(list(prompt_ids), out, text, first_ms, seed, len(feed), len(past))
+            yield tail
+        if text_out.stopped:
+            stop_reason = "stop"
+    if stop_reason == "stop":
+        text = text_out.text
+    else:
+        text = tok.decode(out) if tok is not None else ""
+    res = GenerateResult(list(prompt_ids), out, text, first_ms, seed, len(feed), len(past),
+                         stop_reason=stop_reason)
     if keep_state:
         res.state, res.fed, res.pending = state, past + feed + out[:-1], out[-1:]
     return res
+
+
+class _TextOut:
+    """The generated text, decoded token by token, cut before the first stop string. ``push``
+    returns the text that can be handed out now (when streaming): what is complete UTF-8 and
+    cannot be the beginning of a stop string any more."""
+
+    def __init__(self, tok: Any, stops: Sequence[str], stream: bool):
+        self._dec = tok.streamer()
+        self._stops = stops
+        self._longest = max(map(len, stops), default=0)
+        self._stream = stream
+        self.text = ""
+        self._given = 0  # characters of self.text handed out
+        self.stopped = False
+
+    def push(self, token_id: int) -> str:
+        return self._add(self._dec.push(token_id))
+
+    def flush(self) -> str:
+        piece = "" if self.stopped else self._add(self._dec.flush())
+        return piece + self._release(len(self.text))
+
+    def _add(self, piece: str) -> str:
+        if not piece:
+            return ""
+        # a stop string can only end in the new piece: search from where one could start
+        start = max(0, len(self.text) - self._longest + 1)
+        self.text += piece
+        cut = min((i for i in (self.text.find(s, start) for s in self._stops) if i >= 0),
+                  default=-1)
+        if cut >= 0:
+            self.text, self.stopped = self.text[:cut], True
+            return self._release(cut)
+        return self._release(len(self.text) - self._held_back())
+
+    def _held_back(self) -> int:
+        """Characters at the end of the text that begin some stop string."""
+        for n in range(min(self._longest - 1, len(self.text)), 0, -1):
+            tail = self.text[-n:]
+            if any(s.startswith(tail) for s in self._stops):
+                return n
+        return 0
+
+    def _release(self, upto: int) -> str:
+        if not self._stream or upto <= self._given:
+            return ""
+        piece, self._given = self.text[self._given:upto], upto
+        return piece
 
 
 def warn(msg: str) -> None:

@@ -6,10 +6,11 @@
   depend on a higher one; deferring hides a cycle from the interpreter, it does not remove it.
   ``from . import x`` is an edge to module ``x`` when ``x`` is a submodule, else to the package;
   ``from .m import name`` is an edge to ``m``.
-* The GPU cold path imports no numpy, gguf (gguf-py) or huggingface_hub at module level, not even
-  through another module: each costs 230-260 ms before the first token (DESIGN.md, "The cold
-  path"). HEAVY_ALLOWED lists the modules that may; every other module of reflex_core and of the
-  plugins in plugins/, including any module added later, is held to the rule.
+* The GPU cold path imports no numpy, gguf (gguf-py), huggingface_hub or jinja2 at module level,
+  not even through another module: each of the first three costs 230-260 ms before the first
+  token (DESIGN.md, "The cold path"); jinja2 (tens of ms) is for --chat alone (reflex_core.chat).
+  HEAVY_ALLOWED lists the modules that may; every other module of reflex_core and of the plugins
+  in plugins/, including any module added later, is held to the rule.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "reflex_core"
 
-# Imports that cost hundreds of milliseconds and that the GPU cold path must not pay for.
-HEAVY = ("numpy", "gguf", "huggingface_hub")
+# Imports that cost tens to hundreds of milliseconds and that the GPU cold path must not pay for.
+HEAVY = ("numpy", "gguf", "huggingface_hub", "jinja2")
 # The only modules that may import HEAVY at module level (directly or through another module):
 # the NumPy reference backend and the test/benchmark helpers, which use numpy and gguf-py on
 # purpose and which nothing on the GPU path imports.
