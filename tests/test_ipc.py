@@ -32,10 +32,17 @@ def tiny(model_files) -> str:
     return str(model_files(SHAPE, weight_type="Q8_0", tokenizer="qwen3", seed=3))
 
 
+def _default_signals() -> None:
+    # as a server started from a terminal or a supervisor: a test run from a background job
+    # (CI under nohup / setsid) would hand down SIGINT ignored, which reflex leaves ignored
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def start(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "reflex_core", *args],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, preexec_fn=_default_signals)
 
 
 def read_reply(stream, timeout: float = 60.0) -> dict:
