@@ -13,7 +13,6 @@ is missing (tests/conftest.py).
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
@@ -37,21 +36,6 @@ SHAPES = {
 CANDS = [[7], [11, 3, 150], [42, 42], [199, 0, 5, 6, 7]]
 
 
-def log_softmax(row: np.ndarray) -> np.ndarray:
-    r = row.astype(np.float64)
-    m = r.max()
-    return r - m - math.log(np.exp(r - m).sum())
-
-
-def llama_scores(path, prompt, cands) -> list[float]:
-    out = []
-    for c in cands:
-        seq = list(prompt) + list(c)
-        logits = oracle.llama_logits(path, seq, n_prompt=len(seq), kv_type="f32")
-        out.append(sum(log_softmax(logits[len(prompt) - 1 + j])[tok] for j, tok in enumerate(c)))
-    return out
-
-
 @pytest.mark.oracle
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3moe"])
 def test_scores_match_llama_cpp(model_files, arch):
@@ -59,7 +43,7 @@ def test_scores_match_llama_cpp(model_files, arch):
     prompt = oracle.random_tokens(200, 9, seed=5)
     model = oracle.load_model(path)
     ours = system1.score(model, model.ops, prompt, CANDS)
-    ref = llama_scores(path, prompt, CANDS)
+    ref = oracle.llama_candidate_scores(path, prompt, CANDS)
     for c, a, b in zip(CANDS, ours, ref):
         assert abs(a - b) <= PER_TOKEN * len(c), (c, a, b)
     # the candidate ranking is the oracle's
@@ -81,7 +65,7 @@ def test_recurrent_path_forked_scores_equal_tree_scores(model_files):
     assert model.state_spec().recurrent
     forked = system1.score(model, model.ops, prompt, CANDS)
     np.testing.assert_allclose(forked, tree, rtol=1e-5, atol=1e-5)
-    ref = llama_scores(path, prompt, CANDS)
+    ref = oracle.llama_candidate_scores(path, prompt, CANDS)
     for c, a, b in zip(CANDS, forked, ref):
         assert abs(a - b) <= PER_TOKEN * len(c)
 

@@ -240,6 +240,24 @@ def check_logits(ref: np.ndarray, got: np.ndarray, bound: float, what: str) -> d
     return c
 
 
+def llama_candidate_scores(path: str | os.PathLike, prompt: Sequence[int],
+                           cands: Sequence[Sequence[int]]) -> list[float]:
+    """System1's scores as llama.cpp gives them: each candidate run after the prompt as its own
+    sequence (F32 KV), the sum over its tokens of the full-vocabulary log-softmax (float64) at
+    the preceding position."""
+    out = []
+    for c in cands:
+        seq = list(prompt) + list(c)
+        logits = llama_logits(path, seq, n_prompt=len(seq), kv_type="f32")
+        total = 0.0
+        for j, tok in enumerate(c):
+            row = logits[len(prompt) - 1 + j].astype(np.float64)
+            m = row.max()
+            total += float(row[tok] - m - np.log(np.exp(row - m).sum()))
+        out.append(total)
+    return out
+
+
 def random_tokens(n_vocab: int, n: int, seed: int) -> list[int]:
     """``n`` token ids drawn uniformly from ``[0, n_vocab)`` (generator seeded ``1000 + seed``)."""
     rng = np.random.default_rng(1000 + seed)
