@@ -30,13 +30,8 @@ NAMES = sorted(plugin.OPS)
 
 @pytest.fixture(scope="module", autouse=True)
 def registered():
-    """The plugin's ops in the registry for this module (removed after, unless they were there
-    before: other tests count the registered kernel packages)."""
-    added = [n for n in NAMES if opreg.get(n) is None]
-    plugin.reflex_register_ops(register=lambda op: opreg.register(op, "reflex-infer-qwen35-hybrid"))
-    yield
-    for n in added:
-        opreg.unregister(n)
+    with op_harness.plugin_ops(plugin, "reflex-infer-qwen35-hybrid"):
+        yield
 
 
 def _cases(name):

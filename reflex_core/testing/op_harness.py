@@ -10,11 +10,28 @@ the backend (arrays, weights by name, prepared batches), calls ``fn(ops, *args)`
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from .. import opreg
 from ..opreg import BatchArg, OpCase, WeightArg
+
+
+@contextmanager
+def plugin_ops(plugin: Any, owner: str) -> Iterator[list[str]]:
+    """The ops of a plugin's entry-point module (``plugin.OPS`` names them) in the registry for
+    the duration; those that were not registered before are removed afterwards (other tests
+    count the registered kernel packages). Yields the op names."""
+    names = sorted(plugin.OPS)
+    added = [n for n in names if opreg.get(n) is None]
+    plugin.reflex_register_ops(register=lambda op: opreg.register(op, owner))
+    try:
+        yield names
+    finally:
+        for n in added:
+            opreg.unregister(n)
 
 
 def weights_of(cases: Iterable[OpCase]) -> dict[str, Any]:

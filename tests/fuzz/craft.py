@@ -77,6 +77,14 @@ class GGUF:
     def tensor(self, name: str) -> Tensor | None:
         return next((t for t in self.tensors if t.name == name), None)
 
+    def drop_tensor(self, name: str) -> "GGUF":
+        """Remove tensor ``name`` (it must be there) from the directory; the data region is
+        kept as read, so the other tensors keep their offsets."""
+        if self.tensor(name) is None:
+            raise KeyError(name)
+        self.tensors = [t for t in self.tensors if t.name != name]
+        return self
+
     # --- bytes ----------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
         out = bytearray(struct.pack("<4sIQQ", b"GGUF", self.version, len(self.tensors),
@@ -184,6 +192,18 @@ def _read(data: bytes, max_items: int) -> GGUF:
 
 # ------------------------------------------------------------------------------------------
 # The tiny models
+
+
+def rewrite(data: bytes, path: Any, edit: Any) -> str:
+    """Parse the GGUF ``data`` (a written model file), apply ``edit(gguf)``, write the result to
+    ``path``; returns the path as a string."""
+    g = GGUF.from_bytes(data, max_items=1 << 20)
+    if g is None:
+        raise ValueError("not a GGUF this module can read")
+    edit(g)
+    with open(path, "wb") as f:
+        f.write(g.to_bytes())
+    return str(path)
 
 
 def byte_vocab() -> list[str]:
