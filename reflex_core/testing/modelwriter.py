@@ -800,21 +800,65 @@ def _pick_type(short: str, full: str, weight_type: str, overrides: dict[str, str
     return weight_type
 
 
-def _matrix_spec(name: str, ne: tuple[int, ...], sigma: float, weight_type: str,
-                 type_overrides: dict[str, str] | None) -> TensorSpec:
-    """A weight matrix's TensorSpec: its type from ``weight_type`` / ``type_overrides`` (see
-    :func:`tensor_plan`), checked against the type's block size."""
-    full = name[: -len(".weight")]
-    short = full.split(".", 2)[2] if full.startswith("blk.") else full
-    t = _pick_type(short, full, weight_type, type_overrides)
-    if t not in WEIGHT_TYPES:
-        raise ValueError(f"{name}: unsupported weight type {t!r} (supported: {', '.join(WEIGHT_TYPES)})")
-    block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]][0]
-    if ne[0] % block:
-        raise ValueError(f"{name}: {t} needs ne0 to be a multiple of {block}, got ne={list(ne)}; "
-                         f"pick dimensions that are multiples of {block} (see tiny_kquant_shape(), "
-                         f"tiny_qwen35_kquant_shape())")
-    return TensorSpec(name, ne, t, "matrix", sigma)
+class _Plan:
+    """A tensor plan being written, with the tensor kinds and the std rules every family shares
+    (module docstring): ``mat`` a weight matrix in the chosen type, ``f32`` a tensor kept in
+    F32, ``norm`` an RMSNorm weight; ``swiglu`` / ``experts`` the FFN groups; ``embedding`` and
+    ``head`` the ends of the file."""
+
+    def __init__(self, weight_type: str, type_overrides: dict[str, str] | None) -> None:
+        self.specs: list[TensorSpec] = []
+        self.weight_type = weight_type
+        self.type_overrides = type_overrides
+
+    def mat(self, name: str, ne: tuple[int, ...], sigma: float) -> None:
+        """A weight matrix: its type from ``weight_type`` / ``type_overrides`` (see
+        :func:`tensor_plan`), checked against the type's block size."""
+        full = name[: -len(".weight")]
+        short = full.split(".", 2)[2] if full.startswith("blk.") else full
+        t = _pick_type(short, full, self.weight_type, self.type_overrides)
+        if t not in WEIGHT_TYPES:
+            raise ValueError(f"{name}: unsupported weight type {t!r} (supported: {', '.join(WEIGHT_TYPES)})")
+        block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]][0]
+        if ne[0] % block:
+            raise ValueError(f"{name}: {t} needs ne0 to be a multiple of {block}, got ne={list(ne)}; "
+                             f"pick dimensions that are multiples of {block} (see tiny_kquant_shape(), "
+                             f"tiny_qwen35_kquant_shape())")
+        self.specs.append(TensorSpec(name, ne, t, "matrix", sigma))
+
+    def f32(self, name: str, ne: tuple[int, ...], kind: str, sigma: float) -> None:
+        self.specs.append(TensorSpec(name, ne, "F32", kind, sigma))
+
+    def norm(self, name: str, n: int) -> None:
+        self.f32(name, (n,), "norm", 0.1)
+
+    def swiglu(self, p: str, D: int, F: int, suffix: str = "") -> None:
+        """``ffn_{gate,up,down}{suffix}`` of width F (dense FFN; ``_shexp``: a shared expert)."""
+        self.mat(f"{p}ffn_gate{suffix}.weight", (D, F), 1.0 / D ** 0.5)
+        self.mat(f"{p}ffn_up{suffix}.weight", (D, F), 1.0 / D ** 0.5)
+        self.mat(f"{p}ffn_down{suffix}.weight", (F, D), 0.5 / F ** 0.5)
+
+    def router(self, p: str, D: int, E: int) -> None:
+        self.f32(p + "ffn_gate_inp.weight", (D, E), "router", 1.0 / D ** 0.5)
+
+    def experts(self, p: str, D: int, Fe: int, E: int) -> None:
+        """``ffn_{gate,up,down}_exps`` of E experts of width Fe."""
+        self.mat(p + "ffn_gate_exps.weight", (D, Fe, E), 1.0 / D ** 0.5)
+        self.mat(p + "ffn_up_exps.weight", (D, Fe, E), 1.0 / D ** 0.5)
+        self.mat(p + "ffn_down_exps.weight", (Fe, D, E), 0.5 / Fe ** 0.5)
+
+    @staticmethod
+    def embd_std(D: int) -> float:
+        return 2.0 / D ** 0.5
+
+    def embedding(self, D: int, n_vocab: int) -> None:
+        self.mat("token_embd.weight", (D, n_vocab), self.embd_std(D))
+
+    def head(self, D: int, n_vocab: int, tied: bool) -> None:
+        """``output_norm`` and, unless tied, ``output``."""
+        self.norm("output_norm.weight", D)
+        if not tied:
+            self.mat("output.weight", (D, n_vocab), self.embd_std(D))
 
 
 def tensor_plan(shape: ModelShape, *, weight_type: str = "F32", tokenizer: str = "none",
@@ -832,16 +876,9 @@ def tensor_plan(shape: ModelShape, *, weight_type: str = "F32", tokenizer: str =
     if isinstance(shape, DeepSeek2Shape):
         return _deepseek2_plan(shape, n_vocab, weight_type, type_overrides)
     D, H, Hkv, hd = shape.n_embd, shape.n_head, shape.n_head_kv, shape.head_dim
-    plan: list[TensorSpec] = []
-
-    def mat(name: str, ne: tuple[int, ...], sigma: float) -> None:
-        plan.append(_matrix_spec(name, ne, sigma, weight_type, type_overrides))
-
-    def norm(name: str, n: int) -> None:
-        plan.append(TensorSpec(name, (n,), "F32", "norm", 0.1))
-
-    s_embd = 2.0 / D ** 0.5
-    mat("token_embd.weight", (D, n_vocab), s_embd)
+    plan = _Plan(weight_type, type_overrides)
+    mat, norm = plan.mat, plan.norm
+    plan.embedding(D, n_vocab)
     for i in range(shape.n_layer):
         p = f"blk.{i}."
         norm(p + "attn_norm.weight", D)
@@ -853,20 +890,12 @@ def tensor_plan(shape: ModelShape, *, weight_type: str = "F32", tokenizer: str =
         norm(p + "attn_k_norm.weight", hd)
         norm(p + "ffn_norm.weight", D)
         if shape.arch == "qwen3moe":
-            E, Fe = shape.n_expert, shape.n_ff_exp
-            plan.append(TensorSpec(p + "ffn_gate_inp.weight", (D, E), "F32", "router", 1.0 / D ** 0.5))
-            mat(p + "ffn_gate_exps.weight", (D, Fe, E), 1.0 / D ** 0.5)
-            mat(p + "ffn_up_exps.weight", (D, Fe, E), 1.0 / D ** 0.5)
-            mat(p + "ffn_down_exps.weight", (Fe, D, E), 0.5 / Fe ** 0.5)
+            plan.router(p, D, shape.n_expert)
+            plan.experts(p, D, shape.n_ff_exp, shape.n_expert)
         else:
-            F = shape.n_ff
-            mat(p + "ffn_gate.weight", (D, F), 1.0 / D ** 0.5)
-            mat(p + "ffn_up.weight", (D, F), 1.0 / D ** 0.5)
-            mat(p + "ffn_down.weight", (F, D), 0.5 / F ** 0.5)
-    norm("output_norm.weight", D)
-    if not shape.tied:
-        mat("output.weight", (D, n_vocab), s_embd)
-    return plan
+            plan.swiglu(p, D, shape.n_ff)
+    plan.head(D, n_vocab, shape.tied)
+    return plan.specs
 
 
 def _qwen35_plan(shape: Qwen35Shape, n_vocab: int, weight_type: str,
@@ -877,16 +906,8 @@ def _qwen35_plan(shape: Qwen35Shape, n_vocab: int, weight_type: str,
     dk, Hk, Hv = shape.ssm_state_size, shape.ssm_group_count, shape.ssm_time_step_rank
     key_dim, value_dim = Hk * dk, Hv * dk
     conv_dim = 2 * key_dim + value_dim
-    plan: list[TensorSpec] = []
-
-    def mat(name: str, ne: tuple[int, ...], sigma: float) -> None:
-        plan.append(_matrix_spec(name, ne, sigma, weight_type, type_overrides))
-
-    def f32(name: str, ne: tuple[int, ...], kind: str, sigma: float) -> None:
-        plan.append(TensorSpec(name, ne, "F32", kind, sigma))
-
-    def norm(name: str, n: int) -> None:
-        f32(name, (n,), "norm", 0.1)
+    plan = _Plan(weight_type, type_overrides)
+    mat, f32, norm = plan.mat, plan.f32, plan.norm
 
     def attention(p: str) -> None:
         mat(p + "attn_q.weight", (D, 2 * H * hd), 1.0 / D ** 0.5)  # per head [q_h, gate_h]
@@ -910,24 +931,17 @@ def _qwen35_plan(shape: Qwen35Shape, n_vocab: int, weight_type: str,
 
     def ffn(p: str) -> None:
         if shape.arch == "qwen35moe":
-            E, Fe, Fs = shape.n_expert, shape.n_ff_exp, shape.n_ff_shexp
-            f32(p + "ffn_gate_inp.weight", (D, E), "router", 1.0 / D ** 0.5)
-            mat(p + "ffn_gate_exps.weight", (D, Fe, E), 1.0 / D ** 0.5)
-            mat(p + "ffn_up_exps.weight", (D, Fe, E), 1.0 / D ** 0.5)
-            mat(p + "ffn_down_exps.weight", (Fe, D, E), 0.5 / Fe ** 0.5)
+            E = shape.n_expert
+            plan.router(p, D, E)
+            plan.experts(p, D, shape.n_ff_exp, E)
             f32(p + "ffn_gate_inp_shexp.weight", (D, 1) if shape.shexp_gate_2d else (D,), "router",
                 1.0 / D ** 0.5)
-            mat(p + "ffn_gate_shexp.weight", (D, Fs), 1.0 / D ** 0.5)
-            mat(p + "ffn_up_shexp.weight", (D, Fs), 1.0 / D ** 0.5)
-            mat(p + "ffn_down_shexp.weight", (Fs, D), 0.5 / Fs ** 0.5)
+            plan.swiglu(p, D, shape.n_ff_shexp, "_shexp")
         else:
-            F = shape.n_ff
-            mat(p + "ffn_gate.weight", (D, F), 1.0 / D ** 0.5)
-            mat(p + "ffn_up.weight", (D, F), 1.0 / D ** 0.5)
-            mat(p + "ffn_down.weight", (F, D), 0.5 / F ** 0.5)
+            plan.swiglu(p, D, shape.n_ff)
 
-    s_embd = 2.0 / D ** 0.5
-    mat("token_embd.weight", (D, n_vocab), s_embd)
+    s_embd = plan.embd_std(D)
+    plan.embedding(D, n_vocab)
     recurrent = shape.recurrent_flags()
     for i in range(shape.n_layer_all):
         p = f"blk.{i}."
@@ -945,10 +959,8 @@ def _qwen35_plan(shape: Qwen35Shape, n_vocab: int, weight_type: str,
             if shape.mtp_shared_head:
                 mat(p + "nextn.shared_head_head.weight", (D, n_vocab), s_embd)
                 norm(p + "nextn.shared_head_norm.weight", D)
-    norm("output_norm.weight", D)
-    if not shape.tied:
-        mat("output.weight", (D, n_vocab), s_embd)
-    return plan
+    plan.head(D, n_vocab, shape.tied)
+    return plan.specs
 
 
 def _deepseek2_plan(shape: DeepSeek2Shape, n_vocab: int, weight_type: str,
@@ -960,19 +972,9 @@ def _deepseek2_plan(shape: DeepSeek2Shape, n_vocab: int, weight_type: str,
     r_q, r_kv, d_nope, n_rot, d_v = (shape.q_lora_rank, shape.kv_lora_rank, shape.qk_nope_head_dim,
                                      shape.n_rot, shape.v_head_dim)
     d_qk = shape.d_qk
-    plan: list[TensorSpec] = []
-
-    def mat(name: str, ne: tuple[int, ...], sigma: float) -> None:
-        plan.append(_matrix_spec(name, ne, sigma, weight_type, type_overrides))
-
-    def f32(name: str, ne: tuple[int, ...], kind: str, sigma: float) -> None:
-        plan.append(TensorSpec(name, ne, "F32", kind, sigma))
-
-    def norm(name: str, n: int) -> None:
-        f32(name, (n,), "norm", 0.1)
-
-    s_embd = 2.0 / D ** 0.5
-    mat("token_embd.weight", (D, n_vocab), s_embd)
+    plan = _Plan(weight_type, type_overrides)
+    mat, f32, norm = plan.mat, plan.f32, plan.norm
+    plan.embedding(D, n_vocab)
     for i in range(shape.n_layer):
         p = f"blk.{i}."
         norm(p + "attn_norm.weight", D)
@@ -992,25 +994,16 @@ def _deepseek2_plan(shape: DeepSeek2Shape, n_vocab: int, weight_type: str,
         mat(p + "attn_output.weight", (H * d_v, D), 0.5 / (H * d_v) ** 0.5)
         norm(p + "ffn_norm.weight", D)
         if i < shape.n_dense_lead:
-            F = shape.n_ff
-            mat(p + "ffn_gate.weight", (D, F), 1.0 / D ** 0.5)
-            mat(p + "ffn_up.weight", (D, F), 1.0 / D ** 0.5)
-            mat(p + "ffn_down.weight", (F, D), 0.5 / F ** 0.5)
+            plan.swiglu(p, D, shape.n_ff)
         else:
-            E, Fe, Fs = shape.n_expert, shape.n_ff_exp, shape.n_ff_exp * shape.n_expert_shared
-            f32(p + "ffn_gate_inp.weight", (D, E), "router", 1.0 / D ** 0.5)
+            E = shape.n_expert
+            plan.router(p, D, E)
             if shape.exp_probs_bias:
                 f32(p + "exp_probs_b.bias", (E,), "bias", 0.1)
-            mat(p + "ffn_gate_exps.weight", (D, Fe, E), 1.0 / D ** 0.5)
-            mat(p + "ffn_up_exps.weight", (D, Fe, E), 1.0 / D ** 0.5)
-            mat(p + "ffn_down_exps.weight", (Fe, D, E), 0.5 / Fe ** 0.5)
-            mat(p + "ffn_gate_shexp.weight", (D, Fs), 1.0 / D ** 0.5)
-            mat(p + "ffn_up_shexp.weight", (D, Fs), 1.0 / D ** 0.5)
-            mat(p + "ffn_down_shexp.weight", (Fs, D), 0.5 / Fs ** 0.5)
-    norm("output_norm.weight", D)
-    if not shape.tied:
-        mat("output.weight", (D, n_vocab), s_embd)
-    return plan
+            plan.experts(p, D, shape.n_ff_exp, E)
+            plan.swiglu(p, D, shape.n_ff_exp * shape.n_expert_shared, "_shexp")
+    plan.head(D, n_vocab, shape.tied)
+    return plan.specs
 
 
 # --------------------------------------------------------------------------------------------
