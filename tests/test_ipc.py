@@ -46,9 +46,13 @@ def start(*args: str) -> subprocess.Popen:
 
 
 def read_reply(stream, timeout: float = 60.0) -> dict:
-    ready, _, _ = select.select([stream], [], [], timeout)
+    # read through the unbuffered stream under the reader: a buffered readline would pull
+    # several replies into its buffer, and select() on the descriptor would then wait for
+    # bytes that have already arrived
+    raw = getattr(stream, "raw", stream)
+    ready, _, _ = select.select([raw], [], [], timeout)
     assert ready, "no reply in time"
-    line = stream.readline()
+    line = raw.readline()
     assert line.endswith(b"\n"), line
     return json.loads(line)
 
