@@ -22,7 +22,9 @@ Kernels (launch shape)
   reflex_take_rows      y[r] = x[rows[r]]                 grid (ceil(n/256), R), 256    [PPPi]
   reflex_argmax         first index of the row maximum    grid rows, block 1024         [PPi]
   reflex_token_logprobs log_softmax(x)[target] per row    grid rows, block 1024         [PPPi]
-  reflex_sample         temperature/top-k/top-p draw      grid 1, block 512             [PididdPP]
+  reflex_repeat_penalty x[id] / or * penalty, each id    grid ceil(n/256), block 256   [PPif]
+  reflex_sample         temperature/top-k/top-p/min-p draw
+                                                          grid 1, block 512             [PididddPP]
   reflex_moe_route      gating, bias, groups, top-k, renorm, scale
                                                           grid T, block 256             [PPPPiiiifii]
   reflex_moe_combine    sum_j w[t,j] * y[t,j,:]           grid (ceil(n/256), T), 256    [PPPii]
@@ -508,6 +510,21 @@ extern "C" __global__ void reflex_token_logprobs(const float* __restrict__ x,
 }
 
 // ------------------------------------------------------------------------------------------
+// repeat_penalty: step 1 of reflex_core/sampling.py on one row `x`: thread j penalises x[ids[j]]
+// (float32, IEEE division: bit for bit the NumPy twin). The launcher uploads distinct ids in
+// [0, V), so no two threads touch one logit.
+
+extern "C" __global__ void reflex_repeat_penalty(float* __restrict__ x, const int* __restrict__ ids,
+                                                 int n, float penalty) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j < n) {
+        const int i = ids[j];
+        const float v = x[i];
+        x[i] = v > 0.0f ? v / penalty : v * penalty;
+    }
+}
+
+// ------------------------------------------------------------------------------------------
 // sample: one block of 512 threads draws one token from row `x` (length V) exactly as
 // reflex_core/sampling.py defines it (temperature > 0; the host does greedy with argmax):
 //   z = f64(x)/f64(temp); p = exp(z - max z) -> scratch (float64, V entries).
@@ -517,6 +534,8 @@ extern "C" __global__ void reflex_token_logprobs(const float* __restrict__ x,
 //     found digit by digit (8 passes x 16 float64 bin sums, reduced in a fixed order); p is
 //     strictly increasing in the key where p > 0, so {key >= t} == {p >= p(t)}; if p(t) == 0
 //     everything kept stays kept (the reference's p >= 0).
+//   min-p (min_p_log > -inf, = ln(min_p) from the host): kept also needs
+//     f64(x) - f64(max x) >= min_p_log; it comes after top-p and only narrows the draw.
 //   draw: thread r owns indices [r*C, (r+1)*C); exclusive scan of the per-thread kept sums
 //     (index order), target = u * total; each thread walks its chunk and the lowest index whose
 //     running sum exceeds target wins; none -> the last kept index.
@@ -568,7 +587,7 @@ __device__ __forceinline__ void block_bins(double (&acc)[16], int (&cnt)[16],
 
 extern "C" __global__ void __launch_bounds__(SMP_THREADS)
 reflex_sample(const float* __restrict__ x, int V, double temp, int top_k, double top_p,
-              double u, double* __restrict__ pbuf, int* __restrict__ out) {
+              double min_p_log, double u, double* __restrict__ pbuf, int* __restrict__ out) {
     __shared__ float redf[32];
     __shared__ int redi[32];
     __shared__ double wp[SMP_WARPS][16];
@@ -673,13 +692,21 @@ reflex_sample(const float* __restrict__ x, int V, double temp, int top_k, double
         if (pt > 0.0 && prefix > thr) thr = prefix;
     }
 
-    // 4. draw in index order
+    // 4. min-p: a test per element in the draw (kept below)
+    const bool use_min_p = min_p_log > -INFINITY;
+    const double lmax = (double)mx;
+    auto kept = [&](int i) {
+        const float xi = x[i];
+        return f2key(xi) >= thr && (!use_min_p || (double)xi - lmax >= min_p_log);
+    };
+
+    // 5. draw in index order
     const int C = (V + SMP_THREADS - 1) / SMP_THREADS;
     const int i0 = min(V, tid * C), i1 = min(V, i0 + C);
     double local = 0.0;
     int last = -1;
     for (int i = i0; i < i1; i++) {
-        if (f2key(x[i]) >= thr) { local += pbuf[i]; last = i; }
+        if (kept(i)) { local += pbuf[i]; last = i; }
     }
     // exclusive scan of `local` over threads (fixed order)
     double incl = local;
@@ -700,7 +727,7 @@ reflex_sample(const float* __restrict__ x, int V, double temp, int top_k, double
     int cand = 0x7fffffff;
     double c = excl;
     for (int i = i0; i < i1; i++) {
-        if (f2key(x[i]) >= thr) {
+        if (kept(i)) {
             c += pbuf[i];
             if (c > target) { cand = i; break; }
         }

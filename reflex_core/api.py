@@ -10,7 +10,7 @@
         best = eng.system1("2 + 2 =", [" 4", " 5"]).best_text
 
 Results carry the fields of the CLI's ``--json`` objects (reflex_core.render.generate_json /
-system1_json; ``to_dict()`` is that object) plus ``stop_reason`` (generate) and ``compute_ms``:
+system1_json; ``to_dict()`` is that object) plus ``compute_ms``:
 the time this call spent in the process (encoding, forward passes, decoding).
 
 State: ``keep_state=True`` gives the result a :class:`SavedState` (generate: after the last
@@ -271,11 +271,14 @@ class Engine:
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
                  stop: str | Sequence[str] | None = None, stream: bool = False, *,
                  state: SavedState | PathLike | None = None, keep_state: bool = False,
-                 chat: bool = False, system: str | None = None
+                 chat: bool = False, system: str | None = None, min_p: float = 0.0,
+                 repeat_penalty: float = 1.0, repeat_last_n: int = 64
                  ) -> Generation | GenerationStream:
         """Continue ``prompt`` by up to ``max_tokens`` tokens (fewer at an end-of-generation
         token or a ``stop`` string, which the text then ends before). ``temperature`` 0 is
-        greedy; ``seed`` makes sampling reproducible. ``stream``: return a
+        greedy; ``seed`` makes sampling reproducible; ``min_p`` (0 = off),
+        ``repeat_penalty`` (1 = off) over the last ``repeat_last_n`` tokens (-1 = all) as
+        llama.cpp's (:mod:`reflex_core.sampling`). ``stream``: return a
         :class:`GenerationStream` of text pieces instead. ``state``: continue a saved state
         (``prompt`` may then be empty); ``keep_state``: the result carries the state after the
         job (``max_tokens`` may then be 0: the prompt alone, a prefix). ``chat``: ``prompt``
@@ -289,6 +292,11 @@ class Engine:
         _check(_is_int(top_k) and top_k >= 0, "top_k must be an integer >= 0")
         _check(_is_num(top_p) and 0 < top_p <= 1, "top_p must be a number in (0, 1]")
         _check(seed is None or _is_int(seed), "seed must be an integer or None")
+        _check(_is_num(min_p) and 0 <= min_p <= 1, "min_p must be a number in [0, 1]")
+        _check(_is_num(repeat_penalty) and repeat_penalty > 0,
+               "repeat_penalty must be a number > 0")
+        _check(_is_int(repeat_last_n) and repeat_last_n >= -1,
+               "repeat_last_n must be an integer >= -1")
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         _check(all(isinstance(s, str) and s for s in stops),
                "stop must be a non-empty string or a list of them")
@@ -299,7 +307,8 @@ class Engine:
         # a chat template writes its own BOS where it wants one
         ids = (lm.require_tokenizer().encode(text, add_special=saved is None and not chat)
                if text else [])
-        sampling = SamplingParams(float(temperature), top_k, float(top_p), seed)
+        sampling = SamplingParams(float(temperature), top_k, float(top_p), seed, float(min_p),
+                                  float(repeat_penalty), repeat_last_n)
         steps = engine.generate_steps(lm, ids, max_tokens, sampling, stream, resume=saved,
                                       keep_state=keep_state, stop=stops)
         if not stream:
@@ -327,8 +336,7 @@ class Engine:
         del d["status"]
         kept = (SavedState(res.fed, res.pending, res.state.dump(), "<memory>", self)
                 if keep_state else None)
-        return Generation(**d, stop_reason=res.stop_reason,
-                          compute_ms=(time.perf_counter() - t0) * 1e3, state=kept)
+        return Generation(**d, compute_ms=(time.perf_counter() - t0) * 1e3, state=kept)
 
     def system1(self, prompt: str, candidates: Sequence[str], normalize: bool = False, *,
                 state: SavedState | PathLike | None = None, keep_state: bool = False,

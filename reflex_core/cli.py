@@ -15,7 +15,7 @@ from typing import NoReturn
 
 import click
 
-from . import lifecycle, render
+from . import lifecycle, mapguard, render
 from .errors import ReflexError
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
@@ -86,14 +86,60 @@ lora_option = click.option(
 
 
 def model_options(f):
-    """[MODEL] PROMPT positionals plus the Hub options shared by generate and system1."""
+    """[MODEL] [PROMPT] positionals, -p, and the model options shared by generate and system1."""
+    f = click.option("-p", "--prompt", "prompt_opt", metavar="TEXT", default=None,
+                     help="The prompt (instead of the PROMPT argument; may begin with '-'). "
+                          "'-' reads standard input.")(f)
     f = click.option("--revision", default=None,
                      help="With --model/--quickstart: a branch, tag or commit of the repository.")(f)
-    f = click.option("--model", "hub_model", metavar="REPO[:FILE]", default=None,
-                     help="A GGUF from the Hugging Face Hub instead of a local MODEL path.")(f)
+    f = click.option("-m", "--model", "hub_model", metavar="FILE|REPO[:FILE]", default=None,
+                     help="The model instead of the MODEL argument: a local GGUF file, or one "
+                          "from the Hugging Face Hub (ORG/NAME, optionally :FILE.gguf).")(f)
     f = click.option("--quickstart", is_flag=True,
                      help="Run the default model (Qwen3-0.6B Q8_0 from Qwen's GGUF repository).")(f)
-    return click.argument("args", nargs=-1, metavar="[MODEL] PROMPT")(f)
+    return click.argument("args", nargs=-1, metavar="[MODEL] [PROMPT]")(f)
+
+
+class PromptCommand(click.Command):
+    """A command whose prompt may begin with '-': a positional argument that starts with '-'
+    but is text rather than an option (it holds a space or a character no option name has,
+    e.g. ``-"c...`` or ``-5 degrees``) is read as ``-p`` ARG. Option values are skipped, so
+    ``-n -1`` stays a number. Anything option-like that matches no option is still a usage
+    error, whose message says how to give such a prompt."""
+
+    def parse_args(self, ctx, args):
+        takes_value, names = set(), set()
+        for p in self.get_params(ctx):
+            if isinstance(p, click.Option):
+                names.update(p.opts + p.secondary_opts)
+                if not p.is_flag and not p.count:
+                    takes_value.update(p.opts)
+        out, i = [], 0
+        while i < len(args):
+            a = args[i]
+            if a == "--":
+                out.extend(args[i:])
+                break
+            if a in takes_value and i + 1 < len(args):
+                out.extend(args[i:i + 2])
+                i += 2
+                continue
+            if (len(a) > 1 and a.startswith("-") and a.split("=", 1)[0] not in names
+                    and not _looks_like_option(a)):
+                out.extend(["-p", a])
+            else:
+                out.append(a)
+            i += 1
+        try:
+            return super().parse_args(ctx, out)
+        except click.NoSuchOption as e:
+            e.message += (" (a prompt that begins with '-': give it with -p TEXT, or after --)")
+            raise
+
+
+def _looks_like_option(arg: str) -> bool:
+    body = arg.lstrip("-").split("=", 1)[0]
+    return bool(body) and all(c.isascii() and (c.isalnum() or c in "-_") for c in body)
 
 
 def prompt_options(f):
@@ -166,97 +212,152 @@ def write_state_file(path: str, lm, dumped: dict, tokens, pending, t) -> None:
     t.notes["state file"] = f"{path}: {n} bytes, {len(tokens)} tokens + {len(pending)} pending"
 
 
+def local_or_hub(spec: str) -> tuple[str | None, str | None]:
+    """-m/--model's value as (local path, None) or (None, Hub spec): an existing file, or a
+    name ending in .gguf without a ':' (a Hub file is named after the ':'), is a local path."""
+    if os.path.isfile(spec) or (":" not in spec and spec.lower().endswith(".gguf")):
+        return spec, None
+    return None, spec
+
+
 def resolve_model_prompt(args, quickstart: bool, hub_model: str | None, revision: str | None,
-                         t, prompt_file: str | None = None) -> tuple[str, str]:
-    """(local GGUF path, prompt) from the positionals, the Hub options and -f."""
-    if quickstart and hub_model:
-        raise click.UsageError("give --quickstart or --model, not both")
-    remote = quickstart or hub_model is not None
-    want = (0 if remote else 1) + (prompt_file is None)
+                         t, prompt_file: str | None = None,
+                         prompt_opt: str | None = None) -> tuple[str, str]:
+    """(local GGUF path, prompt) from the positionals, the model options, -p and -f. The
+    prompt '-' (as PROMPT or -p) is read from standard input."""
+    local = None
+    if hub_model is not None:
+        local, hub_model = local_or_hub(hub_model)
+    if quickstart and (hub_model or local):
+        raise click.UsageError("give --quickstart or -m/--model, not both")
+    if prompt_file is not None and prompt_opt is not None:
+        raise click.UsageError("give the prompt once: -p or -f, not both")
+    given_model = quickstart or hub_model is not None or local is not None
+    given_prompt = prompt_file is not None or prompt_opt is not None
+    want = (0 if given_model else 1) + (0 if given_prompt else 1)
     if len(args) != want:
-        what = ["MODEL"] if not remote else []
-        if prompt_file is None:
-            what.append("PROMPT")
-        where = " (the model comes from --model/--quickstart)" if remote else ""
-        where += " (the prompt comes from -f)" if prompt_file is not None else ""
+        what = ([] if given_model else ["MODEL"]) + ([] if given_prompt else ["PROMPT"])
+        where = " (the model comes from -m/--model/--quickstart)" if given_model else ""
+        where += " (the prompt comes from -p/-f)" if given_prompt else ""
         raise click.UsageError(f"expected {' '.join(what) or 'no argument'}{where}, got "
                                f"{len(args)} argument(s)")
-    if revision and not remote:
-        raise click.UsageError("--revision applies to --model/--quickstart only")
+    if revision and hub_model is None and not quickstart:
+        raise click.UsageError("--revision applies to a Hub model (-m ORG/NAME, --quickstart)")
     if prompt_file is not None:
-        args = (*args, read_prompt_file(prompt_file))
-    if remote:
+        prompt = read_prompt_file(prompt_file)
+    elif prompt_opt is not None:
+        prompt = read_prompt_file("-") if prompt_opt == "-" else prompt_opt
+    else:
+        prompt = read_prompt_file("-") if args[-1] == "-" else args[-1]
+    if local is not None:
+        return local, prompt
+    if quickstart or hub_model is not None:
         from . import hub
 
         with t.span("resolve model on the Hub"):
             path = hub.resolve(hub_model, revision=revision, quickstart=quickstart)
-        return path, args[0]
-    return args[0], args[1]
+        return path, prompt
+    return args[0], prompt
 
 
-@cli.command()
+def quiet_option(f):
+    return click.option("-q", "--quiet", is_flag=True,
+                        help="Print only the answer on stdout: no status line, no notices.")(f)
+
+
+@cli.command(cls=PromptCommand)
 @model_options
-@click.option("-n", "n_tokens", type=click.IntRange(min=0), default=32, show_default=True,
-              help="Tokens to generate (stops early at an end-of-generation token); 0 only with "
+@click.option("-n", "n_tokens", type=click.IntRange(min=-1), default=32, show_default=True,
+              help="Tokens to generate (stops early at an end-of-generation token or a stop "
+                   "string); -1: until the end of the text or of the context; 0 only with "
                    "--export-kv.")
+@click.option("--stop", "stops", multiple=True, metavar="TEXT",
+              help="Stop before TEXT once the output contains it (repeat for several).")
+@click.option("-c", "--ctx-size", type=click.IntRange(min=0), default=0,
+              help="Context size in tokens: the prompt and the new tokens must fit (default "
+                   "0: the model's context length).")
+@click.option("--truncate", is_flag=True,
+              help="Drop the prompt's oldest tokens when it does not fit the context, instead "
+                   "of failing.")
 @click.option("--temp", "temperature", type=click.FloatRange(min=0.0), default=0.0,
               show_default=True, help="Sampling temperature; 0 = greedy.")
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
               help="Keep the k most likely tokens (0 = all).")
 @click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0,
               show_default=True, help="Nucleus sampling threshold.")
-@click.option("--seed", type=int, default=None, help="Sampling seed (default: random).")
+@click.option("--min-p", type=click.FloatRange(min=0.0, max=1.0), default=0.0, show_default=True,
+              help="Keep tokens at least this fraction as likely as the most likely (0 = off).")
+@click.option("--repeat-penalty", type=click.FloatRange(min=0.0, min_open=True), default=1.0,
+              show_default=True,
+              help="Penalise tokens seen in the last --repeat-last-n tokens (1 = off).")
+@click.option("--repeat-last-n", type=click.IntRange(min=-1), default=64, show_default=True,
+              help="How many recent tokens (prompt included) --repeat-penalty looks at; -1: "
+                   "the whole context.")
+@click.option("--seed", type=click.IntRange(min=-1), default=-1, show_default=True,
+              help="Sampling seed; -1: a random one (reported by --json).")
 @backend_option
 @lora_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@quiet_option
 @click.option("--timings", is_flag=True, help="Print each cold-path phase to stderr.")
 @state_file_options
 @prompt_options
-def generate(args, quickstart, hub_model, revision, n_tokens, temperature, top_k, top_p, seed,
-             backend, lora, as_json, timings, import_kv, export_kv, chat, system, prompt_file):
-    """Generate text continuing PROMPT with MODEL (a local GGUF file, or --model/--quickstart)."""
+def generate(args, quickstart, hub_model, revision, prompt_opt, n_tokens, stops, ctx_size,
+             truncate, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
+             backend, lora, as_json, quiet, timings, import_kv, export_kv, chat, system,
+             prompt_file):
+    """Generate text continuing PROMPT with MODEL (a local GGUF file, or -m/--quickstart)."""
     from . import engine
     from .timing import Timings
 
     t = Timings()
     chat_args = chat_request(chat, system)
-    model, prompt = resolve_model_prompt(args, quickstart, hub_model, revision, t, prompt_file)
+    model, prompt = resolve_model_prompt(args, quickstart, hub_model, revision, t, prompt_file,
+                                         prompt_opt)
     if n_tokens == 0 and export_kv is None:
-        raise click.BadParameter("0 is not in the range x>=1 (0 only with --export-kv)",
+        raise click.BadParameter("0 is not allowed (0 only with --export-kv)",
                                  param_hint="'-n'")
+    if n_tokens < 0 and export_kv is not None:
+        raise click.BadParameter("-1 is not allowed with --export-kv", param_hint="'-n'")
     if not prompt and (import_kv is None or chat):
         raise ReflexError("empty prompt: give at least one character of text")
     saved = open_state_files(import_kv, export_kv, t)
     lm, ids = engine.load(model, backend, t, prompt=prompt or None, one_shot=True,
                           continuation=saved is not None, lora=lora, chat=chat_args)
-    for note in lm.notices:
-        engine.warn(note)
     if saved is not None:
         from .statefile import check_model
 
         check_model(saved, lm)
+    ids, n_new, cut = engine.fit_context(lm, ids or [], n_tokens, ctx_size, truncate, saved)
+    if not quiet:
+        for note in lm.notices + ([cut] if cut else []):
+            engine.warn(note)
     from .sampling import SamplingParams
 
-    sampling = SamplingParams(temperature, top_k, top_p, seed)
+    sampling = SamplingParams(temperature, top_k, top_p, None if seed < 0 else seed,
+                              min_p=min_p, repeat_penalty=repeat_penalty,
+                              repeat_last_n=repeat_last_n)
 
     def on_text(s: str) -> None:
         sys.stdout.write(s)
         sys.stdout.flush()
 
-    res = engine.generate(lm, ids or [], n_tokens, sampling, None if as_json else on_text, t,
-                          resume=saved, keep_state=export_kv is not None)
+    res = engine.generate(lm, ids, n_new, sampling, None if as_json else on_text, t,
+                          resume=saved, keep_state=export_kv is not None, stop=stops)
     if export_kv is not None:
         write_state_file(export_kv, lm, res.state.dump(), res.fed, res.pending, t)
     if as_json:
         click.echo(json.dumps(render.generate_json(res, lm.backend), ensure_ascii=False))
-    else:
+    elif not quiet:
         click.echo()  # ends the streamed text
         click.echo(render.generate_status(res, lm.backend))
+    elif sys.stdout.isatty():
+        click.echo()  # the shell prompt on a line of its own; a file gets the text exactly
     if timings:
         print_timings(t, ("first token", res.first_token_ms))
 
 
-@cli.command()
+@cli.command(cls=PromptCommand)
 @model_options
 @click.option("--candidate", "-c", "candidates", multiple=True,
               help="A candidate continuation (repeat for each).")
@@ -265,11 +366,12 @@ def generate(args, quickstart, hub_model, revision, n_tokens, temperature, top_k
 @backend_option
 @lora_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of lines.")
+@quiet_option
 @click.option("--timings", is_flag=True, help="Print each cold-path phase to stderr.")
 @state_file_options
 @prompt_options
-def system1(args, quickstart, hub_model, revision, candidates, normalize, backend, lora, as_json,
-            timings, import_kv, export_kv, chat, system, prompt_file):
+def system1(args, quickstart, hub_model, revision, prompt_opt, candidates, normalize, backend,
+            lora, as_json, quiet, timings, import_kv, export_kv, chat, system, prompt_file):
     """Score each --candidate continuation of PROMPT in one forward pass (no decode loop); with
     --chat the candidates continue the rendered chat, i.e. they are the assistant's reply."""
     from . import engine, system1 as s1
@@ -277,7 +379,8 @@ def system1(args, quickstart, hub_model, revision, candidates, normalize, backen
 
     t = Timings()
     chat_args = chat_request(chat, system)
-    model, prompt = resolve_model_prompt(args, quickstart, hub_model, revision, t, prompt_file)
+    model, prompt = resolve_model_prompt(args, quickstart, hub_model, revision, t, prompt_file,
+                                         prompt_opt)
     if not prompt and (import_kv is None or chat):
         raise ReflexError("empty prompt: system1 needs a prompt to condition on")
     if not candidates:
@@ -289,8 +392,9 @@ def system1(args, quickstart, hub_model, revision, candidates, normalize, backen
     lm, ids = engine.load(model, backend, t, prompt=prompt or None, texts=candidates,
                           one_shot=True, continuation=saved is not None, lora=lora,
                           chat=chat_args)
-    for note in lm.notices:
-        engine.warn(note)
+    if not quiet:
+        for note in lm.notices:
+            engine.warn(note)
     tok = lm.require_tokenizer()
     past: list[int] = []
     if saved is not None:
@@ -313,6 +417,8 @@ def system1(args, quickstart, hub_model, revision, candidates, normalize, backen
     if as_json:
         click.echo(json.dumps(render.system1_json(res, ms, normalize, lm.backend),
                               ensure_ascii=False))
+    elif quiet:
+        click.echo(res.candidates[res.best_idx].text)
     else:
         echo_lines(render.system1_lines(res, ms, lm.backend))
     if timings:
@@ -325,8 +431,9 @@ def server_options(f):
     f = lora_option(backend_option(f))
     f = click.option("--revision", default=None,
                      help="With --model/--quickstart: a branch, tag or commit of the repository.")(f)
-    f = click.option("--model", "hub_model", metavar="REPO[:FILE]", default=None,
-                     help="A GGUF from the Hugging Face Hub instead of a local MODEL path.")(f)
+    f = click.option("-m", "--model", "hub_model", metavar="FILE|REPO[:FILE]", default=None,
+                     help="The model instead of the MODEL argument: a local GGUF file, or one "
+                          "from the Hugging Face Hub (ORG/NAME, optionally :FILE.gguf).")(f)
     return click.option("--quickstart", is_flag=True,
                         help="Serve the default model (Qwen3-0.6B Q8_0).")(f)
 
@@ -337,6 +444,12 @@ def load_server_engine(model: str | None, quickstart: bool, hub_model: str | Non
     lifecycle.finish), its notices on stderr."""
     from . import api, engine
 
+    if hub_model is not None:
+        local, hub_model = local_or_hub(hub_model)
+        if local is not None:
+            if model is not None:
+                raise click.UsageError("give MODEL or -m/--model, not both")
+            model = local
     if quickstart and hub_model:
         raise click.UsageError("give --quickstart or --model, not both")
     remote = quickstart or hub_model is not None
@@ -465,8 +578,17 @@ def bench(model, cold, do_system1, prompt, candidates, repeat, n_decode, drop_ca
 
     cands = tuple(candidates) or b.DEFAULT_CANDIDATES
     if cold:
-        res = b.cold(model, repeat or 5, prompt, do_system1, cands,
-                     "cuda" if backend == "auto" else backend, drop_cache, warmup=not no_warmup)
+        if backend == "auto":  # the launches get the backend auto would pick here
+            from .cuda.driver import probe
+            from .engine import warn
+
+            why = probe()
+            backend = "cuda" if why is None else "cpu"
+            if why is not None:
+                warn(f"notice: no usable GPU ({why.without_cpu_hint().split(';')[0]}); "
+                     "timing the CPU backend")
+        res = b.cold(model, repeat or 5, prompt, do_system1, cands, backend, drop_cache,
+                     warmup=not no_warmup)
         if res["n_ok"] == 0:
             tail = " / ".join(res["runs"][0]["tail"]) if res["runs"] else ""
             raise ReflexError(f"every cold run failed; last output: {tail}")
@@ -496,14 +618,36 @@ def plugins(as_json):
         echo_lines(render.plugins_lines(infos))
 
 
+# Commands that run on the GPU only: an error's "--backend cpu" advice does not apply to them.
+GPU_ONLY = {"smoke": "reflex smoke tests the GPU",
+            "check": "reflex check compares the GPU with the CPU reference"}
+
+
+def error_message(e: ReflexError, argv: list[str]) -> str:
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if e.cpu_hint and command in GPU_ONLY:
+        return f"{e.without_cpu_hint()} ({GPU_ONLY[command]}: it needs an NVIDIA GPU)"
+    return str(e)
+
+
+def wants_json(argv: list[str]) -> bool:
+    """--json among the options (not in what follows a ``--``)."""
+    return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console entry point: run the CLI, map errors to one line + exit status, then end the
-    process the fast way (lifecycle.finish: no teardown waited for)."""
+    process the fast way (lifecycle.finish: no teardown waited for). Under --json an error is
+    also one JSON object on stdout, ``{"error": {"type", "message", "exit_code"}}``."""
     lifecycle.handle_signals()  # done already when started by the console script (_launch)
+    mapguard.enable()
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv or os.environ.get("REFLEX_DEBUG") not in (None, "", "0")
     argv = [a for a in argv if a != "--debug"]  # accepted anywhere on the line
-    code = 0
+    as_json = wants_json(argv)
+    if as_json:
+        lifecycle.json_errors()
+    code, kind, message = 0, "", ""
     try:
         rv = cli.main(args=argv, prog_name="reflex", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
@@ -511,20 +655,21 @@ def main(argv: list[str] | None = None) -> NoReturn:
         code = e.exit_code
     except click.ClickException as e:  # usage errors: click's own message, exit 2
         e.show()
-        code = e.exit_code
+        code, kind, message = e.exit_code, "usage", e.format_message()
     except click.exceptions.Abort:
         click.echo("error: aborted", err=True)
-        code = 1
+        code, kind, message = 1, "aborted", "aborted"
     except ReflexError as e:
         if debug:
             import traceback
 
             traceback.print_exc()
-        click.echo(f"error: {e}", err=True)
-        code = e.exit_code
+        message = error_message(e, argv)
+        click.echo(f"error: {message}", err=True)
+        code, kind = e.exit_code, type(e).__name__
     except KeyboardInterrupt:
         click.echo("error: interrupted", err=True)
-        code = 130
+        code, kind, message = 130, "interrupted", "interrupted"
     except BrokenPipeError:
         code = 1
     except Exception as e:  # noqa: BLE001 - last line of defence: still one line
@@ -533,9 +678,15 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
             traceback.print_exc()
         msg = str(e).splitlines()[0] if str(e) else ""
-        click.echo(f"error: internal error: {type(e).__name__}: {msg} "
-                   "(rerun with --debug for the traceback)", err=True)
-        code = 1
+        message = (f"internal error: {type(e).__name__}: {msg} "
+                   "(rerun with --debug for the traceback)")
+        click.echo(f"error: {message}", err=True)
+        code, kind = 1, "internal"
+    if as_json and kind:
+        try:
+            click.echo(json.dumps(render.error_json(kind, message, code), ensure_ascii=False))
+        except OSError:
+            pass
     lifecycle.finish(code)
 
 

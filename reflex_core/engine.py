@@ -150,9 +150,7 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
         from . import gguf_index
 
         gguf_index.keep(g)  # its index is written at exit
-    t.notes["gguf index"] = {"hit": "hit (parse and tokenizer tables from the cached index)",
-                             "miss": "miss (full parse; the index is written at exit)",
-                             "off": "off"}[g.index_state]
+    t.notes["gguf index"] = g.index_note  # which index: prebuilt, user cache, none
     # Only where the weights go to the GPU: the CPU backend reads them lazily, as it goes.
     pref = prefetch(g) if cuda_init is not None else None
     arch = g.get("general.architecture")
@@ -243,7 +241,7 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
         except (ModelError, UnsupportedTensorType) as e:
             # a tensor's error names the tensor; the user also needs to know which file
             if not str(e).startswith((str(path), str(getattr(g, "path", path)))):
-                raise type(e)(f"{path}: {e}") from None
+                raise type(e)(f"{path}: {e.without_cpu_hint()}", cpu_hint=e.cpu_hint) from None
             raise
     if chosen == "cuda":
         with t.span("wait for the upload"):
@@ -289,6 +287,50 @@ class GenerateResult:
     # why decoding ended: "length" (n_new tokens), "eog" (an end-of-generation token), "stop" (a
     # stop string; ``text`` ends before it, ``token_ids`` include the token that completed it)
     stop_reason: str = "length"
+
+
+def fit_context(lm: Loaded, prompt_ids: Sequence[int], n_new: int, ctx_size: int = 0,
+                truncate: bool = False, resume: Any = None) -> tuple[list[int], int, str | None]:
+    """Size a generate job to its context: (prompt ids, tokens to generate, a notice or None).
+
+    The context is ``ctx_size`` tokens (0: the model's training context). ``n_new`` -1 means
+    "until the end of the text or of the context": every cell left after the prompt. A prompt
+    that does not fit with ``n_new`` tokens after it is an error, or with ``truncate`` loses its
+    oldest tokens (a leading BOS is kept: the model was trained with it in front)."""
+    trained = int(lm.model.n_ctx_train or 0)
+    if trained and ctx_size > trained:
+        raise ReflexError(f"-c {ctx_size} is larger than the model's context length "
+                          f"({trained} tokens)")
+    limit = ctx_size or trained
+    n_past = len(resume.tokens) if resume is not None else 0
+    n_pending = len(resume.pending) if resume is not None else 0
+    prompt = list(prompt_ids)
+    if limit == 0:
+        if n_new < 0:
+            raise ReflexError(f"{lm.path}: the file states no context length; -n -1 needs "
+                              "-c/--ctx-size")
+        return prompt, n_new, None
+    where = "the context size (-c)" if ctx_size else "the model's context length"
+    used = n_past + n_pending + len(prompt)
+    want = max(n_new, 1)  # -n -1 wants room for one token at least
+    notice = None
+    if used + want > limit:
+        past = f"the imported state ({n_past + n_pending} tokens) + " if resume is not None else ""
+        if not truncate or n_past + n_pending + want >= limit:
+            hint = "; shorten the prompt or give --truncate" if not truncate else ""
+            raise ReflexError(f"{past}prompt ({len(prompt)} tokens) + {want} new tokens exceeds "
+                              f"{where} ({limit} tokens){hint}")
+        tok = lm.tokenizer
+        bos = tok.bos_id if tok is not None else None
+        head = prompt[:1] if prompt and bos is not None and prompt[0] == bos else []
+        keep = limit - want - n_past - n_pending - len(head)
+        dropped = len(prompt) - len(head) - keep
+        prompt = head + prompt[len(prompt) - keep:]
+        notice = (f"notice: the prompt ({used - n_past - n_pending} tokens) was cut to its last "
+                  f"{keep}{' after the BOS' if head else ''} ({dropped} dropped) to fit "
+                  f"{where} ({limit} tokens)")
+        used = n_past + n_pending + len(prompt)
+    return prompt, (limit - used if n_new < 0 else n_new), notice
 
 
 def check_context(lm: Loaded, n_prompt: int, n_new: int, n_imported: int = 0) -> None:
@@ -357,10 +399,14 @@ def generate_steps(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: 
     eog = tok.eog_ids if tok is not None else frozenset()
 
     def pick(logits) -> int:
+        # the penalty window: the context so far (imported, fed, generated), oldest first
+        penalised = sampling.penalised_ids(past, feed, out)
+        if penalised:  # none when the penalty is off: no launch
+            ops.repeat_penalty(logits, penalised, sampling.repeat_penalty)
         if sampling.greedy:
             return ops.argmax(logits)[-1]
         return ops.sample(logits, sampling.temperature, sampling.top_k, sampling.top_p,
-                          rng.random())
+                          rng.random(), sampling.min_p)
 
     n_cells = len(past) + len(feed) + n_new
     state = (model.new_state(n_cells) if resume is None

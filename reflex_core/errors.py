@@ -2,9 +2,23 @@
 
 
 class ReflexError(Exception):
-    """A problem with the user's input or environment, described in one line."""
+    """A problem with the user's input or environment, described in one line.
+
+    ``cpu_hint`` is the part of the advice that names ``--backend cpu`` (with its joining
+    punctuation, e.g. ``", or use --backend cpu"``), kept apart so that a command without that
+    option can print the message without it (:meth:`without_cpu_hint`)."""
 
     exit_code = 1
+
+    def __init__(self, *args: object, cpu_hint: str = "") -> None:
+        super().__init__(*args)
+        self.cpu_hint = cpu_hint
+
+    def __str__(self) -> str:
+        return super().__str__() + self.cpu_hint
+
+    def without_cpu_hint(self) -> str:
+        return super().__str__()
 
 
 class UsageError(ReflexError):

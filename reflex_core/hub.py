@@ -52,8 +52,24 @@ def _cache_dir() -> Path:
     return Path(constants.HF_HUB_CACHE)
 
 
+def hf_command() -> str:
+    """How the user runs huggingface_hub's ``hf`` command from their shell: ``hf`` when it is on
+    PATH, else the script installed next to this interpreter (a venv's bin/, not on PATH unless
+    the venv is activated)."""
+    import shlex
+    import shutil
+
+    beside = Path(sys.executable).parent / "hf"
+    on_path = shutil.which("hf")
+    if on_path and (not beside.is_file() or Path(on_path).resolve() == beside.resolve()):
+        return "hf"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return shlex.quote(str(beside))
+    return f"{shlex.quote(sys.executable)} -m huggingface_hub.cli.hf"
+
+
 def download_command(repo: str, fname: str | None, revision: str | None) -> str:
-    cmd = f"hf download {repo}" + (f" {fname}" if fname else " --include '*.gguf'")
+    cmd = f"{hf_command()} download {repo}" + (f" {fname}" if fname else " --include '*.gguf'")
     return cmd + (f" --revision {revision}" if revision else "")
 
 
@@ -180,8 +196,9 @@ def resolve(spec: str | None, revision: str | None = None, quickstart: bool = Fa
                     lambda: huggingface_hub.HfApi().list_repo_files(repo, revision=revision),
                     LIST_DEADLINE_S, f"listing {repo} on the Hub")
             except hf_errors.RepositoryNotFoundError:
-                raise ReflexError(f"no such repository on the Hugging Face Hub: {repo} "
-                                  "(or it is private/gated: log in with hf auth login)") from None
+                raise ReflexError(f"no such repository on the Hugging Face Hub: {repo} (or it "
+                                  f"is private/gated: log in with {hf_command()} auth login)"
+                                  ) from None
             except hf_errors.RevisionNotFoundError:
                 raise ReflexError(f"{repo} has no revision {revision!r}") from None
             except Exception as e:  # noqa: BLE001 - unreachable Hub: use the cache
@@ -215,7 +232,7 @@ def resolve(spec: str | None, revision: str | None = None, quickstart: bool = Fa
         return huggingface_hub.hf_hub_download(repo, fname, revision=revision)
     except hf_errors.RepositoryNotFoundError:
         raise ReflexError(f"no such repository on the Hugging Face Hub: {repo} "
-                          "(or it is private/gated: log in with hf auth login)") from None
+                          f"(or it is private/gated: log in with {hf_command()} auth login)") from None
     except hf_errors.RevisionNotFoundError:
         raise ReflexError(f"{repo} has no revision {revision!r}") from None
     except hf_errors.LocalEntryNotFoundError as e:  # (a subclass of EntryNotFoundError)

@@ -180,6 +180,9 @@ def _param_types() -> dict[str, dict[str, tuple[Callable[[Any], bool], str, Any]
                      "top_k": (_is_int, "an integer", 0),
                      "top_p": (_is_num, "a number", 1.0),
                      "seed": (lambda v: v is None or _is_int(v), "an integer", None),
+                     "min_p": (_is_num, "a number", 0.0),
+                     "repeat_penalty": (_is_num, "a number", 1.0),
+                     "repeat_last_n": (_is_int, "an integer", 64),
                      "stop": (lambda v: v is None or isinstance(v, str) or isinstance(v, list)
                               and all(isinstance(s, str) for s in v),
                               "a string or a list of strings", None),

@@ -62,6 +62,14 @@ INDEX_CACHE = "index"  # the cache folder the helper writes into (gguf_index.IND
 _SIGNALS = {_signal.SIGINT: (b"error: interrupted\n", 130),
             _signal.SIGTERM: (b"error: terminated\n", 143)}
 _ending = False  # a signal handler is ending the process
+_json_errors = False  # the command prints JSON: a signal's end is also a JSON object on stdout
+
+
+def json_errors() -> None:
+    """The command was given --json: a signal ends it with the error object on stdout too
+    (render.error_json's shape, written here without importing json)."""
+    global _json_errors
+    _json_errors = True
 
 
 def finish(code: int) -> NoReturn:
@@ -103,8 +111,16 @@ def _on_signal(signum: int, frame) -> None:
         cachedir.discard_writes_in_flight()
     line, code = _SIGNALS[signum]
     try:
+        sys.stdout.flush()  # what was generated so far reaches the reader
+    except Exception:  # noqa: BLE001 - the signal came inside a write to stdout: skip it
+        pass
+    try:
         # os.write, not sys.stderr: the signal may have come in the middle of a print
         os.write(2, line)
+        if _json_errors:
+            kind = line[len(b"error: "):-1]
+            os.write(1, b'{"error": {"type": "%s", "message": "%s", "exit_code": %d}}\n'
+                     % (kind, kind, code))
     except OSError:
         pass
     os._exit(code)

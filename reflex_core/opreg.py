@@ -118,6 +118,7 @@ CORE_OPS: tuple[OpDef, ...] = (
     _core("moe_combine"),
     _core("argmax"),
     _core("token_logprobs"),
+    _core("repeat_penalty"),
 )
 
 _ops: dict[str, OpDef] = {op.name: op for op in CORE_OPS}
@@ -174,6 +175,7 @@ def implementation(name: str, backend: str) -> Callable:
     if fn is None:
         ref = op.cuda if which == "cuda" else op.twin
         if ref is None:
-            raise ReflexError(f"op {name!r} has no CUDA implementation; use --backend cpu")
+            raise ReflexError(f"op {name!r} has no CUDA implementation",
+                              cpu_hint="; use --backend cpu")
         fn = _funcs[(name, which)] = resolve(ref)
     return fn

@@ -412,8 +412,15 @@ class Ops:
         """Index of the largest value of each row (first on ties)."""
         raise NotImplementedError
 
-    def sample(self, logits, temperature: float, top_k: int, top_p: float, u: float) -> int:
+    def sample(self, logits, temperature: float, top_k: int, top_p: float, u: float,
+               min_p: float = 0.0) -> int:
         """Draw a token from the last row of ``logits`` (see :mod:`reflex_core.sampling`)."""
+        raise NotImplementedError
+
+    def repeat_penalty(self, logits, token_ids: Sequence[int], penalty: float) -> None:
+        """The repeat penalty (step 1 of :mod:`reflex_core.sampling`), in place on the last row
+        of ``logits``: each distinct id of ``token_ids`` (in ``[0, V)``) once, a positive logit
+        divided by ``penalty``, any other multiplied."""
         raise NotImplementedError
 
     def token_logprobs(self, logits, targets: Sequence[int]) -> list[float]:

@@ -52,6 +52,12 @@ def generate_status(res: Any, backend: str) -> str:
                        backend=backend)
 
 
+def error_json(kind: str, message: str, exit_code: int) -> dict:
+    """A command's failure under --json: ``kind`` is the error's class name (``GGUFError``,
+    ``CudaUnavailable``...) or ``usage``, ``interrupted``, ``terminated``, ``internal``."""
+    return {"error": {"type": kind, "message": message, "exit_code": exit_code}}
+
+
 def generate_json(res: Any, backend: str) -> dict:
     return {
         "status": "ok", "text": res.text, "prompt_token_ids": res.prompt_ids,
@@ -60,6 +66,7 @@ def generate_json(res: Any, backend: str) -> dict:
         "process_start_to_first_token_ms": round(res.first_token_ms, 3),
         "backend": backend, "seed": res.seed,
         "n_prefill": res.n_prefill, "n_imported_tokens": res.n_imported,
+        "stop_reason": res.stop_reason,
     }
 
 

@@ -95,6 +95,20 @@ def test_quickstart_missing_offline(tmp_path):
     assert f"hf download {hub.DEFAULT_REPO} {hub.DEFAULT_FILE}" in p.stderr
 
 
+def test_the_advised_download_command_runs_as_printed(tmp_path):
+    """The advice names a command a user's shell finds: with only the system's folders on PATH
+    (the venv not activated), the printed command line runs (asked for its help, offline)."""
+    p = reflex(tmp_path / "empty-cache", "generate", "--quickstart", "Hi")
+    advice = p.stderr.strip().split("download it with: ", 1)[1]
+    assert advice.endswith(f"download {hub.DEFAULT_REPO} {hub.DEFAULT_FILE}"), advice
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    env["PATH"] = "/usr/bin:/bin"
+    q = subprocess.run(["sh", "-c", advice + " --help"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert q.returncode == 0, (advice, q.stderr)
+    assert "download" in q.stdout.lower()
+
+
 def test_split_gguf_is_refused_clearly(cache):
     p = reflex(cache, "generate", "--model", "someone/split-GGUF", "Hi")
     assert p.returncode == 1 and "split GGUF" in p.stderr and "Traceback" not in p.stderr

@@ -108,7 +108,7 @@ GOLDEN = {  # name: (argv, stdout)
         ('{"status": "ok", "text": " Paris. \\"Café\\"é", "prompt_token_ids": [785, '
          '6722, 315], "token_ids": [12095, 13, 576], "n_prompt_tokens": 3, '
          '"n_tokens": 3, "process_start_to_first_token_ms": 412.346, "backend": '
-         '"cuda", "seed": 7, "n_prefill": 3, "n_imported_tokens": 0}\n')),
+         '"cuda", "seed": 7, "n_prefill": 3, "n_imported_tokens": 0, "stop_reason": "length"}\n')),
     'system1_text': (['system1', 'm.gguf', 'The capital', '-c', ' Paris', '-c', 'x', '-c', 'y'],
         ('REFLEX_SYSTEM1_CANDIDATE_OK idx=0 text=" Paris" token_ids=[12095] '
          'score=-0.123457 probability=0.876543\n'
@@ -336,6 +336,7 @@ def run_cli(monkeypatch, argv: list[str]) -> str:
         return res
 
     monkeypatch.setattr(engine, "generate", fake_generate)
+    monkeypatch.setattr(engine, "fit_context", lambda lm, ids, n, *a: (list(ids), n, None))
     monkeypatch.setattr(system1, "tokenize_candidates", lambda tok, c: [[1]] * len(c))
     monkeypatch.setattr(system1, "evaluate", lambda *a, **k: system1_result())
     monkeypatch.setattr(timing, "since_process_start_ms", lambda perf=None: MS)
@@ -347,6 +348,9 @@ def run_cli(monkeypatch, argv: list[str]) -> str:
     monkeypatch.setattr(check, "run_check",
                         lambda model, prompt, steps, rd, **k: check_result(ok=(prompt != "fail")))
     monkeypatch.setattr(bench, "warm", lambda *a, **k: bench_warm())
+    from reflex_core.cuda import driver
+
+    monkeypatch.setattr(driver, "probe", lambda ordinal=0: None)  # auto picks the GPU
     monkeypatch.setattr(bench, "cold", lambda *a, **k: bench_cold(gpu=a[5] == "cuda"))
     host = types.SimpleNamespace(load_all=lambda: None, plugins=plugin_infos,
                                  architectures=lambda: None)

@@ -27,6 +27,7 @@ import struct
 from array import array
 from typing import Any, Sequence
 
+from .. import sampling
 from ..cuda import driver, memory, modules, upload
 from ..cuda.modules import limit
 from ..errors import ModelError, ReflexError
@@ -781,7 +782,8 @@ class CudaOps(Ops):
         self.k.launch("reflex_argmax", rows, 1024, (logits.ptr, out.ptr, n))
         return list(struct.unpack(f"<{rows}i", memory.dtoh(out.ptr, 4 * rows)))
 
-    def sample(self, logits, temperature: float, top_k: int, top_p: float, u: float) -> int:
+    def sample(self, logits, temperature: float, top_k: int, top_p: float, u: float,
+               min_p: float = 0.0) -> int:
         rows, V = self._rows(logits)
         if rows == 0:
             raise ValueError("sample: empty logits")
@@ -792,9 +794,21 @@ class CudaOps(Ops):
         else:
             pbuf = empty((V,), "f64")
             self.k.launch("reflex_sample", 1, 512,
-                          (row, V, float(temperature), int(top_k), float(top_p), float(u),
-                           pbuf.ptr, out.ptr))
+                          (row, V, float(temperature), int(top_k), float(top_p),
+                           sampling.min_p_log(float(min_p)), float(u), pbuf.ptr, out.ptr))
         return struct.unpack("<i", memory.dtoh(out.ptr, 4))[0]
+
+    def repeat_penalty(self, logits, token_ids: Sequence[int], penalty: float) -> None:
+        rows, V = self._rows(logits)
+        ids = sorted({int(t) for t in token_ids})  # distinct: one thread per logit
+        if rows == 0 or not ids:
+            return
+        if ids[0] < 0 or ids[-1] >= V:
+            raise ValueError(f"repeat_penalty: token id outside [0, {V})")
+        dev = empty((len(ids),), "i32")
+        memory.htod(dev.ptr, array("i", ids))
+        self.k.launch("reflex_repeat_penalty", (len(ids) + 255) // 256, 256,
+                      (logits.ptr + 4 * (rows - 1) * V, dev.ptr, len(ids), float(penalty)))
 
     def token_logprobs(self, logits, targets: Sequence[int]) -> list[float]:
         rows, V = self._rows(logits)

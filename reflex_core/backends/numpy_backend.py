@@ -484,10 +484,15 @@ class NumpyOps(Ops):
             a = a[None, :]
         return [int(i) for i in np.argmax(a.reshape(-1, a.shape[-1]), axis=-1)]
 
-    def sample(self, logits, temperature: float, top_k: int, top_p: float, u: float) -> int:
+    def sample(self, logits, temperature: float, top_k: int, top_p: float, u: float,
+               min_p: float = 0.0) -> int:
         a = np.asarray(logits)
         row = a.reshape(-1, a.shape[-1])[-1]
-        return sampling.sample_reference(row, temperature, top_k, top_p, u)
+        return sampling.sample_reference(row, temperature, top_k, top_p, u, min_p)
+
+    def repeat_penalty(self, logits, token_ids: Sequence[int], penalty: float) -> None:
+        row = logits[(-1,) * (logits.ndim - 1)]  # basic indexing: a view, written in place
+        row[...] = sampling.repeat_penalty_reference(row, token_ids, penalty)
 
     def token_logprobs(self, logits, targets: Sequence[int]) -> list[float]:
         a = np.asarray(logits, dtype=np.float32)

@@ -51,7 +51,8 @@ def _bindings() -> Any:
         except Exception as e:  # ImportError, or a broken install
             raise CudaUnavailable(
                 f"the cuda-bindings package is not usable ({type(e).__name__}: {e}); "
-                "install it with `pip install cuda-bindings`, or use --backend cpu") from None
+                "install it with `pip install cuda-bindings`",
+                cpu_hint=", or use --backend cpu") from None
         _SUCCESS = d.CUresult.CUDA_SUCCESS
         _STREAM = d.CUstream(0)
         _d = d
@@ -159,17 +160,33 @@ def init(device: int = 0, early_result: Any = None) -> Device:
         return _device
 
 
+def probe(ordinal: int = 0) -> CudaUnavailable | None:
+    """Why this process could not use GPU ``ordinal`` (None: it looks usable), found without
+    making a context: the driver, the device, the core's kernels."""
+    from . import early
+
+    try:
+        early.probe(ordinal)
+        read_manifest(CORE_PACKAGE)
+    except early.EarlyError as err:
+        return _unavailable_from_early(err)
+    except CudaUnavailable as e:
+        return e
+    return None
+
+
 def _unavailable_from_early(err: Any) -> CudaUnavailable:
     """The one-line message for a failed :mod:`early` step."""
     from . import early
 
     if err.code is None and err.step == "dlopen":
         return CudaUnavailable(f"no NVIDIA driver: libcuda.so.1 could not be loaded "
-                               f"({err.detail}); install the NVIDIA driver, or use --backend cpu")
+                               f"({err.detail}); install the NVIDIA driver",
+                               cpu_hint=", or use --backend cpu")
     if err.code == early.CUDA_ERROR_NO_DEVICE:
         vis = os.environ.get("CUDA_VISIBLE_DEVICES")
         extra = f" (CUDA_VISIBLE_DEVICES={vis!r})" if vis is not None else ""
-        return CudaUnavailable(f"no CUDA GPU found{extra}; use --backend cpu")
+        return CudaUnavailable(f"no CUDA GPU found{extra}", cpu_hint="; use --backend cpu")
     if err.code == early.CUDA_ERROR_INSUFFICIENT_DRIVER:
         return CudaUnavailable("the NVIDIA driver is too old for this CUDA build "
                                "(CUDA_ERROR_INSUFFICIENT_DRIVER); update the driver")

@@ -91,6 +91,23 @@ def run(ordinal: int = 0) -> Early:
     return _run(e, ordinal, step)
 
 
+def probe(ordinal: int = 0) -> None:
+    """dlopen libcuda, cuInit and check that device ``ordinal`` exists, without making a
+    context (for a process that only decides which backend its children use). Raises
+    :class:`EarlyError`."""
+    lib = _lib()
+    r = lib.cuInit(0)
+    if r != CUDA_SUCCESS:
+        raise EarlyError("cuInit", r, error_name(lib, r))
+    n = ctypes.c_int(0)
+    r = lib.cuDeviceGetCount(ctypes.byref(n))
+    if r != CUDA_SUCCESS:
+        raise EarlyError("cuDeviceGetCount", r, error_name(lib, r))
+    if not 0 <= ordinal < n.value:
+        raise EarlyError("cuDeviceGet", CUDA_ERROR_NO_DEVICE if n.value == 0 else None,
+                         f"GPU {ordinal} does not exist ({n.value} visible)")
+
+
 def _run(e: Early, ordinal: int, step: object) -> Early:
     lib = _lib()
     step("dlopen libcuda")

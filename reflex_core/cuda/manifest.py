@@ -15,8 +15,9 @@ from pathlib import Path
 from ..errors import CudaUnavailable
 
 CORE_PACKAGE = "reflex_core"
-SKIP_HINT = ("reinstall without REFLEX_SKIP_CUDA with nvcc available "
-             "(or use --backend cpu)")
+SKIP_HINT = "reinstall without REFLEX_SKIP_CUDA with nvcc available"
+# ReflexError.cpu_hint of the errors that end in SKIP_HINT
+CPU_HINT = " (or use --backend cpu)"
 
 # folder -> manifest, successful reads only (a test or a failed build may fix the file later)
 _cache: dict[Path, dict] = {}
@@ -58,13 +59,14 @@ def read_manifest(package: str = CORE_PACKAGE) -> dict:
     except FileNotFoundError:
         raise CudaUnavailable(
             f"{package} has no CUDA kernels ({folder}/manifest.json is missing: it was built "
-            f"with REFLEX_SKIP_CUDA=1 or without nvcc); {SKIP_HINT}") from None
+            f"with REFLEX_SKIP_CUDA=1 or without nvcc); {SKIP_HINT}",
+            cpu_hint=CPU_HINT) from None
     except (OSError, ValueError) as e:
         raise CudaUnavailable(f"{package}: unreadable {folder}/manifest.json ({e}); "
-                              f"{SKIP_HINT}") from None
+                              f"{SKIP_HINT}", cpu_hint=CPU_HINT) from None
     if manifest.get("skipped") or not manifest.get("modules"):
         raise CudaUnavailable(f"{package} was built with REFLEX_SKIP_CUDA=1, so it has no CUDA "
-                              f"kernels; {SKIP_HINT}")
+                              f"kernels; {SKIP_HINT}", cpu_hint=CPU_HINT)
     _cache[folder] = manifest
     return manifest
 

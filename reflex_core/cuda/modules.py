@@ -35,8 +35,8 @@ from typing import Any, Sequence
 
 from ..errors import CudaError, CudaUnavailable
 from . import driver as _drv
-from .manifest import (CORE_PACKAGE, SKIP_HINT, best_cubin, coverage_error, image_for,
-                       kernels_dir, read_manifest)
+from .manifest import (CORE_PACKAGE, CPU_HINT, SKIP_HINT, best_cubin, coverage_error,
+                       image_for, kernels_dir, read_manifest)
 
 _SLOT = {"P": "Q", "i": "i4x", "I": "I4x", "q": "q", "Q": "Q", "f": "f4x", "d": "d"}
 
@@ -183,7 +183,7 @@ def get_kernels(module: str, package: str = CORE_PACKAGE) -> Kernels:
         if signatures is None:
             raise CudaUnavailable(f"{package}'s kernels were built by an older Reflex (their "
                                   f"manifest.json has no kernel signatures); rebuild them or "
-                                  f"{SKIP_HINT}")
+                                  f"{SKIP_HINT}", cpu_hint=CPU_HINT)
         folder = kernels_dir(package)
         target = best_cubin(dev.sm, manifest)
         path = folder / (f"{module}.sm_{target}.cubin" if target else f"{module}.fatbin")
@@ -191,7 +191,7 @@ def get_kernels(module: str, package: str = CORE_PACKAGE) -> Kernels:
             image = path.read_bytes()
         except OSError:
             raise CudaUnavailable(f"{path} is missing (the package's kernels are incomplete); "
-                                  f"{SKIP_HINT}") from None
+                                  f"{SKIP_HINT}", cpu_hint=CPU_HINT) from None
         r = _drv._d.cuModuleLoadData(image)
         if r[0] != _drv._SUCCESS:
             how = image_for(dev.sm, manifest)

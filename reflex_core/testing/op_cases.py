@@ -216,3 +216,18 @@ def argmax(rng):
 def token_logprobs(rng):
     return [OpCase(f"rows={T}", (_f(rng, T, 1001, scale=4), rng.integers(0, 1001, T).tolist()),
                    rtol=1e-6, atol=1e-6) for T in TS]
+
+
+def repeat_penalty(rng):
+    """In place on the last row; ids repeated and at both ends of the row, logits of both
+    signs and zeros; float32 arithmetic either side, so exact."""
+    out = []
+    for T in TS:
+        x = _f(rng, T, 1001, scale=4)
+        x[-1, rng.integers(0, 1001, 20)] = 0.0
+        ids = rng.integers(0, 1001, 300).tolist() + [0, 1000, 0]
+        out.append(OpCase(f"rows={T}", (x, ids, 1.3), compare=(0,), rtol=0, atol=0,
+                          result=False))
+    out.append(OpCase("penalty < 1", (_f(rng, 1, 37), [3, 5, 3, 36], 0.5), compare=(0,),
+                      rtol=0, atol=0, result=False))
+    return out
