@@ -260,6 +260,26 @@ def resolve_model_prompt(args, quickstart: bool, hub_model: str | None, revision
     return args[0], prompt
 
 
+def prefill_progress(lm, quiet: bool):
+    """The CPU backend's progress line for a long prefill, on stderr when it is a terminal."""
+    if lm.backend != "cpu" or quiet or not sys.stderr.isatty():
+        return None
+    import time
+
+    from .engine import PREFILL_CHUNK
+
+    t0 = time.perf_counter()
+
+    def show(done: int, total: int) -> None:
+        s = time.perf_counter() - t0
+        left = s / done * (total - done)
+        sys.stderr.write(f"\rprefill: {done}/{total} tokens, {s:.0f} s (~{left:.0f} s left)"
+                         + ("\n" if total - done <= PREFILL_CHUNK else ""))  # the last chunk next
+        sys.stderr.flush()
+
+    return show
+
+
 def quiet_option(f):
     return click.option("-q", "--quiet", is_flag=True,
                         help="Print only the answer on stdout: no status line, no notices.")(f)
@@ -343,7 +363,8 @@ def generate(args, quickstart, hub_model, revision, prompt_opt, n_tokens, stops,
         sys.stdout.flush()
 
     res = engine.generate(lm, ids, n_new, sampling, None if as_json else on_text, t,
-                          resume=saved, keep_state=export_kv is not None, stop=stops)
+                          resume=saved, keep_state=export_kv is not None, stop=stops,
+                          on_prefill=prefill_progress(lm, quiet))
     if export_kv is not None:
         write_state_file(export_kv, lm, res.state.dump(), res.fed, res.pending, t)
     if as_json:
@@ -603,7 +624,8 @@ def bench(model, cold, do_system1, prompt, candidates, repeat, n_decode, drop_ca
 
 
 @cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print a JSON array: one object per plugin.")
 def plugins(as_json):
     """List installed architecture plugins, their versions and the architectures they serve."""
     from .registry import get_host

@@ -4,8 +4,10 @@ Only the plugin whose entry point is named after the file's ``general.architectu
 on the load path; ``reflex plugins`` imports them all to list them.
 
 Environment:
-  REFLEX_LOAD_PLUGINS=a,b   load only these distributions' plugins ("" loads none)
-  REFLEX_DISABLE_PLUGINS=a  never load these distributions' plugins
+  REFLEX_LOAD_PLUGINS=a,b   load only these plugins ("" loads none)
+  REFLEX_DISABLE_PLUGINS=a  never load these plugins
+      (each name: a distribution, e.g. reflex-infer-qwen3, or an architecture, e.g. qwen3; a
+      name that matches nothing installed gets a notice on stderr)
   REFLEX_TRACE_PLUGINS=1    print every hook call to stderr
 """
 
@@ -301,6 +303,7 @@ class PluginHost:
         self._loaded_modules: dict[str, str] = {}  # module -> plugin name
         self._versions: dict[str, str | None] = {}
         self._eps: list[Any] | None = None
+        self._filtered: dict[str, str] = {}  # architecture -> why its entry point was left out
         if os.environ.get("REFLEX_TRACE_PLUGINS"):
             self.pm.trace.root.setwriter(lambda s: sys.stderr.write(s))
             self.pm.enable_tracing()
@@ -310,19 +313,36 @@ class PluginHost:
         """Entry points of group ``reflex`` that the allow/deny lists permit (no import)."""
         if self._eps is None:
             allow = _env_list("REFLEX_LOAD_PLUGINS")
-            deny = {_norm(d) for d in (_env_list("REFLEX_DISABLE_PLUGINS") or set())}
-            allowed = None if allow is None else {_norm(a) for a in allow}
-            eps, seen = [], set()
-            for ep in discover_entry_points():
+            deny = _env_list("REFLEX_DISABLE_PLUGINS") or set()
+            found = discover_entry_points()
+            eps, seen, used = [], set(), set()
+            for ep in found:
                 key = (_norm(ep.dist), ep.name, ep.value)
                 if key in seen:  # the same dist visible twice on sys.path
                     continue
                 seen.add(key)
-                if allowed is not None and _norm(ep.dist) not in allowed:
-                    continue
-                if _norm(ep.dist) in deny:
+                names = {_norm(ep.dist), _norm(ep.name)}
+                if allow is not None:
+                    hit = {a for a in allow if _norm(a) in names}
+                    used |= hit
+                    if not hit:
+                        self._filtered[ep.name] = (f"it is not in REFLEX_LOAD_PLUGINS="
+                                                   f"{os.environ['REFLEX_LOAD_PLUGINS']!r}")
+                        continue
+                hit = {d for d in deny if _norm(d) in names}
+                if hit:
+                    used |= hit
+                    self._filtered[ep.name] = (f"REFLEX_DISABLE_PLUGINS="
+                                               f"{os.environ['REFLEX_DISABLE_PLUGINS']!r} "
+                                               "disables it")
                     continue
                 eps.append(ep)
+            for var, names in (("REFLEX_LOAD_PLUGINS", allow or set()),
+                               ("REFLEX_DISABLE_PLUGINS", deny)):
+                for name in sorted(names - used):
+                    if not any(_norm(name) in (_norm(ep.dist), _norm(ep.name)) for ep in found):
+                        sys.stderr.write(f"notice: {var}: {name!r} matches no installed plugin "
+                                         "or architecture\n")
             self._eps = eps
         return self._eps
 
@@ -419,6 +439,10 @@ class PluginHost:
         # Not found: say what is installed (names from metadata; nothing more is imported).
         installed = sorted({ep.name for ep in self.entry_points()} | set(table))
         have = ", ".join(installed) if installed else "none"
+        if arch in self._filtered:
+            raise UnsupportedArchitecture(
+                f"the plugin for architecture {arch!r} is installed but not loaded: "
+                f"{self._filtered[arch]} (enabled architectures: {have})")
         raise UnsupportedArchitecture(
             f"no installed plugin serves architecture {arch!r} (installed architectures: {have}); "
             f"install the plugin for it, e.g. pip install {suggest_plugin(arch)}")

@@ -90,7 +90,7 @@ def system1_json(res: Any, ms: float, normalize: bool, backend: str) -> dict:
     return {
         "status": "ok",
         "candidates": [{"idx": c.idx, "text": c.text, "token_ids": c.token_ids,
-                        "score": c.score, "probability": c.probability}
+                        "score": c.score, "probability": c.probability, "logprob": c.logprob}
                        for c in res.candidates],
         "process_start_to_result_ms": round(ms, 3), "num_candidates": len(res.candidates),
         "best_idx": res.best_idx, "best_text": res.candidates[res.best_idx].text,

@@ -8,7 +8,8 @@ candidate's, and each candidate's positions continue the prompt's. The score of 
 
 ``probability`` is the softmax of the scores over the candidate set (relative to the set, not to
 the vocabulary); ``entropy`` is that distribution's entropy in nats. With ``normalize`` each score
-is divided by the candidate's token count before the softmax (the reported score stays the sum).
+is divided by the candidate's token count (the mean log-probability per token) and that is the
+score ranked, softmaxed and reported; ``logprob`` is always the sum.
 
 A model whose state is recurrent (per-sequence buffers, :attr:`StateSpec.recurrent`) cannot attend
 selectively: the prompt then runs once, each candidate gets its own sequence forked from the
@@ -35,8 +36,9 @@ class Candidate:
     idx: int
     text: str
     token_ids: list[int]
-    score: float = 0.0
+    score: float = 0.0  # what is ranked: logprob, or logprob / tokens with normalize
     probability: float = 0.0
+    logprob: float = 0.0  # Σ_j log P(c_j | prompt, c_<j)
 
 
 @dataclass
@@ -163,8 +165,8 @@ def evaluate(model: Any, ops: Any, prompt: Sequence[int], texts: Sequence[str],
     z = sum(exps)
     probs = [e / z for e in exps]
     entropy = -sum(p * math.log(p) for p in probs if p > 0.0)
-    cands = [Candidate(i, t, list(c), s, p)
-             for i, (t, c, s, p) in enumerate(zip(texts, cand_ids, scores, probs))]
+    cands = [Candidate(i, t, list(c), x, p, s)
+             for i, (t, c, x, p, s) in enumerate(zip(texts, cand_ids, logits, probs, scores))]
     best = max(range(len(cands)), key=lambda i: (probs[i], -i))
     return System1Result(cands, best, entropy, len(prompt),
                          0 if start is None else int(start["n_cells_used"]))

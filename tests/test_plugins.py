@@ -213,7 +213,9 @@ def test_two_plugins_claiming_one_architecture_is_an_error_naming_both(host):
 
 def test_unknown_architecture_names_it_the_installed_plugins_and_what_to_install(monkeypatch):
     # every family's plugin is installed here: leave deepseek_mla out as if it were not
-    monkeypatch.setenv("REFLEX_DISABLE_PLUGINS", "reflex-infer-deepseek-mla")
+    found = [ep for ep in registry.discover_entry_points()
+             if ep.dist != "reflex-infer-deepseek-mla"]
+    monkeypatch.setattr(registry, "discover_entry_points", lambda: found)
     registry.reset_host()
     host = registry.get_host()
     with pytest.raises(UnsupportedArchitecture) as e:
@@ -224,6 +226,40 @@ def test_unknown_architecture_names_it_the_installed_plugins_and_what_to_install
     with pytest.raises(UnsupportedArchitecture) as e:
         host.resolve("mamba9")
     assert "'mamba9'" in str(e.value)
+    registry.reset_host()
+
+
+@pytest.mark.parametrize("var, value, why", [
+    ("REFLEX_DISABLE_PLUGINS", "qwen3", "REFLEX_DISABLE_PLUGINS='qwen3' disables it"),
+    ("REFLEX_DISABLE_PLUGINS", "Reflex_Infer_Qwen3", "disables it"),
+    ("REFLEX_LOAD_PLUGINS", "qwen3moe,deepseek2", "it is not in REFLEX_LOAD_PLUGINS="),
+])
+def test_filters_take_architecture_or_distribution_names_and_say_when_a_plugin_is_off(
+        monkeypatch, capsys, var, value, why):
+    monkeypatch.setenv(var, value)
+    registry.reset_host()
+    host = registry.get_host()
+    with pytest.raises(UnsupportedArchitecture) as e:
+        host.resolve("qwen3")
+    msg = str(e.value)
+    assert "installed but not loaded" in msg and why in msg and "pip install" not in msg
+    assert "\n" not in msg
+    if var == "REFLEX_LOAD_PLUGINS":  # what the list names is served
+        assert host.resolve("qwen3moe").name == "qwen3moe"
+    else:  # only what the list names is off
+        assert host.resolve("qwen35").name == "qwen35"
+    assert capsys.readouterr().err == ""  # every name matched something
+    registry.reset_host()
+
+
+def test_a_filter_name_that_matches_nothing_gets_a_notice(monkeypatch, capsys):
+    monkeypatch.setenv("REFLEX_DISABLE_PLUGINS", "qwen4,qwen3moe")
+    registry.reset_host()
+    host = registry.get_host()
+    assert host.resolve("qwen3").name == "qwen3"
+    err = capsys.readouterr().err
+    assert err == ("notice: REFLEX_DISABLE_PLUGINS: 'qwen4' matches no installed plugin or "
+                   "architecture\n")
     registry.reset_host()
 
 
@@ -270,7 +306,8 @@ def test_load_plugins_allowlist_empty_loads_none(monkeypatch, host):
     registry.reset_host()
     h = registry.get_host()
     assert h.entry_points() == []
-    with pytest.raises(UnsupportedArchitecture, match="installed architectures: none"):
+    with pytest.raises(UnsupportedArchitecture,
+                       match=r"not in REFLEX_LOAD_PLUGINS=.. \(enabled architectures: none\)"):
         h.resolve("qwen3")
 
 
@@ -483,6 +520,7 @@ def test_qwen35_plugin_alone_serves_qwen35_files_and_nothing_else(tmp_path):
                         "--backend", "cpu", "x"], capture_output=True, text=True, env=env)
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 1 and len(lines) == 1, p.stderr
-    assert "no installed plugin serves architecture 'qwen3'" in lines[0], lines[0]
-    assert "installed architectures: qwen35, qwen35moe" in lines[0], lines[0]
+    # (the other plugins are installed here, only left out: the error says so)
+    assert "the plugin for architecture 'qwen3' is installed but not loaded" in lines[0], lines[0]
+    assert "(enabled architectures: qwen35, qwen35moe)" in lines[0], lines[0]
     assert "Traceback" not in p.stderr

@@ -29,9 +29,10 @@ def generate_result() -> GenerateResult:
 
 def system1_result() -> System1Result:
     return System1Result(
-        candidates=[Candidate(0, " Paris", [12095], -0.123456789, 0.8765432109),
-                    Candidate(1, ' "Lon"don', [7148, 13], -2.5, 0.1),
-                    Candidate(2, " Zürich", [19846], -3.0000004, 0.0234567891)],
+        # scores as --normalize ranks them: the 2-token candidate's is its logprob / 2
+        candidates=[Candidate(0, " Paris", [12095], -0.123456789, 0.8765432109, -0.123456789),
+                    Candidate(1, ' "Lon"don', [7148, 13], -2.5, 0.1, -5.0),
+                    Candidate(2, " Zürich", [19846], -3.0000004, 0.0234567891, -3.0000004)],
         best_idx=0, entropy=0.4321098765, n_prefill=3)
 
 
@@ -121,10 +122,11 @@ GOLDEN = {  # name: (argv, stdout)
     'system1_json': (['system1', 'm.gguf', 'The capital', '-c', ' Paris', '-c', 'x', '-c', 'y',
                       '--json', '--normalize'],
         ('{"status": "ok", "candidates": [{"idx": 0, "text": " Paris", "token_ids": '
-         '[12095], "score": -0.123456789, "probability": 0.8765432109}, {"idx": 1, '
-         '"text": " \\"Lon\\"don", "token_ids": [7148, 13], "score": -2.5, '
-         '"probability": 0.1}, {"idx": 2, "text": " Zürich", "token_ids": [19846], '
-         '"score": -3.0000004, "probability": 0.0234567891}], '
+         '[12095], "score": -0.123456789, "probability": 0.8765432109, "logprob": '
+         '-0.123456789}, {"idx": 1, "text": " \\"Lon\\"don", "token_ids": [7148, 13], '
+         '"score": -2.5, "probability": 0.1, "logprob": -5.0}, {"idx": 2, "text": '
+         '" Zürich", "token_ids": [19846], "score": -3.0000004, "probability": '
+         '0.0234567891, "logprob": -3.0000004}], '
          '"process_start_to_result_ms": 412.346, "num_candidates": 3, "best_idx": '
          '0, "best_text": " Paris", "entropy": 0.4321098765, "normalize": true, '
          '"backend": "cuda", "n_prefill": 3, "n_imported_tokens": 0}\n')),

@@ -100,8 +100,11 @@ def test_probabilities_entropy_and_normalize(model_files):
     assert r.best_idx == int(np.argmax(p))
     assert abs(r.entropy - float(-(p * np.log(p)).sum())) < 1e-12
     n = system1.evaluate(model, model.ops, prompt, texts, CANDS, normalize=True)
-    assert [c.score for c in n.candidates] == [c.score for c in r.candidates]  # sums reported
+    # the sums stay as logprob; the score is what was ranked: the mean per token
+    assert [c.logprob for c in n.candidates] == [c.logprob for c in r.candidates]
+    assert [c.logprob for c in r.candidates] == [c.score for c in r.candidates]
     z = scores / np.array([len(c) for c in CANDS])
+    np.testing.assert_allclose([c.score for c in n.candidates], z, rtol=1e-15)
     q = np.exp(z - z.max())
     q /= q.sum()
     np.testing.assert_allclose([c.probability for c in n.candidates], q, rtol=1e-12)
