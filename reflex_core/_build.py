@@ -89,13 +89,16 @@ def toolkit_sms(nvcc: str) -> list[int]:
 
 def sass_targets(nvcc: str) -> tuple[list[int], int]:
     """(SASS targets, PTX target) for this build."""
-    one = os.environ.get("REFLEX_CUDA_ARCH", "").strip()
-    if one:
-        m = re.fullmatch(r"(?:sm_|compute_)?(\d+)a?", one)
-        if not m:
-            raise BuildError(f"REFLEX_CUDA_ARCH={one!r} is not of the form sm_XX (e.g. sm_90)")
-        sm = int(m.group(1))
-        return [sm], sm
+    given = os.environ.get("REFLEX_CUDA_ARCH", "").replace(",", " ").split()
+    if given:
+        sms = set()
+        for one in given:
+            m = re.fullmatch(r"(?:sm_|compute_)?(\d+)a?", one)
+            if not m:
+                raise BuildError(f"REFLEX_CUDA_ARCH: {one!r} is not of the form sm_XX "
+                                 "(e.g. sm_90, or a list: sm_80,sm_90)")
+            sms.add(int(m.group(1)))
+        return sorted(sms), max(sms)  # PTX of the newest, as by default
     sms = [s for s in toolkit_sms(nvcc) if s >= MIN_SM and s not in SKIP_SMS]
     if not sms:
         raise BuildError(f"{nvcc} supports no GPU target >= sm_{MIN_SM}")

@@ -640,6 +640,26 @@ def plugins(as_json):
         echo_lines(render.plugins_lines(infos))
 
 
+@cli.command("index")
+@click.argument("models", nargs=-1, required=True, metavar="MODEL...",
+                type=click.Path(dir_okay=False))
+@click.option("--out", "out_dir", metavar="DIR", default=None,
+              help="Write NAME.rxi into DIR (runs find it with REFLEX_INDEX_DIR=DIR) instead of "
+                   "MODEL.rxi beside the model.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def index(models, out_dir, as_json):
+    """Precompute each MODEL's index (its parse and tokenizer tables) where an image or a
+    read-only model volume carries it: a fresh container's first run is then as fast as its
+    second. Runs ignore an index made from other bytes."""
+    from . import index_command
+
+    res = index_command.run(list(models), out_dir)
+    if as_json:
+        click.echo(json.dumps(index_command.as_json(res), indent=1))
+    else:
+        echo_lines(index_command.lines(res))
+
+
 # Commands that run on the GPU only: an error's "--backend cpu" advice does not apply to them.
 GPU_ONLY = {"smoke": "reflex smoke tests the GPU",
             "check": "reflex check compares the GPU with the CPU reference"}

@@ -36,6 +36,17 @@ forged -- makes it a miss (the full parse runs), and it is deleted and written a
 Where: ``$XDG_CACHE_HOME/reflex/index`` (``~/.cache/reflex/index``); ``REFLEX_NO_INDEX=1``
 turns the index off (never read, never written).
 
+Prebuilt indexes (``reflex index MODEL [--out DIR]``, ``write_prebuilt``): a fresh container
+has an empty user cache, so every run there would be a file's first. An index made once where
+the model is put (an image layer, a volume) is found by the cold path before the user cache:
+``$REFLEX_INDEX_DIR/NAME.rxi``, then ``MODEL.rxi`` beside the file. Its identity cannot be the
+user cache's (the path, mtime and inode differ in every copy), so it is the bytes it derives
+from: the model's size and the region's length and CRC-32 -- the CRC a user-cache hit computes
+anyway, so a prebuilt hit costs what a cached one does. A stale or foreign one is a miss (never
+deleted: it is not ours, and often on a read-only volume); one that someone other than root,
+us or the model's owner could have written is not used (unless its mount is read-only), since
+the folder is not one we checked (``restore_prebuilt``).
+
 When written: reflex_core.modelfile schedules the index of a file it parsed the slow way; the
 CLI has it written after the command's output is flushed, by ``write_pending()`` in this
 process or by ``python -m reflex_core.gguf_index PATH...`` (``pending_paths()``) in another.
@@ -147,11 +158,11 @@ def decode(data: Any) -> Record | None:
                   data[c:] if n_tok else None)
 
 
-def _read(fn: str, limit: int, size: int | None = None) -> bytearray | None:
-    """The first ``size`` bytes (all when None) of the index file ``fn`` if it is a regular file
-    of at most ``limit`` bytes; None when there is none. OSError when something else is there
-    or it cannot be read. Never opens a symlink (O_NOFOLLOW), never blocks on a FIFO or device
-    (lstat first, O_NONBLOCK, fstat before reading)."""
+def _open_regular(fn: str, limit: int) -> tuple[int, os.stat_result] | None:
+    """A read-only descriptor of the index file ``fn`` and its fstat, if it is a regular file of
+    at most ``limit`` bytes; None when there is none. OSError when something else is there or
+    it cannot be opened. Never opens a symlink (O_NOFOLLOW), never blocks on a FIFO or device
+    (lstat first, O_NONBLOCK, fstat again once open)."""
     try:
         st = os.lstat(fn)
     except FileNotFoundError:
@@ -163,15 +174,33 @@ def _read(fn: str, limit: int, size: int | None = None) -> bytearray | None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
             raise OSError(f"{fn}: not a regular file of at most {limit} bytes")
-        buf = bytearray(st.st_size if size is None else min(size, st.st_size))
-        with memoryview(buf) as mv:
-            got = 0
-            while got < len(buf):
-                n = os.readv(fd, [mv[got:]])
-                if n == 0:
-                    raise OSError(f"{fn}: shorter than its size")  # truncated meanwhile
-                got += n
-        return buf
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def _read_fd(fd: int, fn: str, n: int) -> bytearray:
+    buf = bytearray(n)
+    with memoryview(buf) as mv:
+        got = 0
+        while got < n:
+            k = os.readv(fd, [mv[got:]])
+            if k == 0:
+                raise OSError(f"{fn}: shorter than its size")  # truncated meanwhile
+            got += k
+    return buf
+
+
+def _read(fn: str, limit: int, size: int | None = None) -> bytearray | None:
+    """The first ``size`` bytes (all when None) of the index file ``fn`` (see _open_regular);
+    None when there is none, OSError when something else is there or it cannot be read."""
+    opened = _open_regular(fn, limit)
+    if opened is None:
+        return None
+    fd, st = opened
+    try:
+        return _read_fd(fd, fn, st.st_size if size is None else min(size, st.st_size))
     finally:
         os.close(fd)
 
@@ -226,6 +255,17 @@ def _restore(g: GGUFFile, st: os.stat_result) -> Record | None:
     rec = _load(fn, real, st)
     if rec is None:
         return None
+    out = _apply(g, rec)
+    if out is None:
+        _discard(fn)
+    return out
+
+
+def _apply(g: GGUFFile, rec: Record) -> Record | None:
+    """Fill the fresh ``g`` from ``rec`` when ``rec`` was derived from the very bytes ``g`` maps
+    (the region's length and CRC-32, then the parse with the record's hints, then the tables
+    checked against the parsed file); the Record with its tables decoded, or None (``g``
+    untouched)."""
     n, crc = rec.region
     tables = None
 
@@ -241,7 +281,6 @@ def _restore(g: GGUFFile, st: os.stat_result) -> Record | None:
         return tables is not None and fits(tables, h)
 
     if n > g.file_size or _region_crc(g.mm, n) != crc or not from_record(g, rec.gguf, accept):
-        _discard(fn)
         return None
     return rec._replace(tok=tables)
 
@@ -277,6 +316,163 @@ def save(path: str, record: Record, create_dirs: bool = True) -> bool:
     if len(data) > MAX_INDEX_BYTES:  # it would never be read: keep the parse's part alone
         data = encode(record._replace(tok=None))
     return write_atomic(index_file(path), data, create_dirs=create_dirs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Prebuilt indexes (``reflex index``): made once, carried with the model
+
+
+PREBUILT_SUFFIX = ".rxi"
+PREBUILT_DIR_ENV = "REFLEX_INDEX_DIR"  # a folder of prebuilt indexes, looked at first
+
+
+def prebuilt_paths(path: str) -> list[str]:
+    """Where the cold path looks for a prebuilt index of the model at ``path``, in order:
+    ``$REFLEX_INDEX_DIR/NAME.rxi`` (NAME: the model's file name), then ``PATH.rxi`` beside
+    it. A folder holding several models' indexes keys them by file name alone: two models of
+    one name need two folders (the wrong one is a miss, never used)."""
+    beside = path + PREBUILT_SUFFIX
+    folder = os.environ.get(PREBUILT_DIR_ENV)
+    if not folder:
+        return [beside]
+    named = os.path.join(folder, os.path.basename(path) + PREBUILT_SUFFIX)
+    return [named] if os.path.abspath(named) == os.path.abspath(beside) else [named, beside]
+
+
+def _trusted(st: os.stat_result, model: os.stat_result, read_only: bool) -> str | None:
+    """Why a prebuilt index with fstat ``st`` must not be used for the model with fstat
+    ``model``, or None. It is trusted as far as the model beside it: owned by root, by us or by
+    the model's owner, and writable by nobody else -- or on a read-only mount (a volume mounted
+    read-only), where nobody can change it. Otherwise someone who cannot change the model
+    could still plant an index for it."""
+    if read_only:
+        return None
+    if st.st_uid not in (0, os.geteuid(), model.st_uid):
+        return f"owned by uid {st.st_uid}, neither root, this user nor the model's owner"
+    if st.st_mode & 0o022:
+        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _read_prebuilt(fn: str, model: os.stat_result) -> tuple[Record | None, str | None]:
+    """(the decoded prebuilt index ``fn``, None), or (None, why it is not used), or
+    (None, None) when there is none."""
+    try:
+        opened = _open_regular(fn, MAX_INDEX_BYTES)
+    except OSError:
+        return None, "not a readable regular file"
+    if opened is None:
+        return None, None
+    fd, st = opened
+    try:
+        try:
+            read_only = bool(os.fstatvfs(fd).f_flag & os.ST_RDONLY)
+        except OSError:
+            read_only = False
+        why = _trusted(st, model, read_only)
+        if why is not None:
+            return None, why
+        data = _read_fd(fd, fn, st.st_size)
+    except OSError:
+        return None, "not a readable regular file"
+    finally:
+        os.close(fd)
+    rec = decode(data)
+    if rec is None:
+        return None, "not an index of this format"
+    if rec.stat[0] != model.st_size:
+        return None, "made for a file of another size"
+    return rec, None
+
+
+def restore_prebuilt(g: GGUFFile, st: os.stat_result) -> tuple[Record | None, str | None]:
+    """Fill the fresh ``g`` (its file's fstat: ``st``) from a prebuilt index (``prebuilt_paths``).
+
+    Identity: the model's size, and the region's length and CRC-32 -- the bytes the index was
+    derived from -- never its path, mtime, inode or device, which differ wherever the model was
+    copied (an image layer, a volume). That CRC is what a user-cache hit computes too: no cost
+    beyond it. Returns (the Record, its file); or (None, "FILE: why it was not used") for the
+    first one there that was not (stale, foreign, untrusted, damaged), or (None, None) when
+    there is none. A prebuilt index is never deleted or rewritten here: it is not ours."""
+    ignored = None
+    for fn in prebuilt_paths(g.path):
+        try:
+            rec, why = _read_prebuilt(fn, st)
+            if rec is not None:
+                rec = _apply(g, rec)
+                if rec is not None:
+                    return rec, fn
+                why = "made from other bytes (a stale or foreign index)"
+        except Exception:  # noqa: BLE001 - an index never fails a run
+            why = "unusable"
+        if why is not None and ignored is None:
+            ignored = f"{fn}: {why}"
+    return None, ignored
+
+
+def write_prebuilt(path: str, out_dir: str | None = None) -> tuple[str, int, bool]:
+    """Write the prebuilt index of the GGUF at ``path``: ``PATH.rxi`` beside it, or
+    ``OUT_DIR/NAME.rxi`` (``out_dir`` created when missing; runs find it with
+    ``REFLEX_INDEX_DIR=OUT_DIR``). Returns (the index file, its size, whether it holds the
+    tokenizer's tables). GGUFError for a file that is not a readable GGUF; ReflexError (one
+    line) when the index cannot be written, or a run would not use it (its folder's mount or
+    owner).
+
+    The file depends only on the model's name and bytes (no folder, mtime or inode in it), so
+    an image layer holding it is reproducible; it is mode 0644 whatever the umask, so another
+    user of the image can read it."""
+    mm, st = map_file(path)
+    g = GGUFFile(path, mm)
+    try:
+        parse(g)
+        rec = build(g, st)
+    finally:
+        g.close()
+    rec = rec._replace(model=os.fsencode(os.path.basename(path)), stat=(st.st_size, 0, 0, 0))
+    data = encode(rec)
+    if len(data) > MAX_INDEX_BYTES:  # it would never be read: keep the parse's part alone
+        rec = rec._replace(tok=None)
+        data = encode(rec)
+    if out_dir is None:
+        fn = path + PREBUILT_SUFFIX
+    else:
+        fn = os.path.join(out_dir, os.path.basename(path) + PREBUILT_SUFFIX)
+    try:
+        if out_dir is not None:
+            os.makedirs(out_dir, exist_ok=True)
+        _write_public(fn, data)
+    except OSError as e:
+        raise ReflexError(f"cannot write the index {fn}: {e.strerror or e}; give --out DIR, a "
+                          f"folder you can write, and run with {PREBUILT_DIR_ENV}=DIR") from None
+    # What the cold path will do with it: refused here, it would be refused there too.
+    got, why = _read_prebuilt(fn, os.stat(path))
+    if got is None:
+        raise ReflexError(f"wrote {fn}, but runs would not use it: {why}")
+    return fn, len(data), rec.tok is not None
+
+
+def _write_public(fn: str, data: bytes) -> None:
+    """Write ``fn`` (mode 0644) through a temporary file and a rename: a run started meanwhile
+    sees the old index or the whole new one. Synced: it is made once and shipped."""
+    folder, name = os.path.split(os.path.abspath(fn))
+    tmp = os.path.join(folder, f".{name[:100]}.{os.urandom(8).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fchmod(fd, 0o644)  # the umask may have taken the others' read bit
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, fn)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 # ----------------------------------------------------------------------------------------------

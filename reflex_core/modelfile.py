@@ -1,6 +1,6 @@
-"""Opening a model file: the GGUF parse and the tokenizer, from the file's cached index when it
-has a valid one (reflex_core.gguf_index), else the slow way -- and then the index is scheduled
-to be written once the process's work is done.
+"""Opening a model file: the GGUF parse and the tokenizer, from the file's prebuilt index or
+else its cached one when it has a valid one (reflex_core.gguf_index), else the slow way -- and
+then the user cache's index is scheduled to be written once the process's work is done.
 
 The layers stay apart: reflex_core.gguf parses (and re-parses with a record of where its string
 arrays lie); the tokenizer exports, stores, checks and imports its own tables; gguf_index stores
@@ -21,25 +21,59 @@ class ModelFile(GGUFFile):
 
     def __init__(self, path: str, mm: Any):
         super().__init__(path, mm)
-        self.index_state = "off"  # "hit", "miss" (parsed; its index is scheduled), "off"
+        # "prebuilt" (an index made by `reflex index`), "hit" (the user cache's), "miss"
+        # (parsed; its index is scheduled for the user cache), "off"
+        self.index_state = "off"
+        self.index_file: str | None = None  # the prebuilt index used
+        self.index_ignored: str | None = None  # "FILE: why" of a prebuilt index not used
         self.tokenizer_tables: Any = None  # from the index, checked (Tokenizer.from_tables)
         # CRC-32 of [0, data_offset) when the index check computed it (state files reuse it)
         self.region_crc: int | None = None
+
+    @property
+    def index_note(self) -> str:
+        """Which index served this file, for ``--timings``."""
+        if self.index_state == "prebuilt":
+            return f"hit, prebuilt {self.index_file} (parse and tokenizer tables)"
+        if self.index_state == "hit":
+            return "hit, user cache (parse and tokenizer tables from the cached index)"
+        if self.index_state == "miss":
+            why = f"; prebuilt {self.index_ignored}" if self.index_ignored else ""
+            return f"miss, no index (full parse; {_user_cache_fate()}{why})"
+        return "off"
+
+
+def _user_cache_fate() -> str:
+    """What becomes of this file's index at exit: the user cache gets it when it can."""
+    from . import cachedir
+
+    folder = cachedir.cache_dir(gguf_index.INDEX_DIR)
+    if folder is not None and os.access(folder, os.W_OK):
+        return "the user cache's is written at exit"
+    return ("none is written: the user cache is not writable; `reflex index MODEL` prebuilds "
+            "one")
 
 
 def open_model_file(path: str | os.PathLike, use_index: bool = True) -> ModelFile:
     """Open and parse a GGUF model file (GGUFError, one line, for a bad one).
 
-    ``use_index``: take the parse and the tokenizer's tables from the file's cached index when
-    there is a valid one (REFLEX_NO_INDEX=1 turns it off), and schedule one to be written when
-    there is not (``gguf_index.pending_paths()`` / ``write_pending()``). Whatever is wrong with
-    an index only makes it a miss."""
+    ``use_index``: take the parse and the tokenizer's tables from the file's prebuilt index
+    (``reflex index``) or else its cached one when there is a valid one (REFLEX_NO_INDEX=1
+    turns both off), and schedule one to be written to the user cache when there is neither
+    (``gguf_index.pending_paths()`` / ``write_pending()``). Whatever is wrong with an index
+    only makes it a miss."""
     path = os.fspath(path)
     mm, st = map_file(path)
     g = ModelFile(path, mm)
     if not (use_index and gguf_index.enabled()):
         parse(g)
         return g
+    rec, where = gguf_index.restore_prebuilt(g, st)
+    if rec is not None:
+        g.index_state, g.index_file, g.tokenizer_tables = "prebuilt", where, rec.tok
+        g.region_crc = rec.region[1]
+        return g
+    g.index_ignored = where
     rec = gguf_index.restore(g, st)
     if rec is not None:
         g.index_state, g.tokenizer_tables = "hit", rec.tok

@@ -45,9 +45,12 @@ def test_skip_writes_a_skipped_manifest_and_no_kernels(monkeypatch, tmp_path):
 def test_one_target_with_reflex_cuda_arch(monkeypatch):
     monkeypatch.setenv("REFLEX_CUDA_ARCH", "sm_90")
     assert _build.sass_targets("nvcc") == ([90], 90)
-    monkeypatch.setenv("REFLEX_CUDA_ARCH", "ampere")
-    with pytest.raises(_build.BuildError, match="sm_XX"):
-        _build.sass_targets("nvcc")
+    monkeypatch.setenv("REFLEX_CUDA_ARCH", "sm_90, sm_80,sm_90")  # a list: PTX of the newest
+    assert _build.sass_targets("nvcc") == ([80, 90], 90)
+    for bad in ("ampere", "sm_90,ampere"):
+        monkeypatch.setenv("REFLEX_CUDA_ARCH", bad)
+        with pytest.raises(_build.BuildError, match="sm_XX"):
+            _build.sass_targets("nvcc")
 
 
 def test_default_targets_cover_sm80_to_sm90_and_newer(monkeypatch):

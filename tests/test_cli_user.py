@@ -295,3 +295,16 @@ def test_a_model_file_that_shrinks_under_a_running_process_is_one_line(tiny, tmp
     assert err.decode().strip().splitlines() == [
         f"error: model file changed while reading ({path})"]
     assert out == b""
+
+
+def test_timings_promise_an_index_write_only_where_one_can_be_written(tiny, tmp_path):
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")  # the cache root's parent is a file: nothing can be created there
+    p = reflex("generate", str(tiny), "hi", "-n", "1", "--backend", "cpu", "--timings",
+               env={"XDG_CACHE_HOME": str(blocked / "cache"), "REFLEX_INDEX_DIR": ""})
+    assert p.returncode == 0, p.stderr
+    note = [ln for ln in p.stderr.splitlines() if "gguf index:" in ln]
+    assert len(note) == 1 and "none is written: the user cache is not writable" in note[0], note
+    q = reflex("generate", str(tiny), "hi", "-n", "1", "--backend", "cpu", "--timings",
+               env={"XDG_CACHE_HOME": str(tmp_path / "ok"), "REFLEX_INDEX_DIR": ""})
+    assert "the user cache's is written at exit" in q.stderr
