@@ -271,7 +271,15 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
             raise
     if chosen == "cuda":
         with t.span("wait for the upload"):
-            ops.wait_attached()
+            try:
+                ops.wait_attached()
+            except ReflexError:
+                # the driver pins the pages in the kernel: a file cut short under us is an
+                # error code there, not a SIGBUS (reflex_core.mapguard)
+                from .mapguard import check_unchanged
+
+                check_unchanged(g.path, len(g.mm))
+                raise
     if cuda_init is not None and chosen == "cuda":
         from .cuda.driver import INIT_STEPS
 

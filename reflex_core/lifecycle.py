@@ -32,8 +32,8 @@ when the cache is off (an unsafe folder) no helper is started at all.
 Signals (:func:`handle_signals`, installed first thing by the console entry point): Ctrl-C
 (SIGINT) or SIGTERM at any point -- during the imports, the load, the forward, between the
 output and the exit -- prints one line (``error: interrupted`` / ``error: terminated``) and
-exits 130 / 143 at once (``os._exit``; the temporary file of a cache write under way is
-removed). Without this, Python raises KeyboardInterrupt wherever the main thread happens to be
+exits 130 / 143 at once (``os._exit``; the temporary file of a cache or state-file write under
+way is removed). Without this, Python raises KeyboardInterrupt wherever the main thread happens to be
 (a traceback when that is outside the CLI's ``try``, e.g. in :func:`finish` or an import) and
 dies silently of SIGTERM. The fork child must run none of it: signals are blocked across the
 fork, and the child ignores SIGINT (it is in the caller's process group until its ``setsid``;
@@ -106,9 +106,10 @@ def _on_signal(signum: int, frame) -> None:
     if _ending:  # a second signal while the first one ends the process (handlers nest)
         return
     _ending = True
-    cachedir = sys.modules.get("reflex_core.cachedir")
-    if cachedir is not None:
-        cachedir.discard_writes_in_flight()
+    for name in ("reflex_core.cachedir", "reflex_core.statefile"):  # temp files of writes
+        writer = sys.modules.get(name)
+        if writer is not None:
+            writer.discard_writes_in_flight()
     line, code = _SIGNALS[signum]
     try:
         sys.stdout.flush()  # what was generated so far reaches the reader

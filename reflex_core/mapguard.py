@@ -14,7 +14,9 @@ a library leaves its application's signals alone. The handler is installed throu
 callback runs Python on the faulting thread: the GIL is taken the way any foreign callback
 takes it (at once on a thread that holds it, as the main thread copying out of the map does;
 after a wait on a thread that released it, as an upload thread inside a copy does), and it
-only makes two system calls.
+only makes two system calls. Where the kernel itself reads the pages (the GPU upload pins them
+with cuMemHostRegister), a cut file is an error code instead of a signal:
+:func:`check_unchanged` turns that error into the same message.
 """
 
 from __future__ import annotations
@@ -41,6 +43,19 @@ def mapped(path: str) -> None:
         _paths.append(path)
     if _enabled and not _installed:
         _install()
+
+
+def check_unchanged(path: str, mapped_bytes: int) -> None:
+    """Raise the guard's error when ``path`` is now shorter than the ``mapped_bytes`` read from
+    it (for a read that failed with an error code instead of a signal)."""
+    from .errors import ReflexError
+
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        size = -1
+    if size < mapped_bytes:
+        raise ReflexError(f"model file changed while reading ({path})")
 
 
 def message() -> bytes:

@@ -168,6 +168,19 @@ def write(path: str, lm: Any, dumped: dict, tokens: Sequence[int],
     return sum(memoryview(p).nbytes for p in pieces)
 
 
+_in_flight: set[str] = set()  # temporary files being written
+
+
+def discard_writes_in_flight() -> None:
+    """Remove the temporary files of the writes under way. For a signal handler about to end
+    the process with ``os._exit`` (reflex_core.lifecycle): the ``except`` below will not run."""
+    for tmp in list(_in_flight):
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
 def _write_atomic(path: str, pieces: Sequence[Any]) -> None:
     folder, name = os.path.split(os.path.abspath(path))
     tmp = os.path.join(folder, f".{name[:100]}.{os.urandom(8).hex()}.tmp")
@@ -176,6 +189,7 @@ def _write_atomic(path: str, pieces: Sequence[Any]) -> None:
                      0o644)
     except OSError as e:
         raise ReflexError(f"cannot write the state file {path}: {e.strerror}") from None
+    _in_flight.add(tmp)
     try:
         try:
             for p in pieces:
@@ -194,6 +208,8 @@ def _write_atomic(path: str, pieces: Sequence[Any]) -> None:
         if isinstance(e, OSError):
             raise ReflexError(f"cannot write the state file {path}: {e.strerror}") from None
         raise
+    finally:
+        _in_flight.discard(tmp)
     try:  # the rename itself survives a power cut once the folder is on disk
         dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:

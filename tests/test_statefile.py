@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -350,3 +353,22 @@ def test_state_of_other_lora_adapters_is_refused(model_files, tmp_path):
         refused(tmp_path, "LoRA adapter", statefile.check_model, saved, reader)
         statefile.check_model(saved, writer)  # its own job accepts it
         f.unlink()
+
+
+def test_an_interrupt_during_the_write_leaves_no_temporary_file(tmp_path):
+    """Ctrl-C while a state file is written (the signal handler ends the process at once with
+    os._exit, so no ``finally`` runs): exit 130, no target, no hidden temporary file."""
+    script = f"""
+import os, signal
+from reflex_core import lifecycle, statefile
+lifecycle.handle_signals()
+def interrupted(fd):
+    os.kill(os.getpid(), signal.SIGINT)
+    raise AssertionError("the handler did not end the process")
+statefile.os.fsync = interrupted
+statefile._write_atomic({str(tmp_path / "s.rxs")!r}, [b"x" * 1000])
+"""
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=60, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert p.returncode == 130 and p.stderr == "error: interrupted\n", p.stderr
+    assert list(tmp_path.iterdir()) == []
