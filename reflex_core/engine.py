@@ -118,8 +118,10 @@ def _preimport_cuda() -> None:
 
 
 # Rates of the NumPy reference backend, measured on the 2-core dev VM with a Qwen3-0.6B-shaped
-# Q8_0 file (0.75 G weights): its first forward dequantizes every weight to a float32 cache
-# (~30 s: ~25 M weights/s), then each token reads that cache (~1.2 s: ~2.5 GB/s).
+# Q8_0 file (0.60 G weights): its first forward dequantizes every weight to a float32 cache
+# (~24-32 s: ~25 M weights/s), then each token reads that cache (~1.2 s: ~2.5 GB/s). Its peak
+# memory was 3.47 GiB: the cache, the mapped file and the largest tensor's float32 copy in
+# flight (2.24 + 0.60 + 0.58).
 CPU_DEQUANT_WEIGHTS_PER_S = 25e6
 CPU_READ_BYTES_PER_S = 2.5e9
 CPU_NOTICE_MIN_S = 3.0  # smaller jobs are not worth a notice
@@ -133,9 +135,11 @@ def cpu_estimate(g: Any) -> str | None:
     if first < CPU_NOTICE_MIN_S:
         return None
     per_token = 4 * n / CPU_READ_BYTES_PER_S
+    largest = max(t.n_elements for t in g.tensors.values())
+    memory = 4 * n + len(g.mm) + 4 * largest
     return (f"notice: the CPU backend is the NumPy reference path, for checking rather than "
             f"speed: for this file ({n / 1e9:.2f} G weights) expect roughly {first:.0f} s to "
-            f"the first token, {per_token:.1f} s per token after it and {4 * n / 2**30:.1f} GiB "
+            f"the first token, {per_token:.1f} s per token after it and {memory / 2**30:.1f} GiB "
             f"of memory (a 2-core machine's rates)")
 
 
