@@ -3,7 +3,8 @@
 // tests check them bit for bit against gguf-py). Launchers: reflex_core/cuda/quant_ops.py.
 //
 // Every kernel exists once per GGML type <t> in {f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1,
-// q4_k, q5_k, q6_k}; `w` points at the tensor's raw bytes, `row_bytes` = n_in / QK * TS.
+// q2_k, q3_k, q4_k, q5_k, q6_k, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m, iq4_nl,
+// iq4_xs, tq1_0, tq2_0, mxfp4}; `w` points at the tensor's raw bytes, `row_bytes` = n_in / QK * TS.
 //
 // reflex_dequant_<t>(w, out, n)
 //   Whole tensor -> float32, bit-exact with gguf.quants.dequantize (reflex check, tests).
@@ -27,7 +28,8 @@
 //   a warp owns R = 2 weight rows: mode 0, 2 consecutive output rows of one segment; mode 1, row
 //   o of gate and row o of up (one output row). Its lanes stride over the rows' "lane units"
 //   (rx_lu<t>: 16-byte vector loads where the block layout keeps 16-byte alignment -- Q4_K,
-//   Q5_K, float types -- else funnel-shifted 32-bit loads). Unit u of a row sits right after
+//   Q5_K, float types --, 8-byte loads for IQ4_XS, else funnel-shifted 32-bit loads; the
+//   codebook types look their grid entries up in global-memory tables, reflex/iq_tables.cuh). Unit u of a row sits right after
 //   unit u-1, so lane L reading unit L (+32k) makes each warp load instruction contiguous. Each
 //   weight byte is read once and used for all T tokens; each x value is loaded (float4) once
 //   per unit step and used for both rows. f32 accumulation with FMA, then a butterfly shuffle
@@ -436,3 +438,17 @@ RX_QUANT_KERNELS(q5_1, RX_Q5_1)
 RX_QUANT_KERNELS(q4_k, RX_Q4_K)
 RX_QUANT_KERNELS(q5_k, RX_Q5_K)
 RX_QUANT_KERNELS(q6_k, RX_Q6_K)
+RX_QUANT_KERNELS(q2_k, RX_Q2_K)
+RX_QUANT_KERNELS(q3_k, RX_Q3_K)
+RX_QUANT_KERNELS(iq2_xxs, RX_IQ2_XXS)
+RX_QUANT_KERNELS(iq2_xs, RX_IQ2_XS)
+RX_QUANT_KERNELS(iq2_s, RX_IQ2_S)
+RX_QUANT_KERNELS(iq3_xxs, RX_IQ3_XXS)
+RX_QUANT_KERNELS(iq3_s, RX_IQ3_S)
+RX_QUANT_KERNELS(iq1_s, RX_IQ1_S)
+RX_QUANT_KERNELS(iq1_m, RX_IQ1_M)
+RX_QUANT_KERNELS(iq4_nl, RX_IQ4_NL)
+RX_QUANT_KERNELS(iq4_xs, RX_IQ4_XS)
+RX_QUANT_KERNELS(tq1_0, RX_TQ1_0)
+RX_QUANT_KERNELS(tq2_0, RX_TQ2_0)
+RX_QUANT_KERNELS(mxfp4, RX_MXFP4)

@@ -169,7 +169,7 @@ def test_kquant_needs_ne0_multiple_of_256(tmp_path):
         write_model(tmp_path / "bad.gguf", ModelShape(), weight_type="Q8_0", type_overrides={"ffn_down": "Q6_K"})
     assert not (tmp_path / "bad.gguf").exists()
     with pytest.raises(ValueError, match="unsupported weight_type"):
-        write_model(tmp_path / "bad.gguf", ModelShape(), weight_type="IQ2_XXS")
+        write_model(tmp_path / "bad.gguf", ModelShape(), weight_type="Q1_0")
 
 
 def test_qwen3_tokenizer_metadata(tmp_path):

@@ -6,7 +6,9 @@ library (host code only runs) that ctypes loads. Checked here:
 * every decoder against gguf-py's ``gguf.quants.dequantize``, BIT FOR BIT (``reflex check``
   requires the GPU dequant to match it exactly): the generic ``dec4``/``dec1`` path (dequant,
   embed, tiled matmul) and the GEMV lane units' exact path, on random blocks (random bytes, random
-  finite f16 scales including subnormals and negatives), plus every f16/bf16 bit pattern;
+  finite f16 scales including subnormals and negatives), plus every f16/bf16 bit pattern and
+  every MXFP4 scale byte; the computed IQ2/IQ3 sign table against gguf-py's (the codebooks
+  themselves: tests/test_quant_tables.py);
 * the GEMV lane units' FMA path (what the kernels use) within rounding;
 * the GEMV lane loop itself (the kernels' per-lane code, summed over 32 lanes) against a float64
   NumPy matmul, for T = 1..8, odd row counts and one or several blocks per row.
@@ -32,17 +34,25 @@ ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "tests" / "native" / "quant_host.cu"
 INCLUDE = ROOT / "cuda" / "include"
 
-# GGML type id -> number of f16 fields at the start of a block (d, dmin/m) that must be finite;
-# Q6_K keeps its d at the end (byte 208).
+# GGML name -> type id of every type the kernels serve
 TYPES = {
     "F32": 0, "F16": 1, "BF16": 30, "Q8_0": 8, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7,
-    "Q4_K": 12, "Q5_K": 13, "Q6_K": 14,
+    "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "Q2_K": 10, "Q3_K": 11, "IQ2_XXS": 16, "IQ2_XS": 17,
+    "IQ2_S": 22, "IQ3_XXS": 18, "IQ3_S": 21, "IQ1_S": 19, "IQ1_M": 29, "IQ4_NL": 20,
+    "IQ4_XS": 23, "TQ1_0": 34, "TQ2_0": 35, "MXFP4": 39,
 }
-QUANT = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
-F16_FIELDS = {  # byte offsets of f16 fields inside a block
+QUANT = [n for n in TYPES if n not in ("F32", "F16", "BF16")]
+# byte offsets of the f16 fields inside a block (kept finite). IQ1_M spreads its d over the top
+# nibbles of its 4 scale u16s at byte 48; MXFP4's scale is an E8M0 byte (every value finite).
+F16_FIELDS = {
     "Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2),
-    "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+    "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,),
+    "IQ2_XXS": (0,), "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,), "IQ3_S": (0,),
+    "IQ1_S": (0,), "IQ1_M": (), "IQ4_NL": (0,), "IQ4_XS": (0,), "TQ1_0": (52,), "TQ2_0": (64,),
+    "MXFP4": (),
 }
+IQ1_M_SCALES = 48  # the 4 u16 holding IQ1_M's 3-bit scales and, in their top nibbles, d
+MXFP4_E_OFFSET = 113  # E8M0 byte e scales by 2^(e - 128): e = f16 exponent field + 113 matches
 
 
 def _find_nvcc() -> str | None:
@@ -84,6 +94,10 @@ def lib(tmp_path_factory):
     so.rx_host_gemv.restype = ctypes.c_int
     so.rx_host_f16_table.argtypes = [ctypes.c_void_p]
     so.rx_host_f16_table.restype = None
+    so.rx_host_ksigns.argtypes = [ctypes.c_void_p]
+    so.rx_host_ksigns.restype = None
+    so.rx_host_type_info.argtypes = [ctypes.c_int] + [ctypes.POINTER(ctypes.c_int)] * 3
+    so.rx_host_type_info.restype = ctypes.c_int
     return so
 
 
@@ -121,17 +135,28 @@ def random_f16_bits(rng, shape, lo_exp=0, hi_exp=30) -> np.ndarray:
 
 
 def random_blocks(rng, name: str, n_blocks: int, lo_exp=0, hi_exp=30) -> np.ndarray:
-    """n_blocks random blocks of a quantized type: random bytes, finite f16 scale fields."""
+    """n_blocks random blocks of a quantized type: random bytes, finite f16 scale fields (f16
+    exponent field in [lo_exp, hi_exp]; MXFP4: the E8M0 byte of the same magnitudes)."""
     _, ts = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
     raw = rng.integers(0, 256, size=(n_blocks, ts), dtype=np.uint8)
     for off in F16_FIELDS[name]:
         raw[:, off:off + 2] = random_f16_bits(rng, (n_blocks,), lo_exp, hi_exp).view(np.uint8) \
             .reshape(n_blocks, 2)
+    if name == "IQ1_M":
+        d = random_f16_bits(rng, (n_blocks,), lo_exp, hi_exp)
+        sc = raw[:, IQ1_M_SCALES:IQ1_M_SCALES + 8].copy().view(np.uint16)
+        for k in range(4):
+            sc[:, k] = (sc[:, k] & 0x0FFF) | (((d >> (4 * k)) & 15) << 12)
+        raw[:, IQ1_M_SCALES:IQ1_M_SCALES + 8] = sc.view(np.uint8)
+    if name == "MXFP4":
+        raw[:, 0] = rng.integers(lo_exp + MXFP4_E_OFFSET, hi_exp + MXFP4_E_OFFSET + 1, n_blocks)
     return raw
 
 
 def ref_dequant(name: str, raw: np.ndarray) -> np.ndarray:
-    return dequantize(raw, GGMLQuantizationType[name]).reshape(-1).astype(np.float32, copy=False)
+    with np.errstate(over="ignore"):  # MXFP4's largest scales overflow to inf: so must we
+        y = dequantize(raw, GGMLQuantizationType[name])
+    return y.reshape(-1).astype(np.float32, copy=False)
 
 
 def assert_bits_equal(got: np.ndarray, want: np.ndarray, what: str) -> None:
@@ -177,6 +202,41 @@ def test_lane_units_fma_close(lib, name):
     bs, _ = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
     scale = np.repeat(np.abs(want.reshape(-1, bs)).max(axis=1), bs) + 1e-38
     assert (np.abs(got - want) <= 4e-7 * scale).all()
+
+
+def test_type_table_matches_the_decoders(lib):
+    """quant_ops' type table (block size and bytes from ggml_types, the GEMV weight alignment)
+    is what the decoders declare (rx_q<T>::QK / TS, rx_lu<T>::ALIGN), and each type's lane units
+    tile its block in steps of 8 elements."""
+    from reflex_core.cuda import quant_ops as q
+
+    for name, t in TYPES.items():
+        qk, ts, align = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        assert lib.rx_host_type_info(t, ctypes.byref(qk), ctypes.byref(ts), ctypes.byref(align)) == 0, name
+        suffix, _, bs, size, gemv_align = q._TYPES[t]
+        assert (qk.value, ts.value, align.value) == (bs, size, gemv_align), name
+        assert suffix == name.lower()
+
+
+def test_ksigns_table(lib):
+    """The IQ2/IQ3 sign bytes the decoders compute (index | parity << 7) are gguf-py's table."""
+    from gguf.quants import IQ2_XXS
+
+    out = np.zeros(128, dtype=np.uint8)
+    lib.rx_host_ksigns(_ptr(out))
+    assert out.tobytes() == IQ2_XXS.ksigns
+
+
+def test_mxfp4_every_scale_byte(lib):
+    """Every E8M0 byte, the subnormal scales 0 and 1 and the overflowing 255 among them."""
+    rng = np.random.default_rng(41)
+    raw = random_blocks(rng, "MXFP4", 256 * 4)
+    raw[:, 0] = np.repeat(np.arange(256, dtype=np.uint8), 4)
+    want = ref_dequant("MXFP4", raw)
+    per_e = np.abs(want.reshape(256, -1))
+    assert np.isinf(per_e[255]).any() and (per_e[:2] > 0).any()  # overflow; subnormal scales
+    for mode in (0, 1):
+        assert_bits_equal(host_dequant(lib, "MXFP4", raw, want.size, mode), want, f"MXFP4 mode {mode}")
 
 
 def test_f16_all_patterns(lib):
@@ -366,7 +426,7 @@ def test_launcher_choices(quant_signatures):
     q.embed(k, W, 2, X, Y, 5, 64, n_vocab=100)
     assert k.calls[-1][0] == "reflex_embed_q4_0" and k.calls[-1][3][-2:] == (36, 100)
     with pytest.raises(UnsupportedTensorType):
-        q.plan(16, (256, 4), W)  # IQ2_XXS
+        q.plan(40, (256, 4), W)  # NVFP4
     assert "not a positive multiple of the block size 256" in q.plan(12, (1000, 4), W).error
 
 

@@ -15,9 +15,12 @@ section as one buffer keeps every tensor 32-byte aligned):
 
 * activations (``x``, ``y``, ``out``) 16-byte aligned -- required by the GEMV path; the tiled
   path accepts any 4-byte aligned pointer;
-* weights: 16-byte aligned for the GEMV path of Q4_K / Q5_K / F32 / F16 / BF16, 2-byte for the
-  others. :func:`matmul_planned` falls back to the (slower for small T) tiled kernel when a
-  GEMV requirement does not hold; :func:`moe_matmul` raises ValueError instead.
+* weights: for the GEMV path 16-byte aligned for Q4_K / Q5_K / F32 / F16 / BF16 (128-bit
+  loads), 8-byte for IQ4_XS (its 136-byte blocks keep no more: 64-bit loads), none for Q2_K and
+  MXFP4 (word loads from any address; MXFP4's 17-byte blocks keep no alignment at all), 2-byte
+  for the others (f16 fields). :func:`matmul_planned` falls back to the (slower for small T)
+  tiled kernel when a GEMV requirement does not hold; :func:`moe_matmul` raises ValueError
+  instead.
 
 The CUDA backend plans each weight once (:class:`MatPlan`, kept in ``Weight.meta``) and launches
 through :func:`matmul_planned`: up to three weights of one type against the same input in one
@@ -31,7 +34,8 @@ from ..errors import UnsupportedTensorType
 from ..gguf import GGML_TYPES
 
 # The kernel-specific columns of each supported GGML type id: (kernel suffix, weight alignment
-# the GEMV lane units need). Names, block sizes and bytes per block come from gguf.GGML_TYPES.
+# the GEMV lane units need: rx_lu<T>::ALIGN in cuda/include/reflex/quants*.cuh). Names, block
+# sizes and bytes per block come from gguf.GGML_TYPES.
 _KERNEL_TYPES: dict[int, tuple[str, int]] = {
     0: ("f32", 16),
     1: ("f16", 16),
@@ -41,9 +45,23 @@ _KERNEL_TYPES: dict[int, tuple[str, int]] = {
     3: ("q4_1", 2),
     6: ("q5_0", 2),
     7: ("q5_1", 2),
+    10: ("q2_k", 1),
+    11: ("q3_k", 2),
     12: ("q4_k", 16),
     13: ("q5_k", 16),
     14: ("q6_k", 2),
+    16: ("iq2_xxs", 2),
+    17: ("iq2_xs", 2),
+    22: ("iq2_s", 2),
+    18: ("iq3_xxs", 2),
+    21: ("iq3_s", 2),
+    19: ("iq1_s", 2),
+    29: ("iq1_m", 2),
+    20: ("iq4_nl", 2),
+    23: ("iq4_xs", 8),
+    34: ("tq1_0", 2),
+    35: ("tq2_0", 2),
+    39: ("mxfp4", 1),
 }
 # GGML type id -> (kernel suffix, GGML name, block size, bytes per block, GEMV alignment)
 _TYPES: dict[int, tuple[str, str, int, int, int]] = {
@@ -73,7 +91,8 @@ def _info(ggml_type: int) -> tuple[str, str, int, int, int]:
         names = ", ".join(sorted(v[1] for v in _TYPES.values()))
         raise UnsupportedTensorType(
             f"GGML tensor type {ggml_type} is not supported by the CUDA backend "
-            f"(supported: {names}); use --backend cpu or a file with supported types")
+            f"(supported: {names}); use a file with supported types",
+            cpu_hint=", or --backend cpu")
     return info
 
 

@@ -87,11 +87,20 @@ __all__ = [
     "qwen3_tokenizer_json_path",
     "deepseek_llm_vocab_path",
     "WEIGHT_TYPES",
+    "EXTRA_WEIGHT_TYPES",
     "Q4_K_M_OVERRIDES",
     "q4_k_m_overrides",
+    "PRESETS",
+    "preset_overrides",
 ]
 
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
+# The low-bit K-quants, the codebook types, the ternary types and MXFP4 (issue 18): written as
+# random valid blocks whose unit std is measured on gguf-py's dequantization (_extra_unit) rather
+# than derived by hand. write_model accepts WEIGHT_TYPES + EXTRA_WEIGHT_TYPES.
+EXTRA_WEIGHT_TYPES = ("Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S",
+                      "IQ1_M", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4")
+_ALL_TYPES = WEIGHT_TYPES + EXTRA_WEIGHT_TYPES
 
 # A simple Q4_K_M-like mix (use with weight_type="Q4_K"): Q6_K for every layer's attn_v/ffn_down.
 # Real Q4_K_M uses Q6_K for only some layers (q4_k_m_overrides() below reproduces that).
@@ -180,12 +189,117 @@ def _deepseek2_q4_k_m_overrides(shape: "DeepSeek2Shape") -> dict[str, str]:
     return ov
 
 
+# llama-quant.cpp's tensor_type_fallback: the type written when a type's block does not divide ne0
+_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q2_K": "Q4_0", "Q3_K": "Q4_0",
+             "TQ1_0": "Q4_0", "TQ2_0": "Q4_0", "IQ1_S": "IQ4_NL", "IQ1_M": "IQ4_NL",
+             "IQ2_XXS": "IQ4_NL", "IQ2_XS": "IQ4_NL", "IQ2_S": "IQ4_NL", "IQ3_XXS": "IQ4_NL",
+             "IQ3_S": "IQ4_NL", "IQ4_XS": "IQ4_NL"}
+
+
 def _quantizer_fallback(t: str, ne0: int) -> str:
     """The type llama-quantize writes when ``t``'s block does not divide ne0 (spec 11.3)."""
-    for cand in (t, {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}.get(t, t)):
+    for cand in (t, _FALLBACK.get(t, t)):
         if ne0 % gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[cand]][0] == 0:
             return cand
     return "F16"
+
+
+# llama-quantize presets -> the type of the tensors no rule singles out (weight_type)
+PRESETS = {"Q4_K_M": "Q4_K", "Q3_K_M": "Q3_K", "IQ4_XS": "IQ4_XS", "IQ3_XXS": "IQ3_XXS",
+           "IQ2_XXS": "IQ2_XXS"}
+
+
+def preset_overrides(shape: "ModelShape", preset: str, imatrix: bool = True) -> dict[str, str]:
+    """llama-quantize's per-tensor types of ``preset`` (a key of :data:`PRESETS`; use with
+    ``weight_type=PRESETS[preset]``), one entry per matrix (full names), for a qwen3 / qwen3moe
+    shape; Q4_K_M also for the other families (:func:`q4_k_m_overrides`).
+
+    The rules of llama-quant.cpp's ``llama_tensor_get_type_impl`` for these presets (``imatrix``:
+    whether the file was made with an importance matrix, as Hub files of these presets are;
+    llama-quantize refuses IQ2_XXS without one). ``gqa`` = n_head / n_head_kv, ``E`` = n_expert:
+
+    * the head (``output``, or ``token_embd`` when tied): Q5_K for IQ2_XXS / IQ3_XXS, else Q6_K
+      (Q8_0 when the preset's block does not divide ne0);
+    * ``token_embd`` (untied): Q2_K for IQ2_XXS, IQ3_S for IQ3_XXS, else the preset's type;
+    * ``attn_v``: Q3_K_M Q5_K for the first two, then Q4_K; IQ4_XS Q5_K when gqa >= 4; IQ3_XXS
+      Q4_K when gqa >= 4 (else IQ3_S, or IQ3_XXS with an imatrix); IQ2_XXS Q4_K when gqa >= 4
+      or E >= 4, else Q2_K; Q8_0 when E == 8 (all but IQ2_XXS);
+    * ``attn_k``: Q8_0 when E == 8 (IQ2_XXS: Q4_K); IQ3_XXS IQ2_S; ``attn_q``: IQ3_XXS IQ2_S;
+    * ``ffn_down`` (dense and experts) of layer i of n: Q3_K_M Q5_K for i < n/16, else Q4_K;
+      IQ4_XS Q5_K for i < n/8 without an imatrix; IQ3_XXS without an imatrix Q4_K for i < n/8,
+      else Q3_K; IQ2_XXS Q2_K for i < n/8;
+    * ``attn_output``: Q5_K when E == 8 (every preset here); otherwise Q3_K_M Q4_K and IQ3_XXS
+      IQ3_S;
+    * every type then falls back as the quantizer does when its block does not divide ne0.
+    """
+    if preset == "Q4_K_M":
+        return q4_k_m_overrides(shape)
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r} (known: {', '.join(PRESETS)})")
+    if isinstance(shape, (Qwen35Shape, DeepSeek2Shape)):
+        raise ValueError(f"preset {preset} is written for qwen3 / qwen3moe shapes only")
+    base = PRESETS[preset]
+    n, E = shape.n_layer, shape.n_expert
+    gqa = shape.n_head // shape.n_head_kv
+    ov: dict[str, str] = {}
+    i_wv = 0  # attn_v tensors seen so far (llama-quant.cpp's i_attention_wv)
+    for spec in tensor_plan(shape, weight_type="F32"):
+        if spec.kind != "matrix":
+            continue
+        full = spec.name[: -len(".weight")]
+        short = spec.short
+        layer = int(full.split(".")[1]) if full.startswith("blk.") else -1
+        t = base
+        if full == "output" or (full == "token_embd" and shape.tied):
+            if spec.ne[0] % gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[base]][0]:
+                t = "Q8_0"
+            else:
+                t = "Q5_K" if preset in ("IQ2_XXS", "IQ3_XXS") else "Q6_K"
+        elif full == "token_embd":
+            t = {"IQ2_XXS": "Q2_K", "IQ3_XXS": "IQ3_S"}.get(preset, base)
+        elif preset == "IQ2_XXS":
+            if short == "attn_v":
+                t = "Q4_K" if gqa >= 4 or E >= 4 else "Q2_K"
+            elif short == "attn_k" and E == 8:
+                t = "Q4_K"
+            elif short.startswith("ffn_down") and layer < n // 8:
+                t = "Q2_K"
+            elif short == "attn_output" and E == 8:
+                t = "Q5_K"
+        elif short == "attn_v":
+            if preset == "Q3_K_M":
+                t = "Q5_K" if i_wv < 2 else "Q4_K"
+            elif preset == "IQ4_XS" and gqa >= 4:
+                t = "Q5_K"
+            elif preset == "IQ3_XXS":
+                t = "Q4_K" if gqa >= 4 else ("IQ3_XXS" if imatrix else "IQ3_S")
+            if E == 8:
+                t = "Q8_0"
+            i_wv += 1
+        elif short == "attn_k":
+            if E == 8:
+                t = "Q8_0"
+            elif preset == "IQ3_XXS":
+                t = "IQ2_S"
+        elif short == "attn_q":
+            if preset == "IQ3_XXS":
+                t = "IQ2_S"
+        elif short.startswith("ffn_down"):
+            if preset == "Q3_K_M":
+                t = "Q5_K" if layer < n // 16 else "Q4_K"
+            elif preset == "IQ4_XS" and not imatrix and layer < n // 8:
+                t = "Q5_K"
+            elif preset == "IQ3_XXS" and not imatrix:
+                t = "Q4_K" if layer < n // 8 else "Q3_K"
+        elif short == "attn_output":
+            if E == 8:
+                t = "Q5_K"
+            elif preset == "Q3_K_M":
+                t = "Q4_K"
+            elif preset == "IQ3_XXS":
+                t = "IQ3_S"
+        ov[full] = _quantizer_fallback(t, spec.ne[0])
+    return ov
 
 
 _CHUNK_BYTES = 32 << 20
@@ -817,8 +931,8 @@ class _Plan:
         full = name[: -len(".weight")]
         short = full.split(".", 2)[2] if full.startswith("blk.") else full
         t = _pick_type(short, full, self.weight_type, self.type_overrides)
-        if t not in WEIGHT_TYPES:
-            raise ValueError(f"{name}: unsupported weight type {t!r} (supported: {', '.join(WEIGHT_TYPES)})")
+        if t not in _ALL_TYPES:
+            raise ValueError(f"{name}: unsupported weight type {t!r} (supported: {', '.join(_ALL_TYPES)})")
         block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]][0]
         if ne[0] % block:
             raise ValueError(f"{name}: {t} needs ne0 to be a multiple of {block}, got ne={list(ne)}; "
@@ -1073,6 +1187,9 @@ def _quant_blocks(rng: np.random.Generator, t: str, k: int, sigma: float) -> np.
     """
     bsize = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]][1]
     b = _random_bytes(rng, k * bsize).reshape(k, bsize)
+    if t in EXTRA_WEIGHT_TYPES:
+        d32, _ = _block_scales_f16(rng, k, sigma, _extra_unit(t))
+        return _extra_blocks(b, t, d32)
     d32, d16 = _block_scales_f16(rng, k, sigma, _QUANT_UNIT[t])
     if t in ("Q8_0", "Q4_0", "Q5_0"):
         b[:, 0:2] = d16.view(np.uint8).reshape(k, 2)
@@ -1101,6 +1218,97 @@ def _quant_blocks(rng: np.random.Generator, t: str, k: int, sigma: float) -> np.
     else:  # pragma: no cover
         raise AssertionError(t)
     return b
+
+
+def _signed_6bit_scales(r: np.ndarray, n: int) -> np.ndarray:
+    """n 6-bit scale fields per row, ``v + 32`` with ``|v|`` in [16, 31] and a random sign, from
+    the random bytes ``r`` (k, >= 5n/8): magnitudes from the nibbles of the first n/2 bytes,
+    signs from the bits of the next n/8 (Q3_K / IQ4_XS sub-block scales: large, as a real
+    quantizer's, so the 3- and 4-bit quants keep their resolution)."""
+    m = n // 2
+    mag = np.empty((r.shape[0], n), np.uint8)
+    mag[:, 0::2] = r[:, :m] & 15
+    mag[:, 1::2] = r[:, :m] >> 4
+    mag |= 16
+    neg = np.unpackbits(r[:, m:m + n // 8], axis=1, bitorder="little")
+    return np.where(neg == 1, 32 - mag, 32 + mag).astype(np.uint8)
+
+
+def _trit_bytes(r: np.ndarray, n_trits: int) -> np.ndarray:
+    """TQ1_0 bytes that decode to ``n_trits`` base-3 digits (what its quantizer writes: digits
+    x, stored as ceil(x·256/243)), from random bytes."""
+    x = (r % 3 ** n_trits).astype(np.uint16) * 3 ** (5 - n_trits)
+    return ((x * 256 + 242) // 243).astype(np.uint8)
+
+
+def _extra_blocks(b: np.ndarray, t: str, d32: np.ndarray) -> np.ndarray:
+    """Blocks of an EXTRA_WEIGHT_TYPES type from random bytes ``b`` (k, type_size), the block
+    scale of block i set from ``d32[i]``. Codebook indices, sign bits and sub-block scales of the
+    IQ types stay random (every value is valid); Q2_K's sub-block (scale, min) pairs make each
+    sub-block about zero-mean (min = 0.75·scale with dmin = 2·d: E[q] = 1.5); Q3_K / IQ4_XS get
+    signed 6-bit scales; TQ1_0 / TQ2_0 only digits their quantizers write (0..2); MXFP4's E8M0
+    scale is the nearest power of two."""
+    k = b.shape[0]
+    d16 = d32.astype(np.float16).view(np.uint8).reshape(k, 2)
+    if t == "Q2_K":
+        r = np.ascontiguousarray(b[:, 0:16])
+        sc = (r & 7) | 8
+        mn = ((sc.astype(np.uint16) * 3 + 2) >> 2).astype(np.uint8) + (r >> 4) % 3 - 1
+        b[:, 0:16] = sc | (mn << 4)
+        b[:, 80:82] = d16
+        b[:, 82:84] = (d32 * np.float32(2)).astype(np.float16).view(np.uint8).reshape(k, 2)
+    elif t == "Q3_K":
+        L = _signed_6bit_scales(np.ascontiguousarray(b[:, 96:108]), 16)
+        s = np.empty((k, 12), np.uint8)
+        s[:, 0:8] = (L[:, 0:8] & 15) | ((L[:, 8:16] & 15) << 4)
+        hi = L >> 4
+        s[:, 8:12] = hi[:, 0:4] | (hi[:, 4:8] << 2) | (hi[:, 8:12] << 4) | (hi[:, 12:16] << 6)
+        b[:, 96:108] = s
+        b[:, 108:110] = d16
+    elif t == "IQ4_XS":
+        L = _signed_6bit_scales(np.ascontiguousarray(b[:, 2:8]), 8)
+        b[:, 4:8] = (L[:, 0::2] & 15) | ((L[:, 1::2] & 15) << 4)
+        sh = np.zeros(k, np.uint16)
+        for ib in range(8):
+            sh |= (L[:, ib] >> 4).astype(np.uint16) << (2 * ib)
+        b[:, 2:4] = sh.view(np.uint8).reshape(k, 2)
+        b[:, 0:2] = d16
+    elif t == "IQ1_M":
+        d = d16.copy().view(np.uint16).reshape(k)
+        sc = np.ascontiguousarray(b[:, 48:56]).view(np.uint16)
+        for i in range(4):
+            sc[:, i] = (sc[:, i] & 0x0FFF) | (((d >> (4 * i)) & 15) << 12)
+        b[:, 48:56] = sc.view(np.uint8)
+    elif t == "TQ1_0":
+        b[:, 0:48] = _trit_bytes(b[:, 0:48], 5)
+        b[:, 48:52] = _trit_bytes(b[:, 48:52], 4)
+        b[:, 52:54] = d16
+    elif t == "TQ2_0":
+        x = b[:, 0:64] % 81  # four base-3 digits -> four 2-bit fields
+        b[:, 0:64] = (x % 3) | ((x // 3 % 3) << 2) | ((x // 9 % 3) << 4) | ((x // 27) << 6)
+        b[:, 64:66] = d16
+    elif t == "MXFP4":
+        b[:, 0] = np.clip(np.rint(np.log2(d32)) + 128, 0, 255).astype(np.uint8)
+    elif t == "IQ4_NL":  # its 16 values are not symmetric (mean -5.9 of 67 RMS): random sign of d
+        d16 = d16.copy()
+        d16[:, 1] |= (b[:, 0] & 1) << 7
+        b[:, 0:2] = d16
+    else:  # IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S: d leads the block
+        b[:, 0:2] = d16
+    return b
+
+
+@functools.cache
+def _extra_unit(t: str) -> float:
+    """RMS of the dequantized values of _extra_blocks(t) with d = 1 (1024 blocks, fixed seed):
+    the unit the per-block d divides the target std by."""
+    from gguf.quants import dequantize
+
+    bsize = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]][1]
+    rng = np.random.Generator(np.random.SFC64(0))
+    b = _extra_blocks(_random_bytes(rng, 1024 * bsize).reshape(1024, bsize), t, np.ones(1024, np.float32))
+    y = dequantize(b, gguf.GGMLQuantizationType[t]).astype(np.float64)
+    return float(np.sqrt(np.mean(y * y)))
 
 
 def _f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -1186,8 +1394,23 @@ _FILE_TYPES = {
     "Q4_K": gguf.LlamaFileType.MOSTLY_Q4_K_S,
     "Q5_K": gguf.LlamaFileType.MOSTLY_Q5_K_S,
     "Q6_K": gguf.LlamaFileType.MOSTLY_Q6_K,
+    "Q2_K": gguf.LlamaFileType.MOSTLY_Q2_K,
+    "Q3_K": gguf.LlamaFileType.MOSTLY_Q3_K_S,
+    "IQ2_XXS": gguf.LlamaFileType.MOSTLY_IQ2_XXS,
+    "IQ2_XS": gguf.LlamaFileType.MOSTLY_IQ2_XS,
+    "IQ2_S": gguf.LlamaFileType.MOSTLY_IQ2_M,  # the preset whose default type is IQ2_S
+    "IQ3_XXS": gguf.LlamaFileType.MOSTLY_IQ3_XXS,
+    "IQ3_S": gguf.LlamaFileType.MOSTLY_IQ3_S,
+    "IQ1_S": gguf.LlamaFileType.MOSTLY_IQ1_S,
+    "IQ1_M": gguf.LlamaFileType.MOSTLY_IQ1_M,
+    "IQ4_NL": gguf.LlamaFileType.MOSTLY_IQ4_NL,
+    "IQ4_XS": gguf.LlamaFileType.MOSTLY_IQ4_XS,
+    "TQ1_0": gguf.LlamaFileType.MOSTLY_TQ1_0,
+    "TQ2_0": gguf.LlamaFileType.MOSTLY_TQ2_0,
+    "MXFP4": gguf.LlamaFileType.MOSTLY_MXFP4_MOE,
 }
-_FILE_TYPES_MIXED = {"Q4_K": gguf.LlamaFileType.MOSTLY_Q4_K_M, "Q5_K": gguf.LlamaFileType.MOSTLY_Q5_K_M}
+_FILE_TYPES_MIXED = {"Q4_K": gguf.LlamaFileType.MOSTLY_Q4_K_M, "Q5_K": gguf.LlamaFileType.MOSTLY_Q5_K_M,
+                     "Q3_K": gguf.LlamaFileType.MOSTLY_Q3_K_M}
 
 
 def _add_hparams(w: gguf.GGUFWriter, shape: ModelShape, n_vocab: int) -> None:
@@ -1361,7 +1584,8 @@ def write_model(path, shape: ModelShape | None = None, *, weight_type: str = "F3
     """Write a random ``shape`` model to ``path`` and return the path.
 
     weight_type: type of the matrices (2-D and expert 3-D tensors, token_embd, output), one of
-    WEIGHT_TYPES. type_overrides: per-tensor types, see ``tensor_plan`` (``Q4_K_M_OVERRIDES``).
+    WEIGHT_TYPES or EXTRA_WEIGHT_TYPES. type_overrides: per-tensor types, see ``tensor_plan``
+    (``Q4_K_M_OVERRIDES``, ``preset_overrides``).
     tokenizer: "none" (``tokenizer.ggml.model = none`` + ``{arch}.vocab_size``; callers feed ids),
     "qwen3" (the real Qwen3 tokenizer), "qwen35" (the same token list with pre = "qwen35",
     padded with UNUSED tokens up to n_vocab) or "deepseek-llm" (the DeepSeek-LLM / V2 tokenizer of
@@ -1374,8 +1598,8 @@ def write_model(path, shape: ModelShape | None = None, *, weight_type: str = "F3
     The file is written to ``path + ".tmp"`` and renamed when complete.
     """
     shape = ModelShape() if shape is None else shape
-    if weight_type not in WEIGHT_TYPES:
-        raise ValueError(f"unsupported weight_type {weight_type!r} (supported: {', '.join(WEIGHT_TYPES)})")
+    if weight_type not in _ALL_TYPES:
+        raise ValueError(f"unsupported weight_type {weight_type!r} (supported: {', '.join(_ALL_TYPES)})")
     path = Path(path)
     plan = tensor_plan(shape, weight_type=weight_type, tokenizer=tokenizer, type_overrides=type_overrides)
     n_vocab = _resolve_vocab(shape, tokenizer)

@@ -13,7 +13,7 @@ from reflex_core.ops import AttnMask, Batch
 
 pytestmark = pytest.mark.gpu
 
-F32, F16, Q4_0, Q8_0, Q4_K, Q6_K, BF16, IQ2_XXS = 0, 1, 2, 8, 12, 14, 30, 16
+F32, F16, Q4_0, Q8_0, Q4_K, Q6_K, BF16, NVFP4 = 0, 1, 2, 8, 12, 14, 30, 40
 # byte offsets of f16 scale fields per block (set to small sane values so outputs stay finite)
 F16_FIELDS = {Q4_0: [0], Q8_0: [0], Q4_K: [0, 2], Q6_K: [208]}
 
@@ -141,10 +141,11 @@ def test_matmul_many_and_swiglu(attach_both, types, rng):
 
 
 def test_unsupported_type_names_tensor(attach_both, rng):
-    info = GGML_TYPES[IQ2_XXS]
+    info = GGML_TYPES[NVFP4]
     cuda_ops, _ = attach_both({"blk.0.ffn_up.weight": (
-        rng.integers(0, 256, 2 * info.type_size, dtype=np.uint8).tobytes(), [512, 1], IQ2_XXS)})
-    with pytest.raises(UnsupportedTensorType, match=r"blk\.0\.ffn_up\.weight.*IQ2_XXS"):
+        rng.integers(0, 256, 512 // info.block_size * info.type_size, dtype=np.uint8).tobytes(),
+        [512, 1], NVFP4)})
+    with pytest.raises(UnsupportedTensorType, match=r"blk\.0\.ffn_up\.weight.*NVFP4"):
         cuda_ops.weight("blk.0.ffn_up.weight")
 
 

@@ -1,7 +1,7 @@
 """The weight-side kernels (cuda/quant.cu via reflex_core.cuda.quant_ops) against NumPy.
 
 * dequant: BIT-exact with gguf.quants.dequantize, every supported type (random blocks with
-  extreme scales, every f16/bf16 pattern), also into a misaligned output;
+  extreme scales, every f16/bf16 pattern, every MXFP4 scale byte), also into a misaligned output;
 * embed: bit-exact rows, repeated ids, an invalid id -> NaN row;
 * matmul: vs a float64 NumPy matmul of the gguf-dequantized weights, for T in 1, 2, 7, 8, 9, 64,
   300 and n_out in 1, 33, 257, 1000 with one, three and many blocks per row; both paths (GEMV,
@@ -29,12 +29,19 @@ pytestmark = pytest.mark.gpu
 
 TYPES = {
     "F32": 0, "F16": 1, "BF16": 30, "Q8_0": 8, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7,
-    "Q4_K": 12, "Q5_K": 13, "Q6_K": 14,
+    "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "Q2_K": 10, "Q3_K": 11, "IQ2_XXS": 16, "IQ2_XS": 17,
+    "IQ2_S": 22, "IQ3_XXS": 18, "IQ3_S": 21, "IQ1_S": 19, "IQ1_M": 29, "IQ4_NL": 20,
+    "IQ4_XS": 23, "TQ1_0": 34, "TQ2_0": 35, "MXFP4": 39,
 }
 FLOAT_TYPES = ("F32", "F16", "BF16")
+# byte offsets of the f16 fields inside a block; IQ1_M's d lies in the top nibbles of its 4
+# scale u16s (byte 48), MXFP4's scale is an E8M0 byte (set_scales)
 F16_FIELDS = {
     "Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2),
-    "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+    "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,),
+    "IQ2_XXS": (0,), "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,), "IQ3_S": (0,),
+    "IQ1_S": (0,), "IQ1_M": (), "IQ4_NL": (0,), "IQ4_XS": (0,), "TQ1_0": (52,), "TQ2_0": (64,),
+    "MXFP4": (),
 }
 
 
@@ -53,6 +60,28 @@ def random_f16_bits(rng, shape, lo_exp=0, hi_exp=30):
     return (sign | exp | man).astype(np.uint16)
 
 
+def set_scales(rng, blocks, name, lo_exp, hi_exp):
+    """Overwrite the block scales of ``blocks`` (uint8 [n, type_size]) with finite values of
+    f16 exponent field lo_exp .. hi_exp (MXFP4: the E8M0 bytes of the same magnitudes)."""
+    nb = blocks.shape[0]
+    for off in F16_FIELDS[name]:
+        blocks[:, off:off + 2] = random_f16_bits(rng, (nb,), lo_exp, hi_exp).view(np.uint8) \
+            .reshape(nb, 2)
+    if name == "IQ1_M":
+        d = random_f16_bits(rng, (nb,), lo_exp, hi_exp)
+        sc = blocks[:, 48:56].copy().view(np.uint16)
+        for k in range(4):
+            sc[:, k] = (sc[:, k] & 0x0FFF) | (((d >> (4 * k)) & 15) << 12)
+        blocks[:, 48:56] = sc.view(np.uint8)
+    if name == "MXFP4":
+        blocks[:, 0] = rng.integers(lo_exp + 113, hi_exp + 114, nb)  # 2^(e-128) vs 2^(x-15)
+
+
+def dequantize_ref(raw, name):
+    with np.errstate(over="ignore"):  # MXFP4's largest scales overflow to inf: so must we
+        return dequantize(raw, GGMLQuantizationType[name])
+
+
 def random_weights(rng, name, n_rows, n_in, lo_exp=8, hi_exp=14):
     """(raw uint8 [n_rows, row_bytes], float32 dequantized [n_rows, n_in]). Quantized types get
     random bytes with finite f16 scales in 2^(lo_exp-15) .. 2^(hi_exp-14)."""
@@ -69,11 +98,9 @@ def random_weights(rng, name, n_rows, n_in, lo_exp=8, hi_exp=14):
         bs, ts = qinfo(name)
         nb = n_rows * (n_in // bs)
         raw = rng.integers(0, 256, size=(nb, ts), dtype=np.uint8)
-        for off in F16_FIELDS[name]:
-            raw[:, off:off + 2] = random_f16_bits(rng, (nb,), lo_exp, hi_exp).view(np.uint8) \
-                .reshape(nb, 2)
+        set_scales(rng, raw, name, lo_exp, hi_exp)
         raw = raw.reshape(n_rows, (n_in // bs) * ts)
-    wf = dequantize(raw, GGMLQuantizationType[name]).reshape(n_rows, n_in).astype(np.float32)
+    wf = dequantize_ref(raw, name).reshape(n_rows, n_in).astype(np.float32)
     return raw, wf
 
 
@@ -190,8 +217,13 @@ def test_dequant_bit_exact(qk, name):
         for lo, hi in ((0, 30), (30, 30), (0, 0)):  # any finite scale, largest, subnormal
             raw, _ = random_weights(rng, name, 1, qinfo(name)[0] * 1000, lo, hi)
             cases.append(raw.reshape(-1))
+        if name == "MXFP4":  # every E8M0 byte: subnormal 2^-128, 2^-127 .. overflow to inf
+            raw, _ = random_weights(rng, name, 1, 32 * 256 * 3)
+            raw = raw.reshape(-1, 17)
+            raw[:, 0] = np.repeat(np.arange(256, dtype=np.uint8), 3)
+            cases.append(raw.reshape(-1))
     for raw in cases:
-        want = dequantize(raw, GGMLQuantizationType[name]).reshape(-1)
+        want = dequantize_ref(raw, name).reshape(-1)
         n = want.size
         _, wp = upload(ctx, raw)
         for off in (0, 4):  # aligned (float4 stores) and misaligned output
@@ -463,9 +495,7 @@ def large_weights(rng, name, n_in, n_out):
         return w.view(np.uint8)
     bs, ts = qinfo(name)
     blocks = rng.integers(0, 256, size=(n_out * (n_in // bs), ts), dtype=np.uint8)
-    for off in F16_FIELDS[name]:
-        blocks[:, off:off + 2] = random_f16_bits(rng, (blocks.shape[0],), 8, 14) \
-            .view(np.uint8).reshape(-1, 2)
+    set_scales(rng, blocks, name, 8, 14)
     return blocks.reshape(n_out, -1)
 
 
@@ -475,7 +505,8 @@ def test_large_matrices_and_bandwidth_report(qk, rng):
     ctx, kern = qk
     lines = []
     shapes = [(1024, 3072), (4096, 12288), (1024, 151936)]  # (n_in, n_out)
-    for name in ("Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "F16", "BF16", "F32"):
+    for name in ("Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "F16", "BF16", "F32", "Q3_K", "Q2_K",
+                 "IQ4_XS", "IQ4_NL", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_S", "IQ1_S", "MXFP4"):
         bs, ts = qinfo(name)
         for n_in, n_out in shapes:
             nbytes = n_in // bs * ts * n_out
@@ -501,7 +532,7 @@ def test_large_matrices_and_bandwidth_report(qk, rng):
                              f"{nbytes / ms / 1e6:7.0f} GB/s")
             ctx.free(wbase)
     # prefill: the tiled kernel
-    for name in ("Q8_0", "Q4_K", "Q6_K"):
+    for name in ("Q8_0", "Q4_K", "Q6_K", "Q3_K", "IQ4_XS", "IQ3_XXS", "IQ2_XXS"):
         n_in, n_out = 4096, 4096
         raw = large_weights(rng, name, n_in, n_out)
         _, wp = upload(ctx, raw)

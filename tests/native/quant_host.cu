@@ -69,6 +69,17 @@ int dequant_any(const uint8_t* w, long long n, float* out, int mode) {
 }
 
 template <int T>
+int type_info(int* qk, int* ts, int* align) {
+    *qk = rx_q<T>::QK;
+    *ts = rx_q<T>::TS;
+    *align = rx_lu<T>::ALIGN;
+    // float types: the lane units' pseudo-blocks of 8 elements
+    const bool tiles = rx_lu<T>::QK == (rx_q<T>::QK == 1 ? 8 : rx_q<T>::QK) &&
+                       rx_lu<T>::LPB * rx_lu<T>::SUB * 8 == rx_lu<T>::QK;
+    return tiles ? 0 : -4;
+}
+
+template <int T>
 int gemv_any(int tt, const uint8_t* w, const float* x, float* y, int nt, int n_in, int n_out,
              long long row_bytes) {
     if (nt > tt) return -3;
@@ -96,6 +107,20 @@ int gemv_any(int tt, const uint8_t* w, const float* x, float* y, int nt, int n_i
         case RX_Q4_K: return CALL(RX_Q4_K); \
         case RX_Q5_K: return CALL(RX_Q5_K); \
         case RX_Q6_K: return CALL(RX_Q6_K); \
+        case RX_Q2_K: return CALL(RX_Q2_K); \
+        case RX_Q3_K: return CALL(RX_Q3_K); \
+        case RX_IQ2_XXS: return CALL(RX_IQ2_XXS); \
+        case RX_IQ2_XS: return CALL(RX_IQ2_XS); \
+        case RX_IQ2_S: return CALL(RX_IQ2_S); \
+        case RX_IQ3_XXS: return CALL(RX_IQ3_XXS); \
+        case RX_IQ3_S: return CALL(RX_IQ3_S); \
+        case RX_IQ1_S: return CALL(RX_IQ1_S); \
+        case RX_IQ1_M: return CALL(RX_IQ1_M); \
+        case RX_IQ4_NL: return CALL(RX_IQ4_NL); \
+        case RX_IQ4_XS: return CALL(RX_IQ4_XS); \
+        case RX_TQ1_0: return CALL(RX_TQ1_0); \
+        case RX_TQ2_0: return CALL(RX_TQ2_0); \
+        case RX_MXFP4: return CALL(RX_MXFP4); \
     }                                   \
     return -1;
 
@@ -112,7 +137,20 @@ extern "C" int rx_host_gemv(int type, int tt, const uint8_t* w, const float* x, 
 #undef RX_CALL
 }
 
+// A type's block size, bytes per block and GEMV weight alignment as the decoders declare them
+// (-4: its lane units do not tile the block into steps of 8 elements).
+extern "C" int rx_host_type_info(int type, int* qk, int* ts, int* align) {
+#define RX_CALL(T) type_info<T>(qk, ts, align)
+    RX_TYPE_SWITCH(type, RX_CALL)
+#undef RX_CALL
+}
+
 // Sanity hook: the f16 converter alone (all 65536 patterns in one call).
 extern "C" void rx_host_f16_table(float* out) {
     for (uint32_t h = 0; h < 65536u; ++h) out[h] = rx_f16_to_f32(h);
+}
+
+// The computed IQ2/IQ3 sign table (rx_ksigns), all 128 entries, to compare with gguf-py's.
+extern "C" void rx_host_ksigns(uint8_t* out) {
+    for (uint32_t i = 0; i < 128u; ++i) out[i] = (uint8_t)rx_ksigns(i);
 }

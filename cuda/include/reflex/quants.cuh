@@ -11,6 +11,8 @@
 //   Q4_1 : (d * q) + m                      Q5_1 : (d * q) + m
 //   Q4_K : (d * sc) * q - (dmin * m)        Q5_K : same, 5-bit q
 //   Q6_K : (d * sc) * (q - 32)              (integers -> float exactly; sc of Q6_K is int8)
+//   Q2_K : (d * sc) * q - (dmin * m)        Q3_K : (d * (sc - 32)) * q, q in -4..3
+//   the codebook types (IQ*), TQ1_0 / TQ2_0 and MXFP4: reflex/quants_iq.cuh (included below)
 //
 // Two views of each quantized type:
 //
@@ -46,10 +48,24 @@ enum : int {
     RX_Q5_0 = 6,
     RX_Q5_1 = 7,
     RX_Q8_0 = 8,
+    RX_Q2_K = 10,
+    RX_Q3_K = 11,
     RX_Q4_K = 12,
     RX_Q5_K = 13,
     RX_Q6_K = 14,
+    RX_IQ2_XXS = 16,
+    RX_IQ2_XS = 17,
+    RX_IQ3_XXS = 18,
+    RX_IQ1_S = 19,
+    RX_IQ4_NL = 20,
+    RX_IQ3_S = 21,
+    RX_IQ2_S = 22,
+    RX_IQ4_XS = 23,
+    RX_IQ1_M = 29,
     RX_BF16 = 30,
+    RX_TQ1_0 = 34,
+    RX_TQ2_0 = 35,
+    RX_MXFP4 = 39,
 };
 
 #ifdef __CUDACC__
@@ -83,6 +99,29 @@ RX_HD float rx_mad(float a, float q, float b) {
 template <bool EXACT>
 RX_HD float rx_msub(float a, float q, float b) {
     return EXACT ? RX_FSUB(RX_FMUL(a, q), b) : fmaf(a, q, -b);
+}
+
+// 8 bytes from an 8-byte aligned address (device: one 64-bit load)
+RX_HD void rx_ld_v2(const uint8_t* p, uint32_t& w0, uint32_t& w1) {
+#ifdef __CUDA_ARCH__
+    const uint2 v = __ldg((const uint2*)p);
+    w0 = v.x;
+    w1 = v.y;
+#else
+    uint32_t w[2];
+    memcpy(w, p, 8);
+    w0 = w[0];
+    w1 = w[1];
+#endif
+}
+
+// Q3_K's 6-bit signed scale of sub-block is (0..15) from the 12 scale bytes as the words
+// S0 = s[0..3], S1 = s[4..7], S2 = s[8..11]: low 4 bits = nibble is/8 of s[is % 8], high 2
+// bits = bits 2(is/4).. of s[8 + is % 4]; minus 32.
+RX_HD int rx_q3k_scale(uint32_t S0, uint32_t S1, uint32_t S2, int is) {
+    const uint32_t lo = (((is & 4) ? S1 : S0) >> (8 * (is & 3) + 4 * (is >> 3))) & 15u;
+    const uint32_t hi = (S2 >> (8 * (is & 3) + 2 * (is >> 2))) & 3u;
+    return (int)(lo | (hi << 4)) - 32;
 }
 
 // Q4_K / Q5_K 6-bit (scale, min) of sub-block j (0..7) from the 12 scale bytes, given as the
@@ -265,6 +304,43 @@ struct rx_q<RX_Q6_K> {
         w |= ((rx_ld_u32u(b + 128 + 32 * h + l) >> (2 * c)) & 0x03030303u) << 4;
 #pragma unroll
         for (int i = 0; i < 4; ++i) y[i] = RX_FMUL(a, rx_ubyte_f(w, i, 32.0f));
+    }
+};
+
+// Q2_K: scales[16] (low nibble scale, high nibble min), qs[64], d f16 @80, dmin f16 @82.
+// Element 128n + 32j + l (n < 2, j < 4, l < 32) = bits 2j.. of qs[32n + l]; its sub-block (16
+// elements) is e / 16. y = (d*sc)*q - (dmin*m)
+template <>
+struct rx_q<RX_Q2_K> {
+    static constexpr int QK = 256, TS = 84;
+    static RX_HD void dec4(const uint8_t* b, int e0, float* y) {
+        const float d = rx_f16_to_f32(rx_ld_u16(b + 80));
+        const float dmin = rx_f16_to_f32(rx_ld_u16(b + 82));
+        const uint32_t sc = rx_ld_u8(b + (e0 >> 4));
+        const float a = RX_FMUL(d, rx_ubyte_f(sc & 15u, 0, 0.0f)), c = RX_FMUL(dmin, rx_ubyte_f(sc >> 4, 0, 0.0f));
+        const int n = e0 >> 7, j = (e0 >> 5) & 3, l = e0 & 31;
+        const uint32_t w = (rx_ld_u32u(b + 16 + 32 * n + l) >> (2 * j)) & 0x03030303u;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) y[i] = RX_FSUB(RX_FMUL(a, rx_ubyte_f(w, i, 0.0f)), c);
+    }
+};
+
+// Q3_K: hmask[32], qs[64] @32, scales[12] @96 (rx_q3k_scale), d f16 @108. Element 128n + 32j + l:
+// low 2 bits = bits 2j.. of qs[32n + l], q = that - 4 unless bit 4n + j of hmask[l] is set;
+// sub-block e / 16. y = (d*(sc - 32))*q
+template <>
+struct rx_q<RX_Q3_K> {
+    static constexpr int QK = 256, TS = 110;
+    static RX_HD void dec4(const uint8_t* b, int e0, float* y) {
+        const float d = rx_f16_to_f32(rx_ld_u16(b + 108));
+        uint32_t s[3];
+        rx_ld_words<3>(b + 96, s);
+        const float a = RX_FMUL(d, (float)rx_q3k_scale(s[0], s[1], s[2], e0 >> 4));
+        const int n = e0 >> 7, j = (e0 >> 5) & 3, l = e0 & 31;
+        uint32_t w = (rx_ld_u32u(b + 32 + 32 * n + l) >> (2 * j)) & 0x03030303u;
+        w |= ((rx_ld_u32u(b + l) >> (4 * n + j)) & 0x01010101u) << 2;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) y[i] = RX_FMUL(a, rx_ubyte_f(w, i, 4.0f));
     }
 };
 
@@ -583,6 +659,86 @@ struct rx_lu<RX_Q6_K> {
         }
     }
 };
+
+// Q2_K: 8 units per block (84-byte blocks are 4-aligned at best: word loads). Unit j (n = j/4,
+// k = j%4): qs bytes [32n + 8k, +8), the 8 scale bytes of half n, d|dmin. Step s (the 2-bit
+// field 2s.. of each byte): elements 128n + 32s + 8k + [0, 8), sub-block 8n + 2s + k/2.
+template <>
+struct rx_lu<RX_Q2_K> {
+    static constexpr int QK = 256, TS = 84, LPB = 8, SUB = 4, ALIGN = 1;
+    uint32_t q[2];
+    uint32_t sc[2];
+    uint32_t dm[1];
+    float a[4], c[4];
+    RX_HD void load(const uint8_t* b, int j) {
+        const int n = j >> 2, k = j & 3;
+        rx_ld_words<2>(b + 16 + 32 * n + 8 * k, q);
+        rx_ld_words<2>(b + 8 * n, sc);
+        rx_ld_words<1>(b + 80, dm);
+    }
+    RX_HD void prep(int j) {
+        const float d = rx_f16_to_f32_fast(dm[0] & 0xffffu), dmin = rx_f16_to_f32_fast(dm[0] >> 16);
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+            const uint32_t v = sc[s >> 1] >> (16 * (s & 1) + 8 * ((j & 3) >> 1));
+            a[s] = RX_FMUL(d, rx_ubyte_f(v & 15u, 0, 0.0f));
+            c[s] = RX_FMUL(dmin, rx_ubyte_f((v >> 4) & 15u, 0, 0.0f));
+        }
+    }
+    static RX_HD int e0(int j, int s) { return 128 * (j >> 2) + 32 * s + 8 * (j & 3); }
+    static RX_HD int e1(int j, int s) { return 128 * (j >> 2) + 32 * s + 8 * (j & 3) + 4; }
+    template <bool EXACT>
+    RX_HD void dec(int, int s, float* w) const {
+        const uint32_t lo = (q[0] >> (2 * s)) & 0x03030303u, hi = (q[1] >> (2 * s)) & 0x03030303u;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w[i] = rx_msub<EXACT>(a[s], rx_ubyte_f(lo, i, 0.0f), c[s]);
+            w[4 + i] = rx_msub<EXACT>(a[s], rx_ubyte_f(hi, i, 0.0f), c[s]);
+        }
+    }
+};
+
+// Q3_K: 8 units per block (110-byte blocks are only 2-aligned: funnel-shifted word loads). Unit
+// j (n = j/4, k = j%4): qs bytes [32n + 8k, +8), hmask bytes [8k, +8), the 12 scale bytes, d.
+// Step s: elements 128n + 32s + 8k + [0, 8) (hmask bit 4n + s), sub-block 8n + 2s + k/2.
+template <>
+struct rx_lu<RX_Q3_K> {
+    static constexpr int QK = 256, TS = 110, LPB = 8, SUB = 4, ALIGN = 2;
+    uint32_t q[2];
+    uint32_t hm[2];
+    uint32_t sc[3];
+    uint32_t dh;
+    float a[4];
+    RX_HD void load(const uint8_t* b, int j) {
+        const int n = j >> 2, k = j & 3;
+        rx_ld_words<2>(b + 32 + 32 * n + 8 * k, q);
+        rx_ld_words<2>(b + 8 * k, hm);
+        rx_ld_words<3>(b + 96, sc);
+        dh = rx_ld_u16(b + 108);
+    }
+    RX_HD void prep(int j) {
+        const float d = rx_f16_to_f32_fast(dh);
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+            a[s] = RX_FMUL(d, (float)rx_q3k_scale(sc[0], sc[1], sc[2], 8 * (j >> 2) + 2 * s + ((j & 3) >> 1)));
+    }
+    static RX_HD int e0(int j, int s) { return 128 * (j >> 2) + 32 * s + 8 * (j & 3); }
+    static RX_HD int e1(int j, int s) { return 128 * (j >> 2) + 32 * s + 8 * (j & 3) + 4; }
+    template <bool EXACT>
+    RX_HD void dec(int j, int s, float* w) const {
+        const int hb = 4 * (j >> 2) + s;
+        const uint32_t lo = ((q[0] >> (2 * s)) & 0x03030303u) | (((hm[0] >> hb) & 0x01010101u) << 2);
+        const uint32_t hi = ((q[1] >> (2 * s)) & 0x03030303u) | (((hm[1] >> hb) & 0x01010101u) << 2);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w[i] = rx_mul<EXACT>(a[s], rx_ubyte_f(lo, i, 4.0f));
+            w[4 + i] = rx_mul<EXACT>(a[s], rx_ubyte_f(hi, i, 4.0f));
+        }
+    }
+};
+
+// The codebook types (IQ*), TQ1_0 / TQ2_0 and MXFP4: their rx_q / rx_lu specializations.
+#include "reflex/quants_iq.cuh"
 
 // ==========================================================================================
 // The GEMV lane loop, shared by the kernels (cuda/quant.cu) and the host harness (which runs it
