@@ -24,7 +24,6 @@ import sys
 from array import array
 from collections.abc import Sequence
 
-from . import mapguard
 from .errors import GGUFError
 from .ggml_types import (  # noqa: F401 - the type tables are re-exported for the reader's users
     GGML_TYPE_IDS, GGML_TYPES, GGUF_TYPE_ARRAY, GGUF_TYPE_BOOL, GGUF_TYPE_FLOAT32,
@@ -335,7 +334,6 @@ def map_file(path: str) -> tuple[mmap.mmap, os.stat_result]:
         raise GGUFError(f"{path}: cannot map: {e.strerror}") from None
     finally:
         os.close(fd)  # the mmap keeps its own reference to the file
-    mapguard.mapped(path)
     return mm, fst
 
 

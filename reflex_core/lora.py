@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from . import mapguard
 from .errors import GGUFError, ReflexError
 from .ggml_types import GGML_TYPES
 
@@ -162,6 +163,7 @@ def open_adapter(path: str, base: Any, user_scale: float = 1.0) -> Adapter:
     path = os.fspath(path)
     try:
         g = open_gguf(path)
+        mapguard.mapped(path)
     except GGUFError as e:
         raise LoraError(f"LoRA adapter: {e}") from None
     try:

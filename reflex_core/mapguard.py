@@ -38,7 +38,8 @@ def enable() -> None:
 
 
 def mapped(path: str) -> None:
-    """``path`` was just mapped (reflex_core.gguf.map_file)."""
+    """``path`` was just mapped (by reflex_core.modelfile for a model, reflex_core.lora for an
+    adapter: the GGUF reader itself stays free of process-wide concerns)."""
     if path not in _paths:
         _paths.append(path)
     if _enabled and not _installed:

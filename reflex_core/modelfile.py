@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import gguf_index
+from . import gguf_index, mapguard
 from .gguf import GGUFFile, map_file, parse
 
 
@@ -64,6 +64,7 @@ def open_model_file(path: str | os.PathLike, use_index: bool = True) -> ModelFil
     only makes it a miss."""
     path = os.fspath(path)
     mm, st = map_file(path)
+    mapguard.mapped(path)
     g = ModelFile(path, mm)
     if not (use_index and gguf_index.enabled()):
         parse(g)

@@ -359,4 +359,4 @@ def test_prompt_file_errors(tiny, tmp_path):
                                  "--backend", "cpu"))
     assert line == f"error: {latin}: the prompt is not UTF-8 text (byte 3 is 0xe9)"
     p = reflex("generate", str(tiny), "Hi", "-f", str(latin), "--backend", "cpu")
-    assert p.returncode == 2 and "(the prompt comes from -f)" in p.stderr, p.stderr
+    assert p.returncode == 2 and "(the prompt comes from -p/-f)" in p.stderr, p.stderr
