@@ -99,10 +99,10 @@ def _core(name: str, kernels: tuple[str, ...] = ("core",), doc: str = "") -> OpD
 
 # The core's ops (reflex_core.ops.Ops documents each). Weight ops launch the quant module.
 CORE_OPS: tuple[OpDef, ...] = (
-    _core("embed", ("quant",)),
-    _core("matmul", ("quant",)),
-    _core("matmul_many", ("quant",)),
-    _core("matmul_swiglu", ("quant",)),
+    _core("embed", ("quant", "quant_lowbit")),
+    _core("matmul", ("quant", "quant_lowbit")),
+    _core("matmul_many", ("quant", "quant_lowbit")),
+    _core("matmul_swiglu", ("quant", "quant_lowbit")),
     _core("rmsnorm"),
     _core("add_rmsnorm"),
     _core("rope"),
@@ -113,8 +113,8 @@ CORE_OPS: tuple[OpDef, ...] = (
     _core("add"),
     _core("take_rows"),
     _core("moe_route"),
-    _core("moe_matmul", ("quant",)),
-    _core("moe_matmul_swiglu", ("quant",)),
+    _core("moe_matmul", ("quant", "quant_lowbit")),
+    _core("moe_matmul_swiglu", ("quant", "quant_lowbit")),
     _core("moe_combine"),
     _core("argmax"),
     _core("token_logprobs"),

@@ -166,17 +166,23 @@ def test_macro_generated_kernels_are_read_from_the_preprocessed_source(tmp_path)
 
 
 @pytest.fixture(scope="module")
-def core_manifest(tmp_path_factory):
-    """The core's kernels built for sm_90 (what the package build does, one target)."""
+def core_build(tmp_path_factory):
+    """(folder, manifest) of the core's kernels built for sm_90 (what the package build does,
+    one target)."""
     mp = pytest.MonkeyPatch()
     mp.delenv("REFLEX_SKIP_CUDA", raising=False)
     mp.setenv("REFLEX_CUDA_ARCH", "sm_90")
     try:
         out = tmp_path_factory.mktemp("kernels")
-        return _build.build_kernels(ROOT / "cuda", out, [ROOT / "cuda" / "include"],
-                                    log=lambda s: None)
+        return out, _build.build_kernels(ROOT / "cuda", out, [ROOT / "cuda" / "include"],
+                                         log=lambda s: None)
     finally:
         mp.undo()
+
+
+@pytest.fixture(scope="module")
+def core_manifest(core_build):
+    return core_build[1]
 
 
 def _launches(path: Path):
@@ -217,9 +223,121 @@ def test_every_launched_kernel_is_in_the_manifest_with_its_arity(core_manifest):
     literals = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
                 and isinstance(n.value, str) and n.value.startswith("reflex_")}
     assert {"reflex_add", "reflex_swiglu"} <= literals
-    missing = sorted(n for n in literals | set(quant_ops.kernel_names()) if n not in kernels)
+    weight_kernels = {n for m in quant_ops.MODULES for n in quant_ops.kernel_names(m)}
+    assert len(weight_kernels) == 8 * len(quant_ops.SUPPORTED_TYPES)
+    missing = sorted(n for n in literals | weight_kernels if n not in kernels)
     assert not missing, f"launched but not built: {missing}"
+    assert set(quant_ops.MODULES) <= set(core_manifest["modules"])
     # the limits the backend checks against are the kernels' own
     assert set(limits) == {"ATT_MAX_HEAD", "QKR_MAX_HEAD", "MOE_MAX_E", "MOE_MAX_K"}
     assert all(name in core_manifest["limits"] for name in limits)
     assert core_manifest["limits"]["ATT_MAX_HEAD"] == 256
+
+
+# --- the weight kernels' two modules: which one serves a type, which ones the start loads -------
+def _defined(cubin: bytes, name: str) -> bool:
+    """Whether the cubin's string table holds the kernel ``name`` (NUL-delimited there)."""
+    return b"\0" + name.encode() + b"\0" in cubin
+
+
+class _RecordingKernels:
+    """Stands in for a loaded module: records each launch's kernel name, after packing its
+    arguments by the built signature (struct.error on a count or type mismatch)."""
+
+    def __init__(self, signatures):
+        self.signatures = signatures
+        self.names = set()
+
+    def launch(self, name, grid, block, args, shmem=0):
+        from reflex_core.cuda.modules import packer
+
+        packer(self.signatures[name]).pack(args)
+        self.names.add(name)
+
+
+def test_every_launcher_path_of_a_type_launches_kernels_of_its_module(core_build):
+    """Each type's kernels -- what dequant, embed, the GEMV/tiled matmuls (one weight, three,
+    SwiGLU) and the MoE gather (plain, SwiGLU) launch for it -- are all in the cubin of the
+    module quant_ops assigns it (module_of, MatPlan.module: the backend's ``kern``) and in no
+    other module's."""
+    from reflex_core.cuda import quant_ops as q
+
+    out, manifest = core_build
+    cubins = {m: (out / f"{m}.sm_90.cubin").read_bytes() for m in q.MODULES}
+    W, X, Y, IDS = 1 << 20, 2 << 20, 3 << 20, 4 << 20  # 16-byte aligned: the GEMV paths too
+    n_in, n_out = 256, 64
+    for t in sorted(q.SUPPORTED_TYPES):
+        k = _RecordingKernels(manifest["kernels"])
+        q.dequant(k, W, t, 4 * n_in, Y)
+        q.embed(k, W, t, IDS, Y, 3, n_in, n_vocab=10)
+        p = q.plan(t, (n_in, n_out), W)
+        for T in (1, 2, 4, 8, 9):
+            q.matmul_planned(k, p, X, T, (W, W + 16 * n_in, W), (Y, Y + 4096, Y + 8192),
+                             (n_out, n_out, n_out), False, p.gemv_w_ok)
+            q.matmul_planned(k, p, X, T, (W, W + 16 * n_in, 0), (Y, 0, 0), (n_out, 0, 0),
+                             True, p.gemv_w_ok)
+        q.moe_matmul(k, W, t, X, IDS, Y, 3, 2, n_in, n_out, 4)
+        q.moe_matmul(k, W, t, X, IDS, Y, 3, 2, n_in, n_out, 4, up_ptr=W)
+        sx = q._TYPES[t][0]
+        assert k.names == {f"reflex_dequant_{sx}", f"reflex_embed_{sx}",
+                           f"reflex_matmul_tiled_{sx}", f"reflex_moe_matmul_{sx}",
+                           *(f"reflex_matmul_gemv{tt}_{sx}" for tt in (1, 2, 4, 8))}
+        module = q.module_of(t)
+        assert p.module == module and q.modules_for([t]) == [module]
+        assert k.names <= set(q.kernel_names(module))
+        for m, cubin in cubins.items():
+            where = [n for n in sorted(k.names) if _defined(cubin, n)]
+            assert where == (sorted(k.names) if m == module else []), (q.type_name(t), m, where)
+    common = {q.type_name(t) for t in q.SUPPORTED_TYPES if q.module_of(t) == "quant"}
+    assert common == {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K",
+                      "Q5_K", "Q6_K"}
+    assert q.modules_for([8, 12, 40]) == ["quant"]  # NVFP4 (40): refused when bound, not here
+    assert q.modules_for([14, 39, 10]) == ["quant", "quant_lowbit"]
+
+
+def test_the_cuda_start_leaves_the_lowbit_weight_module_out(core_build, monkeypatch):
+    """What the CUDA start loads from the built manifest (its real module list, with the driver
+    steps faked): the core and the common types' weight kernels; quant_lowbit is left to the
+    backend (ON_DEMAND), and every weight module but the common one is on demand."""
+    import threading
+
+    from reflex_core.cuda import driver, early, modules, quant_ops, start
+
+    out, manifest = core_build
+    for k in start.DRIVER_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("REFLEX_KERNEL_DIR", str(out))
+    monkeypatch.setattr(early, "run", lambda ordinal: None)
+    monkeypatch.setattr(driver, "init", lambda ordinal, early_result=None: "device")
+    monkeypatch.setattr(driver, "current_device", lambda: "device")
+    monkeypatch.setattr(driver, "INIT_STEPS", {})
+    loaded = []
+    monkeypatch.setattr(modules, "get_kernels", lambda module, package="reflex_core":
+                        loaded.append((module, package, threading.current_thread().name)))
+    assert start.CudaStart().wait() == "device"
+    assert loaded == [("core", "reflex_core", "reflex-cuda-init"),
+                      ("quant", "reflex_core", "reflex-cuda-init")]
+    assert modules.start_modules(manifest) == ["core", "quant"]
+    assert set(manifest["modules"]) == {"core", "quant", "quant_lowbit"}
+    assert modules.ON_DEMAND["reflex_core"] == set(quant_ops.MODULES) - {quant_ops.COMMON_MODULE}
+    # a plugin's modules all load at start (none is held back)
+    assert modules.start_modules(manifest, "a_plugin") == list(manifest["modules"])
+
+
+def test_the_lowbit_weight_module_compiles_without_warnings(tmp_path):
+    """cuda/quant_lowbit.cu with the build's flags for one target prints no warning and defines
+    its types' kernels (tests/test_quant_host.py checks cuda/quant.cu the same way)."""
+    import subprocess
+
+    from reflex_core.cuda import quant_ops
+
+    out = tmp_path / "quant_lowbit.cubin"
+    cmd = [_build.find_nvcc(), "-cubin", "-O3", "-std=c++17", "-Xptxas=-O3", "-arch=sm_80",
+           f"-I{ROOT / 'cuda' / 'include'}", str(ROOT / "cuda" / "quant_lowbit.cu"), "-o",
+           str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
+    assert "warning" not in (proc.stdout + proc.stderr).lower(), proc.stdout + proc.stderr
+    cubin = out.read_bytes()
+    missing = [n for n in quant_ops.kernel_names("quant_lowbit") if not _defined(cubin, n)]
+    assert not missing, f"kernels missing from quant_lowbit.cu: {missing}"

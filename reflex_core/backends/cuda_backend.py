@@ -7,7 +7,8 @@
   comes from the driver's caching allocator and goes back to it when the array is garbage
   collected (CPython frees it as soon as the last reference goes).
 * Kernels: the core module (``cuda/core.cu``) for everything but the weight ops, which go through
-  :mod:`reflex_core.cuda.quant_ops` (``cuda/quant.cu``).
+  :mod:`reflex_core.cuda.quant_ops` to the module that serves the weight's type (``quant``, or
+  ``quant_lowbit``, loaded by :meth:`CudaOps.attach` for a file that has one of its types).
 * Fused ops (``matmul_many``, ``matmul_swiglu``, ``moe_matmul_swiglu``, ``add_rmsnorm``,
   ``qk_norm_rope_store``): one launch each where the unfused ops need 2-6; a dense Qwen3 layer is
   8 launches. Hot-path ops avoid per-call work: weights carry their launch plan
@@ -96,10 +97,10 @@ class CudaOps(Ops):
         self._lora_blobs: list[int] = []  # merged LoRA weights (merge_lora), freed by release
         self._after_upload: list = []  # merge_lora launches waiting for the upload
         self._quant_ops: Any = None
-        self._quant_k: Any = None
+        self._quant_k: dict[str, Any] = {}  # weight-kernel module name -> its loaded Kernels
         self._rope_p: Any = None  # the RopeParams whose kernel arguments _rope_a holds
         self._rope_a: tuple = ()
-        from ..cuda import quant_ops  # no numpy; its kernels load on first use (_q)
+        from ..cuda import quant_ops  # no numpy; its kernels load on first use (_qkern)
 
         self._quant_ops = quant_ops
 
@@ -109,19 +110,18 @@ class CudaOps(Ops):
             return k
         return super().__getattr__(name)  # a registered plugin op
 
-    def _qkern(self) -> Any:
-        k = self._quant_k
-        return k if k is not None else self._q()[1]
-
     # --- quantized-weight kernels (reflex_core.cuda.quant_ops) --------------------------------
-    def _q(self) -> tuple[Any, Any]:
-        """(quant_ops module, its loaded kernels) -- loaded on first use."""
-        if self._quant_k is None:
-            from ..cuda import quant_ops
+    def _qkern(self, module: str) -> Any:
+        """The loaded weight-kernel module ``module`` (a MatPlan's ``module``), loaded on first
+        use when attach has not loaded it."""
+        k = self._quant_k.get(module)
+        if k is None:
+            k = self._quant_k[module] = modules.get_kernels(module)
+        return k
 
-            self._quant_k = modules.get_kernels("quant")
-            self._quant_ops = quant_ops
-        return self._quant_ops, self._quant_k
+    def _qkern_of(self, ggml_type: int) -> Any:
+        """The loaded module that serves ``ggml_type``'s kernels."""
+        return self._qkern(self._quant_ops.module_of(ggml_type))
 
     @staticmethod
     def _supported(t: int) -> bool:
@@ -152,6 +152,11 @@ class CudaOps(Ops):
         self._blob_size = size
         if size <= 0:
             return
+        # The start loaded the common types' weight kernels only; a module the file's types need
+        # beyond those (quant_lowbit) loads now, before the copy: a module load next to the
+        # pinning upload is 5-10x slower (cuda/start.py). Timed in driver.INIT_STEPS.
+        modules.load_modules(self._quant_ops.modules_for(
+            {t.ggml_type for t in gguf.tensors.values()}))
         self._blob = memory.mem_alloc_raw(size)
 
         def copy() -> None:
@@ -250,12 +255,13 @@ class CudaOps(Ops):
             self._f32.pop(name, None)
 
         def launch() -> None:
-            qo, qk = self._q()
+            qo = self._quant_ops
             for name, w in bases.items():  # the base values, as float32
                 if w.ggml_type == _F32:
                     memory.dtod(blob + slots[name], w.data, 4 * prod(w.ne))
                 else:
-                    qo.dequant(qk, w.data, w.ggml_type, prod(w.ne), blob + slots[name])
+                    qo.dequant(self._qkern_of(w.ggml_type), w.data, w.ggml_type, prod(w.ne),
+                               blob + slots[name])
             for ad, (ptrs, _held) in zip(adapters, factors):
                 for m in ad.merges:
                     n_in, n_out = m.ne[0], m.ne[1]
@@ -289,7 +295,6 @@ class CudaOps(Ops):
         memory.htod(raw.ptr, addr + start, size)
         ptrs: dict[str, int] = {}
         converted: dict[int, DeviceArray] = {}
-        qo, qk = self._q()
         for m in adapter.merges:
             for f in (m.a, m.b):
                 if f.ggml_type == _F32:
@@ -298,7 +303,8 @@ class CudaOps(Ops):
                 conv = converted.get(f.ggml_type)
                 if conv is None:
                     conv = converted[f.ggml_type] = empty((size // 2,))
-                    qo.dequant(qk, raw.ptr, f.ggml_type, size // 2, conv.ptr)
+                    self._quant_ops.dequant(self._qkern_of(f.ggml_type), raw.ptr, f.ggml_type,
+                                            size // 2, conv.ptr)
                 ptrs[f.name] = conv.ptr + 2 * f.offset
         return ptrs, [raw, *converted.values()]
 
@@ -319,8 +325,7 @@ class CudaOps(Ops):
         if w.ggml_type == _F32:
             memory.dtod(out.ptr, w.data, 4 * n)
         else:
-            qo, qk = self._q()
-            qo.dequant(qk, w.data, w.ggml_type, n, out.ptr)
+            self._quant_ops.dequant(self._qkern_of(w.ggml_type), w.data, w.ggml_type, n, out.ptr)
         return out
 
     def _f32_vector(self, w: Weight, n: int) -> int:
@@ -452,8 +457,8 @@ class CudaOps(Ops):
             raise ReflexError(f"token id {bad} is out of range for {w.name!r} ({n_vocab} rows)")
         out = empty((T, n_embd))
         if T:
-            qo, qk = self._q()
-            qo.embed(qk, w.data, w.ggml_type, pb.tokens, out.ptr, T, n_embd, n_vocab)
+            self._quant_ops.embed(self._qkern_of(w.ggml_type), w.data, w.ggml_type, pb.tokens,
+                                  out.ptr, T, n_embd, n_vocab)
         return out
 
     def matmul(self, x, w: Weight) -> DeviceArray:
@@ -467,7 +472,7 @@ class CudaOps(Ops):
         T = x.size // n_in
         y = empty_f32(shape[:-1] + (n_out,), T * n_out)
         if T and n_out:
-            self._quant_ops.matmul_planned(self._qkern(), m, x.ptr, T, (w.data, 0, 0),
+            self._quant_ops.matmul_planned(self._qkern(m.module), m, x.ptr, T, (w.data, 0, 0),
                                            (y.ptr, 0, 0), (n_out, 0, 0), False, m.gemv_w_ok)
         return y
 
@@ -500,12 +505,12 @@ class CudaOps(Ops):
                 for o, m in zip(offs, metas)]
         if T == 0 or not ws:
             return outs
-        qo, qk = self._quant_ops, self._qkern()
+        qo = self._quant_ops
         n = len(ws)
-        if one_type and n <= 3:  # q/k/v of one type: one launch
+        if one_type and n <= 3:  # q/k/v of one type (so of one module): one launch
             pad = (0,) * (3 - n)
-            qo.matmul_planned(qk, metas[0], x.ptr, T, tuple(w.data for w in ws) + pad,
-                              tuple(y.ptr for y in outs) + pad,
+            qo.matmul_planned(self._qkern(metas[0].module), metas[0], x.ptr, T,
+                              tuple(w.data for w in ws) + pad, tuple(y.ptr for y in outs) + pad,
                               tuple(m.n_out for m in metas) + pad, False, gemv_ok)
             return outs
         groups: dict[int, list[int]] = {}
@@ -515,7 +520,7 @@ class CudaOps(Ops):
             for c in range(0, len(idx), 3):
                 run = idx[c:c + 3]
                 pad = (0,) * (3 - len(run))
-                qo.matmul_planned(qk, metas[run[0]], x.ptr, T,
+                qo.matmul_planned(self._qkern(metas[run[0]].module), metas[run[0]], x.ptr, T,
                                   tuple(ws[k].data for k in run) + pad,
                                   tuple(outs[k].ptr for k in run) + pad,
                                   tuple(metas[k].n_out for k in run) + pad, False,
@@ -538,7 +543,8 @@ class CudaOps(Ops):
         T = x.size // n_in
         y = empty_f32(shape[:-1] + (n_out,), T * n_out)
         if T and n_out:
-            self._quant_ops.matmul_planned(self._qkern(), mg, x.ptr, T, (gate.data, up.data, 0),
+            self._quant_ops.matmul_planned(self._qkern(mg.module), mg, x.ptr, T,
+                                           (gate.data, up.data, 0),
                                            (y.ptr, 0, 0), (n_out, 0, 0), True,
                                            mg.gemv_w_ok and mu.gemv_w_ok)
         return y
@@ -757,10 +763,10 @@ class CudaOps(Ops):
         if x.ptr % 16:  # a row view of another array: the MoE kernels need 16-byte alignment
             x = self._copy(x)
         y = empty_f32((T, k, n_out), T * k * n_out)
-        if T and k:
-            qo, qk = self._q()
-            qo.moe_matmul(qk, w.data, w.ggml_type, x.ptr, ids.ptr, y.ptr, T, k, n_in, n_out, E,
-                          per_expert, up_ptr=0 if up is None else up.data)
+        if T and k:  # up (if any) is of w's type: the same module
+            self._quant_ops.moe_matmul(self._qkern_of(w.ggml_type), w.data, w.ggml_type, x.ptr,
+                                       ids.ptr, y.ptr, T, k, n_in, n_out, E, per_expert,
+                                       up_ptr=0 if up is None else up.data)
         return y
 
     def moe_combine(self, y, weights) -> DeviceArray:

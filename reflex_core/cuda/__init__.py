@@ -7,7 +7,7 @@
 * :mod:`.modules` -- kernel modules: loading, ``Kernels.launch``, the kernels' size limits;
 * :mod:`.memory` -- device memory (caching allocator), copies, events;
 * :mod:`.upload` -- host buffers, page-locking, the cold-path weight upload;
-* :mod:`.quant_ops` -- launchers of the weight kernels (cuda/quant.cu);
+* :mod:`.quant_ops` -- launchers of the weight kernels (cuda/quant.cu, cuda/quant_lowbit.cu);
 * :mod:`.smoke` -- ``reflex smoke``.
 
 Importing this package imports nothing heavy: ``cuda.bindings`` is imported by the driver

@@ -17,7 +17,9 @@ launch of the process (benchmarks and tests take differences around a forward pa
 
 Modules load eagerly (``CUDA_MODULE_LOADING=EAGER`` unless set, see ``start.DRIVER_ENV``) on
 the init thread (:func:`load_modules`, run by :mod:`.start`), so no kernel is loaded lazily
-inside the first forward pass; :func:`get_kernels` loads a module not loaded yet on first use.
+inside the first forward pass -- all but the :data:`ON_DEMAND` ones, which only some files need
+and whose loading every other cold start would pay for (the CUDA backend loads them once it
+knows the file's tensor types); :func:`get_kernels` loads a module not loaded yet on first use.
 
 Limits
 ------
@@ -160,6 +162,11 @@ class Kernels:
 
 _tls = _drv._tls
 _modules: dict[tuple[str, str], Kernels] = {}
+# package -> its modules that no start loads: the core's weight kernels of the low-bit, codebook,
+# ternary and FP4 types (cuda/quant_lowbit.cu, an sm_90 cubin of ~2 MB against ~1.2 MB for the
+# common types': cuModuleLoadData's time grows with the image); the CUDA backend loads it when
+# it attaches a file with one of those types (quant_ops.modules_for)
+ON_DEMAND: dict[str, frozenset[str]] = {CORE_PACKAGE: frozenset({"quant_lowbit"})}
 _module_lock = threading.Lock()  # not driver._lock: loading a module must not hold up init
 
 
@@ -205,13 +212,23 @@ def get_kernels(module: str, package: str = CORE_PACKAGE) -> Kernels:
         return k
 
 
+def start_modules(manifest: dict, package: str = CORE_PACKAGE) -> list[str]:
+    """The modules of ``package``'s manifest that a start loads: all but its :data:`ON_DEMAND`
+    ones."""
+    skip = ON_DEMAND.get(package, frozenset())
+    return [m for m in manifest.get("modules", {}) if m not in skip]
+
+
 def load_modules(names: Sequence[str] | None = None, package: str = CORE_PACKAGE) -> None:
-    """Load ``package``'s modules (None: every module in its manifest), timing each in
-    driver.INIT_STEPS (``load core``; a plugin's as ``load <package>/<module>``)."""
+    """Load those of ``package``'s modules ``names`` not loaded yet (None: its
+    :func:`start_modules`), timing each in driver.INIT_STEPS (``load core``; a plugin's as
+    ``load <package>/<module>``)."""
     if names is None:
-        names = list(read_manifest(package).get("modules", {}))
+        names = start_modules(read_manifest(package), package)
     prefix = "" if package == CORE_PACKAGE else f"{package}/"
     for m in names:
+        if (package, m) in _modules:
+            continue
         t = time.perf_counter()
         get_kernels(m, package)
         _drv.INIT_STEPS[f"load {prefix}{m}"] = (time.perf_counter() - t) * 1e3

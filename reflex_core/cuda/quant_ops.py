@@ -1,10 +1,18 @@
-"""Launchers for the weight-side kernels of ``cuda/quant.cu`` (module ``quant``).
+"""Launchers for the weight-side kernels (``cuda/include/reflex/quant_kernels.cuh``).
 
 Weights stay in their GGUF block layout on the device (the raw tensor bytes, uploaded as they
 are in the file); these kernels decode them on the fly. Every launcher takes ``kern`` (the loaded
-module: ``modules.get_kernels("quant")``), device pointers as ints, and sizes. Launches go to the
-default stream; nothing here synchronizes or allocates. No numpy (cold path). Each kernel's
-parameter signature comes from the module's manifest (``Kernels.launch``).
+module that serves the weight's type: ``modules.get_kernels(module_of(ggml_type))``, a
+:class:`MatPlan`'s ``module``), device pointers as ints, and sizes. Launches go to the default
+stream; nothing here synchronizes or allocates. No numpy (cold path). Each kernel's parameter
+signature comes from the package's manifest (``Kernels.launch``).
+
+Two modules serve the types (:data:`MODULES`): ``quant`` (``cuda/quant.cu``: F32, F16, BF16,
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), which the CUDA start loads with the core, and
+``quant_lowbit`` (``cuda/quant_lowbit.cu``: Q2_K, Q3_K, the IQ codebook types, TQ1_0, TQ2_0,
+MXFP4), about twice its image, which no start loads (``modules.ON_DEMAND``): the CUDA backend
+loads it when it attaches a file with one of its types (:func:`modules_for`). A launch combines
+weights of one GGML type only, hence of one module.
 
 Types: :data:`SUPPORTED_TYPES` (GGML ids). Anything else raises
 :class:`~reflex_core.errors.UnsupportedTensorType`.
@@ -33,41 +41,46 @@ from __future__ import annotations
 from ..errors import UnsupportedTensorType
 from ..gguf import GGML_TYPES
 
+COMMON_MODULE = "quant"  # loaded at the CUDA start
+LOWBIT_MODULE = "quant_lowbit"  # loaded only for a file that has one of its types
+MODULES = (COMMON_MODULE, LOWBIT_MODULE)
+
 # The kernel-specific columns of each supported GGML type id: (kernel suffix, weight alignment
-# the GEMV lane units need: rx_lu<T>::ALIGN in cuda/include/reflex/quants*.cuh). Names, block
-# sizes and bytes per block come from gguf.GGML_TYPES.
-_KERNEL_TYPES: dict[int, tuple[str, int]] = {
-    0: ("f32", 16),
-    1: ("f16", 16),
-    30: ("bf16", 16),
-    8: ("q8_0", 2),
-    2: ("q4_0", 2),
-    3: ("q4_1", 2),
-    6: ("q5_0", 2),
-    7: ("q5_1", 2),
-    10: ("q2_k", 1),
-    11: ("q3_k", 2),
-    12: ("q4_k", 16),
-    13: ("q5_k", 16),
-    14: ("q6_k", 2),
-    16: ("iq2_xxs", 2),
-    17: ("iq2_xs", 2),
-    22: ("iq2_s", 2),
-    18: ("iq3_xxs", 2),
-    21: ("iq3_s", 2),
-    19: ("iq1_s", 2),
-    29: ("iq1_m", 2),
-    20: ("iq4_nl", 2),
-    23: ("iq4_xs", 8),
-    34: ("tq1_0", 2),
-    35: ("tq2_0", 2),
-    39: ("mxfp4", 1),
+# the GEMV lane units need: rx_lu<T>::ALIGN in cuda/include/reflex/quants*.cuh, the module that
+# holds its kernels). Names, block sizes and bytes per block come from gguf.GGML_TYPES.
+_KERNEL_TYPES: dict[int, tuple[str, int, str]] = {
+    0: ("f32", 16, COMMON_MODULE),
+    1: ("f16", 16, COMMON_MODULE),
+    30: ("bf16", 16, COMMON_MODULE),
+    8: ("q8_0", 2, COMMON_MODULE),
+    2: ("q4_0", 2, COMMON_MODULE),
+    3: ("q4_1", 2, COMMON_MODULE),
+    6: ("q5_0", 2, COMMON_MODULE),
+    7: ("q5_1", 2, COMMON_MODULE),
+    12: ("q4_k", 16, COMMON_MODULE),
+    13: ("q5_k", 16, COMMON_MODULE),
+    14: ("q6_k", 2, COMMON_MODULE),
+    10: ("q2_k", 1, LOWBIT_MODULE),
+    11: ("q3_k", 2, LOWBIT_MODULE),
+    16: ("iq2_xxs", 2, LOWBIT_MODULE),
+    17: ("iq2_xs", 2, LOWBIT_MODULE),
+    22: ("iq2_s", 2, LOWBIT_MODULE),
+    18: ("iq3_xxs", 2, LOWBIT_MODULE),
+    21: ("iq3_s", 2, LOWBIT_MODULE),
+    19: ("iq1_s", 2, LOWBIT_MODULE),
+    29: ("iq1_m", 2, LOWBIT_MODULE),
+    20: ("iq4_nl", 2, LOWBIT_MODULE),
+    23: ("iq4_xs", 8, LOWBIT_MODULE),
+    34: ("tq1_0", 2, LOWBIT_MODULE),
+    35: ("tq2_0", 2, LOWBIT_MODULE),
+    39: ("mxfp4", 1, LOWBIT_MODULE),
 }
 # GGML type id -> (kernel suffix, GGML name, block size, bytes per block, GEMV alignment)
 _TYPES: dict[int, tuple[str, str, int, int, int]] = {
     t: (suffix, GGML_TYPES[t].name, GGML_TYPES[t].block_size, GGML_TYPES[t].type_size, align)
-    for t, (suffix, align) in _KERNEL_TYPES.items()
+    for t, (suffix, align, _) in _KERNEL_TYPES.items()
 }
+_MODULE_OF: dict[int, str] = {t: module for t, (_, _, module) in _KERNEL_TYPES.items()}
 
 SUPPORTED_TYPES: frozenset[int] = frozenset(_TYPES)
 
@@ -99,6 +112,19 @@ def _info(ggml_type: int) -> tuple[str, str, int, int, int]:
 def type_name(ggml_type: int) -> str:
     """GGML name of a supported type ("Q4_K")."""
     return _info(ggml_type)[1]
+
+
+def module_of(ggml_type: int) -> str:
+    """The kernel module that serves a supported type (``"quant"`` or ``"quant_lowbit"``)."""
+    _info(ggml_type)
+    return _MODULE_OF[ggml_type]
+
+
+def modules_for(ggml_types) -> list[str]:
+    """The modules (in :data:`MODULES` order) that serve the supported types among
+    ``ggml_types``; the others are refused when their tensor is bound, not here."""
+    need = {_MODULE_OF.get(t) for t in ggml_types}
+    return [m for m in MODULES if m in need]
 
 
 def row_bytes(ggml_type: int, n_in: int) -> int:
@@ -165,12 +191,13 @@ class MatPlan:
     backend keeps it in ``Weight.meta``): sizes, kernel names, GEMV eligibility of its address.
     ``error`` is why the weight cannot be a matmul operand (None when it can)."""
 
-    __slots__ = ("ggml_type", "n_in", "n_out", "n_elements", "row_bytes", "gemv", "tiled",
-                 "gemv_w_ok", "error")
+    __slots__ = ("ggml_type", "module", "n_in", "n_out", "n_elements", "row_bytes", "gemv",
+                 "tiled", "gemv_w_ok", "error")
 
     def __init__(self, ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight"):
         suffix, tname, bs, _, align = _info(ggml_type)
         self.ggml_type = ggml_type
+        self.module = _MODULE_OF[ggml_type]  # the kernels' module, for the launch's ``kern``
         self.n_in = ne[0] if ne else 1
         self.n_out = ne[1] if len(ne) > 1 else 1
         n = 1
@@ -200,7 +227,8 @@ def plan(ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight") 
 def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: tuple,
                    n_outs: tuple, swiglu: bool = False, gemv_w_ok: bool = True) -> None:
     """``y_i [T, n_outs[i]] = x [T, n_in] . W_i^T`` for up to :data:`MAX_SEGMENTS` weights
-    planned with ``p`` (all of ``p``'s GGML type and n_in) in one launch: ``w_ptrs`` /
+    planned with ``p`` (all of ``p``'s GGML type and n_in; ``kern`` the module ``p.module``)
+    in one launch: ``w_ptrs`` /
     ``y_ptrs`` / ``n_outs`` are 3-tuples (unused segments 0). ``swiglu``: two weights (gate, up)
     of the same n_out and one output ``y_ptrs[0]`` = ``silu(x . W_gate^T) * (x . W_up^T)``.
     T <= 8: a GEMV kernel (each weight byte read once for all T tokens) when ``gemv_w_ok`` (every
@@ -263,10 +291,15 @@ def moe_matmul(kern, w_ptr: int, ggml_type: int, x_ptr: int, ids_ptr: int, y_ptr
                  1 if x_per_expert else 0, n_expert, 1 if up_ptr else 0))
 
 
-def kernel_names() -> list[str]:
-    """Every kernel name this module launches (tests check the fatbin has them all)."""
+def kernel_names(module: str = COMMON_MODULE) -> list[str]:
+    """Every kernel name launched from ``module`` (one of :data:`MODULES`; tests check its build
+    has them all)."""
+    if module not in MODULES:
+        raise ValueError(f"{module!r} is not a weight-kernel module ({', '.join(MODULES)})")
     names = []
-    for suffix, *_ in _TYPES.values():
+    for t, (suffix, *_) in _TYPES.items():
+        if _MODULE_OF[t] != module:
+            continue
         names += [f"reflex_dequant_{suffix}", f"reflex_embed_{suffix}",
                   f"reflex_matmul_tiled_{suffix}", f"reflex_moe_matmul_{suffix}"]
         names += [f"reflex_matmul_gemv{tt}_{suffix}" for tt in (1, 2, 4, 8)]

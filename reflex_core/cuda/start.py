@@ -10,10 +10,12 @@ no-op then) for library users. The thread runs
    context -- before cuda-bindings is imported (the main thread usually imports it meanwhile);
 2. :func:`reflex_core.cuda.driver.init`, which adopts that context and checks the kernels cover
    the GPU;
-3. the core's kernel modules (the device's cubins, ~4 ms), then those of the plugin packages
-   :meth:`CudaStart.load_package` asked for. Measured on the H200: loading modules while the
-   weight upload pins pages made each load 5-10x slower (driver-side contention) and no
-   sooner done, so the engine starts the upload only after :meth:`CudaStart.wait`.
+3. the core's kernel modules (the device's cubins, ~4 ms) -- all but the weight kernels of the
+   rarer GGML types (``modules.ON_DEMAND``: the CUDA backend loads them when it attaches a file
+   that has one) --, then those of the plugin packages :meth:`CudaStart.load_package` asked
+   for. Measured on the H200: loading modules while the weight upload pins pages made each
+   load 5-10x slower (driver-side contention) and no sooner done, so the engine starts the
+   upload only after :meth:`CudaStart.wait`.
 
 Importing this module imports only the standard library (os, threading, time): it is safe as
 the first thing a process does.

@@ -1,8 +1,13 @@
 """CudaOps against NumpyOps: weights (attach, weight, dequantize, embed, matmul, moe_matmul) on tiny
-random GGUFs, batch preparation, views, and whole tiny models (prefill + decode + a tree batch).
+random GGUFs, of types of both weight-kernel modules (quant, quant_lowbit: the latter loaded only
+for a file that has one of its types), batch preparation, views, and whole tiny models (prefill +
+decode + a tree batch).
 """
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -14,8 +19,9 @@ from reflex_core.ops import AttnMask, Batch
 pytestmark = pytest.mark.gpu
 
 F32, F16, Q4_0, Q8_0, Q4_K, Q6_K, BF16, NVFP4 = 0, 1, 2, 8, 12, 14, 30, 40
+Q3_K, IQ4_XS = 11, 23  # served by the quant_lowbit module
 # byte offsets of f16 scale fields per block (set to small sane values so outputs stay finite)
-F16_FIELDS = {Q4_0: [0], Q8_0: [0], Q4_K: [0, 2], Q6_K: [208]}
+F16_FIELDS = {Q4_0: [0], Q8_0: [0], Q4_K: [0, 2], Q6_K: [208], Q3_K: [108], IQ4_XS: [0]}
 
 
 def random_bytes(rng, t, ne) -> bytes:
@@ -46,7 +52,7 @@ def close(got, want, rtol, atol, what):
                              f"{np.abs(got.astype(np.float64) - want).max():.3g}")
 
 
-TYPES = [F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K]
+TYPES = [F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K, Q3_K, IQ4_XS]
 
 
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: GGML_TYPES[t].name)
@@ -86,9 +92,10 @@ def test_matmul_on_row_view(attach_both, rng):
         close(got, ref_ops.matmul(x[rows], ref_ops.weight("w")), 1e-5, 1e-5, f"rows {rows}")
 
 
-# q/k/v-like weight sets: (types of q, k, v); mixed types split into per-type launches
+# q/k/v-like weight sets: (types of q, k, v); mixed types split into per-type launches, each
+# from its type's module (Q4_K / IQ4_XS: quant / quant_lowbit)
 MANY_SETS = [(F32, F32, F32), (Q8_0, Q8_0, Q8_0), (Q4_K, Q4_K, Q6_K), (Q6_K, Q4_0, Q6_K),
-             (BF16, F16, F16)]
+             (BF16, F16, F16), (Q4_K, IQ4_XS, Q4_K), (IQ4_XS, IQ4_XS, Q3_K)]
 
 
 @pytest.mark.parametrize("types", MANY_SETS,
@@ -149,7 +156,7 @@ def test_unsupported_type_names_tensor(attach_both, rng):
         cuda_ops.weight("blk.0.ffn_up.weight")
 
 
-@pytest.mark.parametrize("t", [F32, Q8_0, Q4_K], ids=lambda t: GGML_TYPES[t].name)
+@pytest.mark.parametrize("t", [F32, Q8_0, Q4_K, IQ4_XS], ids=lambda t: GGML_TYPES[t].name)
 @pytest.mark.parametrize("per_expert", [False, True], ids=["shared-x", "per-expert-x"])
 def test_moe_matmul(attach_both, t, per_expert, rng):
     n_in, n_out, E, k, T = 256, 40, 6, 3, 5
@@ -176,6 +183,45 @@ def test_moe_matmul(attach_both, t, per_expert, rng):
     close(got / scale, unf / scale, 4e-6, 1e-7, "moe_matmul_swiglu vs unfused")
     want = ref_ops.moe_matmul_swiglu(x, ref_ops.weight("exps"), ref_ops.weight("exps"), ids_host)
     close(got / scale, want / scale, 0, 4e-5, "moe_matmul_swiglu vs NumPy")
+
+
+ON_DEMAND_SCRIPT = """
+import sys
+from reflex_core.backends.cuda_backend import CudaOps
+from reflex_core.cuda import driver, modules
+from reflex_core.cuda.start import start
+from reflex_core.gguf import open_gguf
+
+start().wait()
+print(sorted(m for p, m in modules._modules if p == "reflex_core"))
+ops = CudaOps()
+for path in sys.argv[1:]:
+    g = open_gguf(path)
+    ops.attach(g)
+    print(sorted(m for p, m in modules._modules if p == "reflex_core"))
+    ops.release()
+    g.close()
+print("load quant_lowbit" in driver.INIT_STEPS)
+"""
+
+
+def test_the_lowbit_module_loads_only_for_a_file_with_its_types(cuda_device, tmp_path, rng):
+    """In a fresh process (this one's tests load modules in any order): the start loads the
+    core and quant; attaching a file of common types loads nothing more; attaching one with a
+    quant_lowbit type loads that module (timed in the start's steps, so --timings shows it)."""
+    from reflex_core.testing.op_harness import write_weights
+
+    common = write_weights(tmp_path / "common.gguf", {
+        "w": (random_bytes(rng, Q8_0, [256, 4]), [256, 4], Q8_0),
+        "norm": rng.standard_normal(256).astype(np.float32)})
+    lowbit = write_weights(tmp_path / "lowbit.gguf", {
+        "w": (random_bytes(rng, Q8_0, [256, 4]), [256, 4], Q8_0),
+        "exps": (random_bytes(rng, IQ4_XS, [256, 4, 2]), [256, 4, 2], IQ4_XS)})
+    p = subprocess.run([sys.executable, "-c", ON_DEMAND_SCRIPT, str(common), str(lowbit)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.splitlines() == ["['core', 'quant']", "['core', 'quant']",
+                                     "['core', 'quant', 'quant_lowbit']", "True"], p.stdout
 
 
 def test_prepare_and_views(cuda_ops):

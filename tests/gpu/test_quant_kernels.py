@@ -1,5 +1,8 @@
-"""The weight-side kernels (cuda/quant.cu via reflex_core.cuda.quant_ops) against NumPy.
+"""The weight-side kernels (modules quant and quant_lowbit via reflex_core.cuda.quant_ops)
+against NumPy. Each type's kernels come from the module quant_ops assigns it (module_of, a
+MatPlan's module), as the CUDA backend takes them.
 
+* the modules: each holds exactly its types' kernels (a kernel of the other module is not found);
 * dequant: BIT-exact with gguf.quants.dequantize, every supported type (random blocks with
   extreme scales, every f16/bf16 pattern, every MXFP4 scale byte), also into a misaligned output;
 * embed: bit-exact rows, repeated ids, an invalid id -> NaN row;
@@ -139,20 +142,21 @@ def check_matmul(y, wf, x, what):
                              f"worst at {i}: got {y[i]!r} want {ref[i]!r} tol {tol[i]:.3g}")
 
 
-def matmul_multi(kern, t, xp, T, n_in, w_ptrs, y_ptrs, n_outs, swiglu=False):
+def matmul_multi(ctx, t, xp, T, n_in, w_ptrs, y_ptrs, n_outs, swiglu=False):
     """Up to three weights of type ``t`` against x in one launch, planned and launched as
-    CudaOps.matmul_many / matmul_swiglu do (quant_ops.plan, quant_ops.matmul_planned)."""
+    CudaOps.matmul_many / matmul_swiglu do (quant_ops.plan, the plan's module,
+    quant_ops.matmul_planned)."""
     plans = [quant_ops.plan(t, (n_in, n), w) for w, n in zip(w_ptrs, n_outs)]
     pad = (0,) * (quant_ops.MAX_SEGMENTS - len(w_ptrs))
     outs = (n_outs[0], 0, 0) if swiglu else tuple(n_outs) + pad
-    quant_ops.matmul_planned(kern, plans[0], xp, T, tuple(w_ptrs) + pad,
+    quant_ops.matmul_planned(ctx.kernels(plans[0].module), plans[0], xp, T, tuple(w_ptrs) + pad,
                              tuple(y_ptrs) + (0,) * (quant_ops.MAX_SEGMENTS - len(y_ptrs)),
                              outs, swiglu, all(p.gemv_w_ok for p in plans))
 
 
-def matmul(kern, wp, t, xp, yp, T, n_in, n_out):
+def matmul(ctx, wp, t, xp, yp, T, n_in, n_out):
     """``y [T, n_out] = x [T, n_in] . W^T``, one weight (CudaOps.matmul's launch)."""
-    matmul_multi(kern, t, xp, T, n_in, [wp], [yp], [n_out])
+    matmul_multi(ctx, t, xp, T, n_in, [wp], [yp], [n_out])
 
 
 def mm_args(wp, xp, yp, T, n_in, n_out, rb):
@@ -172,25 +176,35 @@ def n_in_cases(name):
 
 @pytest.fixture
 def qk(cuda_ctx):
-    return cuda_ctx, cuda_ctx.kernels("quant")
+    """(cuda_ctx, kernels_of): ``kernels_of(name)`` is the loaded module that serves GGML type
+    ``name`` (quant_ops.module_of), the one the CUDA backend launches its kernels from."""
+    return cuda_ctx, lambda name: cuda_ctx.kernels(quant_ops.module_of(TYPES[name]))
 
 
 # ----------------------------------------------------------------------------------------------
-# the module itself
+# the modules themselves
 
 
-def test_every_kernel_present(qk):
+def test_each_module_holds_its_types_kernels_only(qk):
     from reflex_core.errors import CudaError
 
-    _, kern = qk
-    names = quant_ops.kernel_names()
-    missing = []
-    for name in names:
-        try:
-            kern.function(name)
-        except CudaError as e:
-            missing.append(f"{name}: {e}")
-    assert len(names) > 10 and not missing, "\n".join(missing) or names
+    ctx, _ = qk
+    assert {quant_ops.module_of(t) for t in TYPES.values()} == set(quant_ops.MODULES)
+    problems = []
+    for module in quant_ops.MODULES:
+        kern = ctx.kernels(module)
+        for other in quant_ops.MODULES:
+            names = quant_ops.kernel_names(other)
+            assert len(names) >= 8 * 11
+            for name in names:
+                try:
+                    kern.function(name)
+                    found = True
+                except CudaError:
+                    found = False
+                if found != (other == module):
+                    problems.append(f"{name} {'is' if found else 'is not'} in {module}")
+    assert not problems, "\n".join(problems)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -199,7 +213,8 @@ def test_every_kernel_present(qk):
 
 @pytest.mark.parametrize("name", list(TYPES))
 def test_dequant_bit_exact(qk, name):
-    ctx, kern = qk
+    ctx, kernels_of = qk
+    kern = kernels_of(name)
     rng = np.random.default_rng(TYPES[name])
     cases = []
     if name == "F16":
@@ -239,7 +254,8 @@ def test_dequant_bit_exact(qk, name):
 
 @pytest.mark.parametrize("name", list(TYPES))
 def test_embed(qk, name):
-    ctx, kern = qk
+    ctx, kernels_of = qk
+    kern = kernels_of(name)
     rng = np.random.default_rng(50 + TYPES[name])
     n_embd = 37 if name in FLOAT_TYPES else 2 * qinfo(name)[0]
     V = 41
@@ -269,7 +285,7 @@ N_OUT_CASES = (1, 33, 257, 1000)
 
 @pytest.mark.parametrize("name", list(TYPES))
 def test_matmul(qk, name):
-    ctx, kern = qk
+    ctx, _ = qk
     rng = np.random.default_rng(100 + TYPES[name])
     for n_in in n_in_cases(name):
         for n_out in N_OUT_CASES:
@@ -281,7 +297,7 @@ def test_matmul(qk, name):
             _, xp = upload(ctx, x)
             yp = ctx.alloc(4 * max(T_CASES) * n_out)
             for T in T_CASES:
-                matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
+                matmul(ctx, wp, TYPES[name], xp, yp, T, n_in, n_out)
                 y = download(ctx, yp, T * n_out).reshape(T, n_out)
                 check_matmul(y, wf, x[:T], f"{name} n_in={n_in} n_out={n_out} T={T}")
 
@@ -290,7 +306,8 @@ def test_matmul(qk, name):
 def test_matmul_forced_paths(qk, name):
     """Each kernel on its own (GEMV variants at their max T and below; tiled at small T), and
     weights at an address 2 bytes off (2-aligned types keep the GEMV; others fall back)."""
-    ctx, kern = qk
+    ctx, kernels_of = qk
+    kern = kernels_of(name)
     rng = np.random.default_rng(200 + TYPES[name])
     suffix = quant_ops._TYPES[TYPES[name]][0]
     n_in = n_in_cases(name)[1]
@@ -309,7 +326,7 @@ def test_matmul_forced_paths(qk, name):
                                 (128, 1, 1), mm_args(wp, xp, yp, T, n_in, n_out, rb))
                     y = download(ctx, yp, T * n_out).reshape(T, n_out)
                     check_matmul(y, wf, x[:T], f"{name} gemv{tt} T={T}")
-                matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
+                matmul(ctx, wp, TYPES[name], xp, yp, T, n_in, n_out)
                 y = download(ctx, yp, T * n_out).reshape(T, n_out)
                 check_matmul(y, wf, x[:T], f"{name} matmul T={T} w+{off}")
         for T in (1, 5):
@@ -322,7 +339,7 @@ def test_matmul_forced_paths(qk, name):
 @pytest.mark.parametrize("name", FLOAT_TYPES)
 def test_matmul_float_odd_n_in(qk, name):
     """Float weights with n_in not a multiple of 8 (GEMV not applicable: tiled for every T)."""
-    ctx, kern = qk
+    ctx, _ = qk
     rng = np.random.default_rng(300 + TYPES[name])
     for n_in in (1, 37, 131):
         raw, wf = random_weights(rng, name, 19, n_in)
@@ -331,7 +348,7 @@ def test_matmul_float_odd_n_in(qk, name):
         _, xp = upload(ctx, x)
         yp = ctx.alloc(4 * 70 * 19)
         for T in (1, 3, 70):
-            matmul(kern, wp, TYPES[name], xp, yp, T, n_in, 19)
+            matmul(ctx, wp, TYPES[name], xp, yp, T, n_in, 19)
             y = download(ctx, yp, T * 19).reshape(T, 19)
             check_matmul(y, wf, x[:T], f"{name} n_in={n_in} T={T}")
 
@@ -352,7 +369,7 @@ def test_matmul_multi_and_swiglu(qk, name):
     per-row arithmetic), GEMV and tiled, odd row counts, 1-3 segments, a weight 2 bytes off
     (funnel-shifted loads or the tiled fallback). swiglu: bit-identical to silu(g) * u of the
     single matmuls for the GEMV path; the tiled path within float rounding of them."""
-    ctx, kern = qk
+    ctx, _ = qk
     rng = np.random.default_rng(500 + TYPES[name])
     t = TYPES[name]
     n_in = n_in_cases(name)[1]
@@ -368,12 +385,12 @@ def test_matmul_multi_and_swiglu(qk, name):
         singles = []
         for wp, wf, n in ws:
             yp = ctx.alloc(4 * T * n)
-            matmul(kern, wp, t, xp, yp, T, n_in, n)
+            matmul(ctx, wp, t, xp, yp, T, n_in, n)
             singles.append(download(ctx, yp, T * n).reshape(T, n))
             check_matmul(singles[-1], wf, x[:T], f"{name} single T={T}")
         for segs in ([0], [0, 2], [0, 1, 2], [2, 1]):
             yps = [ctx.alloc(4 * T * n_outs[i]) for i in segs]
-            matmul_multi(kern, t, xp, T, n_in, [ws[i][0] for i in segs], yps,
+            matmul_multi(ctx, t, xp, T, n_in, [ws[i][0] for i in segs], yps,
                                    [n_outs[i] for i in segs])
             small = T <= quant_ops.GEMV_MAX_T
             group_gemv = small and all(quant_ops._gemv_ok(t, ws[i][0], xp, n_in) for i in segs)
@@ -385,7 +402,7 @@ def test_matmul_multi_and_swiglu(qk, name):
                     check_matmul(y, ws[i][1], x[:T], f"{name} multi {segs} seg {i} T={T}")
         # swiglu: gate = weight 0, up = the first 37 rows of weight 2 (same n_out)
         yp = ctx.alloc(4 * T * 37)
-        matmul_multi(kern, t, xp, T, n_in, [ws[0][0], ws[2][0]], [yp], [37, 37],
+        matmul_multi(ctx, t, xp, T, n_in, [ws[0][0], ws[2][0]], [yp], [37, 37],
                                swiglu=True)
         y = download(ctx, yp, T * 37).reshape(T, 37)
         # same g and u bits as the single matmuls; silu's expf vs NumPy's exp: a few ulp
@@ -394,9 +411,9 @@ def test_matmul_multi_and_swiglu(qk, name):
                                    err_msg=f"{name} swiglu T={T}")
     # a misaligned gate in swiglu: both weights must be eligible, else the tiled kernel runs
     yp = ctx.alloc(4 * 3 * 9)
-    matmul_multi(kern, t, xp, 3, n_in, [ws[1][0], ws[1][0]], [yp], [9, 9], swiglu=True)
+    matmul_multi(ctx, t, xp, 3, n_in, [ws[1][0], ws[1][0]], [yp], [9, 9], swiglu=True)
     yq = ctx.alloc(4 * 3 * 9)
-    matmul(kern, ws[1][0], t, xp, yq, 3, n_in, 9)
+    matmul(ctx, ws[1][0], t, xp, yq, 3, n_in, 9)
     y1 = download(ctx, yq, 27).reshape(3, 9)
     np.testing.assert_allclose(download(ctx, yp, 27).reshape(3, 9), _silu_mul(y1, y1),
                                rtol=4e-6, atol=1e-6 * (np.abs(y1).max() ** 2 + 1))
@@ -408,7 +425,8 @@ def test_matmul_multi_and_swiglu(qk, name):
 
 @pytest.mark.parametrize("name", list(TYPES))
 def test_moe_matmul(qk, name):
-    ctx, kern = qk
+    ctx, kernels_of = qk
+    kern = kernels_of(name)
     rng = np.random.default_rng(400 + TYPES[name])
     E, k, n_out = 5, 3, 37
     n_in = n_in_cases(name)[1]
@@ -423,7 +441,7 @@ def test_moe_matmul(qk, name):
             x = rng.standard_normal((T, k, n_in) if per_expert else (T, n_in)).astype(np.float32)
             _, xp = upload(ctx, x)
             yp = ctx.alloc(4 * T * k * n_out)
-            quant_ops.moe_matmul(kern, wp, TYPES[name], xp, ip, yp, T, k, n_in, n_out, E,
+            quant_ops.moe_matmul(ctx, wp, TYPES[name], xp, ip, yp, T, k, n_in, n_out, E,
                                  x_per_expert=per_expert)
             y = download(ctx, yp, T * k * n_out).reshape(T, k, n_out)
             for t in range(T):
@@ -445,7 +463,7 @@ def test_moe_matmul(qk, name):
         outs = []
         for wptr, upp in ((wp, 0), (up, 0), (wp, up)):
             yp = ctx.alloc(4 * T * k * n_out)
-            quant_ops.moe_matmul(kern, wptr, TYPES[name], xp, ip, yp, T, k, n_in, n_out, E,
+            quant_ops.moe_matmul(ctx, wptr, TYPES[name], xp, ip, yp, T, k, n_in, n_out, E,
                                  x_per_expert=per_expert, up_ptr=upp)
             outs.append(download(ctx, yp, T * k * n_out).reshape(T, k, n_out))
         g, u, y = outs
@@ -461,7 +479,7 @@ def test_moe_matmul(qk, name):
     x = rng.standard_normal((1, n_in)).astype(np.float32)
     _, xp = upload(ctx, x)
     yp = ctx.alloc(4 * k * n_out)
-    quant_ops.moe_matmul(kern, wp, TYPES[name], xp, ip, yp, 1, k, n_in, n_out, E)
+    quant_ops.moe_matmul(ctx, wp, TYPES[name], xp, ip, yp, 1, k, n_in, n_out, E)
     y = download(ctx, yp, k * n_out).reshape(k, n_out)
     assert np.isnan(y[1]).all()
     check_matmul(y[0][None], wf[1], x, f"{name} moe next to an invalid id")
@@ -502,7 +520,7 @@ def large_weights(rng, name, n_in, n_out):
 def test_large_matrices_and_bandwidth_report(qk, rng):
     from reflex_core.cuda import driver, memory
 
-    ctx, kern = qk
+    ctx, _ = qk
     lines = []
     shapes = [(1024, 3072), (4096, 12288), (1024, 151936)]  # (n_in, n_out)
     for name in ("Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "F16", "BF16", "F32", "Q3_K", "Q2_K",
@@ -518,12 +536,12 @@ def test_large_matrices_and_bandwidth_report(qk, rng):
             _, xp = upload(ctx, x)
             yp = ctx.alloc(4 * 8 * n_out)
             for T in (1, 8):
-                matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
+                matmul(ctx, wp, TYPES[name], xp, yp, T, n_in, n_out)
                 reps = 20
                 e0, e1 = memory.Event(), memory.Event()
                 e0.record()
                 for _ in range(reps):
-                    matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
+                    matmul(ctx, wp, TYPES[name], xp, yp, T, n_in, n_out)
                 e1.record()
                 ms = memory.elapsed_ms(e0, e1) / reps
                 check_sampled_rows(ctx, yp, raw, name, x[:T], n_out, rng,
@@ -540,12 +558,12 @@ def test_large_matrices_and_bandwidth_report(qk, rng):
             x = rng.standard_normal((T, n_in)).astype(np.float32)
             _, xp = upload(ctx, x)
             yp = ctx.alloc(4 * T * n_out)
-            matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
+            matmul(ctx, wp, TYPES[name], xp, yp, T, n_in, n_out)
             driver.synchronize()
             e0, e1 = memory.Event(), memory.Event()
             e0.record()
             for _ in range(5):
-                matmul(kern, wp, TYPES[name], xp, yp, T, n_in, n_out)
+                matmul(ctx, wp, TYPES[name], xp, yp, T, n_in, n_out)
             e1.record()
             ms = memory.elapsed_ms(e0, e1) / 5
             check_sampled_rows(ctx, yp, raw, name, x, n_out, rng, f"{name} tiled T={T}")
@@ -557,7 +575,7 @@ def test_large_matrices_and_bandwidth_report(qk, rng):
                 e0.record()
                 for _ in range(5):
                     for t0 in range(0, T, 8):
-                        matmul(kern, wp, TYPES[name], xp + 4 * t0 * n_in,
+                        matmul(ctx, wp, TYPES[name], xp + 4 * t0 * n_in,
                                          yp + 4 * t0 * n_out, min(8, T - t0), n_in, n_out)
                 e1.record()
                 ms = memory.elapsed_ms(e0, e1) / 5

@@ -737,8 +737,12 @@ struct rx_lu<RX_Q3_K> {
     }
 };
 
-// The codebook types (IQ*), TQ1_0 / TQ2_0 and MXFP4: their rx_q / rx_lu specializations.
+// The codebook types (IQ*), TQ1_0 / TQ2_0 and MXFP4: their rx_q / rx_lu specializations. A unit
+// that instantiates none of them (quant.cu) defines REFLEX_QUANTS_COMMON_ONLY first, so that
+// its image does not carry their codebook tables.
+#ifndef REFLEX_QUANTS_COMMON_ONLY
 #include "reflex/quants_iq.cuh"
+#endif
 
 // ==========================================================================================
 // The GEMV lane loop, shared by the kernels (cuda/quant.cu) and the host harness (which runs it

@@ -1,0 +1,432 @@
+// reflex/quant_kernels.cuh -- the weight-side kernels: GGUF-typed weights (raw blocks as
+// uploaded from the file) times float32 activations. Decoders live in reflex/quants.cuh (host +
+// device; the CPU tests check them bit for bit against gguf-py). Launchers:
+// reflex_core/cuda/quant_ops.py.
+//
+// RX_QUANT_KERNELS(t, RX_<T>) defines the 8 extern "C" kernels below for one GGML type <t>; the
+// modules instantiate it for their types: cuda/quant.cu (the common types, loaded at start) and
+// cuda/quant_lowbit.cu (the low-bit, codebook, ternary and FP4 types, loaded only for a file that
+// has one). `w` points at the tensor's raw bytes, `row_bytes` = n_in / QK * TS.
+//
+// reflex_dequant_<t>(w, out, n)
+//   Whole tensor -> float32, bit-exact with gguf.quants.dequantize (reflex check, tests).
+//   Grid-stride loop, 256 threads/block; one thread per 4 consecutive elements (one float4
+//   store) for quantized types, one element per thread for float types.
+//
+// reflex_embed_<t>(w, ids, out, n_tokens, n_embd, row_bytes, n_rows)
+//   out[t, :] = dequant(row ids[t]) (bit-exact). grid.y strides over tokens, grid.x over the row
+//   (128 threads/block, 4 elements per thread). An id outside [0, n_rows) gives a NaN row.
+//
+// Matmuls: up to 3 weights of the same type and n_in against one x, in one launch. Segment i
+// (i < 3) is w_i (n_i output rows) -> y_i [T, n_i]; n_i = 0 leaves a segment out (one weight:
+// n1 = n2 = 0). mode 0: those plain products. mode 1 (SwiGLU): w0 = gate, w1 = up, both n0
+// rows, y0[t, o] = silu(g) * u with g = W0[o] . x[t], u = W1[o] . x[t] (silu(g) = g / (1 +
+// exp(-g)), as reflex_swiglu); n1, n2, y1, y2, w2 are ignored. Every output is bit-identical to
+// the separate matmul (and swiglu) of each weight: the same per-row arithmetic.
+//
+// reflex_matmul_gemv{1,2,4,8}_<t>(w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, n2, row_bytes,
+//                                 mode)                                   (T <= 1, 2, 4, 8)
+//   y[t, o] = sum_i W[o, i] x[t, i] for small T (decode, short batches). 128 threads = 4 warps;
+//   a warp owns R = 2 weight rows: mode 0, 2 consecutive output rows of one segment; mode 1, row
+//   o of gate and row o of up (one output row). Its lanes stride over the rows' "lane units"
+//   (rx_lu<t>: 16-byte vector loads where the block layout keeps 16-byte alignment -- Q4_K,
+//   Q5_K, float types --, 8-byte loads for IQ4_XS, else funnel-shifted 32-bit loads; the
+//   codebook types look their grid entries up in global-memory tables, reflex/iq_tables.cuh). Unit u of a row sits right after
+//   unit u-1, so lane L reading unit L (+32k) makes each warp load instruction contiguous. Each
+//   weight byte is read once and used for all T tokens; each x value is loaded (float4) once
+//   per unit step and used for both rows. f32 accumulation with FMA, then a butterfly shuffle
+//   sum; lane r*TT+t stores y[t, row0+r] (mode 1: lane t stores y0[t, o]).
+//   mode 0: grid.x = sum_i ceil(n_i / 8), segment i owning a contiguous run of blocks;
+//   mode 1: grid.x = ceil(n0 / 4). Needs x 16-byte aligned, every w_i aligned to
+//   rx_lu<t>::ALIGN, and n_in % 8 == 0 for float types (the launcher falls back to the tiled
+//   kernel otherwise).
+//
+// reflex_matmul_tiled_<t>(w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, n2, row_bytes, mode)
+//   (any T; prefill) Classic shared-memory SGEMM tile: a 256-thread block computes 64 weight
+//   rows x 64 tokens; per 64-wide K slice it dequantizes the 64x64 weight tile (rx_q<t>::dec4,
+//   4 groups of 4 elements per thread) and stages the 64x64 x tile, both k-major in shared
+//   memory (34 KB), then each thread accumulates a 4 rows x 4 tokens outer product per k (two
+//   float4 smem reads, 16 FMA). Warps whose 8 tokens are all >= T skip the math.
+//   mode 0: the 64 rows of a block are consecutive rows of one segment, grid = (sum_i
+//   ceil(n_i/64), ceil(T/64)). mode 1: tile rows 0..31 are gate rows [o0, o0+32), rows 32..63
+//   the same up rows; the block stages its 64x64 results in shared memory and writes the 32x64
+//   outputs silu(g) * u; grid = (ceil(n0/32), ceil(T/64)).
+//   No alignment assumptions (also the fallback for misaligned inputs).
+//
+// reflex_moe_matmul_<t>(w, w_up, x, ids, y, T, k, n_in, n_out, row_bytes, expert_bytes,
+//                       x_per_expert, n_expert, mode)
+//   MoE gather: slot s = t*k + j uses expert e = ids[s] (read on the device) of the 3-D tensor
+//   (E matrices of expert_bytes each): y[s, :] = W_e . x_row, x_row = x[t] (x_per_expert = 0)
+//   or x[s] (1). The GEMV above with T = 1 per slot, grid.y striding over slots, so only the
+//   selected experts' rows are read. mode 0: grid = (ceil(n_out/8), min(T*k, 65535)), w_up
+//   unused. mode 1 (SwiGLU): w = gate experts, w_up = up experts (same type and shape); a warp
+//   owns output row o (its gate and up rows, R = 2 as above), y[s, o] = silu(g) * u;
+//   grid = (ceil(n_out/4), min(T*k, 65535)). An id outside [0, n_expert) gives NaN outputs.
+#pragma once
+
+#include "reflex/quants.cuh"
+
+#define GEMV_WARPS 4
+#define GEMV_R 2
+#define TILE_M 64
+#define TILE_N 64
+#define TILE_K 64
+#define TILE_THREADS 256
+#define DQ_THREADS 256
+#define EMB_THREADS 128
+
+// ------------------------------------------------------------------------------------------
+// dequant / embed
+
+template <int TYPE>
+__device__ __forceinline__ void dequant_body(const uint8_t* __restrict__ w, float* __restrict__ out,
+                                             long long n) {
+    typedef rx_q<TYPE> Q;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if constexpr (Q::QK == 1) {
+        for (; i < n; i += stride) out[i] = Q::dec1(w, i);
+    } else {
+        const long long ng = n / 4;  // n % QK == 0 (checked by the launcher)
+        const bool vec = ((uintptr_t)out & 15u) == 0;
+        for (; i < ng; i += stride) {
+            const long long e = 4 * i;
+            float y[4];
+            Q::dec4(w + (e / Q::QK) * Q::TS, (int)(e % Q::QK), y);
+            if (vec) {
+                *(float4*)(out + e) = make_float4(y[0], y[1], y[2], y[3]);
+            } else {
+#pragma unroll
+                for (int c = 0; c < 4; ++c) out[e + c] = y[c];
+            }
+        }
+    }
+}
+
+template <int TYPE>
+__device__ __forceinline__ void embed_body(const uint8_t* __restrict__ w, const int* __restrict__ ids,
+                                           float* __restrict__ out, int n_tokens, int n_embd,
+                                           long long row_bytes, int n_rows) {
+    typedef rx_q<TYPE> Q;
+    const int stride = gridDim.x * blockDim.x;
+    const int i0 = blockIdx.x * blockDim.x + threadIdx.x;
+    for (int tok = blockIdx.y; tok < n_tokens; tok += gridDim.y) {
+        const int id = __ldg(ids + tok);
+        const bool ok = id >= 0 && id < n_rows;
+        const uint8_t* row = w + (long long)(ok ? id : 0) * row_bytes;
+        float* o = out + (long long)tok * n_embd;
+        if constexpr (Q::QK == 1) {
+            for (int e = i0; e < n_embd; e += stride) o[e] = ok ? Q::dec1(row, e) : rx_nan();
+        } else {
+            const bool vec = ((uintptr_t)o & 15u) == 0;
+            for (int g = i0; g < n_embd / 4; g += stride) {
+                const int e = 4 * g;
+                float y[4];
+                if (ok) {
+                    Q::dec4(row + (long long)(e / Q::QK) * Q::TS, e % Q::QK, y);
+                } else {
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) y[c] = rx_nan();
+                }
+                if (vec) {
+                    *(float4*)(o + e) = make_float4(y[0], y[1], y[2], y[3]);
+                } else {
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) o[e + c] = y[c];
+                }
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// GEMV (small T) and the MoE gather GEMV
+
+__device__ __forceinline__ float rx_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+// The warp's sums of acc (butterfly: every lane gets every sum), then the stores: plain, lane
+// r*TT+t stores y[t, row0+r] (rows past n_out skipped); SwiGLU (acc[0] = gate row, acc[1] = up
+// row, one output row row0), lane t stores y[t, row0] = silu(g) * u. One copy of the shuffles
+// for both modes (code size).
+template <int TT>
+__device__ __forceinline__ void gemv_epilogue(float (&acc)[GEMV_R][TT], bool swiglu,
+                                              float* __restrict__ y, int T, int n_out, int row0) {
+    const int lane = threadIdx.x & 31;
+    float mine = 0.0f, g = 0.0f, u = 0.0f;
+#pragma unroll
+    for (int r = 0; r < GEMV_R; ++r) {
+#pragma unroll
+        for (int t = 0; t < TT; ++t) {
+            const float v = rx_warp_sum(acc[r][t]);
+            if (lane == r * TT + t) mine = v;
+            if (lane == t) {
+                if (r == 0) g = v;
+                else u = v;
+            }
+        }
+    }
+    if (swiglu) {
+        if (lane < T) y[(long long)lane * n_out + row0] = rx_silu_mul(g, u);
+    } else {
+        const int r = lane / TT, t = lane % TT;
+        if (r < GEMV_R && t < T && row0 + r < n_out) y[(long long)t * n_out + row0 + r] = mine;
+    }
+}
+
+// Which segment a block of a multi-segment launch works on (blocks_i = ceil(n_i / rows per
+// block)): its weight, output, row count, and the block index within the segment.
+__device__ __forceinline__ void seg_select(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2,
+                                           float* y0, float* y1, float* y2, int n0, int n1, int n2,
+                                           int rows_per_block, const uint8_t*& w, float*& y, int& n,
+                                           int& b) {
+    b = blockIdx.x;
+    const int b0 = (n0 + rows_per_block - 1) / rows_per_block;
+    const int b1 = (n1 + rows_per_block - 1) / rows_per_block;
+    if (b < b0) {
+        w = w0; y = y0; n = n0;
+    } else if (b - b0 < b1) {
+        b -= b0; w = w1; y = y1; n = n1;
+    } else {
+        b -= b0 + b1; w = w2; y = y2; n = n2;
+    }
+}
+
+template <int TYPE, int TT>
+__device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,
+                                          const uint8_t* __restrict__ w2, const float* __restrict__ x,
+                                          float* __restrict__ y0, float* __restrict__ y1,
+                                          float* __restrict__ y2, int T, int n_in, int n0, int n1,
+                                          int n2, long long row_bytes, int mode) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const bool swiglu = mode == 1;
+    const uint8_t* w;
+    float* y;
+    int n, row0;
+    if (swiglu) {  // gate row o and up row o
+        w = w0; y = y0; n = n0;
+        row0 = blockIdx.x * GEMV_WARPS + warp;
+    } else {
+        int b;
+        seg_select(w0, w1, w2, y0, y1, y2, n0, n1, n2, GEMV_WARPS * GEMV_R, w, y, n, b);
+        row0 = (b * GEMV_WARPS + warp) * GEMV_R;
+    }
+    if (row0 >= n) return;  // warp-uniform; no block-level sync below
+    // selects only (one copy of the main loop for both modes)
+    static_assert(GEMV_R == 2, "a warp's two weight rows");
+    const int row1 = swiglu ? row0 : min(row0 + 1, n - 1);
+    const uint8_t* rp[GEMV_R] = {w + (long long)row0 * row_bytes,
+                                 (swiglu ? w1 : w) + (long long)row1 * row_bytes};
+    float acc[GEMV_R][TT];
+    rx_gemv_rows<TYPE, TT, GEMV_R>(rp, x, T, n_in, lane, acc);
+    gemv_epilogue<TT>(acc, swiglu, y, T, n, row0);
+}
+
+template <int TYPE>
+__device__ __forceinline__ void moe_body(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_up,
+                                         const float* __restrict__ x, const int* __restrict__ ids,
+                                         float* __restrict__ y, int T, int k, int n_in, int n_out,
+                                         long long row_bytes, long long expert_bytes,
+                                         int x_per_expert, int n_expert, int mode) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    // mode 0: rows row0, row0 + 1 of W_e; mode 1: row row0 of gate_e and of up_e
+    const int row0 = mode == 1 ? blockIdx.x * GEMV_WARPS + warp : (blockIdx.x * GEMV_WARPS + warp) * GEMV_R;
+    if (row0 >= n_out) return;  // warp-uniform; no block-level sync below
+    const int n_slots = T * k;
+    for (int slot = blockIdx.y; slot < n_slots; slot += gridDim.y) {
+        const int e = __ldg(ids + slot);  // same for the whole warp
+        float* ys = y + (long long)slot * n_out;
+        if (e < 0 || e >= n_expert) {
+            const int nr = mode == 1 ? 1 : GEMV_R;
+            if (lane < nr && row0 + lane < n_out) ys[row0 + lane] = rx_nan();
+            continue;
+        }
+        const float* xs = x + (long long)(x_per_expert ? slot : slot / k) * n_in;
+        const long long eo = (long long)e * expert_bytes;
+        const uint8_t* rp[GEMV_R];
+        if (mode == 1) {
+            rp[0] = w + eo + (long long)row0 * row_bytes;
+            rp[1] = w_up + eo + (long long)row0 * row_bytes;
+        } else {
+#pragma unroll
+            for (int r = 0; r < GEMV_R; ++r) rp[r] = w + eo + (long long)min(row0 + r, n_out - 1) * row_bytes;
+        }
+        float acc[GEMV_R][1];
+        rx_gemv_rows<TYPE, 1, GEMV_R>(rp, xs, 1, n_in, lane, acc);
+        gemv_epilogue<1>(acc, mode == 1, ys, 1, n_out, row0);
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// tiled matmul (prefill)
+
+template <int TYPE>
+__device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,
+                                           const uint8_t* __restrict__ w2, const float* __restrict__ x,
+                                           float* __restrict__ y0, float* __restrict__ y1,
+                                           float* __restrict__ y2, int T, int n_in, int n0, int n1,
+                                           int n2, long long row_bytes, int mode) {
+    typedef rx_q<TYPE> Q;
+    __shared__ __align__(16) float Ws[TILE_K][TILE_M + 4];
+    __shared__ __align__(16) float Xs[TILE_K][TILE_N + 4];
+    const int tid = threadIdx.x;
+    const int ty = tid & 15;  // rows ty*4 .. +4 of the tile
+    const int tx = tid >> 4;  // tokens tx*4 .. +4 (a warp: tokens 8w .. 8w+8)
+    const uint8_t* w;
+    float* y;
+    int n, m0;  // mode 0: tile row m is row m0 + m of w (n rows); mode 1: gate/up row m0 + m % 32
+    if (mode == 1) {
+        w = w0; y = y0; n = n0;
+        m0 = blockIdx.x * (TILE_M / 2);
+    } else {
+        int b;
+        seg_select(w0, w1, w2, y0, y1, y2, n0, n1, n2, TILE_M, w, y, n, b);
+        m0 = b * TILE_M;
+    }
+    const int n0t = blockIdx.y * TILE_N;
+    const bool active = n0t + (tid >> 5) * 8 < T;
+    const bool xvec = (n_in & 3) == 0 && ((uintptr_t)x & 15u) == 0;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+
+    for (int k0 = 0; k0 < n_in; k0 += TILE_K) {
+        // weight tile: 64 rows x 16 groups of 4; thread -> (row m = g % 64, group g / 64)
+#pragma unroll
+        for (int p = 0; p < TILE_M * TILE_K / 4 / TILE_THREADS; ++p) {
+            const int g = tid + p * TILE_THREADS;
+            const int m = g & (TILE_M - 1), kg = g / TILE_M;
+            const int row = mode == 1 ? m0 + (m & (TILE_M / 2 - 1)) : m0 + m;
+            const uint8_t* wm = mode == 1 && m >= TILE_M / 2 ? w1 : w;
+            const int k = k0 + 4 * kg;
+            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (row < n && k < n_in) {
+                const uint8_t* rp = wm + (long long)row * row_bytes;
+                if constexpr (Q::QK == 1) {
+#pragma unroll
+                    for (int c = 0; c < 4; ++c)
+                        if (k + c < n_in) v[c] = Q::dec1(rp, k + c);
+                } else {  // n_in % QK == 0, QK % 32 == 0: a group is all inside or all past the row
+                    Q::dec4(rp + (long long)(k / Q::QK) * Q::TS, k % Q::QK, v);
+                }
+            }
+#pragma unroll
+            for (int c = 0; c < 4; ++c) Ws[4 * kg + c][m] = v[c];
+        }
+        // x tile: 64 tokens x 16 float4; thread -> (token n = g / 16, group g % 16)
+#pragma unroll
+        for (int p = 0; p < TILE_N * TILE_K / 4 / TILE_THREADS; ++p) {
+            const int g = tid + p * TILE_THREADS;
+            const int nn = g / (TILE_K / 4), kg = g % (TILE_K / 4);
+            const int tok = n0t + nn, k = k0 + 4 * kg;
+            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (tok < T) {
+                const float* xr = x + (long long)tok * n_in + k;
+                if (xvec && k + 4 <= n_in) {
+                    rx_ld_f4(xr, v);
+                } else {
+#pragma unroll
+                    for (int c = 0; c < 4; ++c)
+                        if (k + c < n_in) v[c] = __ldg(xr + c);
+                }
+            }
+#pragma unroll
+            for (int c = 0; c < 4; ++c) Xs[4 * kg + c][nn] = v[c];
+        }
+        __syncthreads();
+        if (active) {
+#pragma unroll 8
+            for (int kk = 0; kk < TILE_K; ++kk) {
+                const float4 a = *(const float4*)&Ws[kk][ty * 4];
+                const float4 b = *(const float4*)&Xs[kk][tx * 4];
+                const float av[4] = {a.x, a.y, a.z, a.w};
+                const float bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+            }
+        }
+        __syncthreads();
+    }
+    if (mode == 1) {
+        // E[token][tile row] (reuses Ws: 64 x 68 floats); the loop's last __syncthreads made it
+        // free. Then output (token nn, row r < 32) = silu(E[nn][r]) * E[nn][r + 32].
+        float (*E)[TILE_M + 4] = Ws;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) E[tx * 4 + j][ty * 4 + i] = acc[i][j];
+        __syncthreads();
+#pragma unroll 1
+        for (int p = 0; p < (TILE_M / 2) * TILE_N / TILE_THREADS; ++p) {
+            const int g = tid + p * TILE_THREADS;
+            const int r = g & (TILE_M / 2 - 1), nn = g / (TILE_M / 2);
+            const int row = m0 + r, tok = n0t + nn;
+            if (row < n && tok < T) y[(long long)tok * n + row] = rx_silu_mul(E[nn][r], E[nn][r + TILE_M / 2]);
+        }
+        return;
+    }
+    if (!active) return;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int row = m0 + ty * 4 + i;
+        if (row >= n) continue;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int tok = n0t + tx * 4 + j;
+            if (tok < T) y[(long long)tok * n + row] = acc[i][j];
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// extern "C" entry points, one set per type
+
+#define RX_MM_PARAMS                                                                                  \
+    const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1, const uint8_t *__restrict__ w2,   \
+        const float *__restrict__ x, float *__restrict__ y0, float *__restrict__ y1,                  \
+        float *__restrict__ y2, int T, int n_in, int n0, int n1, int n2, long long row_bytes, int mode
+#define RX_MM_ARGS w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, n2, row_bytes, mode
+
+#define RX_QUANT_KERNELS(name, TYPE)                                                                  \
+    extern "C" __global__ void __launch_bounds__(DQ_THREADS)                                          \
+        reflex_dequant_##name(const uint8_t* __restrict__ w, float* __restrict__ out, long long n) {  \
+        dequant_body<TYPE>(w, out, n);                                                                \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(EMB_THREADS)                                         \
+        reflex_embed_##name(const uint8_t* __restrict__ w, const int* __restrict__ ids,               \
+                            float* __restrict__ out, int n_tokens, int n_embd, long long row_bytes,   \
+                            int n_rows) {                                                             \
+        embed_body<TYPE>(w, ids, out, n_tokens, n_embd, row_bytes, n_rows);                           \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
+        reflex_matmul_gemv1_##name(RX_MM_PARAMS) {                                             \
+        gemv_body<TYPE, 1>(RX_MM_ARGS);                                           \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
+        reflex_matmul_gemv2_##name(RX_MM_PARAMS) {                                             \
+        gemv_body<TYPE, 2>(RX_MM_ARGS);                                           \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
+        reflex_matmul_gemv4_##name(RX_MM_PARAMS) {                                             \
+        gemv_body<TYPE, 4>(RX_MM_ARGS);                                           \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
+        reflex_matmul_gemv8_##name(RX_MM_PARAMS) {                                             \
+        gemv_body<TYPE, 8>(RX_MM_ARGS);                                           \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(TILE_THREADS, 2)                                     \
+        reflex_matmul_tiled_##name(RX_MM_PARAMS) {                                             \
+        tiled_body<TYPE>(RX_MM_ARGS);                                                               \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 4)                                  \
+        reflex_moe_matmul_##name(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_up,     \
+                                 const float* __restrict__ x, const int* __restrict__ ids,            \
+                                 float* __restrict__ y, int T, int k, int n_in, int n_out,            \
+                                 long long row_bytes, long long expert_bytes, int x_per_expert,       \
+                                 int n_expert, int mode) {                                            \
+        moe_body<TYPE>(w, w_up, x, ids, y, T, k, n_in, n_out, row_bytes, expert_bytes, x_per_expert,  \
+                       n_expert, mode);                                                               \
+    }
