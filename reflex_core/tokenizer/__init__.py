@@ -166,7 +166,7 @@ class Tokenizer:
                     utf8_error(src, "tokenizer.ggml.tokens")
                 vocab_b, k = bpe_vocab(raw, tb)
                 lookup = lambda text: vocab_b.get(text.encode("utf-8"))  # noqa: E731
-                scoped = PromptScopedBPE(spec, raw, vocab_b, k, added, merges_src)
+                scoped = PromptScopedBPE(spec, raw, tb, vocab_b, k, added, merges_src)
         finally:
             if was_enabled:
                 gc.enable()
@@ -189,8 +189,9 @@ class Tokenizer:
         if served is None:
             return None
         vocab = served.vocab
-        scoped = PromptScopedBPE.from_tables(spec, served.tokens, vocab, served.k, served.added,
-                                             served.merges, served.m, served.kb)
+        scoped = PromptScopedBPE.from_tables(spec, served.tokens, served.tb, vocab, served.k,
+                                             served.added, served.merges, served.m, served.kb,
+                                             served.runs)
         specials = special_tokens(md, spec, served.added,
                                   lambda text: vocab.get(text.encode("utf-8")), n)
         return cls(spec=spec, pre=pre, tb=served.tb, raw=served.tokens, strs=None,
@@ -201,15 +202,17 @@ class Tokenizer:
         """What the prompt-scoped path needs to serve this vocabulary, as plain data (ints,
         bytes, strings, tuples, lists: marshal-able), for ``from_tables`` over the same file:
         the token types and added tokens, where every token and merge string lies in the file,
-        and a bytes -> id table. Checks the vocabulary first (~15 ms for Qwen3); for one the
-        path cannot serve exactly, the dict only says why ({"fast": False, "reason": ...})."""
+        which merge makes which token, and a bytes -> id table. Checks the vocabulary first
+        (~15 ms for Qwen3); for one the path cannot serve exactly, the dict only says why
+        ({"fast": False, "reason": ...})."""
         if self._starts is None:
             return refusal("the tokenizer was not read from a GGUF file")
         s = self._scoped
         if s is None:  # off for this process (a text, REFLEX_TOKENIZER): judge the vocabulary
             raw = self._raw if self._raw is not None else raw_strings(self._tokens_src)
             vocab, k = bpe_vocab(raw, self._tb)
-            s = PromptScopedBPE(self._spec, raw, vocab, k, self._added, self._merges_src)
+            s = PromptScopedBPE(self._spec, raw, self._tb, vocab, k, self._added,
+                                self._merges_src)
         try:
             return s.export(self._tb, *self._starts)
         except NotScoped as e:

@@ -2,12 +2,14 @@
 serve them.
 
 ``export_tables`` turns what the prompt-scoped BPE needs -- the token types, the added tokens,
-the vocabulary size k and merge count m, where each token and merge string lies in the GGUF,
-and an open-addressing bytes -> id table over the vocabulary -- into a dict of ints, bytes and
-tuples. ``dumps`` / ``loads`` give it a fixed binary form (a cache stores it without looking
-inside: reflex_core.gguf_index); ``loads`` bounds every count and length by the bytes present
-and ``fits`` checks the tables against the file they claim to describe, so that a damaged or
-forged copy is refused before use rather than trusted. ``import_tables`` serves them back over
+the vocabulary size k (the NORMAL tokens, wherever they lie) and merge count m, where each
+token and merge string lies in the GGUF, the runs that say which merge makes which token
+(prompt_scoped: one run for Qwen and DeepSeek) and an open-addressing bytes -> id table over
+the vocabulary -- into a dict of ints, bytes and tuples. ``dumps`` / ``loads`` give it a fixed
+binary form (a cache stores it without looking inside: reflex_core.gguf_index); ``loads``
+bounds every count and length by the bytes present and ``fits`` checks the tables against the
+file they claim to describe, so that a damaged or forged copy is refused before use rather
+than trusted. ``import_tables`` serves them back over
 the same file's mmap: ``Strings`` (a string array's elements as bytes, from one copy of its
 span) and ``VocabTable`` (bytes -> id in a few microseconds, without building a dict of 152k
 entries; every lookup is bounded and checks the id it reads).
@@ -18,17 +20,18 @@ from __future__ import annotations
 import struct
 import zlib
 from array import array
-from itertools import accumulate
+from itertools import accumulate, chain, islice, starmap
+from operator import add, le, lt, sub
 from typing import Any, NamedTuple, Sequence
 
-from .vocab import TT_BYTE, TT_CONTROL, TT_NORMAL, TT_UNKNOWN, TT_USER_DEFINED
+from .vocab import TT_BYTE, TT_CONTROL, TT_NORMAL, TT_UNKNOWN, TT_USER_DEFINED, normal_spans
 
 # Longest probe sequence a table may have. Linear probing at load <= 1/2 keeps chains short
 # (Qwen3's 151,643 tokens: 26); the bound makes a lookup's cost fixed whatever a table holds.
 MAX_PROBE = 256
 
 _MAGIC = b"RXTB"
-_VERSION = 1  # of the binary form (dumps / loads)
+_VERSION = 2  # of the binary form (dumps / loads); 2: the merge runs, k NORMAL tokens anywhere
 _HEAD = struct.Struct("<4sBB")  # magic, version, fast
 _U32 = struct.Struct("<I")
 _FAST = struct.Struct("<IIIII")  # k, m, kb, probe, number of added tokens
@@ -39,17 +42,21 @@ _EMPTY = b"\xff" * 4  # an empty table slot (-1)
 
 def export_tables(*, tb: bytes, added: list[tuple[int, str, bool]], k: int,
                   tokens: Sequence[bytes], tokens_at: int, merges: Sequence[bytes],
-                  merges_at: int | None) -> dict:
+                  merges_at: int | None, runs: tuple[array, array]) -> dict:
     """The tables of a vocabulary the prompt-scoped path serves. ``tokens`` / ``merges``: the
-    strings' exact bytes; ``*_at``: the file offset where each array's elements start."""
-    table, mask, probe = _build_table(tokens, k)
+    strings' exact bytes; ``*_at``: the file offset where each array's elements start; ``k``:
+    the number of NORMAL tokens (the BPE vocabulary); ``runs``: (first token, first rank) of
+    each run of merges (prompt_scoped.PromptScopedBPE)."""
+    spans = normal_spans(tb)
+    table, mask, probe = _build_table(tokens, chain.from_iterable(starmap(range, spans)), k)
     if probe > MAX_PROBE:  # a vocabulary crafted to collide: the dict in from_gguf serves it
         return refusal(f"the bytes -> id table has a probe sequence of {probe} (> {MAX_PROBE})")
     return {
         "fast": True, "k": k, "m": len(merges), "tb": tb, "added": added,
-        "kb": max(map(len, tokens[:k]), default=0),
+        "kb": max((max(map(len, tokens[a:b])) for a, b in spans), default=0),
         "tokens": _pack(tokens_at, tokens), "merges": _pack(merges_at or 0, merges),
         "table": table.tobytes(), "mask": mask, "probe": probe,
+        "runs": (runs[0].tobytes(), runs[1].tobytes()),
     }
 
 
@@ -67,6 +74,7 @@ class Served(NamedTuple):
     tokens: "Strings"
     merges: "Strings"
     vocab: "VocabTable"
+    runs: tuple[array, array]  # (first token, first rank) of each run of merges
 
 
 def import_tables(mm: Any, t: Any, n: int) -> Served | None:
@@ -78,10 +86,13 @@ def import_tables(mm: Any, t: Any, n: int) -> Served | None:
         tb, k, m, added = t["tb"], t["k"], t["m"], [tuple(a) for a in t["added"]]
         tokens = Strings(mm, t["tokens"])
         merges = Strings(mm, t["merges"])
-        if len(tb) != n or len(tokens) != n or not 0 <= k <= n or len(merges) < m:
+        runs = _u32s(t["runs"][0]), _u32s(t["runs"][1])
+        if (len(tb) != n or len(tokens) != n or not 0 <= k <= n or len(merges) < m
+                or not _runs_fit(*runs, m, n)):
             return None
-        return Served(bytes(tb), added, k, m, t["kb"], tokens, merges,
-                      VocabTable(t["table"], t["mask"], t["probe"], tokens, k))
+        tb = bytes(tb)
+        return Served(tb, added, k, m, t["kb"], tokens, merges,
+                      VocabTable(t["table"], t["mask"], t["probe"], tokens, n, tb), runs)
     except (AttributeError, KeyError, TypeError, ValueError, IndexError):
         return None
 
@@ -97,20 +108,40 @@ def _pack(at: int, raw: Sequence[bytes]) -> tuple:
     return (at, at + rel[-1] + lens[-1], rel.tobytes(), lens.tobytes())
 
 
+def _u32s(data: Any) -> array:
+    a = array("I")
+    a.frombytes(data)
+    return a
+
+
+def _runs_fit(tok: array, rank: array, m: int, n: int) -> bool:
+    """Whether runs (first token, first rank) can describe m merges of a vocabulary of n
+    tokens: they start at rank 0, ranks rise, and each run's tokens end before the next
+    run's first (so token ids rise with the ranks) and within the vocabulary."""
+    if len(tok) != len(rank) or (m == 0) != (len(rank) == 0):
+        return False
+    if not rank:
+        return True
+    if rank[0] != 0 or not all(map(lt, rank, islice(rank, 1, None))) or rank[-1] >= m:
+        return False
+    ends = map(add, tok, map(sub, islice(rank, 1, None), rank))  # each run but the last
+    return all(map(le, ends, islice(tok, 1, None))) and tok[-1] + m - rank[-1] <= n
+
+
 def _table_size(k: int) -> int:
     return 1 << max(4, (2 * k).bit_length())  # load <= 1/2
 
 
-def _build_table(raw: Sequence[bytes], k: int) -> tuple[array, int, int]:
-    """Open addressing (linear probing) over ids 0..k-1 keyed by crc32 of the token's bytes,
-    and the longest probe sequence it takes to find one of them. The texts are distinct (the
-    prompt-scoped path requires it)."""
+def _build_table(raw: Sequence[bytes], ids: Any, k: int) -> tuple[array, int, int]:
+    """Open addressing (linear probing) over the k ``ids`` keyed by crc32 of the token's
+    bytes, and the longest probe sequence it takes to find one of them. The texts are distinct
+    (the prompt-scoped path requires it)."""
     size = _table_size(k)
     mask = size - 1
     table = array("i", [-1]) * size
     crc = zlib.crc32
     longest = 1 if k else 0
-    for t in range(k):
+    for t in ids:
         h = crc(raw[t]) & mask
         d = 1
         while table[h] != -1:
@@ -139,7 +170,8 @@ def dumps(t: dict) -> bytes:
         out += [_ADDED.pack(i, 1 if ctl else 0, len(b)), b]
     for lo, hi, rel, lens in (t["tokens"], t["merges"]):
         out += [_SPAN.pack(lo, hi, len(lens) // 4), rel, lens]
-    out += [_U32.pack(t["mask"]), t["table"]]
+    run_tok, run_rank = t["runs"]
+    out += [_U32.pack(t["mask"]), t["table"], _U32.pack(len(run_tok) // 4), run_tok, run_rank]
     return b"".join(out)
 
 
@@ -187,9 +219,11 @@ def loads(data: Any) -> dict | None:
             if mask + 1 != _table_size(k):
                 return None
             table = bytes(c.take(4 * (mask + 1)))
+            n_runs = c.unpack(_U32)[0]
+            runs = (bytes(c.take(4 * n_runs)), bytes(c.take(4 * n_runs)))
             t = {"fast": True, "k": k, "m": m, "tb": tb, "added": added, "kb": kb,
                  "tokens": spans[0], "merges": spans[1], "table": table, "mask": mask,
-                 "probe": probe}
+                 "probe": probe, "runs": runs}
         return t if c.pos == len(c.data) else None
     except (ValueError, TypeError, struct.error, UnicodeDecodeError):
         return None
@@ -202,11 +236,13 @@ def loads(data: Any) -> dict | None:
 def fits(t: dict, g: Any) -> bool:
     """Whether the tables ``t`` (from ``loads``) can describe the parsed GGUF ``g``: the token
     and merge strings span exactly the file's arrays (inside its metadata) and the counts agree;
-    k, the added tokens and their texts agree with the token types and the file; the table has
-    the size k implies, a bounded probe sequence and an empty slot. Cheap: no pass over the
-    vocabulary. Not seen here: where inside the token array each id's bytes are, and which id
-    each slot holds -- a forged copy can hide or alias tokens, but every lookup is bounded and
-    checks the id and its bytes, so none can crash, loop or read outside the arrays."""
+    k, the added tokens and their texts agree with the token types and the file; the merge runs
+    cover the merges in rising token order within the vocabulary; the table has the size k
+    implies, a bounded probe sequence and an empty slot. Cheap: no pass over the vocabulary.
+    Not seen here: where inside the token array each id's bytes are, which id each slot holds,
+    and which token each merge makes -- a forged copy can hide or alias tokens, but every
+    lookup is bounded and checks the id and its bytes, so none can crash, loop or read outside
+    the arrays."""
     if not t["fast"]:
         return True
     try:
@@ -221,11 +257,12 @@ def fits(t: dict, g: Any) -> bool:
             return False
         if len(tb) != n or len(lens) != 4 * n or len(t["merges"][3]) != 4 * m:
             return False
-        if m != (len(msrc) if msrc is not None else 0) or m and 256 + m > k:
+        if m != (len(msrc) if msrc is not None else 0) or m > k:
             return False
-        # k: the leading NORMAL tokens, when the BPE vocabulary is exactly those (bpe_vocab)
-        if k != tb.count(TT_NORMAL) + tb.count(TT_UNKNOWN) + tb.count(TT_BYTE) \
-                or tb[:k].count(TT_NORMAL) != k:
+        # k: the NORMAL tokens, when the BPE vocabulary is exactly those (bpe_vocab)
+        if k != tb.count(TT_NORMAL) or tb.count(TT_UNKNOWN) or tb.count(TT_BYTE):
+            return False
+        if not _runs_fit(_u32s(t["runs"][0]), _u32s(t["runs"][1]), m, n):
             return False
         if not 0 <= t["kb"] <= hi - lo or not 1 <= t["probe"] <= MAX_PROBE:
             return False
@@ -294,18 +331,21 @@ class Strings(Sequence):
 
 
 class VocabTable:
-    """bytes -> token id over ids 0..k-1 (the BPE vocabulary), as a dict's ``get``. A lookup
-    probes at most ``probe`` slots and takes an id only when it is < k and its token's bytes
-    are the key, so no table content can make it loop, read outside ``raw`` or lie."""
+    """bytes -> token id over the BPE vocabulary, as a dict's ``get``: ids below ``k`` and,
+    given the token types ``tb``, only NORMAL ones. A lookup probes at most ``probe`` slots and
+    takes an id only when it is one of those and its token's bytes are the key, so no table
+    content can make it loop, read outside ``raw`` or lie."""
 
-    __slots__ = ("_t", "_mask", "_probe", "_raw", "_k")
+    __slots__ = ("_t", "_mask", "_probe", "_raw", "_k", "_tb")
 
-    def __init__(self, table: Any, mask: int, probe: int, raw: Strings, k: int):
+    def __init__(self, table: Any, mask: int, probe: int, raw: Strings, k: int,
+                 tb: bytes | None = None):
         self._t = array("i")
         self._t.frombytes(table)
-        if len(self._t) != mask + 1 or not 0 <= k <= len(raw) or not 1 <= probe <= MAX_PROBE:
+        if (len(self._t) != mask + 1 or not 0 <= k <= len(raw) or not 1 <= probe <= MAX_PROBE
+                or tb is not None and len(tb) < k):
             raise ValueError("inconsistent tables")
-        self._mask, self._probe, self._raw, self._k = mask, probe, raw, k
+        self._mask, self._probe, self._raw, self._k, self._tb = mask, probe, raw, k, tb
 
     def get(self, key: bytes, default: Any = None) -> Any:
         t, mask = self._t, self._mask
@@ -313,20 +353,17 @@ class VocabTable:
         i = t[h]
         if i < 0:  # the common case first, without the loop's set-up (a hot path: ~0.7 us)
             return default
-        raw, k = self._raw, self._k
-        if i < k and raw[i] == key:
+        raw, k, tb = self._raw, self._k, self._tb
+        if i < k and raw[i] == key and (tb is None or tb[i] == TT_NORMAL):
             return i
         for _ in range(self._probe - 1):
             h = (h + 1) & mask
             i = t[h]
             if i < 0:
                 return default
-            if i < k and raw[i] == key:
+            if i < k and raw[i] == key and (tb is None or tb[i] == TT_NORMAL):
                 return i
         return default
 
     def __contains__(self, key: bytes) -> bool:
         return self.get(key) is not None
-
-    def __len__(self) -> int:
-        return self._k
