@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from .errors import ModelError, ReflexError
+from .errors import ModelError, ReflexError, pip_install
 
 TEMPLATE_KEY = "tokenizer.chat_template"
 
@@ -126,7 +126,8 @@ def _compile(template: str):
         import jinja2.ext
         from jinja2.sandbox import ImmutableSandboxedEnvironment
     except ImportError as e:
-        raise ReflexError(f"chat templates need jinja2 (pip install 'jinja2>=3.1'): {e}") from None
+        spec = "'jinja2>=3.1'"  # quoted: the shell would take >= for a redirection
+        raise ReflexError(f"chat templates need jinja2 ({e}): {pip_install(spec)}") from None
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[_generation_tag(),

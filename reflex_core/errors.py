@@ -21,6 +21,16 @@ class ReflexError(Exception):
         return super().__str__()
 
 
+def pip_install(what: str) -> str:
+    """The command that installs ``what`` into the environment running Reflex, as a shell
+    takes it: this interpreter's pip (a bare ``pip`` may be another Python's, or not on PATH
+    when the venv is not activated)."""
+    import shlex
+    import sys
+
+    return f"{shlex.quote(sys.executable)} -m pip install {what}"
+
+
 class UsageError(ReflexError):
     """Bad command-line usage (exit status 2)."""
 

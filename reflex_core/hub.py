@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import ReflexError
+from .errors import ReflexError, pip_install
 
 # The one place the default model is named.
 DEFAULT_REPO = "Qwen/Qwen3-0.6B-GGUF"
@@ -181,7 +181,7 @@ def resolve(spec: str | None, revision: str | None = None, quickstart: bool = Fa
         from huggingface_hub import errors as hf_errors
     except ImportError as e:
         raise ReflexError(f"--model/--quickstart need huggingface_hub ({e}); "
-                          "pip install huggingface_hub") from e
+                          f"{pip_install('huggingface_hub')}") from e
 
     from huggingface_hub.utils import logging as hf_logging
 

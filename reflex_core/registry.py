@@ -24,7 +24,7 @@ import pluggy
 
 from . import hookspecs
 from .hookspecs import ArchSpec
-from .errors import PluginConflict, ReflexError, UnsupportedArchitecture
+from .errors import PluginConflict, ReflexError, UnsupportedArchitecture, pip_install
 
 GROUP = "reflex"
 CORE_DIST = "reflex-infer"
@@ -445,7 +445,7 @@ class PluginHost:
                 f"{self._filtered[arch]} (enabled architectures: {have})")
         raise UnsupportedArchitecture(
             f"no installed plugin serves architecture {arch!r} (installed architectures: {have}); "
-            f"install the plugin for it, e.g. pip install {suggest_plugin(arch)}")
+            f"install the plugin for it: {suggest_plugin(arch)}")
 
 
 KNOWN_PLUGINS = {
@@ -458,8 +458,12 @@ KNOWN_PLUGINS = {
 
 
 def suggest_plugin(arch: str) -> str:
+    """How to install the plugin serving ``arch``: its distribution from a package index, or its
+    folder of Reflex's source tree (plugins/<name>)."""
     if arch in KNOWN_PLUGINS:
-        return KNOWN_PLUGINS[arch]
+        dist = KNOWN_PLUGINS[arch]
+        folder = "plugins/" + dist.removeprefix("reflex-infer-").replace("-", "_")
+        return f"{pip_install(dist)} (or, from Reflex's source tree, {pip_install(folder)})"
     return f"a Reflex plugin for {arch!r} (none is known; see README 'Write an architecture plugin')"
 
 

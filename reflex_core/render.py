@@ -208,7 +208,8 @@ def plugins_json(infos: Sequence[Any]) -> list[dict]:
 
 def plugins_lines(infos: Sequence[Any]) -> list[str]:
     if not infos:
-        return ["no architecture plugins installed (pip install reflex-infer-qwen3, ...)"]
+        return ["no architecture plugins installed (from Reflex's source tree: pip install "
+                "./plugins/qwen3 ...; README 'Install only some plugins')"]
     return [f"{p.name} {p.version or '?'}: {', '.join(a.name for a in p.architectures) or '(none)'}"
             for p in infos]
 

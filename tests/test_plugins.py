@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import json
+import shlex
 import subprocess
 import sys
 
@@ -222,6 +223,11 @@ def test_unknown_architecture_names_it_the_installed_plugins_and_what_to_install
         host.resolve("deepseek2")
     msg = str(e.value)
     assert "'deepseek2'" in msg and "qwen3" in msg and "pip install reflex-infer-deepseek-mla" in msg
+    # the advice runs as printed: this interpreter's pip, the dist or the source-tree folder
+    advice = msg.split("install the plugin for it: ", 1)[1]
+    assert shlex.split(advice.split(" (or")[0]) == [sys.executable, "-m", "pip", "install",
+                                                    "reflex-infer-deepseek-mla"], advice
+    assert "-m pip install plugins/deepseek_mla)" in advice
     assert "\n" not in msg
     with pytest.raises(UnsupportedArchitecture) as e:
         host.resolve("mamba9")

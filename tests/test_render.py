@@ -423,7 +423,8 @@ def test_plugins():
     assert json.dumps(render.plugins_json(plugin_infos()), indent=2) + "\n" == \
         GOLDEN["plugins_json"][1]
     assert render.plugins_lines([]) == [
-        "no architecture plugins installed (pip install reflex-infer-qwen3, ...)"]
+        "no architecture plugins installed (from Reflex's source tree: pip install "
+        "./plugins/qwen3 ...; README 'Install only some plugins')"]
 
 
 def test_timings():

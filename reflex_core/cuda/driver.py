@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any
 
-from ..errors import CudaError, CudaUnavailable
+from ..errors import CudaError, CudaUnavailable, pip_install
 from .manifest import CORE_PACKAGE, coverage_error, image_for, read_manifest
 
 # Shared with the package's other modules, which read them as driver._d etc. at call time (tests
@@ -51,7 +51,7 @@ def _bindings() -> Any:
         except Exception as e:  # ImportError, or a broken install
             raise CudaUnavailable(
                 f"the cuda-bindings package is not usable ({type(e).__name__}: {e}); "
-                "install it with `pip install cuda-bindings`",
+                f"install it with {pip_install('cuda-bindings')}",
                 cpu_hint=", or use --backend cpu") from None
         _SUCCESS = d.CUresult.CUDA_SUCCESS
         _STREAM = d.CUstream(0)
