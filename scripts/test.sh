@@ -79,7 +79,7 @@ fi
 
 export REFLEX_LLAMA_VOCAB_DIR="$VOCAB_DIR"
 set +e
-"$VENV/bin/python" -m pytest -q "$@"
+"$VENV/bin/python" -m pytest -q --durations=15 "$@"
 rc=$?
 [ $rc -eq 0 ] && [ $fuzz_failed -ne 0 ] && { echo "fuzz: a target had a finding (see above)"; rc=1; }
 exit $rc
