@@ -220,16 +220,24 @@ def local_or_hub(spec: str) -> tuple[str | None, str | None]:
     return None, spec
 
 
+def model_source(quickstart: bool, model_opt: str | None,
+                 revision: str | None) -> tuple[str | None, str | None]:
+    """--quickstart, -m/--model and --revision, checked, as (local path, Hub spec): at most one
+    of --quickstart and -m, and --revision only with a Hub model."""
+    local, hub_spec = local_or_hub(model_opt) if model_opt is not None else (None, None)
+    if quickstart and model_opt is not None:
+        raise click.UsageError("give --quickstart or -m/--model, not both")
+    if revision and hub_spec is None and not quickstart:
+        raise click.UsageError("--revision applies to a Hub model (-m ORG/NAME, --quickstart)")
+    return local, hub_spec
+
+
 def resolve_model_prompt(args, quickstart: bool, hub_model: str | None, revision: str | None,
                          t, prompt_file: str | None = None,
                          prompt_opt: str | None = None) -> tuple[str, str]:
     """(local GGUF path, prompt) from the positionals, the model options, -p and -f. The
     prompt '-' (as PROMPT or -p) is read from standard input."""
-    local = None
-    if hub_model is not None:
-        local, hub_model = local_or_hub(hub_model)
-    if quickstart and (hub_model or local):
-        raise click.UsageError("give --quickstart or -m/--model, not both")
+    local, hub_model = model_source(quickstart, hub_model, revision)
     if prompt_file is not None and prompt_opt is not None:
         raise click.UsageError("give the prompt once: -p or -f, not both")
     given_model = quickstart or hub_model is not None or local is not None
@@ -241,8 +249,6 @@ def resolve_model_prompt(args, quickstart: bool, hub_model: str | None, revision
         where += " (the prompt comes from -p/-f)" if given_prompt else ""
         raise click.UsageError(f"expected {' '.join(what) or 'no argument'}{where}, got "
                                f"{len(args)} argument(s)")
-    if revision and hub_model is None and not quickstart:
-        raise click.UsageError("--revision applies to a Hub model (-m ORG/NAME, --quickstart)")
     if prompt_file is not None:
         prompt = read_prompt_file(prompt_file)
     elif prompt_opt is not None:
@@ -465,20 +471,15 @@ def load_server_engine(model: str | None, quickstart: bool, hub_model: str | Non
     lifecycle.finish), its notices on stderr."""
     from . import api, engine
 
-    if hub_model is not None:
-        local, hub_model = local_or_hub(hub_model)
-        if local is not None:
-            if model is not None:
-                raise click.UsageError("give MODEL or -m/--model, not both")
-            model = local
-    if quickstart and hub_model:
-        raise click.UsageError("give --quickstart or --model, not both")
+    local, hub_model = model_source(quickstart, hub_model, revision)
+    if local is not None:
+        if model is not None:
+            raise click.UsageError("give MODEL or -m/--model, not both")
+        model = local
     remote = quickstart or hub_model is not None
     if remote == (model is not None):
-        raise click.UsageError("give MODEL, or --model/--quickstart" if not remote else
-                               "MODEL comes from --model/--quickstart: drop the MODEL argument")
-    if revision and not remote:
-        raise click.UsageError("--revision applies to --model/--quickstart only")
+        raise click.UsageError("give MODEL, or -m/--model/--quickstart" if not remote else
+                               "MODEL comes from -m/--model/--quickstart: drop the MODEL argument")
     if remote and not quickstart:
         from . import hub
 
