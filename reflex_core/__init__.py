@@ -18,6 +18,10 @@ def load(model=None, *, backend: str = "auto", lora=(), revision: str | None = N
     """Load a model and return a :class:`reflex_core.api.Engine` (see reflex_core.api.load):
     ``model`` a local GGUF path or a Hub repository ``"ORG/NAME[:FILE.gguf]"`` (None: the
     default model), ``backend`` "auto"/"cuda"/"cpu", ``lora`` adapters merged at load."""
+    if backend in ("auto", "cuda"):  # CUDA starts before the API's imports, as the CLI's does
+        from .cuda.start import start
+
+        start()
     from .api import load as load_engine
 
     return load_engine(model, backend=backend, lora=lora, revision=revision)

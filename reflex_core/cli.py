@@ -192,16 +192,32 @@ def state_file_options(f):
 
 
 def open_state_files(import_kv: str | None, export_kv: str | None, t):
-    """Before the model loads: refuse an export that cannot be written, read the import (its
-    checksum and structure; checked against the model once it is loaded)."""
+    """Before the model loads: refuse an export that cannot be written, and start reading the
+    import (its checksum and structure) on a thread, beside the model's load. Returns that
+    read's Background (None without --import-kv): :func:`saved_state` waits for it."""
     from . import statefile
 
     if export_kv is not None:
         statefile.check_target(export_kv)
     if import_kv is None:
         return None
-    with t.span("read state file"):
-        return statefile.read(import_kv)
+    from .background import Background
+
+    return Background(lambda: statefile.read(import_kv))
+
+
+def saved_state(reading, lm, t):
+    """The state file being read by ``reading`` (open_state_files), checked against the loaded
+    model ``lm``; None when there is none."""
+    if reading is None:
+        return None
+    from .statefile import check_model
+
+    with t.span("wait for the state file"):
+        saved = reading.wait()
+    t.phase("read state file (thread)", *reading.span())
+    check_model(saved, lm)
+    return saved
 
 
 def write_state_file(path: str, lm, dumped: dict, tokens, pending, t) -> None:
@@ -347,13 +363,10 @@ def generate(args, quickstart, hub_model, revision, prompt_opt, n_tokens, stops,
         raise click.BadParameter("-1 is not allowed with --export-kv", param_hint="'-n'")
     if not prompt and (import_kv is None or chat):
         raise ReflexError("empty prompt: give at least one character of text")
-    saved = open_state_files(import_kv, export_kv, t)
+    reading = open_state_files(import_kv, export_kv, t)
     lm, ids = engine.load(model, backend, t, prompt=prompt or None, one_shot=True,
-                          continuation=saved is not None, lora=lora, chat=chat_args)
-    if saved is not None:
-        from .statefile import check_model
-
-        check_model(saved, lm)
+                          continuation=reading is not None, lora=lora, chat=chat_args)
+    saved = saved_state(reading, lm, t)
     ids, n_new, cut = engine.fit_context(lm, ids or [], n_tokens, ctx_size, truncate, saved)
     if not quiet:
         for note in lm.notices + ([cut] if cut else []):
@@ -415,19 +428,17 @@ def system1(args, quickstart, hub_model, revision, prompt_opt, candidates, norma
     for i, c in enumerate(candidates):
         if c == "":
             raise ReflexError(f"candidate {i} is empty: every --candidate needs some text")
-    saved = open_state_files(import_kv, export_kv, t)
+    reading = open_state_files(import_kv, export_kv, t)
     lm, ids = engine.load(model, backend, t, prompt=prompt or None, texts=candidates,
-                          one_shot=True, continuation=saved is not None, lora=lora,
+                          one_shot=True, continuation=reading is not None, lora=lora,
                           chat=chat_args)
+    saved = saved_state(reading, lm, t)
     if not quiet:
         for note in lm.notices:
             engine.warn(note)
     tok = lm.require_tokenizer()
     past: list[int] = []
     if saved is not None:
-        from .statefile import check_model
-
-        check_model(saved, lm)
         past, ids = saved.tokens, saved.pending + (ids or [])
     with t.span("encode candidates"):
         cand_ids = s1.tokenize_candidates(tok, candidates)

@@ -91,6 +91,7 @@ class CudaOps(Ops):
         self._blob_size = 0
         self._data_offset = 0
         self._registration: Any = None
+        self._unpin: Any = None  # the Background unpinning the upload's pages (attach)
         self.upload_info: dict = {}
         self._weights: dict[str, Weight] = {}
         self._f32: dict[str, DeviceArray] = {}
@@ -162,11 +163,11 @@ class CudaOps(Ops):
         def copy() -> None:
             info = upload.upload_host_region(self._blob, gguf.mm, start, size)
             self._registration = info.pop("registration", None)
-            if not keep_pinned:
-                t0 = time.perf_counter()
-                self.release_host_registration()
-                info["unregister_ms"] = (time.perf_counter() - t0) * 1e3
             self.upload_info = info
+            if not keep_pinned:  # unpinned beside the first forward, not before it
+                from ..background import Background
+
+                self._unpin = Background(self._unregister)
 
         if wait:
             copy()
@@ -184,6 +185,11 @@ class CudaOps(Ops):
         for run in pending:  # the LoRA merges (merge_lora), in order
             run()
 
+    def _unregister(self) -> None:
+        t0 = time.perf_counter()
+        self.release_host_registration()
+        self.upload_info["unregister_ms"] = (time.perf_counter() - t0) * 1e3
+
     def release_host_registration(self) -> None:
         """Unpin the mmap pages registered by attach (the upload is complete by then)."""
         reg, self._registration = self._registration, None
@@ -197,6 +203,12 @@ class CudaOps(Ops):
             self.wait_attached()
         except Exception:  # noqa: BLE001 - releasing anyway
             pass
+        unpin, self._unpin = self._unpin, None
+        if unpin is not None:
+            try:
+                unpin.wait()
+            except Exception:  # noqa: BLE001 - unpinned below, or the error comes again there
+                pass
         self.release_host_registration()
         self._weights.clear()
         self._f32.clear()

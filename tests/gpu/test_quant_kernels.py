@@ -441,7 +441,7 @@ def test_moe_matmul(qk, name):
             x = rng.standard_normal((T, k, n_in) if per_expert else (T, n_in)).astype(np.float32)
             _, xp = upload(ctx, x)
             yp = ctx.alloc(4 * T * k * n_out)
-            quant_ops.moe_matmul(ctx, wp, TYPES[name], xp, ip, yp, T, k, n_in, n_out, E,
+            quant_ops.moe_matmul(kern, wp, TYPES[name], xp, ip, yp, T, k, n_in, n_out, E,
                                  x_per_expert=per_expert)
             y = download(ctx, yp, T * k * n_out).reshape(T, k, n_out)
             for t in range(T):
@@ -463,7 +463,7 @@ def test_moe_matmul(qk, name):
         outs = []
         for wptr, upp in ((wp, 0), (up, 0), (wp, up)):
             yp = ctx.alloc(4 * T * k * n_out)
-            quant_ops.moe_matmul(ctx, wptr, TYPES[name], xp, ip, yp, T, k, n_in, n_out, E,
+            quant_ops.moe_matmul(kern, wptr, TYPES[name], xp, ip, yp, T, k, n_in, n_out, E,
                                  x_per_expert=per_expert, up_ptr=upp)
             outs.append(download(ctx, yp, T * k * n_out).reshape(T, k, n_out))
         g, u, y = outs
@@ -479,7 +479,7 @@ def test_moe_matmul(qk, name):
     x = rng.standard_normal((1, n_in)).astype(np.float32)
     _, xp = upload(ctx, x)
     yp = ctx.alloc(4 * k * n_out)
-    quant_ops.moe_matmul(ctx, wp, TYPES[name], xp, ip, yp, 1, k, n_in, n_out, E)
+    quant_ops.moe_matmul(kern, wp, TYPES[name], xp, ip, yp, 1, k, n_in, n_out, E)
     y = download(ctx, yp, k * n_out).reshape(k, n_out)
     assert np.isnan(y[1]).all()
     check_matmul(y[0][None], wf[1], x, f"{name} moe next to an invalid id")
