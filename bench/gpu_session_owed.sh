@@ -17,7 +17,8 @@
 #        cache, prebuilt index through REFLEX_INDEX_DIR) against the warm-index figure and
 #        llama-simple, page cache warm and dropped; then bench/cold_node.sh (item 4).
 #   bash bench/gpu_session_owed.sh OUT retest -- a fresh machine, no peers: the GPU tests given as
-#        TESTS (pytest node ids, default: all of tests/gpu but the slow ones), then issue 15's
+#        TESTS (pytest node ids, default: all of tests/gpu but the slow ones; "none": no tests),
+#        then issue 15's
 #        state_reuse.py and issue 16's API-vs-CLI cold start again (reflex alone).
 # OUT gets PHASE.log (every summary) and a few logs; bulky results stay in /tmp/owed (at most 8
 # files come back from a call).
@@ -78,13 +79,15 @@ if [ "$PHASE" = retest ]; then
   cd /tmp
   python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b > "$W/make_models.log" 2>&1 &
   MM=$!
-  say "tests/gpu: ${TESTS:-all but slow}"
   nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee -a "$LOG"
-  T=(); for x in ${TESTS:-tests/gpu}; do T+=("$REPO/$x"); done
-  timeout ${TEST_S:-200} python3 -m pytest "${T[@]}" -q -p no:cacheprovider -rs --durations=10 \
-    -m "not slow" > "$OUT/gpu-tests.log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -40 | tee -a "$LOG"
-  tail -2 "$OUT/gpu-tests.log" | tee -a "$LOG"
+  if [ "${TESTS:-}" != none ]; then
+    say "tests/gpu: ${TESTS:-all but slow}"
+    T=(); for x in ${TESTS:-tests/gpu}; do T+=("$REPO/$x"); done
+    timeout ${TEST_S:-200} python3 -m pytest "${T[@]}" -q -p no:cacheprovider -rs --durations=10 \
+      -m "not slow" > "$OUT/gpu-tests.log" 2>&1
+    grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -40 | tee -a "$LOG"
+    tail -2 "$OUT/gpu-tests.log" | tee -a "$LOG"
+  fi
   wait $MM
   reflex generate "$M06" "$PROMPT" -n 1 > /dev/null 2>&1
   say "15. prefix reuse and LoRA cost (0.6B)"
@@ -96,6 +99,7 @@ if [ "$PHASE" = retest ]; then
     --extra "reflex_core.load().generate()=python3 $REPO/bench/api_once.py {model} {prompt}" \
     > "$W/api.log" 2>&1
   grep -E "^\|" "$W/api.log" | tee -a "$LOG"
+  REFLEX_API_TIMINGS=1 python3 "$REPO/bench/api_once.py" "$M06" "$PROMPT" 2>&1 | tee -a "$LOG"
   say "done"
   exit 0
 fi

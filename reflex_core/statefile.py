@@ -88,7 +88,7 @@ def fingerprint(g: Any) -> str:
 
 def _chunk_crcs(pieces: Sequence[Any]) -> list[int]:
     """CRC-32 of every CHUNK bytes of the concatenation of ``pieces`` (bytes-like), computed
-    on a few threads when there is more than one chunk."""
+    on up to 8 threads when there is more than one chunk (zlib.crc32 releases the GIL)."""
     views = [memoryview(p).cast("B") for p in pieces]
     total = sum(len(v) for v in views)
     # each chunk as its list of (view, start, end) segments
@@ -114,7 +114,7 @@ def _chunk_crcs(pieces: Sequence[Any]) -> list[int]:
         return [crc(s) for s in chunks]
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(min(4, len(chunks), os.cpu_count() or 1)) as pool:
+    with ThreadPoolExecutor(min(8, len(chunks), os.cpu_count() or 1)) as pool:
         return list(pool.map(crc, chunks))
 
 
@@ -226,38 +226,6 @@ def _write_atomic(path: str, pieces: Sequence[Any]) -> None:
 # Reading
 
 
-class _Shrank(Exception):
-    pass
-
-
-def _pread_into(fd: int, view: memoryview, a: int, b: int) -> None:
-    """Bytes [a, b) of the file into view[a:b]."""
-    while a < b:
-        n = os.preadv(fd, [view[a:b]], a)
-        if n == 0:
-            raise _Shrank
-        a += n
-
-
-def _read_chunks(fd: int, view: memoryview, body: int) -> list[int]:
-    """Read [0, body) of the file into ``view`` and return the CRC-32 of every CHUNK, each chunk
-    read and checked by one of a few threads while it is still in the CPU's caches (pread and
-    zlib.crc32 release the GIL: on the cold path this runs beside the model's load)."""
-    n = (body + CHUNK - 1) // CHUNK
-
-    def one(k: int) -> int:
-        a, b = k * CHUNK, min(body, (k + 1) * CHUNK)
-        _pread_into(fd, view, a, b)
-        return zlib.crc32(view[a:b])
-
-    if n <= 1:
-        return [one(k) for k in range(n)]
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(min(8, n, os.cpu_count() or 1)) as pool:
-        return list(pool.map(one, range(n)))
-
-
 def read(path: str) -> Saved:
     """The state file ``path``, its sizes, checksum and structure checked (not yet against a
     model: :func:`check_model`). One-line ReflexError naming the file for anything wrong."""
@@ -277,7 +245,7 @@ def read(path: str) -> Saved:
             raise bad(f"not a Reflex state file ({size} bytes)")
         prefix = os.pread(fd, _PREFIX.size, 0)
         if len(prefix) < _PREFIX.size:
-            raise _Shrank
+            raise bad("the file shrank while it was read")
         magic, version, hlen, dlen = _PREFIX.unpack(prefix)
         if magic != MAGIC:
             raise bad("not a Reflex state file (bad magic)")
@@ -287,18 +255,22 @@ def read(path: str) -> Saved:
         if hlen > _MAX_HEADER or body > size or body + _trailer_size(body) != size:
             raise bad(f"truncated or damaged: {size} bytes, the header says "
                       f"{body + _trailer_size(body)}")
-        buf = bytearray(size)  # sizes checked against the file first: no allocation from a lie
-        view = memoryview(buf)
-        crcs = _read_chunks(fd, view, body)
-        _pread_into(fd, view, body, size)
-    except _Shrank:
-        raise bad("the file shrank while it was read") from None
+        import mmap
+
+        # Mapped, not read: no copy and no zero-filled buffer (the main thread's imports and the
+        # CUDA start run beside this). The file is replaced by rename, never rewritten in place;
+        # one cut by someone else under us is the map guard's error (reflex_core.mapguard).
+        mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
     except OSError as e:
         raise bad(f"cannot be read: {e.strerror}") from None
     finally:
         os.close(fd)
-    stored = list(struct.unpack_from(f"<{_trailer_size(body) // 4}I", buf, body))
-    if crcs != stored:
+    from . import mapguard
+
+    mapguard.mapped(path)
+    view = memoryview(mm)
+    stored = list(struct.unpack_from(f"<{_trailer_size(body) // 4}I", view, body))
+    if _chunk_crcs([view[:body]]) != stored:
         raise bad("damaged: its checksum does not match")
     try:
         h = json.loads(bytes(view[_PREFIX.size:_PREFIX.size + hlen]))

@@ -398,7 +398,8 @@ class CudaOps(Ops):
         if len(data) != n_rows * rb or row0 + n_rows > x.shape[0]:
             raise ReflexError(f"state data of {len(data)} bytes does not fill {n_rows} rows of "
                               f"{list(x.shape[1:])}")
-        memory.htod(x.ptr + row0 * rb, data)
+        addr, n = upload.buffer_address(data)  # read-only buffers too (a mapped state file)
+        memory.htod(x.ptr + row0 * rb, addr, n)
 
     def prepare(self, batch: Batch) -> Prepared:
         """Token ids, positions and the mask as one int32 buffer, in one host-to-device copy."""
