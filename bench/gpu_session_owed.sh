@@ -130,7 +130,10 @@ fi
 # phase b: timings. Nothing else runs on the machine.
 export PYTHONPATH=/tmp/new:/tmp/peers/site
 cd /tmp
-for i in $(seq 1 60); do [ -x $LS ] && [ -d /tmp/peers/site/llama_cpp ] && break; sleep 2; done
+# Timings beside a compile are worthless (reflex's decode is launch-bound on the CPU): wait for the
+# whole build, llama-cpp-python's too, and say so if it is still running.
+for i in $(seq 1 150); do pgrep -f "$REPO/.peer/build.sh" > /dev/null || break; sleep 2; done
+pgrep -f "$REPO/.peer/build.sh" > /dev/null && say "WARNING: the peers' build is still running: timings below are contended"
 tail -2 /tmp/peers.log | tee -a "$LOG"
 for m in "$M06" "$M8" "$M8Q3" "$M8IQ4" "$DS"; do  # indexes, page cache
   reflex generate "$m" "$PROMPT" -n 1 > /dev/null 2>&1 || say "warm-up failed on $m"
