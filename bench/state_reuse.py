@@ -2,8 +2,10 @@
 
 1. prefix reuse: ``reflex system1`` with the 5-token prompt alone, against the same call after
    ``--import-kv`` of a state file holding a ~1500-token prefix (bench/coldstart.py's
-   LONG_PROMPT), against the whole ~1500-token prompt prefilled cold; plus the state file's size
-   and ``--timings``' "read state file" (read + checksum) and "score (one forward)" spans;
+   LONG_PROMPT) with its buffers page-locked for the upload (the default) and without
+   (REFLEX_PIN_STATE=0), against the whole ~1500-token prompt prefilled cold; plus the state
+   file's size and ``--timings``' "read state file (thread)" (map, checksum, pinning) and
+   "score (one forward)" spans;
 2. LoRA: ``reflex generate -n 1`` without an adapter, against a rank-16 F16 adapter on every
    attention and FFN projection (written here with reflex_core.testing.lorawriter; needs gguf).
 
@@ -90,14 +92,16 @@ def main(argv: list[str]) -> int:
     short = reflex + ["system1", a.model, "-p", PROMPT] + CANDS + be
     imported = reflex + ["system1", a.model, "--import-kv", str(kv), "-p", " " + PROMPT] + CANDS + be
     whole = reflex + ["system1", a.model, "-p", LONG_PROMPT + " " + PROMPT] + CANDS + be
+    unpinned = ["env", "REFLEX_PIN_STATE=0"] + imported
     res = alternate({"5-token prompt": short, "1500-token prefix imported + 5": imported,
+                     "the same, state not pinned (REFLEX_PIN_STATE=0)": unpinned,
                      "1500 + 5 tokens prefilled": whole}, "REFLEX_SYSTEM1_OK", a.runs)
     table("system1, launch -> exit", res, "5-token prompt")
     report["prefix"] = res
     report["state_file_bytes"] = kv.stat().st_size
     report["prefix_spans_ms"] = {k: spans(c) for k, c in (("short", short), ("imported", imported))}
     imp, sh = report["prefix_spans_ms"]["imported"], report["prefix_spans_ms"]["short"]
-    print(f"state file {kv.stat().st_size / 1e6:.1f} MB; read state file {imp.get('read state file', float('nan')):.1f} ms; "
+    print(f"state file {kv.stat().st_size / 1e6:.1f} MB; read state file {imp.get('read state file (thread)', float('nan')):.1f} ms; "
           f"score (one forward) {imp.get('score (one forward)', float('nan')):.1f} ms imported vs "
           f"{sh.get('score (one forward)', float('nan')):.1f} ms short")
 

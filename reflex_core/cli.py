@@ -191,7 +191,7 @@ def state_file_options(f):
                              "prompt alone, a prefix file to --import-kv later).")(f)
 
 
-def open_state_files(import_kv: str | None, export_kv: str | None, t):
+def open_state_files(import_kv: str | None, export_kv: str | None, t, backend: str):
     """Before the model loads: refuse an export that cannot be written, and start reading the
     import (its checksum and structure) on a thread, beside the model's load. Returns that
     read's Background (None without --import-kv): :func:`saved_state` waits for it."""
@@ -203,7 +203,37 @@ def open_state_files(import_kv: str | None, export_kv: str | None, t):
         return None
     from .background import Background
 
-    return Background(lambda: statefile.read(import_kv))
+    return Background(lambda: _read_state(import_kv, backend))
+
+
+def _read_state(path: str, backend: str):
+    """statefile.read, then -- on the GPU, once CUDA is up -- the mapped buffers page-locked, so
+    that their upload after the model's load is a DMA and not a pageable copy (REFLEX_PIN_STATE=0:
+    not). Returns (Saved, a note on the pinning for --timings). The registration is never
+    released: a command's process ends after its one job (its weights' pages stay pinned too)."""
+    from . import statefile
+
+    saved = statefile.read(path)
+    if backend == "cpu" or os.environ.get("REFLEX_PIN_STATE", "1") == "0":
+        return saved, "pageable (not pinned)"
+    from .cuda.start import current
+
+    start = current()
+    if start is None or not start.ready():
+        return saved, "pageable (no CUDA)"
+    from .cuda.upload import pin_views
+
+    try:
+        reg, why = pin_views(list(saved.dumped["data"].values()))
+    except Exception as e:  # noqa: BLE001 - the pageable copy still works
+        reg, why = None, str(e)
+    if reg is None:
+        return saved, f"pageable (pinning refused: {why})"
+    _PINNED.append(reg)
+    return saved, f"pinned ({reg.length / 1e6:.0f} MB)"
+
+
+_PINNED: list = []  # the state files' registrations, for the life of the process
 
 
 def saved_state(reading, lm, t):
@@ -214,8 +244,9 @@ def saved_state(reading, lm, t):
     from .statefile import check_model
 
     with t.span("wait for the state file"):
-        saved = reading.wait()
+        saved, pinning = reading.wait()
     t.phase("read state file (thread)", *reading.span())
+    t.notes["state upload"] = pinning
     check_model(saved, lm)
     return saved
 
@@ -363,7 +394,7 @@ def generate(args, quickstart, hub_model, revision, prompt_opt, n_tokens, stops,
         raise click.BadParameter("-1 is not allowed with --export-kv", param_hint="'-n'")
     if not prompt and (import_kv is None or chat):
         raise ReflexError("empty prompt: give at least one character of text")
-    reading = open_state_files(import_kv, export_kv, t)
+    reading = open_state_files(import_kv, export_kv, t, backend)
     lm, ids = engine.load(model, backend, t, prompt=prompt or None, one_shot=True,
                           continuation=reading is not None, lora=lora, chat=chat_args)
     saved = saved_state(reading, lm, t)
@@ -428,7 +459,7 @@ def system1(args, quickstart, hub_model, revision, prompt_opt, candidates, norma
     for i, c in enumerate(candidates):
         if c == "":
             raise ReflexError(f"candidate {i} is empty: every --candidate needs some text")
-    reading = open_state_files(import_kv, export_kv, t)
+    reading = open_state_files(import_kv, export_kv, t, backend)
     lm, ids = engine.load(model, backend, t, prompt=prompt or None, texts=candidates,
                           one_shot=True, continuation=reading is not None, lora=lora,
                           chat=chat_args)

@@ -164,6 +164,13 @@ class CudaStart:
         """Still starting (neither ready nor failed yet)."""
         return not self._ready.is_set()
 
+    def ready(self) -> bool:
+        """Wait until the start has finished; True when it succeeded. Unlike :meth:`wait` it
+        neither loads late modules nor touches the environment: for helper threads that need
+        only the context (each makes it current itself, driver.ensure_context)."""
+        self._ready.wait()
+        return self.error is None
+
     def succeeded(self) -> bool:
         """Ready (False while starting or after a failure)."""
         return self._ready.is_set() and self.error is None

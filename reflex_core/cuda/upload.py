@@ -91,6 +91,20 @@ def host_register(addr: int, nbytes: int, keepalive: Any = None,
     return HostRegistration(start, length, keepalive), ""
 
 
+def pin_views(views: list) -> tuple[HostRegistration | None, str]:
+    """Page-lock the host range spanned by ``views`` (slices of one buffer, such as a mapped
+    state file's buffers) so that host-to-device copies from them run at DMA speed instead of
+    through the driver's pageable staging. Returns (registration, "") or (None, why); the
+    registration keeps the views (and so their buffer) alive."""
+    spans = [buffer_address(v) for v in views]
+    spans = [(a, n) for a, n in spans if n]
+    if not spans:
+        return None, "nothing to pin"
+    lo = min(a for a, _ in spans)
+    hi = max(a + n for a, n in spans)
+    return host_register(lo, hi - lo, keepalive=list(views), read_only=True)
+
+
 class Registrations:
     """Several page-locked ranges released together (the chunks of one upload)."""
 

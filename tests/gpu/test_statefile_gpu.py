@@ -83,3 +83,30 @@ def test_cli_gpu_export_cpu_import(cuda_device, model_files, tmp_path):
     assert a["backend"] == "cuda"
     b = run("generate", path, "", "-n", "4", "--backend", "cpu", "--import-kv", str(f))
     assert a["token_ids"] + b["token_ids"] == full["token_ids"] and b["n_prefill"] == 1
+
+
+@pytest.mark.parametrize("pin", ["1", "0"])
+def test_cli_gpu_import_pinned_and_pageable(cuda_device, model_files, tmp_path, pin):
+    """An import on the GPU uploads the state from page-locked pages (REFLEX_PIN_STATE=1, the
+    default) or through the pageable copy (0): the same tokens as an uninterrupted job."""
+    path = str(model_files(ModelShape(n_layer=2), tokenizer="qwen3", seed=5))
+    f = tmp_path / "p.rxs"
+    env = {**os.environ, "REFLEX_PIN_STATE": pin}
+
+    def run(*args):
+        p = subprocess.run([sys.executable, "-m", "reflex_core", *args], capture_output=True,
+                           text=True, env=env, timeout=300)
+        assert p.returncode == 0, p.stderr
+        return p
+
+    full = run("generate", path, "The capital of France is", "-n", "8", "--backend", "cuda",
+               "--json")
+    run("generate", path, "The capital of France is", "-n", "4", "--backend", "cuda",
+        "--export-kv", str(f))
+    b = run("generate", path, "", "-n", "4", "--backend", "cuda", "--import-kv", str(f), "--json",
+            "--timings")
+    note = [ln for ln in b.stderr.splitlines() if "state upload:" in ln]
+    assert note and ("pinned (" in note[0] if pin == "1" else "not pinned" in note[0]), b.stderr
+    # the first 4 of the uninterrupted job, then the resumed 4
+    first = json.loads(full.stdout)["token_ids"]
+    assert json.loads(b.stdout)["token_ids"] == first[4:]
