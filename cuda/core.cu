@@ -295,8 +295,9 @@ extern "C" __global__ void reflex_kv_write(const float* __restrict__ k, const fl
 //      reduction order, so bit-identical;
 //   2. rotates it as reflex_rope (pairs (i, i + n_rot/2) NEOX / (2i, 2i+1) NORM, dims >= n_rot
 //      copied; angles in float64, YaRN);
-//   3. query heads: -> q_out [T, H, d_k]; KV heads: -> kc at cell row t (the host offsets kc and
-//      vc by cell0 rows) and v's head g (d_v floats, unchanged) -> vc.
+//   3. query heads: -> q_out [T, H, d_k]; KV heads: -> kc at cell row *cell0 + t and v's head g
+//      (d_v floats, unchanged) -> vc. The first cell is read from device memory (the batch's
+//      prepared buffer) so that one captured decode step replays for every position.
 // q [T, H, d_k], k [T, H_kv, d_k], v [T, H_kv, d_v]; kc [cells, H_kv, d_k], vc [cells, H_kv, d_v].
 // d_k <= REFLEX_QKR_MAX_HEAD (the backend reads the limit from the manifest). Block 128 threads
 // for d_k <= 128, else 256.
@@ -306,7 +307,8 @@ extern "C" __global__ void reflex_kv_write(const float* __restrict__ k, const fl
 extern "C" __global__ void reflex_qk_norm_rope_store(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ qn_w, const float* __restrict__ kn_w, float* __restrict__ q_out,
-    float* __restrict__ kc, float* __restrict__ vc, const int* __restrict__ pos, int H, int H_kv,
+    float* __restrict__ kc, float* __restrict__ vc, const int* __restrict__ cell0,
+    const int* __restrict__ pos, int H, int H_kv,
     int dk, int dv, int qn, int kn, int n_rot, int neox, float eps, double freq_base,
     double freq_scale, double ext_factor, double attn_factor, double corr_lo, double corr_hi) {
     __shared__ float xs[REFLEX_QKR_MAX_HEAD];
@@ -315,8 +317,9 @@ extern "C" __global__ void reflex_qk_norm_rope_store(
     const bool is_q = hh < H;
     const int h = is_q ? hh : hh - H;
     const int nh = is_q ? H : H_kv;
+    const size_t cell = (size_t)cell0[0] + t;
     const float* src = (is_q ? q : k) + ((size_t)t * nh + h) * dk;
-    float* dst = is_q ? q_out + ((size_t)t * H + h) * dk : kc + ((size_t)t * H_kv + h) * dk;
+    float* dst = is_q ? q_out + ((size_t)t * H + h) * dk : kc + (cell * H_kv + h) * dk;
     const bool norm = is_q ? qn != 0 : kn != 0;
     const float* nw = is_q ? qn_w : kn_w;
 
@@ -366,7 +369,7 @@ extern "C" __global__ void reflex_qk_norm_rope_store(
     // 3. V of this KV head
     if (!is_q) {
         const float* vs = v + ((size_t)t * H_kv + h) * dv;
-        float* vd = vc + ((size_t)t * H_kv + h) * dv;
+        float* vd = vc + (cell * H_kv + h) * dv;
         for (int i = threadIdx.x; i < dv; i += blockDim.x) vd[i] = vs[i];
     }
 }

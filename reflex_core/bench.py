@@ -59,14 +59,23 @@ def warm(path: str, backend: str = "auto", prompt: str = DEFAULT_PROMPT, reps: i
     launches = _launches_per_pass(lm.backend, prefill, lambda: system1.score(model, ops, ids,
                                                                               cand_ids))
     pre, dec, s1 = [], [], []
+    decode_note = "eager"
     for _ in range(reps):
         t0 = time.perf_counter()
         state, nxt = prefill()
         pre.append((time.perf_counter() - t0) * 1e3)
-        for _ in range(n_decode):
-            t0 = time.perf_counter()
-            nxt = ops.argmax(model.forward(state.append([nxt]), state, [0]))[-1]
-            dec.append((time.perf_counter() - t0) * 1e3)
+        graph = engine.decode_graph(lm)  # REFLEX_CUDA_GRAPHS=1: as generate decodes
+        try:
+            for _ in range(n_decode):
+                t0 = time.perf_counter()
+                b = state.append([nxt])
+                logits = graph.forward(b, state) if graph else model.forward(b, state, [0])
+                nxt = ops.argmax(logits)[-1]
+                dec.append((time.perf_counter() - t0) * 1e3)
+        finally:
+            if graph is not None:
+                decode_note = graph.note
+                graph.close()
         t0 = time.perf_counter()
         system1.score(model, ops, ids, cand_ids)
         s1.append((time.perf_counter() - t0) * 1e3)
@@ -74,7 +83,7 @@ def warm(path: str, backend: str = "auto", prompt: str = DEFAULT_PROMPT, reps: i
             "n_prompt_tokens": len(ids), "n_decode": n_decode, "reps": reps,
             "candidates": list(candidates),
             "prefill_ms": summary(pre), "decode_ms_per_token": summary(dec),
-            "system1_ms": summary(s1), "kernel_launches": launches}
+            "system1_ms": summary(s1), "kernel_launches": launches, "decode": decode_note}
 
 
 def _launches_per_pass(backend: str, prefill: Callable, score: Callable) -> dict:

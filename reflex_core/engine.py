@@ -19,6 +19,7 @@ Nothing here imports numpy, gguf or huggingface_hub unless the CPU backend is ch
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 from dataclasses import dataclass, field
@@ -478,24 +479,15 @@ def generate_steps(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: 
         logits = model.forward(batch, state, [batch.n_tokens - 1])
         nxt = pick(logits)
     first_ms = since_process_start_ms()
-    stop_reason = "length"
-    with t.span("decode"):
-        while True:
-            out.append(nxt)
-            if text_out is not None:
-                piece = text_out.push(nxt)
-                if piece:
-                    yield piece
-                if text_out.stopped:
-                    stop_reason = "stop"
-                    break
-            if nxt in eog:
-                stop_reason = "eog"
-                break
-            if len(out) >= n_new:
-                break
-            logits = model.forward(state.append([nxt]), state, [0])
-            nxt = pick(logits)
+    graph = decode_graph(lm) if n_new > 1 else None
+    try:
+        with t.span("decode"):
+            stop_reason = yield from _decode(model, state, graph, pick, out, nxt, n_new,
+                                             text_out, eog)
+    finally:
+        if graph is not None:
+            t.notes["decode"] = f"{graph.note}, {graph.steps} steps"
+            graph.close()
     if text_out is not None:
         tail = text_out.flush()
         if tail:
@@ -511,6 +503,39 @@ def generate_steps(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: 
     if keep_state:
         res.state, res.fed, res.pending = state, past + feed + out[:-1], out[-1:]
     return res
+
+
+def _decode(model: Any, state: Any, graph: Any, pick: Callable[[Any], int], out: list[int],
+            nxt: int, n_new: int, text_out: Any, eog: Any) -> Generator[str, None, str]:
+    """The decode loop of :func:`generate_steps` from its first sampled token ``nxt``: appends to
+    ``out``, yields text pieces when streaming, returns the stop reason. ``graph``: a
+    cuda_graph.DecodeGraph that runs the one-token steps, or None."""
+    while True:
+        out.append(nxt)
+        if text_out is not None:
+            piece = text_out.push(nxt)
+            if piece:
+                yield piece
+            if text_out.stopped:
+                return "stop"
+        if nxt in eog:
+            return "eog"
+        if len(out) >= n_new:
+            return "length"
+        batch = state.append([nxt])
+        logits = (graph.forward(batch, state) if graph is not None
+                  else model.forward(batch, state, [0]))
+        nxt = pick(logits)
+
+
+def decode_graph(lm: Loaded) -> Any:
+    """A cuda_graph.DecodeGraph for one job's one-token steps when REFLEX_CUDA_GRAPHS=1 on the
+    GPU, else None; whoever makes one closes it when the job ends."""
+    if lm.backend != "cuda" or os.environ.get("REFLEX_CUDA_GRAPHS", "0") != "1":
+        return None
+    from .backends.cuda_graph import DecodeGraph
+
+    return DecodeGraph(lm.ops, lm.model)
 
 
 class _TextOut:

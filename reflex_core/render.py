@@ -169,6 +169,8 @@ def bench_lines(res: dict) -> list[str]:
     lines = [f"{k:<22} median {res[k]['median']:9.3f}  p90 {res[k]['p90']:9.3f}  "
              f"(n={res[k]['n']})"
              for k in ("prefill_ms", "decode_ms_per_token", "system1_ms")]
+    if res.get("decode", "eager") != "eager":
+        lines.append(f"decode steps: {res['decode']}")
     lines.append(status_line(
         "REFLEX_BENCH_OK", backend=res["backend"], n_prompt_tokens=res["n_prompt_tokens"],
         prefill_median_ms=res["prefill_ms"]["median"],

@@ -92,6 +92,8 @@ class CudaOps(Ops):
         self._data_offset = 0
         self._registration: Any = None
         self._unpin: Any = None  # the Background unpinning the upload's pages (attach)
+        self._fixed_prepared: dict[int, DeviceArray] | None = None  # cuda_graph.DecodeGraph
+        self._graph_prepared: tuple | None = None  # (batch, Prepared) while a graph is captured
         self.upload_info: dict = {}
         self._weights: dict[str, Weight] = {}
         self._f32: dict[str, DeviceArray] = {}
@@ -403,6 +405,9 @@ class CudaOps(Ops):
 
     def prepare(self, batch: Batch) -> Prepared:
         """Token ids, positions and the mask as one int32 buffer, in one host-to-device copy."""
+        gp = self._graph_prepared
+        if gp is not None and gp[0] is batch:  # a graph's capture: its inputs are in place
+            return gp[1]
         T = batch.n_tokens
         m = batch.mask
         if len(batch.positions) != T:
@@ -423,9 +428,21 @@ class CudaOps(Ops):
         runs = batch.runs
         for r in runs:
             buf.extend(r)
-        dev = empty((len(buf),), "i32")
+        buf.append(batch.cell0)
+        dev = self._prepared_buffer(len(buf))
         memory.htod(dev.ptr, buf)
         return Prepared(batch, dev, len(runs))
+
+    def _prepared_buffer(self, n: int) -> DeviceArray:
+        """A fresh int32 buffer; while a decode graph is being recorded or replayed
+        (cuda_graph.DecodeGraph), the same buffer for every step of its shape."""
+        fixed = self._fixed_prepared
+        if fixed is not None:
+            buf = fixed.get(n)
+            if buf is None:
+                buf = fixed[n] = empty((n,), "i32")
+            return buf
+        return empty((n,), "i32")
 
     # --- tensor ops -------------------------------------------------------------------------
     def shape(self, x) -> tuple[int, ...]:
@@ -670,11 +687,9 @@ class CudaOps(Ops):
         kn = 0 if k_norm is None else self._f32_vector(k_norm, dk)
         out = empty_f32(q.shape, q.size)
         if T:
-            c0 = pb.cell0
             self.k.launch("reflex_qk_norm_rope_store", (H + Hkv, T), 128 if dk <= 128 else 256,
-                          (q.ptr, k.ptr, v.ptr, qn, kn, out.ptr,
-                           k_cache.ptr + 4 * c0 * Hkv * dk,
-                           v_cache.ptr + 4 * c0 * Hkv * dv, pb.positions, H, Hkv, dk, dv,
+                          (q.ptr, k.ptr, v.ptr, qn, kn, out.ptr, k_cache.ptr, v_cache.ptr,
+                           pb.cell0_dev, pb.positions, H, Hkv, dk, dv,
                            0 if q_norm is None else 1, 0 if k_norm is None else 1, n_rot, neox,
                            eps, fb, fs, ext, af, lo, hi))
         return out

@@ -81,12 +81,15 @@ def empty_f32(shape: tuple[int, ...], n: int) -> DeviceArray:
 
 class Prepared:
     """A batch on the device (``ops.prepare``): token ids, positions, the three mask arrays,
-    the sequence ids (``T`` int32 each) and the sequence runs (:attr:`Batch.runs`, ``n_runs``
-    triples ``(seq, t0, t1)``) in one int32 buffer."""
+    the sequence ids (``T`` int32 each), the sequence runs (:attr:`Batch.runs`, ``n_runs``
+    triples ``(seq, t0, t1)``) and the first cell (:attr:`Batch.cell0`) in one int32 buffer.
+    Kernels that read their step-dependent values (positions, cells, the mask) from this buffer
+    rather than from launch parameters can be replayed from a captured graph
+    (reflex_core.backends.cuda_graph)."""
 
     __slots__ = ("batch", "n_tokens", "cell0", "n_kv", "buf", "tokens", "positions",
-                 "prefix_end", "own_start", "own_end", "seq_ids", "runs", "n_runs", "tok_min",
-                 "tok_max")
+                 "prefix_end", "own_start", "own_end", "seq_ids", "runs", "n_runs", "cell0_dev",
+                 "tok_min", "tok_max")
 
     def __init__(self, batch: Batch, buf: DeviceArray, n_runs: int):
         T = batch.n_tokens
@@ -100,5 +103,6 @@ class Prepared:
         self.prefix_end, self.own_start, self.own_end = b + 8 * T, b + 12 * T, b + 16 * T
         self.seq_ids = b + 20 * T
         self.runs, self.n_runs = b + 24 * T, n_runs
+        self.cell0_dev = b + 4 * (6 * T + 3 * n_runs)  # cell0, for kernels that replay
         self.tok_min = min(batch.tokens) if T else 0
         self.tok_max = max(batch.tokens) if T else 0

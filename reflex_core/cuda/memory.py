@@ -34,6 +34,12 @@ class _Pool:
         # re-entrant: a garbage collection triggered inside a locked section may run a block's
         # __del__ -> release() on this very thread
         self.lock = threading.RLock()
+        # Decode graphs (reflex_core.backends.cuda_graph): ``recording`` lists what is allocated
+        # while a step is traced or captured, in order; a captured graph's blocks are ``held``
+        # (pointer -> released by its owner yet) until the graph is destroyed, since its
+        # replays write them.
+        self.recording: dict[int, int] | None = None
+        self.held: dict[int, bool] = {}
 
     def alloc(self, nbytes: int) -> int:
         size = 512 if nbytes <= 512 else _round_size(int(nbytes))
@@ -44,15 +50,22 @@ class _Pool:
                 self.cached_bytes -= size
                 self.sizes[ptr] = size
                 self.live_bytes += size
+                if self.recording is not None:
+                    self.recording[ptr] = size
                 return ptr
         ptr = mem_alloc_raw(size, retry=self.trim)
         with self.lock:
             self.sizes[ptr] = size
             self.live_bytes += size
+            if self.recording is not None:
+                self.recording[ptr] = size
         return ptr
 
     def release(self, ptr: int) -> None:
         with self.lock:
+            if ptr in self.held:  # a captured graph still uses it: kept until release_held
+                self.held[ptr] = True
+                return
             size = self.sizes.pop(ptr, None)
             if size is None:
                 raise ValueError(f"free({ptr:#x}): not a pointer from memory.alloc "
@@ -123,6 +136,37 @@ def trim() -> int:
     return _pool.trim()
 
 
+def record_begin() -> None:
+    """From now on, note every block allocated (:func:`record_end`)."""
+    with _pool.lock:
+        _pool.recording = {}
+
+
+def record_end() -> dict[int, int]:
+    """The blocks allocated since :func:`record_begin`, pointer -> size, in allocation order."""
+    with _pool.lock:
+        got, _pool.recording = _pool.recording or {}, None
+        return got
+
+
+def hold(ptrs: list[int]) -> None:
+    """Keep ``ptrs`` out of the cache, even once their arrays are gone, until
+    :func:`release_held` (a captured graph's blocks)."""
+    with _pool.lock:
+        for ptr in ptrs:
+            _pool.held[ptr] = False
+
+
+def release_held(ptrs: list[int]) -> None:
+    """The graph that held ``ptrs`` is gone: blocks whose arrays are gone return to the cache,
+    the others when their arrays go."""
+    for ptr in ptrs:
+        with _pool.lock:
+            released = _pool.held.pop(ptr, None)
+        if released:
+            _pool.release(ptr)
+
+
 def pool_stats() -> dict:
     return {"live_bytes": _pool.live_bytes, "cached_bytes": _pool.cached_bytes,
             "live_blocks": len(_pool.sizes)}
@@ -134,10 +178,16 @@ def _nbytes(data: Any) -> int:
     return memoryview(data).nbytes
 
 
+# while not None: every synchronous copy as (kind, device address, bytes); see modules.launch_trace
+copy_trace: list | None = None
+
+
 def htod(dst: int, data: Any, nbytes: int | None = None) -> None:
     """Copy host ``data`` (bytes-like, or an int host address with ``nbytes``) to ``dst``."""
     ensure_context()
     n = _nbytes(data) if nbytes is None else int(nbytes)
+    if copy_trace is not None:
+        copy_trace.append(("htod", dst, n))
     if n:
         check(_drv._d.cuMemcpyHtoD(dst, data, n), f"cuMemcpyHtoD({n} bytes)")
 
@@ -146,6 +196,8 @@ def dtoh(src: int, nbytes: int, out: Any = None) -> Any:
     """Copy ``nbytes`` from device ``src`` into ``out`` (writable bytes-like, or an int host
     address) or a new bytearray, which is returned. Waits for earlier GPU work."""
     ensure_context()
+    if copy_trace is not None:
+        copy_trace.append(("dtoh", src, nbytes))
     if out is None:
         out = bytearray(nbytes)
     if nbytes:
@@ -155,9 +207,14 @@ def dtoh(src: int, nbytes: int, out: Any = None) -> Any:
 
 
 def dtod(dst: int, src: int, nbytes: int) -> None:
+    """Device-to-device copy, queued on the launches' stream (asynchronous to the host, as a
+    launch is; a graph being captured records it)."""
     ensure_context()
+    if copy_trace is not None:
+        copy_trace.append(("dtod", dst, src, nbytes))
     if nbytes:
-        check(_drv._d.cuMemcpyDtoD(dst, src, nbytes), f"cuMemcpyDtoD({nbytes} bytes)")
+        check(_drv._d.cuMemcpyDtoDAsync(dst, src, nbytes, _drv._STREAM),
+              f"cuMemcpyDtoDAsync({nbytes} bytes)")
 
 
 def memset(ptr: int, value: int, nbytes: int) -> None:

@@ -70,6 +70,9 @@ class ParamPacker:
 
 _PACKERS: dict[str, ParamPacker] = {}
 _n_launches = 0  # every Kernels.launch of the process (debug / benchmarks: launch_count())
+# while not None: every launch as (kernel, grid, block, shmem, signature, arguments); set by
+# reflex_core.backends.cuda_graph to see whether two decode steps launch the very same work
+launch_trace: list | None = None
 
 
 def launch_count() -> int:
@@ -152,6 +155,8 @@ class Kernels:
         if not getattr(_tls, "bound", False):
             _drv.ensure_context()
         _n_launches += 1
+        if launch_trace is not None:
+            launch_trace.append((name, (gx, gy, gz, bx, by, bz, shmem), p.sig, tuple(args)))
         d = _drv._d
         r = d.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, _drv._STREAM, p.addr, 0)
         if r[0] != _drv._SUCCESS:
