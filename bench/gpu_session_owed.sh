@@ -9,7 +9,8 @@
 #   bash bench/gpu_session_owed.sh OUT b -- timings only, nothing else running, most wanted first:
 #        14: DeepSeek-V2-Lite-shaped cold start (reflex, llama-simple, llama-cpp-python), system1,
 #            warm decode next to llama-simple's;
-#        18: warm decode on the 8B-shaped Q3_K_M, IQ4_XS (and Q4_K_M) files next to llama-simple's;
+#        18: warm decode on the 8B-shaped Q3_K_M, IQ4_XS (and Q4_K_M, and the 0.6B) files next to
+#            llama-simple's; every warm decode also with REFLEX_CUDA_GRAPHS=1 (issue 17);
 #        15: bench/state_reuse.py (prefix import vs 5-token prompt; rank-16 LoRA cost);
 #        16: the Python API's cold path against `reflex generate`; bench/ipc_overhead.py -n 1000;
 #        readahead on vs off (0.6B, alternating) and the weight-kernel modules' load times.
@@ -148,7 +149,7 @@ try:
           "prefill ms %.2f" % d["prefill_ms"]["median"],
           "decode ms/tok median %.3f (p90 %.3f)" % (d["decode_ms_per_token"]["median"],
                                                    d["decode_ms_per_token"]["p90"]),
-          "system1 ms %.2f" % d["system1_ms"]["median"])
+          "system1 ms %.2f" % d["system1_ms"]["median"], "|", d.get("decode", "eager"))
 except Exception as e:
     print("reflex bench", sys.argv[2], "no result:", e)
 EOF
@@ -167,10 +168,14 @@ grep -E "^\|" "$OUT/coldstart-ds.log" | tee -a "$LOG"
 timeout 40 python3 "$REPO/bench/coldstart.py" --models "$DS" --runs 5 --system1 --out "$W/cold-ds-s1" \
   > "$W/coldstart-ds-s1.log" 2>&1
 grep -E "^\| deep" "$W/coldstart-ds-s1.log" | tee -a "$LOG"
-bench_json "$DS" ds-v2-lite; llama_decode "$DS" ds-v2-lite
+bench_json "$DS" ds-v2-lite; REFLEX_CUDA_GRAPHS=1 bench_json "$DS" "ds-v2-lite graphs"
+llama_decode "$DS" ds-v2-lite
 
 say "18. warm decode, 8B-shaped Q3_K_M / IQ4_XS / Q4_K_M"
-for m in "$M8Q3" "$M8IQ4" "$M8"; do bench_json "$m" "$(basename $m)"; llama_decode "$m" "$(basename $m)"; done
+for m in "$M8Q3" "$M8IQ4" "$M8" "$M06"; do
+  bench_json "$m" "$(basename $m)"; REFLEX_CUDA_GRAPHS=1 bench_json "$m" "$(basename $m) graphs"
+  llama_decode "$m" "$(basename $m)"
+done
 
 say "15. prefix reuse and LoRA cost (0.6B)"
 timeout 120 python3 "$REPO/bench/state_reuse.py" "$M06" "$W/state" --runs 7 2>&1 | tee -a "$LOG"
