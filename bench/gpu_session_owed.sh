@@ -39,6 +39,20 @@ LOG=$OUT/$PHASE.log
 say() { echo "== $(date +%T) [$SECONDS s] $*" | tee -a "$LOG"; }
 left() { local n=$(( $1 - SECONDS )); echo $(( n > 5 ? n : 5 )); }  # seconds to deadline $1
 
+state_and_api() {  # RUNS: issue 15's state_reuse.py and issue 16's API-vs-CLI cold start (0.6B)
+  say "15. prefix reuse and LoRA cost (0.6B)"
+  timeout 120 python3 "$REPO/bench/state_reuse.py" "$M06" "$W/state" --runs "$1" 2>&1 | tee -a "$LOG"
+  reflex system1 "$M06" --import-kv "$W/state/prefix.kv" -p " $PROMPT" --candidate " Paris" \
+    --timings 2>&1 | tail -24 >> "$LOG"
+  say "16. API vs CLI cold"
+  timeout 60 python3 "$REPO/bench/coldstart.py" --models "$M06" --runs 7 --only-extra --out "$W/api" \
+    --extra "reflex generate=reflex generate {model} {prompt} -n 1 --backend cuda" \
+    --extra "reflex_core.load().generate()=python3 $REPO/bench/api_once.py {model} {prompt}" \
+    > "$W/api.log" 2>&1
+  grep -E "^\|" "$W/api.log" | tee -a "$LOG"
+  REFLEX_API_TIMINGS=1 python3 "$REPO/bench/api_once.py" "$M06" "$PROMPT" 2>&1 | tee -a "$LOG"
+}
+
 if [ "$PHASE" = a ]; then
   if [ ! -x $LS ]; then
     FA=ON setsid nohup bash "$REPO/.peer/build.sh" "$REPO/.peer" /tmp/peers > /tmp/peers.log 2>&1 < /dev/null &
@@ -91,16 +105,7 @@ if [ "$PHASE" = retest ]; then
   fi
   wait $MM
   reflex generate "$M06" "$PROMPT" -n 1 > /dev/null 2>&1
-  say "15. prefix reuse and LoRA cost (0.6B)"
-  timeout 100 python3 "$REPO/bench/state_reuse.py" "$M06" "$W/state" --runs 5 2>&1 | tee -a "$LOG"
-  reflex system1 "$M06" --import-kv "$W/state/prefix.kv" -p " $PROMPT" --candidate " Paris" --timings 2>&1 | tail -24 >> "$LOG"
-  say "16. API vs CLI cold"
-  timeout 60 python3 "$REPO/bench/coldstart.py" --models "$M06" --runs 7 --only-extra --out "$W/api" \
-    --extra "reflex generate=reflex generate {model} {prompt} -n 1 --backend cuda" \
-    --extra "reflex_core.load().generate()=python3 $REPO/bench/api_once.py {model} {prompt}" \
-    > "$W/api.log" 2>&1
-  grep -E "^\|" "$W/api.log" | tee -a "$LOG"
-  REFLEX_API_TIMINGS=1 python3 "$REPO/bench/api_once.py" "$M06" "$PROMPT" 2>&1 | tee -a "$LOG"
+  state_and_api 5
   say "done"
   exit 0
 fi
@@ -177,15 +182,7 @@ for m in "$M8Q3" "$M8IQ4" "$M8" "$M06"; do
   llama_decode "$m" "$(basename $m)"
 done
 
-say "15. prefix reuse and LoRA cost (0.6B)"
-timeout 120 python3 "$REPO/bench/state_reuse.py" "$M06" "$W/state" --runs 7 2>&1 | tee -a "$LOG"
-
-say "16. API vs CLI cold; IPC overhead"
-timeout 60 python3 "$REPO/bench/coldstart.py" --models "$M06" --runs 7 --only-extra --out "$W/api" \
-  --extra "reflex generate=reflex generate {model} {prompt} -n 1 --backend cuda" \
-  --extra "reflex_core.load().generate()=python3 $REPO/bench/api_once.py {model} {prompt}" \
-  > "$OUT/api.log" 2>&1
-grep -E "^\|" "$OUT/api.log" | tee -a "$LOG"
+state_and_api 7
 timeout 90 python3 "$REPO/bench/ipc_overhead.py" "$M06" -n 1000 --backend cuda 2>&1 | tee -a "$LOG"
 
 say "readahead on vs off (0.6B, 7 alternating fresh processes) and module load times"

@@ -11,23 +11,13 @@ import pytest
 from reflex_core import engine
 from reflex_core.cuda import memory
 from reflex_core.sampling import SamplingParams
-from reflex_core.testing.modelwriter import (ModelShape, tiny_deepseek2_shape, tiny_qwen35_shape,
-                                             tiny_qwen35moe_shape)
 from reflex_core.timing import Timings
+
+from test_statefile_gpu import FAMILIES, GREEDY, PROMPT
 
 pytestmark = pytest.mark.gpu
 
-GREEDY = SamplingParams(0.0, 0, 1.0, None)
 SAMPLED = SamplingParams(0.8, 40, 0.95, 1234)
-PROMPT = [5, 9, 17, 3, 44, 12, 7]
-FAMILIES = {
-    "qwen3": (ModelShape(n_vocab=200), 1),
-    "qwen3moe": (ModelShape(arch="qwen3moe", n_expert=8, n_expert_used=2, n_ff_exp=64,
-                            n_vocab=200), 3),
-    "qwen35": (tiny_qwen35_shape(), 1),
-    "qwen35moe": (tiny_qwen35moe_shape(), 3),
-    "deepseek2": (tiny_deepseek2_shape(), 2),
-}
 GRAPHED = {"qwen3", "qwen3moe"}  # whose decode step reads every per-token value on the device
 
 
