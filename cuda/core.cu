@@ -375,12 +375,17 @@ extern "C" __global__ void reflex_qk_norm_rope_store(
 }
 
 // ------------------------------------------------------------------------------------------
-// attention: block (h, t), 8 warps. Token t sees cells [0, prefix_end[t]) and
-// [max(own_start[t], prefix_end[t]), own_end[t]) -- the visible list, j = 0..n-1. Warp w takes
-// cells j = w, w+8, ...; its lanes split head_dim (<= REFLEX_ATT_MAX_HEAD: 8 floats per lane)
-// for q.k (then a warp shuffle sum) and for the V accumulator; each warp keeps an online
-// softmax (m, l, acc). The 8 partial states merge in shared memory: M = max m_w,
-// L = sum l_w e^(m_w-M), out = sum acc_w e^(m_w-M) / L. Query head h reads KV head h / (H / H_kv).
+// attention: block (h, t, s), 8 warps. Token t sees cells [0, prefix_end[t]) and
+// [max(own_start[t], prefix_end[t]), own_end[t]) -- the visible list, j = 0..n-1. With S =
+// gridDim.z splits (flash-decoding: a few tokens over a long cache would otherwise run on only
+// H*T blocks), block s takes the visible list's s-th slice of ceil(n / S) cells. Warp w takes
+// cells j = w, w+8, ... of that slice; its lanes split head_dim (<= REFLEX_ATT_MAX_HEAD: 8 floats
+// per lane) for q.k (then a warp shuffle sum) and for the V accumulator; each warp keeps an
+// online softmax (m, l, acc). The 8 partial states merge in shared memory: M = max m_w,
+// L = sum l_w e^(m_w-M), acc = sum acc_w e^(m_w-M). S == 1: out = acc / L. S > 1: (M, L, acc)
+// go to part [T, H, S, 2 + d_v] and reflex_attention_combine merges the S slices the same way.
+// The slices depend on n, read on the device, and S on the launch: a captured decode step
+// replays for every position. Query head h reads KV head h / (H / H_kv).
 // q [T, H, d_k]; kc [cells, H_kv, d_k]; vc [cells, H_kv, d_v]; out [T, H * d_v].
 
 #define ATT_WARPS 8
@@ -389,18 +394,20 @@ extern "C" __global__ void reflex_qk_norm_rope_store(
 
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
 reflex_attention(const float* __restrict__ q, const float* __restrict__ kc,
-                 const float* __restrict__ vc, float* __restrict__ out,
+                 const float* __restrict__ vc, float* __restrict__ out, float* __restrict__ part,
                  const int* __restrict__ prefix_end, const int* __restrict__ own_start,
                  const int* __restrict__ own_end, int H, int H_kv, int dk, int dv, float scale) {
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][32 * ATT_MAXC];
-    const int h = blockIdx.x, t = blockIdx.y;
+    const int h = blockIdx.x, t = blockIdx.y, S = gridDim.z, sl = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = h / (H / H_kv);
     const int a_end = prefix_end[t];
     const int b_start = max(own_start[t], a_end);
     const int nb = max(0, own_end[t] - b_start);
     const int n = a_end + nb;
+    const int chunk = (n + S - 1) / S;
+    const int j0 = sl * chunk, j1 = min(n, j0 + chunk);
 
     const float* qh = q + ((size_t)t * H + h) * dk;
     float qr[ATT_MAXC], acc[ATT_MAXC];
@@ -414,7 +421,7 @@ reflex_attention(const float* __restrict__ q, const float* __restrict__ kc,
     const size_t kstride = (size_t)H_kv * dk, vstride = (size_t)H_kv * dv;
     const float* kbase = kc + (size_t)g * dk;
     const float* vbase = vc + (size_t)g * dv;
-    for (int j = warp; j < n; j += ATT_WARPS) {
+    for (int j = j0 + warp; j < j1; j += ATT_WARPS) {
         const int cell = j < a_end ? j : b_start + (j - a_end);
         const float* kp = kbase + (size_t)cell * kstride;
         float s = 0.f;
@@ -452,6 +459,17 @@ reflex_attention(const float* __restrict__ q, const float* __restrict__ kc,
         f[w] = s_m[w] == -INFINITY ? 0.f : expf(s_m[w] - M);
         L += s_l[w] * f[w];
     }
+    if (S > 1) {  // this slice's state, for reflex_attention_combine
+        float* pp = part + (((size_t)t * H + h) * S + sl) * (size_t)(2 + dv);
+        if (threadIdx.x == 0) { pp[0] = M; pp[1] = L; }
+        for (int e = threadIdx.x; e < dv; e += blockDim.x) {
+            float acc_e = 0.f;
+#pragma unroll
+            for (int w = 0; w < ATT_WARPS; w++) acc_e += s_acc[w][e] * f[w];
+            pp[2 + e] = acc_e;
+        }
+        return;
+    }
     const float invL = L > 0.f ? 1.0f / L : 0.f;
     float* o = out + ((size_t)t * H + h) * dv;
     for (int e = threadIdx.x; e < dv; e += blockDim.x) {
@@ -459,6 +477,40 @@ reflex_attention(const float* __restrict__ q, const float* __restrict__ kc,
 #pragma unroll
         for (int w = 0; w < ATT_WARPS; w++) acc_e += s_acc[w][e] * f[w];
         o[e] = acc_e * invL;
+    }
+}
+
+// attention_combine: block (h, t), 256 threads: the S slices of reflex_attention's part
+// [T, H, S, 2 + d_v] merged as its warps are (M = max M_s, f_s = e^(M_s - M), L = sum L_s f_s,
+// out = sum acc_s f_s / L; an empty slice has M_s = -inf and counts 0). S <= REFLEX_ATT_MAX_SPLITS.
+#define REFLEX_ATT_MAX_SPLITS 64
+
+extern "C" __global__ void reflex_attention_combine(const float* __restrict__ part,
+                                                    float* __restrict__ out, int H, int S,
+                                                    int dv) {
+    __shared__ float s_f[REFLEX_ATT_MAX_SPLITS];
+    __shared__ float s_invL;
+    const int h = blockIdx.x, t = blockIdx.y;
+    const size_t w = 2 + (size_t)dv;
+    const float* pp = part + ((size_t)t * H + h) * S * w;
+    if (threadIdx.x == 0) {
+        float M = -INFINITY;
+        for (int s = 0; s < S; s++) M = fmaxf(M, pp[s * w]);
+        float L = 0.f;
+        for (int s = 0; s < S; s++) {
+            const float ms = pp[s * w];
+            const float f = ms == -INFINITY ? 0.f : expf(ms - M);
+            s_f[s] = f;
+            L += pp[s * w + 1] * f;
+        }
+        s_invL = L > 0.f ? 1.0f / L : 0.f;
+    }
+    __syncthreads();
+    float* o = out + ((size_t)t * H + h) * dv;
+    for (int e = threadIdx.x; e < dv; e += blockDim.x) {
+        float acc_e = 0.f;
+        for (int s = 0; s < S; s++) acc_e += pp[s * w + 2 + e] * s_f[s];
+        o[e] = acc_e * s_invL;
     }
 }
 

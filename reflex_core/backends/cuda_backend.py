@@ -77,6 +77,22 @@ def weight_offset(info: Any, ggml_type: int, ne: tuple, start: int, size: int) -
     return rel
 
 
+SPLIT_CELLS = 256  # cache cells per attention split, for a few tokens over a long cache
+SPLIT_BLOCKS = 264  # blocks worth filling: two per SM of an H100 / H200
+
+
+def attention_splits(T: int, H: int, n_cells: int) -> int:
+    """Slices of the visible cells that reflex_attention spreads one (head, token) over
+    (flash-decoding): 1 for a prefill, whose H*T blocks fill the GPU already; for a few tokens,
+    one per SPLIT_CELLS cells of the cache, no more than fills SPLIT_BLOCKS blocks or
+    REFLEX_ATT_MAX_SPLITS. From the cache's size, not the tokens' context: the same for every
+    step of a job, as a captured decode graph needs (docs/internals.md)."""
+    if T > 4 or n_cells < 2 * SPLIT_CELLS:
+        return 1
+    want = min(n_cells // SPLIT_CELLS, max(1, SPLIT_BLOCKS // (H * T)), limit("ATT_MAX_SPLITS"))
+    return max(1, want)
+
+
 class CudaOps(Ops):
     """The GPU backend. ``attach`` uploads the weights; every op runs on the device."""
 
@@ -709,9 +725,13 @@ class CudaOps(Ops):
             raise ReflexError(f"attention over {pb.n_kv} cells, the cache has {n_cells}")
         out = empty_f32((T, H * dv), T * H * dv)
         if T and H:
-            self.k.launch("reflex_attention", (H, T), 256,
-                          (q.ptr, k_cache.ptr, v_cache.ptr, out.ptr,
+            S = attention_splits(T, H, n_cells)
+            part = empty_f32((T, H, S, 2 + dv), T * H * S * (2 + dv)) if S > 1 else None
+            self.k.launch("reflex_attention", (H, T, S), 256,
+                          (q.ptr, k_cache.ptr, v_cache.ptr, out.ptr, part.ptr if part else 0,
                            pb.prefix_end, pb.own_start, pb.own_end, H, Hkv, dk, dv, scale))
+            if part is not None:
+                self.k.launch("reflex_attention_combine", (H, T), 256, (part.ptr, out.ptr, H, S, dv))
         return out
 
     def _elementwise(self, kernel: str, a, b) -> DeviceArray:

@@ -326,6 +326,39 @@ def test_attention_tree_mask(cuda_ops, ref_ops, H, Hkv, d, rng):
     close(got, ref_ops.attention(q, cr.k[0], cr.v[0], pr, 0.125), 1e-4, 2e-5, "tree attention")
 
 
+SPLIT_CASES = [  # (T, cell0, H, Hkv, dk, dv, n_cells): a few tokens over a long cache
+    (1, 1499, 16, 8, 128, 128, 1600),
+    (1, 300, 14, 2, 64, 64, 4096),  # most slices empty
+    (2, 2047, 8, 1, 256, 256, 2100),
+    (4, 999, 6, 3, 40, 72, 1030),  # head sizes not a multiple of 32
+    (3, 0, 4, 4, 64, 64, 5000),  # fewer visible cells than slices
+]
+
+
+@pytest.mark.parametrize("T,cell0,H,Hkv,dk,dv,n_cells", SPLIT_CASES,
+                         ids=[f"T{c[0]}-c{c[1]}-H{c[2]}/{c[3]}-d{c[4]}/{c[5]}-cells{c[6]}"
+                              for c in SPLIT_CASES])
+def test_attention_split_over_the_cache(cuda_ops, ref_ops, T, cell0, H, Hkv, dk, dv, n_cells,
+                                        rng):
+    """Flash-decoding: the visible cells in slices on separate blocks, merged by
+    reflex_attention_combine, = the reference (the causal and the tree mask)."""
+    from reflex_core.backends.cuda_backend import attention_splits
+
+    assert attention_splits(T, H, n_cells) > 1  # the path under test
+    cc, cr = _cache_pair(cuda_ops, ref_ops, n_cells, Hkv, dk, dv, rng, cell0 + T)
+    q = rng.standard_normal((T, H, dk)).astype(np.float32)
+    scale = 1.0 / math.sqrt(dk)
+    tree = AttnMask(tuple([cell0] * T), tuple(cell0 + i for i in range(T)),
+                    tuple(cell0 + i + 1 for i in range(T)))  # each token: prefix + itself
+    for b in (Batch.causal(list(range(T)), cell0),
+              Batch(tuple(range(T)), tuple([cell0] * T), cell0, tree)):
+        pc, pr = both(cuda_ops, ref_ops, b)
+        got = cuda_ops.to_numpy(cuda_ops.attention(cuda_ops.from_numpy(q), cc.k[0], cc.v[0], pc,
+                                                   scale))
+        close(got, ref_ops.attention(q, cr.k[0], cr.v[0], pr, scale), 1e-4, 2e-5,
+              "split attention")
+
+
 def test_attention_large_scores(cuda_ops, ref_ops, rng):
     """Peaked softmax (scores ~ 100s): the online max must keep it finite and exact."""
     cc, cr = _cache_pair(cuda_ops, ref_ops, 40, 2, 64, 64, rng, 33)
