@@ -79,15 +79,19 @@ def weight_offset(info: Any, ggml_type: int, ne: tuple, start: int, size: int) -
 
 SPLIT_CELLS = 256  # cache cells per attention split, for a few tokens over a long cache
 SPLIT_BLOCKS = 264  # blocks worth filling: two per SM of an H100 / H200
+# Eager steps are bound by their launches: the combine's launch per layer costs more than the
+# split saves below this many cells. Replayed steps (a decode graph) split from 2 * SPLIT_CELLS.
+EAGER_SPLIT_FROM = 4096
 
 
-def attention_splits(T: int, H: int, n_cells: int) -> int:
+def attention_splits(T: int, H: int, n_cells: int, replayed: bool = False) -> int:
     """Slices of the visible cells that reflex_attention spreads one (head, token) over
     (flash-decoding): 1 for a prefill, whose H*T blocks fill the GPU already; for a few tokens,
     one per SPLIT_CELLS cells of the cache, no more than fills SPLIT_BLOCKS blocks or
-    REFLEX_ATT_MAX_SPLITS. From the cache's size, not the tokens' context: the same for every
-    step of a job, as a captured decode graph needs (docs/internals.md)."""
-    if T > 4 or n_cells < 2 * SPLIT_CELLS:
+    REFLEX_ATT_MAX_SPLITS, from a cache of EAGER_SPLIT_FROM cells (2 * SPLIT_CELLS when a
+    decode graph replays the step). From the cache's size, not the tokens' context: the same for
+    every step of a job, as a captured decode graph needs (docs/internals.md)."""
+    if T > 4 or n_cells < (2 * SPLIT_CELLS if replayed else EAGER_SPLIT_FROM):
         return 1
     want = min(n_cells // SPLIT_CELLS, max(1, SPLIT_BLOCKS // (H * T)), limit("ATT_MAX_SPLITS"))
     return max(1, want)
@@ -110,6 +114,7 @@ class CudaOps(Ops):
         self._unpin: Any = None  # the Background unpinning the upload's pages (attach)
         self._fixed_prepared: dict[int, DeviceArray] | None = None  # cuda_graph.DecodeGraph
         self._graph_prepared: tuple | None = None  # (batch, Prepared) while a graph is captured
+        self.replaying = False  # a cuda_graph.DecodeGraph runs this job's one-token steps
         self.upload_info: dict = {}
         self._weights: dict[str, Weight] = {}
         self._f32: dict[str, DeviceArray] = {}
@@ -725,7 +730,7 @@ class CudaOps(Ops):
             raise ReflexError(f"attention over {pb.n_kv} cells, the cache has {n_cells}")
         out = empty_f32((T, H * dv), T * H * dv)
         if T and H:
-            S = attention_splits(T, H, n_cells)
+            S = attention_splits(T, H, n_cells, self.replaying)
             part = empty_f32((T, H, S, 2 + dv), T * H * S * (2 + dv)) if S > 1 else None
             self.k.launch("reflex_attention", (H, T, S), 256,
                           (q.ptr, k_cache.ptr, v_cache.ptr, out.ptr, part.ptr if part else 0,

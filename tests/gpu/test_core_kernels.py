@@ -331,7 +331,7 @@ SPLIT_CASES = [  # (T, cell0, H, Hkv, dk, dv, n_cells): a few tokens over a long
     (1, 300, 14, 2, 64, 64, 4096),  # most slices empty
     (2, 2047, 8, 1, 256, 256, 2100),
     (4, 999, 6, 3, 40, 72, 1030),  # head sizes not a multiple of 32
-    (3, 0, 4, 4, 64, 64, 5000),  # fewer visible cells than slices
+    (3, 0, 4, 4, 64, 64, 5000),  # fewer visible cells than slices; split when eager too
 ]
 
 
@@ -342,9 +342,10 @@ def test_attention_split_over_the_cache(cuda_ops, ref_ops, T, cell0, H, Hkv, dk,
                                         rng):
     """Flash-decoding: the visible cells in slices on separate blocks, merged by
     reflex_attention_combine, = the reference (the causal and the tree mask)."""
-    from reflex_core.backends.cuda_backend import attention_splits
+    from reflex_core.backends.cuda_backend import EAGER_SPLIT_FROM, attention_splits
 
-    assert attention_splits(T, H, n_cells) > 1  # the path under test
+    cuda_ops.replaying = n_cells < EAGER_SPLIT_FROM  # smaller caches split under a decode graph
+    assert attention_splits(T, H, n_cells, cuda_ops.replaying) > 1  # the path under test
     cc, cr = _cache_pair(cuda_ops, ref_ops, n_cells, Hkv, dk, dv, rng, cell0 + T)
     q = rng.standard_normal((T, H, dk)).astype(np.float32)
     scale = 1.0 / math.sqrt(dk)
