@@ -191,7 +191,7 @@ def state_file_options(f):
                              "prompt alone, a prefix file to --import-kv later).")(f)
 
 
-def open_state_files(import_kv: str | None, export_kv: str | None, t, backend: str):
+def open_state_files(import_kv: str | None, export_kv: str | None, backend: str):
     """Before the model loads: refuse an export that cannot be written, and start reading the
     import (its checksum and structure) on a thread, beside the model's load. Returns that
     read's Background (None without --import-kv): :func:`saved_state` waits for it."""
@@ -394,7 +394,7 @@ def generate(args, quickstart, hub_model, revision, prompt_opt, n_tokens, stops,
         raise click.BadParameter("-1 is not allowed with --export-kv", param_hint="'-n'")
     if not prompt and (import_kv is None or chat):
         raise ReflexError("empty prompt: give at least one character of text")
-    reading = open_state_files(import_kv, export_kv, t, backend)
+    reading = open_state_files(import_kv, export_kv, backend)
     lm, ids = engine.load(model, backend, t, prompt=prompt or None, one_shot=True,
                           continuation=reading is not None, lora=lora, chat=chat_args)
     saved = saved_state(reading, lm, t)
@@ -459,7 +459,7 @@ def system1(args, quickstart, hub_model, revision, prompt_opt, candidates, norma
     for i, c in enumerate(candidates):
         if c == "":
             raise ReflexError(f"candidate {i} is empty: every --candidate needs some text")
-    reading = open_state_files(import_kv, export_kv, t, backend)
+    reading = open_state_files(import_kv, export_kv, backend)
     lm, ids = engine.load(model, backend, t, prompt=prompt or None, texts=candidates,
                           one_shot=True, continuation=reading is not None, lora=lora,
                           chat=chat_args)

@@ -19,7 +19,6 @@ Nothing here imports numpy, gguf or huggingface_hub unless the CPU backend is ch
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 from dataclasses import dataclass, field
@@ -531,11 +530,11 @@ def _decode(model: Any, state: Any, graph: Any, pick: Callable[[Any], int], out:
 def decode_graph(lm: Loaded) -> Any:
     """A cuda_graph.DecodeGraph for one job's one-token steps when REFLEX_CUDA_GRAPHS=1 on the
     GPU, else None; whoever makes one closes it when the job ends."""
-    if lm.backend != "cuda" or os.environ.get("REFLEX_CUDA_GRAPHS", "0") != "1":
+    if lm.backend != "cuda":
         return None
-    from .backends.cuda_graph import DecodeGraph
+    from .backends import cuda_graph
 
-    return DecodeGraph(lm.ops, lm.model)
+    return cuda_graph.DecodeGraph(lm.ops, lm.model) if cuda_graph.enabled() else None
 
 
 class _TextOut:
