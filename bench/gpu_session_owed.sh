@@ -42,6 +42,22 @@ LOG=$OUT/$PHASE.log
 say() { echo "== $(date +%T) [$SECONDS s] $*" | tee -a "$LOG"; }
 left() { local n=$(( $1 - SECONDS )); echo $(( n > 5 ? n : 5 )); }  # seconds to deadline $1
 
+bench_json() {  # model label [prompt]: reflex bench's medians, one line
+  timeout 120 reflex bench "$1" -r 5 --decode 32 --json > "$W/b.json" 2> "$W/b.err"
+  python3 - "$W/b.json" "$2" <<'EOF' | tee -a "$LOG"
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+    print("reflex bench", sys.argv[2], "prompt", d["n_prompt_tokens"],
+          "prefill ms %.2f" % d["prefill_ms"]["median"],
+          "decode ms/tok median %.3f (p90 %.3f)" % (d["decode_ms_per_token"]["median"],
+                                                   d["decode_ms_per_token"]["p90"]),
+          "system1 ms %.2f" % d["system1_ms"]["median"], "|", d.get("decode", "eager"))
+except Exception as e:
+    print("reflex bench", sys.argv[2], "no result:", e)
+EOF
+  tail -2 "$W/b.err" >> "$LOG"
+}
 state_and_api() {  # RUNS: issue 15's state_reuse.py and issue 16's API-vs-CLI cold start (0.6B)
   say "15. prefix reuse and LoRA cost (0.6B)"
   timeout 120 python3 "$REPO/bench/state_reuse.py" "$M06" "$W/state" --runs "$1" 2>&1 | tee -a "$LOG"
@@ -120,6 +136,66 @@ if [ "$PHASE" = retest ]; then
   exit 0
 fi
 
+if [ "$PHASE" = e ]; then  # a fresh machine, no peers: this session's fixes and what they change
+  python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/new "$REPO"/.whl-new/*.whl || exit 1
+  export PYTHONPATH=/tmp/new
+  cd /tmp
+  python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b,ds-v2-lite,8b-iq4_xs,8b > "$W/make_models.log" 2>&1 &
+  MM=$!
+  nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee -a "$LOG"
+  say "tests: decode graphs, the prepared buffer, the MLA ops, deepseek2"
+  G=$REPO/tests/gpu
+  timeout 110 python3 -m pytest "$G/test_decode_graph_gpu.py" "$G/test_cuda_backend.py::test_prepare_and_views" \
+    "$G/test_registered_ops_gpu.py" "$G/test_deepseek2_gpu.py" -k "graph or prepare or mla or deepseek" \
+    -q -p no:cacheprovider -rs -m "not slow" > "$OUT/gpu-tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -40 | tee -a "$LOG"
+  tail -2 "$OUT/gpu-tests.log" | tee -a "$LOG"
+  say "decode note per family (tiny files)"
+  timeout 60 python3 - "$G" <<'PY' 2>&1 | tee -a "$LOG"
+import sys, tempfile
+sys.path.insert(0, sys.argv[1])
+from test_statefile_gpu import FAMILIES, GREEDY, PROMPT
+from reflex_core import engine
+from reflex_core.testing.modelwriter import write_model
+from reflex_core.timing import Timings
+d = tempfile.mkdtemp()
+for fam, (shape, seed) in FAMILIES.items():
+    lm = engine.load(str(write_model(f"{d}/{fam}.gguf", shape, seed=seed)), "cuda")[0]
+    t = Timings()
+    engine.generate(lm, PROMPT, 12, GREEDY, timings=t)
+    print(f"{fam:10s} {t.notes.get('decode', '?')}")
+    lm.close()
+PY
+  for i in $(seq 1 60); do grep -q "qwen3-0.6b-shaped" "$W/make_models.log" && break; sleep 1; done
+  reflex generate "$M06" "$PROMPT" -n 1 > /dev/null 2>&1
+  say "16. time to the result: API vs CLI (0.6B, 5 runs each)"
+  for i in 1 2 3 4 5; do
+    REFLEX_API_TIMINGS=1 python3 "$REPO/bench/api_once.py" "$M06" "$PROMPT" 2>&1 | grep -oE "result at [0-9.]+ ms" | tee -a "$LOG"
+    reflex generate "$M06" "$PROMPT" -n 1 --backend cuda --timings 2>&1 | grep -E "total: first token" | tee -a "$LOG"
+  done
+  say "17. W3 (1500-token prompt -> 128 tokens), graphs (default) vs eager, 0.6B"
+  timeout 90 python3 "$REPO/bench/coldstart.py" --models "$M06" --runs 3 --workloads W3 \
+    --only-extra --out "$W/work-graphs" \
+    --extra "reflex=reflex generate {model} {prompt} -n 128 --backend cuda" \
+    --extra "reflex eager=env REFLEX_CUDA_GRAPHS=0 reflex generate {model} {prompt} -n 128 --backend cuda" \
+    > "$OUT/workloads-graphs.log" 2>&1
+  grep -E "^\|" "$OUT/workloads-graphs.log" | tee -a "$LOG"
+  reflex generate "$M06" "$(python3 -c "import sys; sys.path.insert(0, '$REPO/bench'); import coldstart; print(coldstart.LONG_PROMPT)")" \
+    -n 128 --backend cuda --timings 2>&1 | grep -E "decode|total" | tee -a "$LOG"
+  say "14. DeepSeek-V2-Lite-shaped warm decode: graphs vs eager"
+  wait $MM; cat "$W/make_models.log" >> "$LOG"
+  reflex generate "$DS" "$PROMPT" -n 1 > /dev/null 2>&1
+  bench_json "$DS" "ds-v2-lite"; REFLEX_CUDA_GRAPHS=0 bench_json "$DS" "ds-v2-lite eager"
+  say "18. where the 8B decode goes, IQ4_XS against Q4_K_M (ops synchronised one by one)"
+  for m in "$M8IQ4" "$M8"; do
+    echo "-- $(basename $m)" | tee -a "$LOG"
+    bench_json "$m" "$(basename $m)"
+    timeout 60 python3 "$REPO/bench/profile_ops.py" "$m" --decode 16 --reps 2 2>&1 | head -14 | tee -a "$LOG"
+  done
+  say "done"
+  exit 0
+fi
+
 if [ "$PHASE" = d ]; then
   export PYTHONPATH=/tmp/new
   cd /tmp
@@ -171,22 +247,6 @@ tail -2 /tmp/peers.log | tee -a "$LOG"
 for m in "$M06" "$M8" "$M8Q3" "$M8IQ4" "$DS"; do  # indexes, page cache
   reflex generate "$m" "$PROMPT" -n 1 > /dev/null 2>&1 || say "warm-up failed on $m"
 done
-bench_json() {  # model label [prompt]: reflex bench's medians, one line
-  timeout 120 reflex bench "$1" -r 5 --decode 32 --json > "$W/b.json" 2> "$W/b.err"
-  python3 - "$W/b.json" "$2" <<'EOF' | tee -a "$LOG"
-import json, sys
-try:
-    d = json.load(open(sys.argv[1]))
-    print("reflex bench", sys.argv[2], "prompt", d["n_prompt_tokens"],
-          "prefill ms %.2f" % d["prefill_ms"]["median"],
-          "decode ms/tok median %.3f (p90 %.3f)" % (d["decode_ms_per_token"]["median"],
-                                                   d["decode_ms_per_token"]["p90"]),
-          "system1 ms %.2f" % d["system1_ms"]["median"], "|", d.get("decode", "eager"))
-except Exception as e:
-    print("reflex bench", sys.argv[2], "no result:", e)
-EOF
-  tail -2 "$W/b.err" >> "$LOG"
-}
 llama_decode() {  # model label: llama-simple's own eval timings, 3 runs
   for i in 1 2 3; do
     echo "llama-simple $2 run $i: $(timeout 60 $LS -m "$1" -n 33 "$PROMPT" 2>&1 | grep -E "eval time" | tr -s ' ' | tr '\n' ' ')" | tee -a "$LOG"

@@ -6,7 +6,7 @@ Loads MODEL on the CUDA backend, then times (1) whole passes as the engine runs 
 of the prompt and N single-token decode steps, each ended by the next token's id on the host;
 (2) the same passes with every op followed by a device synchronisation, so each op's time is
 its launch overhead plus its kernels (the sum exceeds (1) by the synchronisations). Prints the
-per-token distribution of (1) and a table of (2) by op, largest first.
+per-token distribution of (1) and a table of (2) by op and weight type, largest first.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import time
 from collections import defaultdict
 
 from reflex_core import engine, opreg
+from reflex_core.ggml_types import GGML_TYPES
+from reflex_core.ops import Weight
 
 
 def main() -> None:
@@ -25,8 +27,9 @@ def main() -> None:
     ap.add_argument("--prompt", default="The capital of France is")
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--backend", default="cuda")
     a = ap.parse_args()
-    lm, ids = engine.load(a.model, "cuda", prompt=a.prompt)
+    lm, ids = engine.load(a.model, a.backend, prompt=a.prompt)
     model, ops = lm.model, lm.ops
 
     def run() -> tuple[float, list[float]]:
@@ -72,11 +75,13 @@ def main() -> None:
         return timed
 
     def _timed(name, fn, args, kw):
+        flat = [w for a in args for w in (a if isinstance(a, (list, tuple)) else (a,))]
+        types = sorted({GGML_TYPES[w.ggml_type].name for w in flat if isinstance(w, Weight)})
         ops.synchronize()
         t0 = time.perf_counter()
         r = fn(*args, **kw)
         ops.synchronize()
-        s = spent[name]
+        s = spent[f"{name}[{','.join(types)}]" if types else name]
         s[phase[0]] += (time.perf_counter() - t0) * 1e3
         s[2] += 1
         return r
@@ -93,12 +98,12 @@ def main() -> None:
         phase[0] = 1
         for _ in range(a.decode):
             nxt = ops.argmax(model.forward(state.append([nxt]), state, [0]))[-1]
-    print(f"{'op':28s} {'prefill ms/pass':>16s} {'decode ms/token':>16s} {'calls/pass':>11s}")
+    print(f"{'op':36s} {'prefill ms/pass':>16s} {'decode ms/token':>16s} {'calls/pass':>11s}")
     rows = sorted(spent.items(), key=lambda kv: -(kv[1][0] + kv[1][1]))
     for n, (p, d, c) in rows:
-        print(f"{n:28s} {p / a.reps:16.3f} {d / (a.reps * a.decode):16.4f} "
+        print(f"{n:36s} {p / a.reps:16.3f} {d / (a.reps * a.decode):16.4f} "
               f"{c / (a.reps * (1 + a.decode)):11.1f}")
-    print(f"{'sum':28s} {sum(v[0] for v in spent.values()) / a.reps:16.3f} "
+    print(f"{'sum':36s} {sum(v[0] for v in spent.values()) / a.reps:16.3f} "
           f"{sum(v[1] for v in spent.values()) / (a.reps * a.decode):16.4f}")
 
 

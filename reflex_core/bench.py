@@ -64,7 +64,7 @@ def warm(path: str, backend: str = "auto", prompt: str = DEFAULT_PROMPT, reps: i
         t0 = time.perf_counter()
         state, nxt = prefill()
         pre.append((time.perf_counter() - t0) * 1e3)
-        graph = engine.decode_graph(lm)  # REFLEX_CUDA_GRAPHS=1: as generate decodes
+        graph = engine.decode_graph(lm)  # as generate decodes (REFLEX_CUDA_GRAPHS=0: eager)
         try:
             for _ in range(n_decode):
                 t0 = time.perf_counter()

@@ -528,8 +528,8 @@ def _decode(model: Any, state: Any, graph: Any, pick: Callable[[Any], int], out:
 
 
 def decode_graph(lm: Loaded) -> Any:
-    """A cuda_graph.DecodeGraph for one job's one-token steps when REFLEX_CUDA_GRAPHS=1 on the
-    GPU, else None; whoever makes one closes it when the job ends."""
+    """A cuda_graph.DecodeGraph for one job's one-token steps on the GPU (unless
+    REFLEX_CUDA_GRAPHS=0), else None; whoever makes one closes it when the job ends."""
     if lm.backend != "cuda":
         return None
     from .backends import cuda_graph

@@ -1,4 +1,5 @@
-"""Single-token decode steps replayed from a captured CUDA graph (opt-in: REFLEX_CUDA_GRAPHS=1).
+"""Single-token decode steps replayed from a captured CUDA graph (the default on the GPU;
+REFLEX_CUDA_GRAPHS=0 turns it off).
 
 A decode step of the CUDA backend is hundreds of kernel launches made one by one from Python;
 for small models the GPU waits on those launches, not the other way round. A graph captured
@@ -36,7 +37,7 @@ EAGER_STEPS = 3
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "0") == "1"
+    return os.environ.get(ENV, "1") != "0"
 
 
 class DecodeGraph:

@@ -228,12 +228,13 @@ def test_prepare_and_views(cuda_ops):
     b = Batch.causal([1, 2, 3], 4)
     pb = cuda_ops.prepare(b)
     raw = cuda_ops.to_numpy(pb.buf)
-    # tokens, positions, prefix_end, own_start, own_end, sequence ids, then the runs
-    assert raw.tolist() == [1, 2, 3, 4, 5, 6, 5, 6, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3]
+    # tokens, positions, prefix_end, own_start, own_end, sequence ids, the runs, then the first
+    # cell (which a decode graph's kernels read from the device)
+    assert raw.tolist() == [1, 2, 3, 4, 5, 6, 5, 6, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 4]
     assert pb.n_runs == 1
     two = Batch((1, 2, 3), (0, 1, 2), 0, AttnMask.causal(0, 3), (2, 2, 0))
     pb2 = cuda_ops.prepare(two)
-    assert cuda_ops.to_numpy(pb2.buf).tolist()[18:] == [2, 0, 2, 0, 2, 3] and pb2.n_runs == 2
+    assert cuda_ops.to_numpy(pb2.buf).tolist()[18:] == [2, 0, 2, 0, 2, 3, 0] and pb2.n_runs == 2
     bad = Batch((1, 2), (0, 1), 0, AttnMask((1, 5), (0, 0), (0, 0)))
     with pytest.raises(ValueError, match="outside cells"):
         cuda_ops.prepare(bad)

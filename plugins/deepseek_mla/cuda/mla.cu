@@ -44,12 +44,15 @@ reflex_mla_concat_heads(const float* __restrict__ a, const float* __restrict__ b
 }
 
 // ------------------------------------------------------------------------------------------
-// store_rows: the batch's rows are contiguous and so are its cells [cell0, cell0 + T) (the
-// launcher passes the first cell's address): one flat copy of n floats.
+// store_rows: the batch's rows are contiguous and so are its cells [cell0, cell0 + T): one flat
+// copy of total = T * n floats. cell0 is read from the device (the prepared batch), so a captured
+// decode step replays at every position.
 
 extern "C" __global__ void __launch_bounds__(256)
-reflex_mla_store_rows(const float* __restrict__ rows, float* __restrict__ dst, int n) {
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+reflex_mla_store_rows(const float* __restrict__ rows, float* __restrict__ cache,
+                      const int* __restrict__ cell0, int n, int total) {
+    float* dst = cache + (size_t)(*cell0) * n;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x)
         dst[i] = rows[i];
 }
 

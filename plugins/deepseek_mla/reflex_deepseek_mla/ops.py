@@ -211,11 +211,11 @@ def concat_heads_cuda(ops, a, b):
 
 
 def store_rows_cuda(ops, rows, cache, pb):
-    T, n, c0 = _store_dims(rows.shape, cache.shape, pb)
+    T, n, _ = _store_dims(rows.shape, cache.shape, pb)
     total = T * n
     if total:
         _launch(ops, "reflex_mla_store_rows", min(4096, (total + 255) // 256), 256,
-                (rows.ptr, cache.ptr + 4 * c0 * n, total))
+                (rows.ptr, cache.ptr, pb.cell0_dev, n, total))
 
 
 def _lane_floats(n: int) -> int:
