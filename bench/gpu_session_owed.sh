@@ -196,6 +196,34 @@ PY
   exit 0
 fi
 
+if [ "$PHASE" = f ]; then  # a fresh machine, no peers: the tensor-core tiled matmul (prefill)
+  python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/new "$REPO"/.whl-new/*.whl || exit 1
+  export PYTHONPATH=/tmp/new
+  cd /tmp
+  python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b,8b > "$W/make_models.log" 2>&1 &
+  MM=$!
+  say "tests: matmuls (tiled = tensor cores), whole models GPU vs CPU"
+  G=$REPO/tests/gpu
+  timeout 100 python3 -m pytest "$G/test_quant_kernels.py" "$G/test_cuda_backend.py" "$G/test_models_gpu.py" \
+    -k "(matmul and not moe and not large and (Q4_K or Q8_0 or IQ4_XS or F32 or Q3_K)) or matmul_many or prefill_and_decode or tree_batch or forward_matches" \
+    -q -p no:cacheprovider -rs -m "not slow" > "$OUT/gpu-tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -40 | tee -a "$LOG"
+  tail -2 "$OUT/gpu-tests.log" | tee -a "$LOG"
+  wait $MM
+  LONG=$(python3 -c "import sys; sys.path.insert(0, '$REPO/bench'); import coldstart; print(coldstart.LONG_PROMPT)")
+  say "17. prefill of the 1500-token prompt, by op (0.6B, 8B)"
+  for m in "$M06" "$M8"; do
+    echo "-- $(basename $m)" | tee -a "$LOG"
+    timeout 40 python3 "$REPO/bench/profile_ops.py" "$m" --prompt "$LONG" --decode 2 --reps 2 2>&1 | head -8 | tee -a "$LOG"
+  done
+  say "17. W2, W3 (0.6B, 8B), 3 runs"
+  timeout 60 python3 "$REPO/bench/coldstart.py" --models "$M06,$M8" --runs 3 --workloads W2,W3 \
+    --out "$W/work-mma" > "$OUT/workloads-mma.log" 2>&1
+  grep -E "^\|" "$OUT/workloads-mma.log" | tee -a "$LOG"
+  say "done"
+  exit 0
+fi
+
 if [ "$PHASE" = d ]; then
   export PYTHONPATH=/tmp/new
   cd /tmp

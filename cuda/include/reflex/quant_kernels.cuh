@@ -42,11 +42,15 @@
 //   kernel otherwise).
 //
 // reflex_matmul_tiled_<t>(w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, n2, row_bytes, mode)
-//   (any T; prefill) Classic shared-memory SGEMM tile: a 256-thread block computes 64 weight
-//   rows x 64 tokens; per 64-wide K slice it dequantizes the 64x64 weight tile (rx_q<t>::dec4,
-//   4 groups of 4 elements per thread) and stages the 64x64 x tile, both k-major in shared
-//   memory (34 KB), then each thread accumulates a 4 rows x 4 tokens outer product per k (two
-//   float4 smem reads, 16 FMA). Warps whose 8 tokens are all >= T skip the math.
+//   (any T; prefill) Shared-memory GEMM tile: a 256-thread block computes 64 weight rows x 64
+//   tokens; per 64-wide K slice it dequantizes the 64x64 weight tile (rx_q<t>::dec4, 4 groups
+//   of 4 elements per thread) and stages the 64x64 x tile, both k-major in shared memory
+//   (34 KB). sm_80 and later: tensor cores, each warp a 16 rows x 32 tokens block of
+//   mma.m16n8k8 TF32 products in the 3xTF32 split (big*big + big*small + small*big, f32
+//   accumulation: close to f32 FMA accuracy; small*small, ~2^-22 of a product, is dropped).
+//   Before sm_80: each thread accumulates a 4 rows x 4 tokens outer product per k (16 FMA).
+//   Warps whose tokens are all >= T skip the math. The results go through shared memory and
+//   out one token row at a time.
 //   mode 0: the 64 rows of a block are consecutive rows of one segment, grid = (sum_i
 //   ceil(n_i/64), ceil(T/64)). mode 1: tile rows 0..31 are gate rows [o0, o0+32), rows 32..63
 //   the same up rows; the block stages its 64x64 results in shared memory and writes the 32x64
@@ -259,6 +263,29 @@ __device__ __forceinline__ void moe_body(const uint8_t* __restrict__ w, const ui
 // ------------------------------------------------------------------------------------------
 // tiled matmul (prefill)
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+// 3xTF32: v = big + small with both halves TF32 (10-bit mantissa) and big * big + big * small +
+// small * big in f32 accumulation loses about what f32 FMA does (small * small, ~2^-22 of the
+// product, is dropped) while running on the tensor cores.
+__device__ __forceinline__ void rx_tf32_split(float v, uint32_t& big, uint32_t& small) {
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(v));
+    const float rest = v - __uint_as_float(big);
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(small) : "f"(rest));
+}
+
+// d (16x8, f32) += a (16x8, tf32, row-major fragment) * b (8x8, tf32, column fragment)
+__device__ __forceinline__ void rx_mma_tf32(float* d, const uint32_t* a, const uint32_t* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#define RX_TILED_MMA 1
+#else
+#define RX_TILED_MMA 0
+#endif
+
 template <int TYPE>
 __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,
                                            const uint8_t* __restrict__ w2, const float* __restrict__ x,
@@ -269,8 +296,6 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
     __shared__ __align__(16) float Ws[TILE_K][TILE_M + 4];
     __shared__ __align__(16) float Xs[TILE_K][TILE_N + 4];
     const int tid = threadIdx.x;
-    const int ty = tid & 15;  // rows ty*4 .. +4 of the tile
-    const int tx = tid >> 4;  // tokens tx*4 .. +4 (a warp: tokens 8w .. 8w+8)
     const uint8_t* w;
     float* y;
     int n, m0;  // mode 0: tile row m is row m0 + m of w (n rows); mode 1: gate/up row m0 + m % 32
@@ -283,9 +308,20 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
         m0 = b * TILE_M;
     }
     const int n0t = blockIdx.y * TILE_N;
-    const bool active = n0t + (tid >> 5) * 8 < T;
     const bool xvec = (n_in & 3) == 0 && ((uintptr_t)x & 15u) == 0;
+#if RX_TILED_MMA
+    // warp w: tile rows 16 (w % 4) .. +16 x tokens 32 (w / 4) .. +32, four m16n8k8 tiles;
+    // lane = 4 g + q holds, per token tile j, rows r0 + g (+8) x tokens 8 j + 2 q (+1)
+    const int lane = tid & 31, wg = lane >> 2, wq = lane & 3;
+    const int wr = 16 * ((tid >> 5) & 3), wt = 32 * (tid >> 7);
+    const bool active = n0t + wt < T;
     float acc[4][4];
+#else
+    const int ty = tid & 15;  // rows ty*4 .. +4 of the tile
+    const int tx = tid >> 4;  // tokens tx*4 .. +4 (a warp: tokens 8w .. 8w+8)
+    const bool active = n0t + (tid >> 5) * 8 < T;
+    float acc[4][4];  // rows ty*4 + i x tokens tx*4 + j
+#endif
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -335,6 +371,27 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
             for (int c = 0; c < 4; ++c) Xs[4 * kg + c][nn] = v[c];
         }
         __syncthreads();
+#if RX_TILED_MMA
+        if (active) {
+#pragma unroll 2
+            for (int kk = 0; kk < TILE_K; kk += 8) {
+                uint32_t ab[4], as[4];
+                rx_tf32_split(Ws[kk + wq][wr + wg], ab[0], as[0]);
+                rx_tf32_split(Ws[kk + wq][wr + wg + 8], ab[1], as[1]);
+                rx_tf32_split(Ws[kk + wq + 4][wr + wg], ab[2], as[2]);
+                rx_tf32_split(Ws[kk + wq + 4][wr + wg + 8], ab[3], as[3]);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    uint32_t bb[2], bs[2];
+                    rx_tf32_split(Xs[kk + wq][wt + 8 * j + wg], bb[0], bs[0]);
+                    rx_tf32_split(Xs[kk + wq + 4][wt + 8 * j + wg], bb[1], bs[1]);
+                    rx_mma_tf32(acc[j], as, bb);
+                    rx_mma_tf32(acc[j], ab, bs);
+                    rx_mma_tf32(acc[j], ab, bb);
+                }
+            }
+        }
+#else
         if (active) {
 #pragma unroll 8
             for (int kk = 0; kk < TILE_K; ++kk) {
@@ -348,17 +405,24 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
                     for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
             }
         }
+#endif
         __syncthreads();
     }
-    if (mode == 1) {
-        // E[token][tile row] (reuses Ws: 64 x 68 floats); the loop's last __syncthreads made it
-        // free. Then output (token nn, row r < 32) = silu(E[nn][r]) * E[nn][r + 32].
-        float (*E)[TILE_M + 4] = Ws;
+    // E[token][tile row] (reuses Ws: 64 x 68 floats; the loop's last __syncthreads made it
+    // free), then written out row-contiguous per token.
+    float (*E)[TILE_M + 4] = Ws;
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < 4; ++i)
 #pragma unroll
-            for (int j = 0; j < 4; ++j) E[tx * 4 + j][ty * 4 + i] = acc[i][j];
-        __syncthreads();
+        for (int j = 0; j < 4; ++j) {
+#if RX_TILED_MMA
+            E[wt + 8 * i + 2 * wq + (j & 1)][wr + wg + 8 * (j >> 1)] = acc[i][j];
+#else
+            E[tx * 4 + j][ty * 4 + i] = acc[i][j];
+#endif
+        }
+    __syncthreads();
+    if (mode == 1) {  // output (token nn, row r < 32) = silu(E[nn][r]) * E[nn][r + 32]
 #pragma unroll 1
         for (int p = 0; p < (TILE_M / 2) * TILE_N / TILE_THREADS; ++p) {
             const int g = tid + p * TILE_THREADS;
@@ -368,16 +432,12 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
         }
         return;
     }
-    if (!active) return;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int row = m0 + ty * 4 + i;
-        if (row >= n) continue;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int tok = n0t + tx * 4 + j;
-            if (tok < T) y[(long long)tok * n + row] = acc[i][j];
-        }
+#pragma unroll 1
+    for (int p = 0; p < TILE_M * TILE_N / TILE_THREADS; ++p) {
+        const int g = tid + p * TILE_THREADS;
+        const int r = g & (TILE_M - 1), nn = g / TILE_M;
+        const int row = m0 + r, tok = n0t + nn;
+        if (row < n && tok < T) y[(long long)tok * n + row] = E[nn][r];
     }
 }
 
