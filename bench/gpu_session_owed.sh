@@ -119,8 +119,13 @@ if [ "$PHASE" = a ]; then
   grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests-slow.log" | head -20 | tee -a "$LOG"
   tail -12 "$OUT/gpu-tests-slow.log" | tee -a "$LOG"
   say "reflex check, DeepSeek-V2-Lite-shaped"
-  timeout $(left 530) reflex check "$DS" > "$OUT/check-ds.log" 2>&1; echo "rc=$?" >> "$OUT/check-ds.log"
-  tail -3 "$OUT/check-ds.log" | tee -a "$LOG"
+  # the Python stacks every 20 s show where a check that runs out of time spends it
+  timeout $(left 530) python3 -c "import faulthandler, sys
+faulthandler.dump_traceback_later(20, repeat=True)
+sys.argv = ['reflex', 'check', '$DS']
+from reflex_core.cli import main
+main()" > "$OUT/check-ds.log" 2>&1; echo "rc=$?" >> "$OUT/check-ds.log"
+  grep -vE '^(Thread|  File|Current thread|Timeout)' "$OUT/check-ds.log" | tail -3 | tee -a "$LOG"
   say "the peers' build"
   for i in $(seq 1 200); do
     grep -q "llama_cpp python package\|build failed" /tmp/peers.log 2>/dev/null && break
