@@ -21,8 +21,9 @@
 #        TESTS (pytest node ids, default: all of tests/gpu but the slow ones; "none": no tests),
 #        then issue 15's
 #        state_reuse.py and issue 16's API-vs-CLI cold start again (reflex alone).
-#   bash bench/gpu_session_owed.sh OUT d -- issue 17's four workloads (bench/coldstart.py
-#        --workloads W1,W2,W3,W4) on the 0.6B and 8B files: reflex and llama-simple (FA on, built
+#   bash bench/gpu_session_owed.sh OUT d -- issue 17: the 30B-A3B-shaped MoE decode next to
+#        llama-simple's (the file written first), then the four workloads (bench/coldstart.py
+#        --workloads W1,W2,W3,W4) on the 0.6B, 8B and 30B files: reflex and llama-simple (FA on, built
 #        by phase a), 3 runs each; then W3 (128 tokens) with decode graphs against eager.
 #   bash bench/gpu_session_owed.sh OUT e -- no peers needed: the decode-graph, prepared-buffer and MLA
 #        tests, which families capture a graph, the API's and the CLI's time to the result, W3
@@ -40,7 +41,7 @@ MODELS=/tmp/reflex-models; W=/tmp/owed; mkdir -p "$OUT" "$MODELS" "$W"
 LS=/tmp/peers/llama.cpp/build/bin/llama-simple
 M06=$MODELS/qwen3-0.6b-shaped-q8_0.gguf; M8=$MODELS/qwen3-8b-shaped-q4_k_m.gguf
 M8Q3=$MODELS/qwen3-8b-shaped-q3_k_m.gguf; M8IQ4=$MODELS/qwen3-8b-shaped-iq4_xs.gguf
-DS=$MODELS/deepseek-v2-lite-shaped-q4_k_m.gguf
+DS=$MODELS/deepseek-v2-lite-shaped-q4_k_m.gguf; M30=$MODELS/qwen3-30b-a3b-shaped-q4_k_m.gguf
 PROMPT="The capital of France is"
 export PATH=/tmp/new/bin:$PATH REFLEX_LLAMA_VOCAB_DIR=$REPO/.models/vocab PYTHONUNBUFFERED=1
 LOG=$OUT/$PHASE.log
@@ -73,6 +74,11 @@ except Exception as e:
     print("reflex bench", sys.argv[2], "no result:", e)
 EOF
   tail -2 "$W/b.err" >> "$LOG"
+}
+llama_decode() {  # model label: llama-simple's own eval timings, 3 runs
+  for i in 1 2 3; do
+    echo "llama-simple $2 run $i: $(timeout 60 $LS -m "$1" -n 33 "$PROMPT" 2>&1 | grep -E "eval time" | tr -s ' ' | tr '\n' ' ')" | tee -a "$LOG"
+  done
 }
 state_and_api() {  # RUNS: issue 15's state_reuse.py and issue 16's API-vs-CLI cold start (0.6B)
   say "15. prefix reuse and LoRA cost (0.6B)"
@@ -243,11 +249,19 @@ fi
 if [ "$PHASE" = d ]; then
   export PYTHONPATH=/tmp/new
   cd /tmp
-  say "17. W1-W4, 0.6B and 8B"
-  timeout 420 python3 "$REPO/bench/coldstart.py" --models "$M06,$M8" --llama-simple $LS --runs 3 \
+  if [ ! -s "$M30" ]; then  # 18.5 GB: room made from the files phases a-c used (64 GB disk)
+    rm -f "$M8Q3" "$M8IQ4" "$MODELS/qwen3-30b-a3b-shaped-iq3_xxs.gguf"
+    python3 "$REPO/bench/make_models.py" "$MODELS" --which 30b >> "$LOG" 2>&1
+  fi
+  say "17. MoE decode, 30B-A3B-shaped Q4_K_M: reflex (graphs, eager) and llama-simple"
+  reflex generate "$M30" "$PROMPT" -n 1 > /dev/null 2>&1
+  bench_json "$M30" 30b-a3b; REFLEX_CUDA_GRAPHS=0 bench_json "$M30" "30b-a3b eager"
+  llama_decode "$M30" 30b-a3b
+  say "17. W1-W4, 0.6B, 8B and 30B-A3B"
+  timeout 330 python3 "$REPO/bench/coldstart.py" --models "$M06,$M8,$M30" --llama-simple $LS --runs 3 \
     --workloads W1,W2,W3,W4 --out "$W/work" > "$OUT/workloads.log" 2>&1
   grep -E "^\|" "$OUT/workloads.log" | tee -a "$LOG"
-  w3_graphs_vs_eager "$M06,$M8" 120
+  w3_graphs_vs_eager "$M06,$M8" 60
   say "done"
   exit 0
 fi
@@ -286,11 +300,6 @@ tail -2 /tmp/peers.log | tee -a "$LOG"
 for m in "$M06" "$M8" "$M8Q3" "$M8IQ4" "$DS"; do  # indexes, page cache
   reflex generate "$m" "$PROMPT" -n 1 > /dev/null 2>&1 || say "warm-up failed on $m"
 done
-llama_decode() {  # model label: llama-simple's own eval timings, 3 runs
-  for i in 1 2 3; do
-    echo "llama-simple $2 run $i: $(timeout 60 $LS -m "$1" -n 33 "$PROMPT" 2>&1 | grep -E "eval time" | tr -s ' ' | tr '\n' ' ')" | tee -a "$LOG"
-  done
-}
 
 say "14. DeepSeek-V2-Lite-shaped: cold start side by side, system1, warm decode"
 timeout 170 python3 "$REPO/bench/coldstart.py" --models "$DS" --llama-simple $LS --runs 5 \
