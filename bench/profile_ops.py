@@ -1,9 +1,10 @@
 """Where a warm forward pass spends its time, op by op (GPU machine).
 
-    python bench/profile_ops.py MODEL [--prompt TEXT] [--decode N] [--reps R]
+    python bench/profile_ops.py MODEL [--prompt TEXT] [--decode N] [--reps R] [--backend cpu]
 
-Loads MODEL on the CUDA backend (or --backend cpu), then times (1) whole passes as the engine runs them: a prefill
-of the prompt and N single-token decode steps, each ended by the next token's id on the host;
+Loads MODEL on the CUDA backend (or the CPU's), then times (1) whole passes as the engine runs
+them: a prefill of the prompt and N single-token decode steps, each ended by the next token's
+id on the host;
 (2) the same passes with every op followed by a device synchronisation, so each op's time is
 its launch overhead plus its kernels (the sum exceeds (1) by the synchronisations). Prints the
 per-token distribution of (1) and a table of (2) by op and weight type, largest first.
