@@ -1,6 +1,6 @@
 """reflex_core.cuda without a GPU (CI): error messages, the CUDA start (against a stub libcuda),
 parameter packing, launch plumbing (against a fake cuda-bindings module), the mmap address
-helper, the upload and its failure path, no numpy.
+helper, the upload and its failure path, the decode-graph switch, no numpy.
 """
 
 from __future__ import annotations
@@ -641,3 +641,26 @@ def test_failed_upload_waits_for_queued_copies_before_unpinning(fake, tmp_path, 
     unregistered = sorted(e[1] for e in fake.events[1:])
     assert unregistered == sorted(r[0] for r in fake.registered)  # every pinned chunk, after
     assert not [t for t in threading.enumerate() if t.name.startswith("reflex-upload")]
+
+
+@pytest.mark.parametrize("value,on", [(None, True), ("1", True), ("0", False)])
+def test_decode_graphs_are_the_default_and_zero_turns_them_off(monkeypatch, value, on):
+    from reflex_core.backends import cuda_graph
+
+    if value is None:
+        monkeypatch.delenv("REFLEX_CUDA_GRAPHS", raising=False)
+    else:
+        monkeypatch.setenv("REFLEX_CUDA_GRAPHS", value)
+    assert cuda_graph.enabled() is on
+
+
+def test_no_decode_graph_off_the_gpu(model_files, monkeypatch):
+    from reflex_core import engine
+    from reflex_core.testing.modelwriter import ModelShape
+
+    monkeypatch.delenv("REFLEX_CUDA_GRAPHS", raising=False)
+    lm = engine.load(str(model_files(ModelShape(n_vocab=200))), "cpu")[0]
+    try:
+        assert engine.decode_graph(lm) is None
+    finally:
+        lm.close()
