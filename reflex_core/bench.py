@@ -68,9 +68,7 @@ def warm(path: str, backend: str = "auto", prompt: str = DEFAULT_PROMPT, reps: i
         try:
             for _ in range(n_decode):
                 t0 = time.perf_counter()
-                b = state.append([nxt])
-                logits = graph.forward(b, state) if graph else model.forward(b, state, [0])
-                nxt = ops.argmax(logits)[-1]
+                nxt = ops.argmax(engine.decode_step(model, graph, state, nxt))[-1]
                 dec.append((time.perf_counter() - t0) * 1e3)
         finally:
             if graph is not None:

@@ -521,10 +521,14 @@ def _decode(model: Any, state: Any, graph: Any, pick: Callable[[Any], int], out:
             return "eog"
         if len(out) >= n_new:
             return "length"
-        batch = state.append([nxt])
-        logits = (graph.forward(batch, state) if graph is not None
-                  else model.forward(batch, state, [0]))
-        nxt = pick(logits)
+        nxt = pick(decode_step(model, graph, state, nxt))
+
+
+def decode_step(model: Any, graph: Any, state: Any, token: int) -> Any:
+    """One decode step: ``token`` appended to ``state`` and the logits of that position, through
+    ``graph`` (a cuda_graph.DecodeGraph, :func:`decode_graph`) when there is one."""
+    batch = state.append([token])
+    return graph.forward(batch, state) if graph is not None else model.forward(batch, state, [0])
 
 
 def decode_graph(lm: Loaded) -> Any:
