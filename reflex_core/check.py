@@ -18,6 +18,7 @@ must agree wherever the reference's margin exceeds the bound.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -61,6 +62,7 @@ class CheckResult:
     dequant: list[DequantRow] = field(default_factory=list)
     device: str = ""
     reference_dequant: str = "gguf.quants"
+    phase_s: dict[str, float] = field(default_factory=dict)  # where the check's time went
 
     @property
     def ok(self) -> bool:
@@ -83,10 +85,11 @@ def _compare(step: str, pos0: int, ref: Any, gpu: Any, rows: list[PositionRow]) 
 
 
 def check_dequant(g: Any, gpu_ops: Any, max_per_type: int = 3,
-                  max_elements: int = 64 << 20) -> list[DequantRow]:
+                  max_elements: int = 1 << 24) -> list[DequantRow]:
     """GPU dequantization vs gguf.quants, bit for bit, for up to ``max_per_type`` tensors of each
-    GGML type in the file: the smallest ones and the largest one under ``max_elements`` (big
-    offsets), so host memory stays bounded on 8B-class files."""
+    GGML type in the file: the smallest ones and the largest one up to ``max_elements`` (a
+    4096 x 4096 matrix: every block layout and scale path, deep into the tensor), so host memory
+    and gguf-py's single-threaded time stay bounded on 8B-class files."""
     import numpy as np
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
@@ -156,6 +159,15 @@ def run_check(path: str, prompt: str | None = None, n_decode: int = 4,
     from .modelfile import open_model_file
     from .registry import get_host
 
+    t0 = time.perf_counter()
+    phases = {}
+
+    def phase(name: str) -> None:
+        nonlocal t0
+        t = time.perf_counter()
+        phases[name] = round(t - t0, 3)
+        t0 = t
+
     dev = start().wait()
     g = open_model_file(path)
     arch = g.get("general.architecture")
@@ -170,11 +182,12 @@ def run_check(path: str, prompt: str | None = None, n_decode: int = 4,
         from .errors import ReflexError
 
         raise ReflexError("empty prompt")
-    res = CheckResult(device=f"{dev.name} (sm_{dev.sm})")
+    res = CheckResult(device=f"{dev.name} (sm_{dev.sm})", phase_s=phases)
     gpu_ops = get_backend("cuda")
     gpu_ops.attach(g)
     ref_ops = get_backend("cpu")
     ref_ops.attach(g)
+    phase("open")
     total = sum(ti.nbytes for ti in g.tensors.values())
     if reference_dequant not in ("auto", "cpu", "gpu"):
         raise ValueError(f"reference_dequant must be auto, cpu or gpu, not {reference_dequant!r}")
@@ -182,6 +195,7 @@ def run_check(path: str, prompt: str | None = None, n_decode: int = 4,
         ref_ops.dequantizer = _gpu_dequantizer(gpu_ops)
         res.reference_dequant = "gpu"
     res.dequant = check_dequant(g, gpu_ops)
+    phase("dequant_check")
     if lora:
         from .lora import close_all, open_adapters
 
@@ -192,6 +206,7 @@ def run_check(path: str, prompt: str | None = None, n_decode: int = 4,
         finally:
             close_all(adapters)
     gpu_m, ref_m = cls.load(g, gpu_ops), cls.load(g, ref_ops)
+    phase("load")
     ids = [i % ref_m.n_vocab for i in ids]
     n = len(ids) + n_decode
     gs, rs = gpu_m.new_state(n), ref_m.new_state(n)
@@ -199,15 +214,26 @@ def run_check(path: str, prompt: str | None = None, n_decode: int = 4,
     if gs.append(ids) != batch:  # pragma: no cover - the two states are the same bookkeeping
         raise AssertionError("GPU and reference states disagree")
     rows = list(range(batch.n_tokens))
-    ref = ref_ops.to_numpy(ref_m.forward(batch, rs, rows))
-    gpu = gpu_ops.to_numpy(gpu_m.forward(batch, gs, rows))
+    spent = {"reference": 0.0, "gpu": 0.0}
+
+    def both(b, st_ref, st_gpu, out_rows):
+        t = time.perf_counter()
+        r = ref_ops.to_numpy(ref_m.forward(b, st_ref, out_rows))
+        t1 = time.perf_counter()
+        o = gpu_ops.to_numpy(gpu_m.forward(b, st_gpu, out_rows))
+        spent["reference"] += t1 - t
+        spent["gpu"] += time.perf_counter() - t1
+        return r, o
+
+    ref, gpu = both(batch, rs, gs, rows)
     _compare("prefill", 0, ref, gpu, res.positions)
     nxt = int(ref[-1].argmax())
     for _ in range(n_decode):
         b = rs.append([nxt])
         gs.append([nxt])
-        ref = ref_ops.to_numpy(ref_m.forward(b, rs, [0]))
-        gpu = gpu_ops.to_numpy(gpu_m.forward(b, gs, [0]))
+        ref, gpu = both(b, rs, gs, [0])
         _compare("decode", b.cell0, ref, gpu, res.positions)
         nxt = int(ref[-1].argmax())
+    phases.update({k: round(v, 3) for k, v in spent.items()})  # the reference's includes its
+    # dequantization (on first use of each weight)
     return res

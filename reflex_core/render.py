@@ -147,6 +147,8 @@ def check_lines(res: Any) -> list[str]:
         note = f"  {r.note}" if r.note else ""
         lines.append(f"{r.ggml_type:<8} {r.tensor:<34} {r.n_elements:>12} {r.mismatches:>11}  "
                      f"{'ok' if r.ok else 'FAIL'}{note}")
+    if res.phase_s:
+        lines.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in res.phase_s.items()))
     lines.append(check_status(res))
     return lines
 
@@ -154,7 +156,7 @@ def check_lines(res: Any) -> list[str]:
 def check_json(res: Any) -> dict:
     summary = {k: (float(v) if isinstance(v, float) else v)
                for k, v in _check_summary(res).items()}
-    return {"status": "ok" if res.ok else "fail", **summary,
+    return {"status": "ok" if res.ok else "fail", **summary, "phase_s": dict(res.phase_s),
             "positions_detail": [vars(r) for r in res.positions],
             "dequant_detail": [vars(r) for r in res.dequant]}
 

@@ -90,13 +90,13 @@ def lib(tmp_path_factory):
     so.rx_host_dequant.restype = ctypes.c_int
     so.rx_host_gemv.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                ctypes.c_longlong]
+                                ctypes.c_longlong, ctypes.c_int]
     so.rx_host_gemv.restype = ctypes.c_int
     so.rx_host_f16_table.argtypes = [ctypes.c_void_p]
     so.rx_host_f16_table.restype = None
     so.rx_host_ksigns.argtypes = [ctypes.c_void_p]
     so.rx_host_ksigns.restype = None
-    so.rx_host_type_info.argtypes = [ctypes.c_int] + [ctypes.POINTER(ctypes.c_int)] * 3
+    so.rx_host_type_info.argtypes = [ctypes.c_int] + [ctypes.POINTER(ctypes.c_int)] * 4
     so.rx_host_type_info.restype = ctypes.c_int
     return so
 
@@ -114,13 +114,13 @@ def host_dequant(lib, name: str, raw: np.ndarray, n: int, mode: int = 0) -> np.n
 
 
 def host_gemv(lib, name: str, tt: int, raw: np.ndarray, x: np.ndarray, n_in: int,
-              n_out: int) -> np.ndarray:
+              n_out: int, ks: int = 1) -> np.ndarray:
     T = x.shape[0]
     y = np.full((T, n_out), np.nan, dtype=np.float32)
     x = np.ascontiguousarray(x, dtype=np.float32)
     raw = np.ascontiguousarray(raw)
     rc = lib.rx_host_gemv(TYPES[name], tt, _ptr(raw), _ptr(x), _ptr(y), T, n_in, n_out,
-                          raw.nbytes // n_out)
+                          raw.nbytes // n_out, ks)
     assert rc == 0, rc
     return y
 
@@ -211,10 +211,12 @@ def test_type_table_matches_the_decoders(lib):
     from reflex_core.cuda import quant_ops as q
 
     for name, t in TYPES.items():
-        qk, ts, align = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
-        assert lib.rx_host_type_info(t, ctypes.byref(qk), ctypes.byref(ts), ctypes.byref(align)) == 0, name
+        qk, ts, align, unit = ctypes.c_int(), ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        assert lib.rx_host_type_info(t, ctypes.byref(qk), ctypes.byref(ts), ctypes.byref(align),
+                                     ctypes.byref(unit)) == 0, name
         suffix, _, bs, size, gemv_align = q._TYPES[t]
         assert (qk.value, ts.value, align.value) == (bs, size, gemv_align), name
+        assert unit.value == q.lane_unit_elements(t), name
         assert suffix == name.lower()
 
 
@@ -327,12 +329,14 @@ def test_gemv_lane_loop(lib, name):
     rng = np.random.default_rng(400 + TYPES[name])
     bs = GGML_QUANT_SIZES[GGMLQuantizationType[name]][0]
     blk = max(bs, 8)
-    for n_blocks, n_out, T, tt in ((1, 1, 1, 1), (1, 33, 2, 2), (3, 7, 3, 4), (9, 5, 8, 8),
-                                   (40, 3, 1, 1), (5, 4, 5, 8)):
+    # ks: warps splitting a row's units (more lanes than units leaves some idle)
+    for n_blocks, n_out, T, tt, ks in ((1, 1, 1, 1, 1), (1, 33, 2, 2, 2), (3, 7, 3, 4, 4),
+                                       (9, 5, 8, 8, 1), (40, 3, 1, 1, 4), (5, 4, 5, 8, 2),
+                                       (70, 3, 2, 2, 2)):
         n_in = n_blocks * blk
         raw, wf, x = _gemv_case(rng, name, n_in, n_out, T)
-        y = host_gemv(lib, name, tt, raw, x, n_in, n_out)
-        _check_matmul(y, wf, x, f"{name} n_in={n_in} n_out={n_out} T={T} (TT={tt})")
+        y = host_gemv(lib, name, tt, raw, x, n_in, n_out, ks)
+        _check_matmul(y, wf, x, f"{name} n_in={n_in} n_out={n_out} T={T} (TT={tt}, ks={ks})")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -393,8 +397,9 @@ def test_launcher_choices(quant_signatures):
         if want == "tiled":
             assert grid == ((1000 + 63) // 64, (T + 63) // 64, 1) and block == (256, 1, 1)
         else:
-            assert grid == (125, 1, 1) and block == (128, 1, 1)
-        assert args == (W, 0, 0, X, Y, 0, 0, T, 1024, 1000, 0, 0, 576, 0)
+            assert grid == (125, 1, 1) and block == (128, 1, 1)  # 32 units a row: ks 1
+        base = (W, 0, 0, X, Y, 0, 0, T, 1024, 1000, 0, 0, 576, 0)
+        assert args == (base if want == "tiled" else base + (1,))
     # misaligned weights: Q4_K needs 16 bytes for the GEMV -> tiled; Q6_K only 2
     _matmul(q, k, [W + 2], 12, X, [Y], 1, 1024, [10])
     assert k.calls[-1][0] == "reflex_matmul_tiled_q4_k"
@@ -404,21 +409,23 @@ def test_launcher_choices(quant_signatures):
     assert k.calls[-1][0] == "reflex_matmul_tiled_f32"
     q.moe_matmul(k, W, 8, X, 4 << 20, Y, 70000, 8, 2048, 768, 128, x_per_expert=True)
     name, grid, block, args = k.calls[-1]
-    assert name == "reflex_moe_matmul_q8_0" and grid == (96, 65535, 1)
-    assert args[1] == 0 and args[5:] == (70000, 8, 2048, 768, 2176, 768 * 2176, 1, 128, 0)
+    # 2048 / 16 = 128 units a row: 4 warps split each row pair, one pair a block
+    assert name == "reflex_moe_matmul_q8_0" and grid == (384, 65535, 1)
+    assert args[1] == 0 and args[5:] == (70000, 8, 2048, 768, 2176, 768 * 2176, 1, 128, 0, 4)
     q.moe_matmul(k, W, 8, X, 4 << 20, Y, 3, 8, 2048, 768, 128, up_ptr=W + 4096)  # SwiGLU
     name, grid, block, args = k.calls[-1]
-    assert grid == (192, 24, 1) and args[1] == W + 4096 and args[-1] == 1
+    assert grid == (768, 24, 1) and args[1] == W + 4096 and args[-2:] == (1, 4)
     # several weights per launch: GEMV blocks of 8 rows per segment, tiled blocks of 64
     _matmul(q, k, [W, W + 2, W + 4], 8, X, [Y, Y + 4, Y + 8], 5, 1024, [2048, 1024, 1000])
     name, grid, block, args = k.calls[-1]
-    assert name == "reflex_matmul_gemv8_q8_0" and grid == (256 + 128 + 125, 1, 1)
-    assert args == (W, W + 2, W + 4, X, Y, Y + 4, Y + 8, 5, 1024, 2048, 1024, 1000, 1088, 0)
+    # Q8_0, 1024 / 16 = 64 units a row: 2 warps split a row pair, 4 rows a block
+    assert name == "reflex_matmul_gemv8_q8_0" and grid == (512 + 256 + 250, 1, 1)
+    assert args == (W, W + 2, W + 4, X, Y, Y + 4, Y + 8, 5, 1024, 2048, 1024, 1000, 1088, 0, 2)
     _matmul(q, k, [W, W + 2], 8, X, [Y, Y + 4], 9, 1024, [2048, 1000])
     assert k.calls[-1][:2] == ("reflex_matmul_tiled_q8_0", (32 + 16, 1, 1))
     _matmul(q, k, [W, W + 16], 12, X, [Y], 1, 1024, [3072, 3072], swiglu=True)
     name, grid, block, args = k.calls[-1]
-    assert name == "reflex_matmul_gemv1_q4_k" and grid == (768, 1, 1) and args[-1] == 1
+    assert name == "reflex_matmul_gemv1_q4_k" and grid == (768, 1, 1) and args[-2:] == (1, 1)
     _matmul(q, k, [W, W + 8], 12, X, [Y], 1, 1024, [3072, 3072], swiglu=True)  # misaligned up
     assert k.calls[-1][:2] == ("reflex_matmul_tiled_q4_k", (96, 1, 1))
     q.dequant(k, W, 14, 256 * 3, Y)

@@ -49,7 +49,9 @@ def check_result(ok: bool = True) -> CheckResult:
            DequantRow("Q4_K", "token_embd.weight", 155582464, 0 if ok else 12),
            DequantRow("F16", "output_norm.weight", 1024, -1, "no GPU dequant for F16")]
     return CheckResult(positions=pos, dequant=deq if not ok else deq[:2], device="NVIDIA H200",
-                       reference_dequant="gpu")
+                       reference_dequant="gpu",
+                       phase_s={"open": 1.5, "dequant_check": 12.0, "load": 2.0,
+                                "reference": 30.5, "gpu": 0.5})
 
 
 def bench_warm() -> dict:
@@ -143,6 +145,7 @@ GOLDEN = {  # name: (argv, stdout)
          'type     tensor                                 elements  mismatches  ok\n'
          'Q8_0     blk.0.attn_q.weight                        4096           0  ok\n'
          'Q4_K     token_embd.weight                     155582464           0  ok\n'
+         'time: open 1.5 s, dequant_check 12.0 s, load 2.0 s, reference 30.5 s, gpu 0.5 s\n'
          'REFLEX_CHECK_OK device="NVIDIA H200" reference_dequant=gpu positions=2 '
          'top1_agree=2 max_rel=0.000400 rel_bound=0.001000 dequant_tensors=2 '
          'dequant_mismatches=0 dequant_types=2\n')),
@@ -156,6 +159,7 @@ GOLDEN = {  # name: (argv, stdout)
          'Q4_K     token_embd.weight                     155582464          12  FAIL\n'
          'F16      output_norm.weight                         1024          -1  '
          'FAIL  no GPU dequant for F16\n'
+         'time: open 1.5 s, dequant_check 12.0 s, load 2.0 s, reference 30.5 s, gpu 0.5 s\n'
          'REFLEX_CHECK_FAIL device="NVIDIA H200" reference_dequant=gpu positions=3 '
          'top1_agree=2 max_rel=0.250000 rel_bound=0.001000 dequant_tensors=3 '
          'dequant_mismatches=12 dequant_types=3\n')),
@@ -171,6 +175,13 @@ GOLDEN = {  # name: (argv, stdout)
          ' "dequant_tensors": 3,\n'
          ' "dequant_mismatches": 12,\n'
          ' "dequant_types": 3,\n'
+         ' "phase_s": {\n'
+         '  "open": 1.5,\n'
+         '  "dequant_check": 12.0,\n'
+         '  "load": 2.0,\n'
+         '  "reference": 30.5,\n'
+         '  "gpu": 0.5\n'
+         ' },\n'
          ' "positions_detail": [\n'
          '  {\n'
          '   "step": "prompt",\n'

@@ -87,7 +87,30 @@ SUPPORTED_TYPES: frozenset[int] = frozenset(_TYPES)
 GEMV_MAX_T = 8  # T <= this: GEMV kernels; above: the tiled kernel
 _GEMV_THREADS = 128  # 4 warps
 _GEMV_WARPS = 4
-_GEMV_ROWS = 8  # output rows per GEMV block (4 warps x 2 rows)
+_GEMV_R = 2  # weight rows per warp (SwiGLU: gate and up of one output row)
+
+
+def lane_unit_elements(ggml_type: int) -> int:
+    """Weights one GEMV lane unit covers (rx_lu<T>::QK / LPB): 8 for the float types, 16 for
+    Q8_0, 32 for every other type (tests/test_quant_host.py checks it against the decoders)."""
+    bs = _TYPES[ggml_type][2]
+    return 8 if bs == 1 else 16 if ggml_type == 8 else 32
+
+
+def gemv_split(ggml_type: int, n_in: int) -> int:
+    """How many warps split one row group's lane units (the kernels' ``ks``: 1, 2 or 4). Rows of
+    128 units or more give each of 4 warps a full warp's worth; fewer, fewer warps. It depends on
+    the type and n_in only, so a weight's outputs are the same whatever launch it is in."""
+    units = n_in // lane_unit_elements(ggml_type)
+    return 4 if units >= 128 else 2 if units >= 64 else 1
+
+
+def _gemv_grid_x(ks: int, n_outs: tuple, swiglu: bool) -> int:
+    groups = _GEMV_WARPS // ks
+    if swiglu:
+        return (n_outs[0] + groups - 1) // groups
+    r = groups * _GEMV_R
+    return sum((n + r - 1) // r for n in n_outs)
 _TILE_M = 64  # tiled kernel: output rows per block
 _TILE_N = 64  # tiled kernel: tokens per block
 _TILE_THREADS = 256
@@ -242,12 +265,9 @@ def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: 
     args = (w_ptrs[0], w_ptrs[1], w_ptrs[2], x_ptr, y_ptrs[0], y_ptrs[1], y_ptrs[2], T, p.n_in,
             n0, n1, n2, p.row_bytes, mode)
     if T <= GEMV_MAX_T and gemv_w_ok and x_ptr % 16 == 0:
-        if swiglu:
-            gx = (n0 + _GEMV_WARPS - 1) // _GEMV_WARPS
-        else:
-            r = _GEMV_ROWS
-            gx = (n0 + r - 1) // r + (n1 + r - 1) // r + (n2 + r - 1) // r
-        kern.launch(p.gemv[_TT_INDEX[T]], (gx, 1, 1), (_GEMV_THREADS, 1, 1), args)
+        ks = gemv_split(p.ggml_type, p.n_in)
+        gx = _gemv_grid_x(ks, n_outs, swiglu)
+        kern.launch(p.gemv[_TT_INDEX[T]], (gx, 1, 1), (_GEMV_THREADS, 1, 1), args + (ks,))
         return
     if swiglu:
         gx = (n0 + _TILE_M // 2 - 1) // (_TILE_M // 2)
@@ -281,14 +301,12 @@ def moe_matmul(kern, w_ptr: int, ggml_type: int, x_ptr: int, ids_ptr: int, y_ptr
         raise ValueError(f"moe_matmul {name}: weights at {w_ptr:#x} / activations at {x_ptr:#x} "
                          f"are not aligned as the kernel needs (see reflex_core.cuda.quant_ops), "
                          f"or n_in={n_in} is not a multiple of 8")
-    if up_ptr:
-        gx = (n_out + _GEMV_WARPS - 1) // _GEMV_WARPS
-    else:
-        gx = (n_out + _GEMV_ROWS - 1) // _GEMV_ROWS
+    ks = gemv_split(ggml_type, n_in)
+    gx = _gemv_grid_x(ks, (n_out,), bool(up_ptr))
     grid = (gx, min(T * k, _MAX_GRID_Y), 1)
     kern.launch(f"reflex_moe_matmul_{suffix}", grid, (_GEMV_THREADS, 1, 1),
                 (w_ptr, up_ptr, x_ptr, ids_ptr, y_ptr, T, k, n_in, n_out, rb, n_out * rb,
-                 1 if x_per_expert else 0, n_expert, 1 if up_ptr else 0))
+                 1 if x_per_expert else 0, n_expert, 1 if up_ptr else 0, ks))
 
 
 def kernel_names(module: str = COMMON_MODULE) -> list[str]:

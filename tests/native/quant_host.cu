@@ -40,15 +40,17 @@ void dequant_lu(const uint8_t* w, long long n, float* out) {
     }
 }
 
-// The GEMV kernel's arithmetic: per row pair, the 32 lanes' partial sums, then their sum.
+// The GEMV kernel's arithmetic: per row pair, the partial sums of 32 * ks lanes (ks warps
+// splitting the row's units, as the kernels' row groups do), then their sum.
 template <int T, int TT>
-void gemv(const uint8_t* w, const float* x, float* y, int nt, int n_in, int n_out, long long row_bytes) {
+void gemv(const uint8_t* w, const float* x, float* y, int nt, int n_in, int n_out, long long row_bytes,
+          int ks) {
     const int R = 2;
     for (int row0 = 0; row0 < n_out; row0 += R) {
         float tot[R][TT] = {};
-        for (int lane = 0; lane < 32; ++lane) {
+        for (int lane = 0; lane < 32 * ks; ++lane) {
             float acc[R][TT];
-            rx_gemv_lane<T, TT, R>(w, x, nt, n_in, n_out, row_bytes, row0, lane, acc);
+            rx_gemv_lane<T, TT, R>(w, x, nt, n_in, n_out, row_bytes, row0, lane, 32 * ks, acc);
             for (int r = 0; r < R; ++r)
                 for (int t = 0; t < TT; ++t) tot[r][t] += acc[r][t];
         }
@@ -69,10 +71,11 @@ int dequant_any(const uint8_t* w, long long n, float* out, int mode) {
 }
 
 template <int T>
-int type_info(int* qk, int* ts, int* align) {
+int type_info(int* qk, int* ts, int* align, int* unit) {
     *qk = rx_q<T>::QK;
     *ts = rx_q<T>::TS;
     *align = rx_lu<T>::ALIGN;
+    *unit = rx_lu<T>::QK / rx_lu<T>::LPB;
     // float types: the lane units' pseudo-blocks of 8 elements
     const bool tiles = rx_lu<T>::QK == (rx_q<T>::QK == 1 ? 8 : rx_q<T>::QK) &&
                        rx_lu<T>::LPB * rx_lu<T>::SUB * 8 == rx_lu<T>::QK;
@@ -81,13 +84,14 @@ int type_info(int* qk, int* ts, int* align) {
 
 template <int T>
 int gemv_any(int tt, const uint8_t* w, const float* x, float* y, int nt, int n_in, int n_out,
-             long long row_bytes) {
+             long long row_bytes, int ks) {
     if (nt > tt) return -3;
+    if (ks != 1 && ks != 2 && ks != 4) return -5;
     switch (tt) {
-        case 1: gemv<T, 1>(w, x, y, nt, n_in, n_out, row_bytes); return 0;
-        case 2: gemv<T, 2>(w, x, y, nt, n_in, n_out, row_bytes); return 0;
-        case 4: gemv<T, 4>(w, x, y, nt, n_in, n_out, row_bytes); return 0;
-        case 8: gemv<T, 8>(w, x, y, nt, n_in, n_out, row_bytes); return 0;
+        case 1: gemv<T, 1>(w, x, y, nt, n_in, n_out, row_bytes, ks); return 0;
+        case 2: gemv<T, 2>(w, x, y, nt, n_in, n_out, row_bytes, ks); return 0;
+        case 4: gemv<T, 4>(w, x, y, nt, n_in, n_out, row_bytes, ks); return 0;
+        case 8: gemv<T, 8>(w, x, y, nt, n_in, n_out, row_bytes, ks); return 0;
     }
     return -2;
 }
@@ -131,16 +135,16 @@ extern "C" int rx_host_dequant(int type, const uint8_t* w, long long n, float* o
 }
 
 extern "C" int rx_host_gemv(int type, int tt, const uint8_t* w, const float* x, float* y, int nt, int n_in,
-                            int n_out, long long row_bytes) {
-#define RX_CALL(T) gemv_any<T>(tt, w, x, y, nt, n_in, n_out, row_bytes)
+                            int n_out, long long row_bytes, int ks) {
+#define RX_CALL(T) gemv_any<T>(tt, w, x, y, nt, n_in, n_out, row_bytes, ks)
     RX_TYPE_SWITCH(type, RX_CALL)
 #undef RX_CALL
 }
 
-// A type's block size, bytes per block and GEMV weight alignment as the decoders declare them
-// (-4: its lane units do not tile the block into steps of 8 elements).
-extern "C" int rx_host_type_info(int type, int* qk, int* ts, int* align) {
-#define RX_CALL(T) type_info<T>(qk, ts, align)
+// A type's block size, bytes per block, GEMV weight alignment and weights per lane unit as the
+// decoders declare them (-4: its lane units do not tile the block into steps of 8 elements).
+extern "C" int rx_host_type_info(int type, int* qk, int* ts, int* align, int* unit) {
+#define RX_CALL(T) type_info<T>(qk, ts, align, unit)
     RX_TYPE_SWITCH(type, RX_CALL)
 #undef RX_CALL
 }

@@ -348,9 +348,16 @@ struct rx_q<RX_Q3_K> {
 // rx_lu<T>: GEMV lane units (see the header comment). Usage, per lane and weight row:
 //   rx_lu<T> u; u.load(block_ptr, j); u.prep(j);
 //   for s < SUB: u.dec<EXACT>(j, s, w)  -> w[0..3] at e0(j,s)+0..3, w[4..7] at e1(j,s)+0..3
+// rx_unit_scaled<T>::value: every value of a unit is scale() * (what unscaled(s, w) gives), so
+// the GEMV multiplies once per unit (rx_gemv_rows below).
 
 template <int T>
 struct rx_lu;
+
+template <int TYPE>
+struct rx_unit_scaled {
+    static constexpr bool value = false;
+};
 
 // Float types: pseudo-blocks of 8 elements (the GEMV needs n_in % 8 == 0 and 16B rows).
 template <>
@@ -437,6 +444,19 @@ struct rx_lu<RX_Q8_0> {
             w[4 + i] = rx_mul<EXACT>(rx_ubyte_f(c, i, 128.0f), d);
         }
     }
+    RX_HD float scale() const { return d; }
+    RX_HD void unscaled(int s, float* w) const {
+        const uint32_t a = q[2 * s] ^ 0x80808080u, c = q[2 * s + 1] ^ 0x80808080u;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w[i] = rx_ubyte_f(a, i, 128.0f);
+            w[4 + i] = rx_ubyte_f(c, i, 128.0f);
+        }
+    }
+};
+template <>
+struct rx_unit_scaled<RX_Q8_0> {
+    static constexpr bool value = true;
 };
 
 // Q4_0 / Q4_1 / Q5_0 / Q5_1: one unit per block. Step s: word s of qs -> low nibbles are
@@ -746,22 +766,29 @@ struct rx_lu<RX_Q3_K> {
 
 // ==========================================================================================
 // The GEMV lane loop, shared by the kernels (cuda/quant.cu) and the host harness (which runs it
-// for lanes 0..31 and sums): lane `lane` of a warp that owns R weight rows (row r starts at
-// rp[r]; the rows may come from different matrices of the same type and n_in) accumulates its
-// partial dot products acc[r][t] = sum over its units of W_r[i] * x[t, i], for t < T (TT >= T;
-// tokens t >= T contribute zeros). x rows are n_in floats apart and 16-byte aligned.
+// for every lane and sums): a lane that owns R weight rows (row r starts at rp[r]; the rows may
+// come from different matrices of the same type and n_in) accumulates its partial dot products
+// acc[r][t] = sum over its units of W_r[i] * x[t, i], for t < T (TT >= T; tokens t >= T
+// contribute zeros). Its units are first, first + stride, ...: a warp's lanes take consecutive
+// units (stride 32), or the ks warps that split a row take interleaved runs of 32 (first =
+// 32 * slice + lane, stride 32 * ks). x rows are n_in floats apart and 16-byte aligned.
+//
+// Types whose unit has one scale (rx_unit_scaled<T>: a unit's values are a * v_i) accumulate
+// sum v_i * x_i per unit and add a * that sum: one multiply per unit and token instead of one
+// per element (the GEMV is not bit-exact with the dequantization anyway; tests bound it).
 
 template <int TYPE, int TT, int R, bool EXACT = false>
 RX_HD void rx_gemv_rows(const uint8_t* const (&rp)[R], const float* __restrict__ x, int T, int n_in,
-                        int lane, float (&acc)[R][TT]) {
+                        int first, int stride, float (&acc)[R][TT]) {
     typedef rx_lu<TYPE> L;
+    constexpr bool SCALED = rx_unit_scaled<TYPE>::value;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
 #pragma unroll
         for (int t = 0; t < TT; ++t) acc[r][t] = 0.0f;
     }
     const unsigned n_lu = (unsigned)(n_in / L::QK) * (unsigned)L::LPB;
-    for (unsigned lu = (unsigned)lane; lu < n_lu; lu += 32u) {
+    for (unsigned lu = (unsigned)first; lu < n_lu; lu += (unsigned)stride) {
         const unsigned blk = lu / (unsigned)L::LPB;
         const int j = (int)(lu % (unsigned)L::LPB);
         L u[R];
@@ -770,6 +797,12 @@ RX_HD void rx_gemv_rows(const uint8_t* const (&rp)[R], const float* __restrict__
 #pragma unroll
         for (int r = 0; r < R; ++r) u[r].prep(j);
         const float* xb = x + (long long)blk * L::QK;
+        float part[R][TT];  // SCALED: this unit's sums of v_i * x_i
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+            for (int t = 0; t < TT; ++t) part[r][t] = 0.0f;
+        }
 #pragma unroll
         for (int s = 0; s < L::SUB; ++s) {
             const int e0 = L::e0(j, s), e1 = L::e1(j, s);
@@ -787,27 +820,40 @@ RX_HD void rx_gemv_rows(const uint8_t* const (&rp)[R], const float* __restrict__
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 float wv[8];
-                u[r].template dec<EXACT>(j, s, wv);
+                if constexpr (SCALED) {
+                    u[r].unscaled(s, wv);
+                } else {
+                    u[r].template dec<EXACT>(j, s, wv);
+                }
 #pragma unroll
                 for (int t = 0; t < TT; ++t) {
+                    float& a = SCALED ? part[r][t] : acc[r][t];
 #pragma unroll
-                    for (int i = 0; i < 8; ++i) acc[r][t] = fmaf(wv[i], xv[t][i], acc[r][t]);
+                    for (int i = 0; i < 8; ++i) a = fmaf(wv[i], xv[t][i], a);
                 }
+            }
+        }
+        if constexpr (SCALED) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+#pragma unroll
+                for (int t = 0; t < TT; ++t) acc[r][t] = fmaf(u[r].scale(), part[r][t], acc[r][t]);
             }
         }
     }
 }
 
-// The same for the R consecutive rows [row0, row0 + R) of one matrix w; rows past n_out read
-// row n_out - 1 (the caller does not store them).
+// The same for the R consecutive rows [row0, row0 + R) of one matrix w, lane `lane` of a warp
+// that owns them; rows past n_out read row n_out - 1 (the caller does not store them).
 template <int TYPE, int TT, int R, bool EXACT = false>
 RX_HD void rx_gemv_lane(const uint8_t* __restrict__ w, const float* __restrict__ x, int T, int n_in,
-                        int n_out, long long row_bytes, int row0, int lane, float (&acc)[R][TT]) {
+                        int n_out, long long row_bytes, int row0, int lane, int stride,
+                        float (&acc)[R][TT]) {
     const uint8_t* rp[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const int row = row0 + r < n_out ? row0 + r : n_out - 1;
         rp[r] = w + (long long)row * row_bytes;
     }
-    rx_gemv_rows<TYPE, TT, R, EXACT>(rp, x, T, n_in, lane, acc);
+    rx_gemv_rows<TYPE, TT, R, EXACT>(rp, x, T, n_in, lane, stride, acc);
 }

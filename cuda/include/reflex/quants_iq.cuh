@@ -548,6 +548,7 @@ struct rx_lu<RX_IQ1_M> {
 };
 
 // IQ4 (NL / XS) and MXFP4 step: word qw of nibble pairs -> low nibbles w[0..3], high w[4..7]
+// (the table values, times a)
 template <bool EXACT>
 RX_HD void rx_nl_step(float a, uint32_t t0, uint32_t t1, uint32_t t2, uint32_t t3, uint32_t qw, float* w) {
     const uint32_t lo = rx_lut16(t0, t1, t2, t3, qw & 0x0F0F0F0Fu) ^ 0x80808080u;
@@ -556,6 +557,16 @@ RX_HD void rx_nl_step(float a, uint32_t t0, uint32_t t1, uint32_t t2, uint32_t t
     for (int i = 0; i < 4; ++i) {
         w[i] = rx_mul<EXACT>(a, rx_ubyte_f(lo, i, 128.0f));
         w[4 + i] = rx_mul<EXACT>(a, rx_ubyte_f(hi, i, 128.0f));
+    }
+}
+// The same without the scale: the table values themselves (exact small integers)
+RX_HD void rx_nl_values(uint32_t t0, uint32_t t1, uint32_t t2, uint32_t t3, uint32_t qw, float* w) {
+    const uint32_t lo = rx_lut16(t0, t1, t2, t3, qw & 0x0F0F0F0Fu) ^ 0x80808080u;
+    const uint32_t hi = rx_lut16(t0, t1, t2, t3, (qw >> 4) & 0x0F0F0F0Fu) ^ 0x80808080u;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        w[i] = rx_ubyte_f(lo, i, 128.0f);
+        w[4 + i] = rx_ubyte_f(hi, i, 128.0f);
     }
 }
 
@@ -577,6 +588,14 @@ struct rx_lu<RX_IQ4_NL> {
     RX_HD void dec(int, int s, float* w) const {
         rx_nl_step<EXACT>(d, RX_IQ4NL_KV0, RX_IQ4NL_KV1, RX_IQ4NL_KV2, RX_IQ4NL_KV3, q[s], w);
     }
+    RX_HD float scale() const { return d; }
+    RX_HD void unscaled(int s, float* w) const {
+        rx_nl_values(RX_IQ4NL_KV0, RX_IQ4NL_KV1, RX_IQ4NL_KV2, RX_IQ4NL_KV3, q[s], w);
+    }
+};
+template <>
+struct rx_unit_scaled<RX_IQ4_NL> {
+    static constexpr bool value = true;
 };
 
 // IQ4_XS: 8 units per block, unit j = qs bytes [16j, +16) (elements [32j, 32j + 32)) plus the
@@ -601,6 +620,14 @@ struct rx_lu<RX_IQ4_XS> {
     RX_HD void dec(int, int s, float* w) const {
         rx_nl_step<EXACT>(a, RX_IQ4NL_KV0, RX_IQ4NL_KV1, RX_IQ4NL_KV2, RX_IQ4NL_KV3, q[s], w);
     }
+    RX_HD float scale() const { return a; }
+    RX_HD void unscaled(int s, float* w) const {
+        rx_nl_values(RX_IQ4NL_KV0, RX_IQ4NL_KV1, RX_IQ4NL_KV2, RX_IQ4NL_KV3, q[s], w);
+    }
+};
+template <>
+struct rx_unit_scaled<RX_IQ4_XS> {
+    static constexpr bool value = true;
 };
 
 template <>
