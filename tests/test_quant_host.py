@@ -390,16 +390,25 @@ def test_launcher_choices(quant_signatures):
     k = _FakeKernels(quant_signatures)
     W, X, Y = 1 << 20, 2 << 20, 3 << 20
     for T, want in ((1, "gemv1"), (2, "gemv2"), (3, "gemv4"), (4, "gemv4"), (5, "gemv8"),
-                    (8, "gemv8"), (9, "tiled"), (300, "tiled")):
+                    (8, "gemv8"), (9, "tiled"), (300, "tiled")):  # Q4_K, 1024: 32 lane units
         _matmul(q, k, [W], 12, X, [Y], T, 1024, [1000])
         name, grid, block, args = k.calls[-1]
         assert name == f"reflex_matmul_{want}_q4_k"
         if want == "tiled":
             assert grid == ((1000 + 63) // 64, (T + 63) // 64, 1) and block == (256, 1, 1)
         else:
-            assert grid == (125, 1, 1) and block == (128, 1, 1)  # 32 units a row: ks 1
-        base = (W, 0, 0, X, Y, 0, 0, T, 1024, 1000, 0, 0, 576, 0)
-        assert args == (base if want == "tiled" else base + (1,))
+            assert grid == (125, 1, 1) and block == (128, 1, 1)
+        assert args == (W, 0, 0, X, Y, 0, 0, T, 1024, 1000, 0, 0, 576, 0)
+    # one token, rows of >= 64 lane units: two warps a row pair (gemv1s), 4 rows a block
+    _matmul(q, k, [W], 12, X, [Y], 1, 2048, [1000])
+    assert k.calls[-1][:3] == ("reflex_matmul_gemv1s_q4_k", (250, 1, 1), (128, 1, 1))
+    _matmul(q, k, [W], 12, X, [Y], 2, 2048, [1000])
+    assert k.calls[-1][:2] == ("reflex_matmul_gemv2_q4_k", (125, 1, 1))
+    _matmul(q, k, [W], 0, X, [Y], 1, 512, [1000])  # F32: 8 weights a unit
+    assert k.calls[-1][:2] == ("reflex_matmul_gemv1s_f32", (250, 1, 1))
+    _matmul(q, k, [W], 0, X, [Y], 1, 504, [1000])
+    assert k.calls[-1][:2] == ("reflex_matmul_gemv1_f32", (125, 1, 1))
+    assert [q.gemv_split(8, n) for n in (1008, 1024)] == [1, 2]  # Q8_0: 16 a unit
     # misaligned weights: Q4_K needs 16 bytes for the GEMV -> tiled; Q6_K only 2
     _matmul(q, k, [W + 2], 12, X, [Y], 1, 1024, [10])
     assert k.calls[-1][0] == "reflex_matmul_tiled_q4_k"
@@ -409,23 +418,25 @@ def test_launcher_choices(quant_signatures):
     assert k.calls[-1][0] == "reflex_matmul_tiled_f32"
     q.moe_matmul(k, W, 8, X, 4 << 20, Y, 70000, 8, 2048, 768, 128, x_per_expert=True)
     name, grid, block, args = k.calls[-1]
-    # 2048 / 16 = 128 units a row: 4 warps split each row pair, one pair a block
-    assert name == "reflex_moe_matmul_q8_0" and grid == (384, 65535, 1)
-    assert args[1] == 0 and args[5:] == (70000, 8, 2048, 768, 2176, 768 * 2176, 1, 128, 0, 4)
+    assert name == "reflex_moe_matmul_q8_0" and grid == (96, 65535, 1)
+    assert args[1] == 0 and args[5:] == (70000, 8, 2048, 768, 2176, 768 * 2176, 1, 128, 0)
     q.moe_matmul(k, W, 8, X, 4 << 20, Y, 3, 8, 2048, 768, 128, up_ptr=W + 4096)  # SwiGLU
     name, grid, block, args = k.calls[-1]
-    assert grid == (768, 24, 1) and args[1] == W + 4096 and args[-2:] == (1, 4)
+    assert grid == (192, 24, 1) and args[1] == W + 4096 and args[-1] == 1
     # several weights per launch: GEMV blocks of 8 rows per segment, tiled blocks of 64
     _matmul(q, k, [W, W + 2, W + 4], 8, X, [Y, Y + 4, Y + 8], 5, 1024, [2048, 1024, 1000])
     name, grid, block, args = k.calls[-1]
-    # Q8_0, 1024 / 16 = 64 units a row: 2 warps split a row pair, 4 rows a block
-    assert name == "reflex_matmul_gemv8_q8_0" and grid == (512 + 256 + 250, 1, 1)
-    assert args == (W, W + 2, W + 4, X, Y, Y + 4, Y + 8, 5, 1024, 2048, 1024, 1000, 1088, 0, 2)
+    assert name == "reflex_matmul_gemv8_q8_0" and grid == (256 + 128 + 125, 1, 1)
+    assert args == (W, W + 2, W + 4, X, Y, Y + 4, Y + 8, 5, 1024, 2048, 1024, 1000, 1088, 0)
+    _matmul(q, k, [W, W + 2, W + 4], 8, X, [Y, Y + 4, Y + 8], 1, 1024, [2048, 1024, 1000])
+    assert k.calls[-1][:2] == ("reflex_matmul_gemv1s_q8_0", (512 + 256 + 250, 1, 1))
     _matmul(q, k, [W, W + 2], 8, X, [Y, Y + 4], 9, 1024, [2048, 1000])
     assert k.calls[-1][:2] == ("reflex_matmul_tiled_q8_0", (32 + 16, 1, 1))
     _matmul(q, k, [W, W + 16], 12, X, [Y], 1, 1024, [3072, 3072], swiglu=True)
     name, grid, block, args = k.calls[-1]
-    assert name == "reflex_matmul_gemv1_q4_k" and grid == (768, 1, 1) and args[-2:] == (1, 1)
+    assert name == "reflex_matmul_gemv1_q4_k" and grid == (768, 1, 1) and args[-1] == 1
+    _matmul(q, k, [W, W + 16], 12, X, [Y], 1, 2048, [3072, 3072], swiglu=True)
+    assert k.calls[-1][:2] == ("reflex_matmul_gemv1s_q4_k", (1536, 1, 1))
     _matmul(q, k, [W, W + 8], 12, X, [Y], 1, 1024, [3072, 3072], swiglu=True)  # misaligned up
     assert k.calls[-1][:2] == ("reflex_matmul_tiled_q4_k", (96, 1, 1))
     q.dequant(k, W, 14, 256 * 3, Y)

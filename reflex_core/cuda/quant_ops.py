@@ -98,11 +98,10 @@ def lane_unit_elements(ggml_type: int) -> int:
 
 
 def gemv_split(ggml_type: int, n_in: int) -> int:
-    """How many warps split one row group's lane units (the kernels' ``ks``: 1, 2 or 4). Rows of
-    128 units or more give each of 4 warps a full warp's worth; fewer, fewer warps. It depends on
-    the type and n_in only, so a weight's outputs are the same whatever launch it is in."""
-    units = n_in // lane_unit_elements(ggml_type)
-    return 4 if units >= 128 else 2 if units >= 64 else 1
+    """How many warps split a row pair's lane units in the one-token GEMV: 2 (the ``gemv1s``
+    kernel) when the row has at least 64 units, so both warps' lanes have one, else 1. It depends
+    on the type and n_in only, so a weight's outputs are the same whatever launch it is in."""
+    return 2 if n_in // lane_unit_elements(ggml_type) >= 64 else 1
 
 
 def _gemv_grid_x(ks: int, n_outs: tuple, swiglu: bool) -> int:
@@ -215,7 +214,7 @@ class MatPlan:
     ``error`` is why the weight cannot be a matmul operand (None when it can)."""
 
     __slots__ = ("ggml_type", "module", "n_in", "n_out", "n_elements", "row_bytes", "gemv",
-                 "tiled", "gemv_w_ok", "error")
+                 "gemv_split", "split", "tiled", "gemv_w_ok", "error")
 
     def __init__(self, ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight"):
         suffix, tname, bs, _, align = _info(ggml_type)
@@ -228,6 +227,7 @@ class MatPlan:
             n *= v
         self.n_elements = n
         self.gemv = tuple(f"reflex_matmul_gemv{tt}_{suffix}" for tt in (1, 2, 4, 8))
+        self.gemv_split = f"reflex_matmul_gemv1s_{suffix}"  # T = 1, two warps a row pair
         self.tiled = f"reflex_matmul_tiled_{suffix}"
         self.error: str | None = None
         self.row_bytes = 0
@@ -240,6 +240,7 @@ class MatPlan:
             self.error = f"{name!r}: shape {list(ne)} is out of range for the kernels"
         else:
             self.row_bytes = self.n_in // bs * _TYPES[ggml_type][3]
+        self.split = gemv_split(ggml_type, self.n_in) if self.n_in > 0 else 1
         self.gemv_w_ok = w_ptr % align == 0 and (bs > 1 or self.n_in % 8 == 0)
 
 
@@ -265,9 +266,9 @@ def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: 
     args = (w_ptrs[0], w_ptrs[1], w_ptrs[2], x_ptr, y_ptrs[0], y_ptrs[1], y_ptrs[2], T, p.n_in,
             n0, n1, n2, p.row_bytes, mode)
     if T <= GEMV_MAX_T and gemv_w_ok and x_ptr % 16 == 0:
-        ks = gemv_split(p.ggml_type, p.n_in)
-        gx = _gemv_grid_x(ks, n_outs, swiglu)
-        kern.launch(p.gemv[_TT_INDEX[T]], (gx, 1, 1), (_GEMV_THREADS, 1, 1), args + (ks,))
+        ks = p.split if T == 1 else 1
+        name = p.gemv_split if ks == 2 else p.gemv[_TT_INDEX[T]]
+        kern.launch(name, (_gemv_grid_x(ks, n_outs, swiglu), 1, 1), (_GEMV_THREADS, 1, 1), args)
         return
     if swiglu:
         gx = (n0 + _TILE_M // 2 - 1) // (_TILE_M // 2)
@@ -301,12 +302,10 @@ def moe_matmul(kern, w_ptr: int, ggml_type: int, x_ptr: int, ids_ptr: int, y_ptr
         raise ValueError(f"moe_matmul {name}: weights at {w_ptr:#x} / activations at {x_ptr:#x} "
                          f"are not aligned as the kernel needs (see reflex_core.cuda.quant_ops), "
                          f"or n_in={n_in} is not a multiple of 8")
-    ks = gemv_split(ggml_type, n_in)
-    gx = _gemv_grid_x(ks, (n_out,), bool(up_ptr))
-    grid = (gx, min(T * k, _MAX_GRID_Y), 1)
+    grid = (_gemv_grid_x(1, (n_out,), bool(up_ptr)), min(T * k, _MAX_GRID_Y), 1)
     kern.launch(f"reflex_moe_matmul_{suffix}", grid, (_GEMV_THREADS, 1, 1),
                 (w_ptr, up_ptr, x_ptr, ids_ptr, y_ptr, T, k, n_in, n_out, rb, n_out * rb,
-                 1 if x_per_expert else 0, n_expert, 1 if up_ptr else 0, ks))
+                 1 if x_per_expert else 0, n_expert, 1 if up_ptr else 0))
 
 
 def kernel_names(module: str = COMMON_MODULE) -> list[str]:
@@ -321,4 +320,5 @@ def kernel_names(module: str = COMMON_MODULE) -> list[str]:
         names += [f"reflex_dequant_{suffix}", f"reflex_embed_{suffix}",
                   f"reflex_matmul_tiled_{suffix}", f"reflex_moe_matmul_{suffix}"]
         names += [f"reflex_matmul_gemv{tt}_{suffix}" for tt in (1, 2, 4, 8)]
+        names.append(f"reflex_matmul_gemv1s_{suffix}")
     return names

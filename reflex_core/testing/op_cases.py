@@ -58,8 +58,12 @@ def matmul_many(rng):
 
 
 def matmul_swiglu(rng):
+    # atol: at T = 67 the tiled kernel's 3xTF32 products round to about 2^-21 of each product,
+    # several times f32's 2^-24; gate and up (each a sum of 96 products of about unit size) carry
+    # ~1e-4 of that, and silu(g) * u multiplies it by values up to ~10 -- where the output is a
+    # small difference, that is ~5e-4 absolute. A wrong weight or row moves outputs by O(1).
     return [OpCase(f"T={T}", (_f(rng, T, 96), WeightArg(f"g{T}", _q8(rng, 53, 96)),
-                              WeightArg(f"u{T}", _q8(rng, 53, 96))), rtol=1e-4, atol=1e-4)
+                              WeightArg(f"u{T}", _q8(rng, 53, 96))), rtol=1e-4, atol=2e-3)
             for T in TS]
 
 

@@ -319,10 +319,11 @@ def test_matmul_forced_paths(qk, name):
     yp = ctx.alloc(4 * 8 * n_out)
     for off in (0, 2):
         _, wp = upload(ctx, raw, pad_front=off)
-        for tt in (1, 2, 4, 8):
-            for T in sorted({1, tt // 2 or 1, tt}):
+        for tt in (1, 2, 4, 8, "1s"):
+            for T in sorted({1, tt // 2 or 1, tt} if tt != "1s" else {1}):
                 if off == 0:
-                    kern.launch(f"reflex_matmul_gemv{tt}_{suffix}", ((n_out + 7) // 8, 1, 1),
+                    rows = 4 if tt == "1s" else 8  # a block: 4 (2) row groups of 2 rows
+                    kern.launch(f"reflex_matmul_gemv{tt}_{suffix}", ((n_out + rows - 1) // rows, 1, 1),
                                 (128, 1, 1), mm_args(wp, xp, yp, T, n_in, n_out, rb))
                     y = download(ctx, yp, T * n_out).reshape(T, n_out)
                     check_matmul(y, wf, x[:T], f"{name} gemv{tt} T={T}")

@@ -3,7 +3,7 @@
 // device; the CPU tests check them bit for bit against gguf-py). Launchers:
 // reflex_core/cuda/quant_ops.py.
 //
-// RX_QUANT_KERNELS(t, RX_<T>) defines the 8 extern "C" kernels below for one GGML type <t>; the
+// RX_QUANT_KERNELS(t, RX_<T>) defines the 9 extern "C" kernels below for one GGML type <t>; the
 // modules instantiate it for their types: cuda/quant.cu (the common types, loaded at start) and
 // cuda/quant_lowbit.cu (the low-bit, codebook, ternary and FP4 types, loaded only for a file that
 // has one). `w` points at the tensor's raw bytes, `row_bytes` = n_in / QK * TS.
@@ -25,14 +25,15 @@
 // the separate matmul (and swiglu) of each weight: the same per-row arithmetic.
 //
 // reflex_matmul_gemv{1,2,4,8}_<t>(w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, n2, row_bytes,
-//                                 mode, ks)                               (T <= 1, 2, 4, 8)
+//                                 mode)                                   (T <= 1, 2, 4, 8)
+// reflex_matmul_gemv1s_<t>(the same)                                     (T <= 1)
 //   y[t, o] = sum_i W[o, i] x[t, i] for small T (decode, short batches). 128 threads = 4 warps
-//   in 4 / ks row groups of ks warps (ks = 1, 2, 4; the launcher's gemv_split, from n_in and the
-//   type only). A group owns R = 2 weight rows: mode 0, 2 consecutive output rows of one
-//   segment; mode 1, row o of gate and row o of up (one output row). Its ks warps split the rows'
-//   units (warp s of the group takes the runs of 32 units s, s + ks, ...: a row of a few thousand
-//   weights is read by 128 lanes at once, which keeps enough loads in flight on a big GPU), and
-//   their sums meet in shared memory. Each warp's lanes stride over the rows' "lane units"
+//   in 4 / KS row groups of KS warps: KS = 1 for gemv{1,2,4,8}, 2 for gemv1s (the launcher's
+//   choice for one token and rows of 64 lane units or more: twice the warps on a matrix keep
+//   more loads in flight). A group owns R = 2 weight rows: mode 0, 2 consecutive output rows of
+//   one segment; mode 1, row o of gate and row o of up (one output row). Its KS warps split the
+//   rows' units (warp s takes the runs of 32 units s, s + KS, ...) and their sums meet in shared
+//   memory. Each warp's lanes stride over the rows' "lane units"
 //   (rx_lu<t>: 16-byte vector loads where the block layout keeps 16-byte alignment -- Q4_K,
 //   Q5_K, float types --, 8-byte loads for IQ4_XS, else funnel-shifted 32-bit loads; the
 //   codebook types look their grid entries up in global-memory tables, reflex/iq_tables.cuh). Unit u of a row sits right after
@@ -42,8 +43,8 @@
 //   unit: the unit's sum of values * x, then one FMA with the scale), a butterfly shuffle sum per
 //   warp, the group's warps added in order; lane r*TT+t of the group's first warp stores
 //   y[t, row0+r] (mode 1: lane t stores y0[t, o]).
-//   mode 0: grid.x = sum_i ceil(n_i / (2 * 4 / ks)), segment i owning a contiguous run of blocks;
-//   mode 1: grid.x = ceil(n0 / (4 / ks)). Needs x 16-byte aligned, every w_i aligned to
+//   mode 0: grid.x = sum_i ceil(n_i / (2 * 4 / KS)), segment i owning a contiguous run of blocks;
+//   mode 1: grid.x = ceil(n0 / (4 / KS)). Needs x 16-byte aligned, every w_i aligned to
 //   rx_lu<t>::ALIGN, and n_in % 8 == 0 for float types (the launcher falls back to the tiled
 //   kernel otherwise).
 //
@@ -64,15 +65,14 @@
 //   No alignment assumptions (also the fallback for misaligned inputs).
 //
 // reflex_moe_matmul_<t>(w, w_up, x, ids, y, T, k, n_in, n_out, row_bytes, expert_bytes,
-//                       x_per_expert, n_expert, mode, ks)
+//                       x_per_expert, n_expert, mode)
 //   MoE gather: slot s = t*k + j uses expert e = ids[s] (read on the device) of the 3-D tensor
 //   (E matrices of expert_bytes each): y[s, :] = W_e . x_row, x_row = x[t] (x_per_expert = 0)
 //   or x[s] (1). The GEMV above with T = 1 per slot, grid.y striding over slots, so only the
-//   selected experts' rows are read; row groups and ks as above. mode 0: grid =
-//   (ceil(n_out / (2 * 4 / ks)), min(T*k, 65535)), w_up unused. mode 1 (SwiGLU): w = gate
-//   experts, w_up = up experts (same type and shape); a row group owns output row o (its gate
-//   and up rows, R = 2 as above), y[s, o] = silu(g) * u; grid = (ceil(n_out / (4 / ks)),
-//   min(T*k, 65535)). An id outside [0, n_expert) gives NaN outputs.
+//   selected experts' rows are read. mode 0: grid = (ceil(n_out/8), min(T*k, 65535)), w_up
+//   unused. mode 1 (SwiGLU): w = gate experts, w_up = up experts (same type and shape); a warp
+//   owns output row o (its gate and up rows, R = 2 as above), y[s, o] = silu(g) * u;
+//   grid = (ceil(n_out/4), min(T*k, 65535)). An id outside [0, n_expert) gives NaN outputs.
 #pragma once
 
 #include "reflex/quants.cuh"
@@ -156,38 +156,39 @@ __device__ __forceinline__ void embed_body(const uint8_t* __restrict__ w, const 
 __device__ __forceinline__ float rx_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 // The sums of a row group's partial dot products: each warp's lanes (butterfly: every lane gets
-// every sum), then, when ks > 1 warps split the rows' units, the other slices' sums added to
-// slice 0's in slice order through shared memory. Every thread of the block calls it (ks > 1
-// synchronizes the block); afterwards slice 0's lanes hold the totals.
-template <int TT>
-__device__ __forceinline__ void gemv_sums(float (&acc)[GEMV_R][TT], int ks) {
+// every sum), then, when KS > 1 warps split the rows' units, the other slices' sums added to
+// slice 0's in slice order through shared memory (every thread of the block calls it then: it
+// synchronizes the block). Afterwards slice 0's lanes hold the totals.
+template <int TT, int KS>
+__device__ __forceinline__ void gemv_sums(float (&acc)[GEMV_R][TT]) {
 #pragma unroll
     for (int r = 0; r < GEMV_R; ++r) {
 #pragma unroll
         for (int t = 0; t < TT; ++t) acc[r][t] = rx_warp_sum(acc[r][t]);
     }
-    if (ks == 1) return;
-    __shared__ float part[GEMV_WARPS][GEMV_R * TT];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % ks;
-    if (slice > 0 && lane < GEMV_R * TT) {
-#pragma unroll
-        for (int r = 0; r < GEMV_R; ++r) {
-#pragma unroll
-            for (int t = 0; t < TT; ++t)
-                if (lane == r * TT + t) part[warp][lane] = acc[r][t];
-        }
-    }
-    __syncthreads();
-    if (slice == 0) {
-        for (int p = 1; p < ks; ++p) {
+    if constexpr (KS > 1) {
+        __shared__ float part[GEMV_WARPS][GEMV_R * TT];
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % KS;
+        if (slice > 0 && lane < GEMV_R * TT) {
 #pragma unroll
             for (int r = 0; r < GEMV_R; ++r) {
 #pragma unroll
-                for (int t = 0; t < TT; ++t) acc[r][t] += part[warp + p][r * TT + t];
+                for (int t = 0; t < TT; ++t)
+                    if (lane == r * TT + t) part[warp][lane] = acc[r][t];
+            }
+        }
+        __syncthreads();
+        if (slice == 0) {
+#pragma unroll
+            for (int p = 1; p < KS; ++p) {
+#pragma unroll
+                for (int r = 0; r < GEMV_R; ++r) {
+#pragma unroll
+                    for (int t = 0; t < TT; ++t) acc[r][t] += part[warp + p][r * TT + t];
+                }
             }
         }
     }
-    __syncthreads();  // part is free again (the MoE kernel loops over slots)
 }
 
 // The stores, from the totals: plain, lane r*TT+t stores y[t, row0+r] (rows past n_out
@@ -237,31 +238,31 @@ __device__ __forceinline__ void seg_select(const uint8_t* w0, const uint8_t* w1,
     }
 }
 
-// A block's 4 warps form GEMV_WARPS / ks row groups of ks warps each; the ks warps ("slices") of
-// a group split its rows' units (rx_gemv_rows' first / stride). ks = 1, 2 or 4 (the launcher
-// picks it from n_in alone, so a weight's outputs do not depend on what it is launched with).
-template <int TYPE, int TT>
+// A block's 4 warps form GEMV_WARPS / KS row groups of KS warps each; the KS warps ("slices")
+// of a group split its rows' units (rx_gemv_rows' first / stride).
+template <int TYPE, int TT, int KS>
 __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,
                                           const uint8_t* __restrict__ w2, const float* __restrict__ x,
                                           float* __restrict__ y0, float* __restrict__ y1,
                                           float* __restrict__ y2, int T, int n_in, int n0, int n1,
-                                          int n2, long long row_bytes, int mode, int ks) {
+                                          int n2, long long row_bytes, int mode) {
+    constexpr int GROUPS = GEMV_WARPS / KS;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int groups = GEMV_WARPS / ks, group = warp / ks, slice = warp % ks;
+    const int group = warp / KS, slice = warp % KS;
     const bool swiglu = mode == 1;
     const uint8_t* w;
     float* y;
     int n, row0;
     if (swiglu) {  // gate row o and up row o
         w = w0; y = y0; n = n0;
-        row0 = blockIdx.x * groups + group;
+        row0 = blockIdx.x * GROUPS + group;
     } else {
         int b;
-        seg_select(w0, w1, w2, y0, y1, y2, n0, n1, n2, groups * GEMV_R, w, y, n, b);
-        row0 = (b * groups + group) * GEMV_R;
+        seg_select(w0, w1, w2, y0, y1, y2, n0, n1, n2, GROUPS * GEMV_R, w, y, n, b);
+        row0 = (b * GROUPS + group) * GEMV_R;
     }
-    const bool live = row0 < n;  // the block's groups past n still join gemv_sums' barriers
-    if (ks == 1 && !live) return;
+    const bool live = row0 < n;  // with KS > 1, a group past n still joins gemv_sums' barrier
+    if (KS == 1 && !live) return;
     // selects only (one copy of the main loop for both modes)
     static_assert(GEMV_R == 2, "a warp's two weight rows");
     const int r0 = live ? row0 : n - 1;
@@ -269,8 +270,8 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
     const uint8_t* rp[GEMV_R] = {w + (long long)r0 * row_bytes,
                                  (swiglu ? w1 : w) + (long long)row1 * row_bytes};
     float acc[GEMV_R][TT];
-    rx_gemv_rows<TYPE, TT, GEMV_R>(rp, x, live ? T : 0, live ? n_in : 0, 32 * slice + lane, 32 * ks, acc);
-    gemv_sums<TT>(acc, ks);
+    rx_gemv_rows<TYPE, TT, GEMV_R>(rp, x, T, live ? n_in : 0, 32 * slice + lane, 32 * KS, acc);
+    gemv_sums<TT, KS>(acc);
     if (slice == 0 && live) gemv_store<TT>(acc, swiglu, y, T, n, row0);
 }
 
@@ -279,37 +280,34 @@ __device__ __forceinline__ void moe_body(const uint8_t* __restrict__ w, const ui
                                          const float* __restrict__ x, const int* __restrict__ ids,
                                          float* __restrict__ y, int T, int k, int n_in, int n_out,
                                          long long row_bytes, long long expert_bytes,
-                                         int x_per_expert, int n_expert, int mode, int ks) {
+                                         int x_per_expert, int n_expert, int mode) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int groups = GEMV_WARPS / ks, group = warp / ks, slice = warp % ks;
     // mode 0: rows row0, row0 + 1 of W_e; mode 1: row row0 of gate_e and of up_e
-    const int row0 = mode == 1 ? blockIdx.x * groups + group : (blockIdx.x * groups + group) * GEMV_R;
-    const bool live = row0 < n_out;
-    if (ks == 1 && !live) return;
-    const int r0 = live ? row0 : n_out - 1;
+    const int row0 = mode == 1 ? blockIdx.x * GEMV_WARPS + warp : (blockIdx.x * GEMV_WARPS + warp) * GEMV_R;
+    if (row0 >= n_out) return;  // warp-uniform; no block-level sync below
     const int n_slots = T * k;
     for (int slot = blockIdx.y; slot < n_slots; slot += gridDim.y) {
-        const int e = __ldg(ids + slot);  // same for the whole block
+        const int e = __ldg(ids + slot);  // same for the whole warp
         float* ys = y + (long long)slot * n_out;
         if (e < 0 || e >= n_expert) {
             const int nr = mode == 1 ? 1 : GEMV_R;
-            if (live && slice == 0 && lane < nr && row0 + lane < n_out) ys[row0 + lane] = rx_nan();
+            if (lane < nr && row0 + lane < n_out) ys[row0 + lane] = rx_nan();
             continue;
         }
         const float* xs = x + (long long)(x_per_expert ? slot : slot / k) * n_in;
         const long long eo = (long long)e * expert_bytes;
         const uint8_t* rp[GEMV_R];
         if (mode == 1) {
-            rp[0] = w + eo + (long long)r0 * row_bytes;
-            rp[1] = w_up + eo + (long long)r0 * row_bytes;
+            rp[0] = w + eo + (long long)row0 * row_bytes;
+            rp[1] = w_up + eo + (long long)row0 * row_bytes;
         } else {
 #pragma unroll
-            for (int r = 0; r < GEMV_R; ++r) rp[r] = w + eo + (long long)min(r0 + r, n_out - 1) * row_bytes;
+            for (int r = 0; r < GEMV_R; ++r) rp[r] = w + eo + (long long)min(row0 + r, n_out - 1) * row_bytes;
         }
         float acc[GEMV_R][1];
-        rx_gemv_rows<TYPE, 1, GEMV_R>(rp, xs, 1, live ? n_in : 0, 32 * slice + lane, 32 * ks, acc);
-        gemv_sums<1>(acc, ks);
-        if (slice == 0 && live) gemv_store<1>(acc, mode == 1, ys, 1, n_out, row0);
+        rx_gemv_rows<TYPE, 1, GEMV_R>(rp, xs, 1, n_in, lane, 32, acc);
+        gemv_sums<1, 1>(acc);
+        gemv_store<1>(acc, mode == 1, ys, 1, n_out, row0);
     }
 }
 
@@ -502,8 +500,6 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
         const float *__restrict__ x, float *__restrict__ y0, float *__restrict__ y1,                  \
         float *__restrict__ y2, int T, int n_in, int n0, int n1, int n2, long long row_bytes, int mode
 #define RX_MM_ARGS w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, n2, row_bytes, mode
-#define RX_GEMV_PARAMS RX_MM_PARAMS, int ks
-#define RX_GEMV_ARGS RX_MM_ARGS, ks
 
 #define RX_QUANT_KERNELS(name, TYPE)                                                                  \
     extern "C" __global__ void __launch_bounds__(DQ_THREADS)                                          \
@@ -517,20 +513,24 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
         embed_body<TYPE>(w, ids, out, n_tokens, n_embd, row_bytes, n_rows);                           \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
-        reflex_matmul_gemv1_##name(RX_GEMV_PARAMS) {                                           \
-        gemv_body<TYPE, 1>(RX_GEMV_ARGS);                                           \
+        reflex_matmul_gemv1_##name(RX_MM_PARAMS) {                                             \
+        gemv_body<TYPE, 1, 1>(RX_MM_ARGS);                                           \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
-        reflex_matmul_gemv2_##name(RX_GEMV_PARAMS) {                                           \
-        gemv_body<TYPE, 2>(RX_GEMV_ARGS);                                           \
+        reflex_matmul_gemv2_##name(RX_MM_PARAMS) {                                             \
+        gemv_body<TYPE, 2, 1>(RX_MM_ARGS);                                           \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
-        reflex_matmul_gemv4_##name(RX_GEMV_PARAMS) {                                           \
-        gemv_body<TYPE, 4>(RX_GEMV_ARGS);                                           \
+        reflex_matmul_gemv4_##name(RX_MM_PARAMS) {                                             \
+        gemv_body<TYPE, 4, 1>(RX_MM_ARGS);                                           \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
-        reflex_matmul_gemv8_##name(RX_GEMV_PARAMS) {                                           \
-        gemv_body<TYPE, 8>(RX_GEMV_ARGS);                                           \
+        reflex_matmul_gemv8_##name(RX_MM_PARAMS) {                                             \
+        gemv_body<TYPE, 8, 1>(RX_MM_ARGS);                                           \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
+        reflex_matmul_gemv1s_##name(RX_MM_PARAMS) {                                            \
+        gemv_body<TYPE, 1, 2>(RX_MM_ARGS);                                           \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(TILE_THREADS, 2)                                     \
         reflex_matmul_tiled_##name(RX_MM_PARAMS) {                                             \
@@ -541,7 +541,7 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
                                  const float* __restrict__ x, const int* __restrict__ ids,            \
                                  float* __restrict__ y, int T, int k, int n_in, int n_out,            \
                                  long long row_bytes, long long expert_bytes, int x_per_expert,       \
-                                 int n_expert, int mode, int ks) {                                    \
+                                 int n_expert, int mode) {                                            \
         moe_body<TYPE>(w, w_up, x, ids, y, T, k, n_in, n_out, row_bytes, expert_bytes, x_per_expert,  \
-                       n_expert, mode, ks);                                                               \
+                       n_expert, mode);                                                               \
     }
