@@ -9,7 +9,8 @@
 #        shaped files (8B IQ4_XS, 8B Q3_K_M, DeepSeek-V2-Lite, 30B-A3B IQ3_XXS mix) while time
 #        lasts, each with its Python stacks every 30 s.
 #   bash bench/gpu_session_owed.sh OUT checks -- the checks phase a had no time for.
-#   bash bench/gpu_session_owed.sh OUT g -- no peers needed: tests/gpu (not slow) and the warm
+#   bash bench/gpu_session_owed.sh OUT g -- no peers needed: tests/gpu (not slow), the weight
+#        kernels' speed report (test_large_matrices_and_bandwidth_report's lines) and the warm
 #        decode with and without the one-token split GEMV (bench/gemv_split_ab.py).
 #   bash bench/gpu_session_owed.sh OUT b -- timings only, nothing else running, most wanted first:
 #        14: DeepSeek-V2-Lite-shaped cold start (reflex, llama-simple, llama-cpp-python), system1,
@@ -169,6 +170,10 @@ if [ "$PHASE" = g ]; then  # a fresh machine, no peers: the GEMV's one-token spl
   grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -40 | tee -a "$LOG"
   tail -2 "$OUT/gpu-tests.log" | tee -a "$LOG"
   wait $MM; cat "$W/make_models.log" >> "$LOG"
+  say "the weight kernels' speed report (GB/s per type and shape, tiled TFLOP/s)"
+  timeout 120 python3 -m pytest "$G/test_quant_kernels.py::test_large_matrices_and_bandwidth_report" -q -s \
+    -p no:cacheprovider > "$OUT/kernel-report.log" 2>&1
+  grep -E "GB/s|TFLOP/s|us$|passed|failed" "$OUT/kernel-report.log" | tee -a "$LOG"
   say "warm decode: the one-token split GEMV (auto) against one warp a row pair (1)"
   timeout $(left 380) python3 "$REPO/bench/gemv_split_ab.py" "$M06" "$M8IQ4" "$M8" --reps 2 2>&1 | tail -4 | tee -a "$LOG"
   say "done"
