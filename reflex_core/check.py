@@ -234,6 +234,6 @@ def run_check(path: str, prompt: str | None = None, n_decode: int = 4,
         ref, gpu = both(b, rs, gs, [0])
         _compare("decode", b.cell0, ref, gpu, res.positions)
         nxt = int(ref[-1].argmax())
-    phases.update({k: round(v, 3) for k, v in spent.items()})  # the reference's includes its
-    # dequantization (on first use of each weight)
+    # the reference's time includes its dequantization (on first use of each weight)
+    phases.update({k: round(v, 3) for k, v in spent.items()})
     return res

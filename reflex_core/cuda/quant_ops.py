@@ -89,6 +89,15 @@ _GEMV_THREADS = 128  # 4 warps
 _GEMV_WARPS = 4
 _GEMV_R = 2  # weight rows per warp (SwiGLU: gate and up of one output row)
 
+_TILE_M = 64  # tiled kernel: output rows per block
+_TILE_N = 64  # tiled kernel: tokens per block
+_TILE_THREADS = 256
+_DQ_THREADS = 256
+_EMB_THREADS = 128
+_MAX_GRID_Y = 65535
+_MAX_GRID_X = 2**31 - 1
+_INT32_MAX = 2**31 - 1
+
 
 def lane_unit_elements(ggml_type: int) -> int:
     """Weights one GEMV lane unit covers (rx_lu<T>::QK / LPB): 8 for the float types, 16 for
@@ -110,14 +119,6 @@ def _gemv_grid_x(ks: int, n_outs: tuple, swiglu: bool) -> int:
         return (n_outs[0] + groups - 1) // groups
     r = groups * _GEMV_R
     return sum((n + r - 1) // r for n in n_outs)
-_TILE_M = 64  # tiled kernel: output rows per block
-_TILE_N = 64  # tiled kernel: tokens per block
-_TILE_THREADS = 256
-_DQ_THREADS = 256
-_EMB_THREADS = 128
-_MAX_GRID_Y = 65535
-_MAX_GRID_X = 2**31 - 1
-_INT32_MAX = 2**31 - 1
 
 
 def _info(ggml_type: int) -> tuple[str, str, int, int, int]:
@@ -214,7 +215,7 @@ class MatPlan:
     ``error`` is why the weight cannot be a matmul operand (None when it can)."""
 
     __slots__ = ("ggml_type", "module", "n_in", "n_out", "n_elements", "row_bytes", "gemv",
-                 "gemv_split", "split", "tiled", "gemv_w_ok", "error")
+                 "gemv1s", "split", "tiled", "gemv_w_ok", "error")
 
     def __init__(self, ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight"):
         suffix, tname, bs, _, align = _info(ggml_type)
@@ -227,7 +228,7 @@ class MatPlan:
             n *= v
         self.n_elements = n
         self.gemv = tuple(f"reflex_matmul_gemv{tt}_{suffix}" for tt in (1, 2, 4, 8))
-        self.gemv_split = f"reflex_matmul_gemv1s_{suffix}"  # T = 1, two warps a row pair
+        self.gemv1s = f"reflex_matmul_gemv1s_{suffix}"  # T = 1, two warps a row pair
         self.tiled = f"reflex_matmul_tiled_{suffix}"
         self.error: str | None = None
         self.row_bytes = 0
@@ -240,7 +241,7 @@ class MatPlan:
             self.error = f"{name!r}: shape {list(ne)} is out of range for the kernels"
         else:
             self.row_bytes = self.n_in // bs * _TYPES[ggml_type][3]
-        self.split = gemv_split(ggml_type, self.n_in) if self.n_in > 0 else 1
+        self.split = gemv_split(ggml_type, self.n_in)
         self.gemv_w_ok = w_ptr % align == 0 and (bs > 1 or self.n_in % 8 == 0)
 
 
@@ -267,7 +268,7 @@ def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: 
             n0, n1, n2, p.row_bytes, mode)
     if T <= GEMV_MAX_T and gemv_w_ok and x_ptr % 16 == 0:
         ks = p.split if T == 1 else 1
-        name = p.gemv_split if ks == 2 else p.gemv[_TT_INDEX[T]]
+        name = p.gemv1s if ks == 2 else p.gemv[_TT_INDEX[T]]
         kern.launch(name, (_gemv_grid_x(ks, n_outs, swiglu), 1, 1), (_GEMV_THREADS, 1, 1), args)
         return
     if swiglu:

@@ -437,12 +437,9 @@ struct rx_lu<RX_Q8_0> {
     static RX_HD int e1(int j, int s) { return 16 * j + 8 * s + 4; }
     template <bool EXACT>
     RX_HD void dec(int, int s, float* w) const {
-        const uint32_t a = q[2 * s] ^ 0x80808080u, c = q[2 * s + 1] ^ 0x80808080u;
+        unscaled(s, w);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            w[i] = rx_mul<EXACT>(rx_ubyte_f(a, i, 128.0f), d);
-            w[4 + i] = rx_mul<EXACT>(rx_ubyte_f(c, i, 128.0f), d);
-        }
+        for (int i = 0; i < 8; ++i) w[i] = rx_mul<EXACT>(w[i], d);
     }
     RX_HD float scale() const { return d; }
     RX_HD void unscaled(int s, float* w) const {
