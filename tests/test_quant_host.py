@@ -472,3 +472,39 @@ def test_quant_module_builds_cleanly(tmp_path):
     blob = out.read_bytes()
     missing = [n for n in q.kernel_names() if n.encode() + b"\0" not in blob]
     assert not missing, f"kernels missing from quant.cu: {missing}"
+
+
+def test_dequant_first_launches(quant_signatures):
+    """Long prompts over quantized weights: each weight dequantized once into scratch (256-byte
+    aligned copies in launch order), then the float32 tiled kernel on the copies."""
+    from reflex_core.cuda import quant_ops as q
+
+    k = _FakeKernels(quant_signatures)
+    W, X, Y, S = 1 << 20, 2 << 20, 3 << 20, 1 << 32
+    p = q.plan(12, (1024, 1000), W)
+    T = q.DEQUANT_FIRST_MIN_T
+    assert q.dequant_first_bytes(p, T - 1, (1000, 0, 0), False) == 0
+    assert q.dequant_first_bytes(q.plan(0, (1024, 1000), W), 300, (1000, 0, 0), False) == 0
+    assert q.dequant_first_bytes(p, T, (1000, 0, 0), False) == 4 * 1024 * 1000
+    # three segments (q/k/v): sizes rounded up to 256 bytes; SwiGLU: gate and up
+    sizes = [(4 * 1024 * n + 255) & ~255 for n in (2048, 1001, 7)]
+    assert q.dequant_first_bytes(p, T, (2048, 1001, 7), False) == sum(sizes)
+    assert q.dequant_first_bytes(p, T, (3072, 0, 0), True) == 2 * 4 * 1024 * 3072
+    big = q.DEQUANT_FIRST_MAX_BYTES // (4 * 1024) + 1
+    assert q.dequant_first_bytes(p, T, (big, 0, 0), False) == 0
+    q.matmul_dequant_first(k, k, p, X, 300, (W, W + 4096, W + 8192), (Y, Y + 4, Y + 8),
+                           (2048, 1001, 7), False, S)
+    offs = [S, S + sizes[0], S + sizes[0] + sizes[1]]
+    assert [c[0] for c in k.calls] == ["reflex_dequant_q4_k"] * 3 + ["reflex_matmul_tiled_f32"]
+    for c, w, n, o in zip(k.calls, (W, W + 4096, W + 8192), (2048, 1001, 7), offs):
+        assert c[3] == (w, o, 1024 * n)
+    name, grid, block, args = k.calls[-1]
+    assert grid == ((2048 + 63) // 64 + (1001 + 63) // 64 + 1, (300 + 63) // 64, 1)
+    assert args == (offs[0], offs[1], offs[2], X, Y, Y + 4, Y + 8, 300, 1024, 2048, 1001, 7,
+                    4 * 1024, 0)
+    k.calls.clear()
+    q.matmul_dequant_first(k, k, p, X, 200, (W, W + 4096, 0), (Y, 0, 0), (3072, 0, 0), True, S)
+    assert [c[3][:2] for c in k.calls[:2]] == [(W, S), (W + 4096, S + 4 * 1024 * 3072)]
+    name, grid, block, args = k.calls[-1]
+    assert name == "reflex_matmul_tiled_f32" and grid == (96, 4, 1)
+    assert args[:3] == (S, S + 4 * 1024 * 3072, 0) and args[-2:] == (4 * 1024, 1)

@@ -523,9 +523,25 @@ class CudaOps(Ops):
         T = x.size // n_in
         y = empty_f32(shape[:-1] + (n_out,), T * n_out)
         if T and n_out:
-            self._quant_ops.matmul_planned(self._qkern(m.module), m, x.ptr, T, (w.data, 0, 0),
-                                           (y.ptr, 0, 0), (n_out, 0, 0), False, m.gemv_w_ok)
+            self._matmul_launch(m, x.ptr, T, (w.data, 0, 0), (y.ptr, 0, 0), (n_out, 0, 0), False,
+                                m.gemv_w_ok)
         return y
+
+    def _matmul_launch(self, m, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: tuple,
+                       n_outs: tuple, swiglu: bool, gemv_ok: bool) -> None:
+        """One matmul launch of up to three weights planned by ``m``: through float32 copies of
+        the weights for long prompts (quant_ops.dequant_first_bytes), else quant_ops'
+        GEMV/tiled choice. The copies' scratch goes back to the caching allocator at once:
+        what reuses it runs after these launches on the same stream."""
+        qo = self._quant_ops
+        nbytes = qo.dequant_first_bytes(m, T, n_outs, swiglu)
+        if nbytes:
+            scratch = Block(nbytes)
+            qo.matmul_dequant_first(self._qkern(m.module), self._qkern(qo.COMMON_MODULE), m,
+                                    x_ptr, T, w_ptrs, y_ptrs, n_outs, swiglu, scratch.ptr)
+            return
+        qo.matmul_planned(self._qkern(m.module), m, x_ptr, T, w_ptrs, y_ptrs, n_outs, swiglu,
+                          gemv_ok)
 
     def matmul_many(self, x, ws: Sequence[Weight]) -> list:
         """Weights of the same GGML type go in one launch (up to three: q/k/v); bit-identical to
@@ -556,13 +572,12 @@ class CudaOps(Ops):
                 for o, m in zip(offs, metas)]
         if T == 0 or not ws:
             return outs
-        qo = self._quant_ops
         n = len(ws)
         if one_type and n <= 3:  # q/k/v of one type (so of one module): one launch
             pad = (0,) * (3 - n)
-            qo.matmul_planned(self._qkern(metas[0].module), metas[0], x.ptr, T,
-                              tuple(w.data for w in ws) + pad, tuple(y.ptr for y in outs) + pad,
-                              tuple(m.n_out for m in metas) + pad, False, gemv_ok)
+            self._matmul_launch(metas[0], x.ptr, T, tuple(w.data for w in ws) + pad,
+                                tuple(y.ptr for y in outs) + pad,
+                                tuple(m.n_out for m in metas) + pad, False, gemv_ok)
             return outs
         groups: dict[int, list[int]] = {}
         for i, w in enumerate(ws):
@@ -571,11 +586,10 @@ class CudaOps(Ops):
             for c in range(0, len(idx), 3):
                 run = idx[c:c + 3]
                 pad = (0,) * (3 - len(run))
-                qo.matmul_planned(self._qkern(metas[run[0]].module), metas[run[0]], x.ptr, T,
-                                  tuple(ws[k].data for k in run) + pad,
-                                  tuple(outs[k].ptr for k in run) + pad,
-                                  tuple(metas[k].n_out for k in run) + pad, False,
-                                  all(metas[k].gemv_w_ok for k in run))
+                self._matmul_launch(metas[run[0]], x.ptr, T, tuple(ws[k].data for k in run) + pad,
+                                    tuple(outs[k].ptr for k in run) + pad,
+                                    tuple(metas[k].n_out for k in run) + pad, False,
+                                    all(metas[k].gemv_w_ok for k in run))
         return outs
 
     def matmul_swiglu(self, x, gate: Weight, up: Weight) -> DeviceArray:
@@ -594,10 +608,8 @@ class CudaOps(Ops):
         T = x.size // n_in
         y = empty_f32(shape[:-1] + (n_out,), T * n_out)
         if T and n_out:
-            self._quant_ops.matmul_planned(self._qkern(mg.module), mg, x.ptr, T,
-                                           (gate.data, up.data, 0),
-                                           (y.ptr, 0, 0), (n_out, 0, 0), True,
-                                           mg.gemv_w_ok and mu.gemv_w_ok)
+            self._matmul_launch(mg, x.ptr, T, (gate.data, up.data, 0), (y.ptr, 0, 0),
+                                (n_out, 0, 0), True, mg.gemv_w_ok and mu.gemv_w_ok)
         return y
 
     def rmsnorm(self, x, w: Weight | None, eps: float) -> DeviceArray:

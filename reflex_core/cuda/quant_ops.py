@@ -282,6 +282,48 @@ def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: 
     kern.launch(p.tiled, (gx, gy, 1), (_TILE_THREADS, 1, 1), args)
 
 
+# Prefill: a quantized weight whose tiled matmul covers this many tokens or more is first
+# dequantized whole into float32 scratch, and the float32 tiled kernel reads that. The
+# quantized tiled kernel decodes each weight tile again for every 64 tokens; this decodes it
+# once. The outputs are bit-identical: the tiled kernel's tile fill decodes exactly (rx_q::dec4),
+# so both paths feed the same float32 values to the same arithmetic.
+DEQUANT_FIRST_MIN_T = 128
+DEQUANT_FIRST_MAX_BYTES = 512 << 20  # scratch for one launch (all its weights)
+
+
+def dequant_first_bytes(p: MatPlan, T: int, n_outs: tuple, swiglu: bool) -> int:
+    """The float32 scratch a matmul of ``T`` tokens over the weights planned by ``p`` would use
+    to read its weights dequantized once (the :func:`matmul_dequant_first` path), or 0 when it
+    does not take that path: float weights, T below :data:`DEQUANT_FIRST_MIN_T`, or scratch over
+    :data:`DEQUANT_FIRST_MAX_BYTES`."""
+    if _TYPES[p.ggml_type][2] == 1 or T < DEQUANT_FIRST_MIN_T:
+        return 0
+    nbytes = sum(_scratch_sizes(p.n_in, n_outs, swiglu))
+    return nbytes if nbytes <= DEQUANT_FIRST_MAX_BYTES else 0
+
+
+def _scratch_sizes(n_in: int, n_outs: tuple, swiglu: bool) -> list[int]:
+    """Bytes of each weight's float32 copy, rounded up to 256 (the segments' alignment)."""
+    rows = [n_outs[0], n_outs[0]] if swiglu else [n for n in n_outs if n]
+    return [(4 * n_in * n + 255) & ~255 for n in rows]
+
+
+def matmul_dequant_first(kern, kern_f32, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple,
+                         y_ptrs: tuple, n_outs: tuple, swiglu: bool, scratch_ptr: int) -> None:
+    """:func:`matmul_planned`'s tiled product through float32 copies of the weights: each weight
+    dequantized into ``scratch_ptr`` (``dequant_first_bytes`` bytes; ``kern`` the weights'
+    module), then the float32 tiled kernel (``kern_f32``: the common module) on the copies."""
+    rows = [n_outs[0], n_outs[0]] if swiglu else [n for n in n_outs if n]
+    ptrs, off = [], scratch_ptr
+    for w, n, size in zip(w_ptrs, rows, _scratch_sizes(p.n_in, n_outs, swiglu)):
+        dequant(kern, w, p.ggml_type, p.n_in * n, off)
+        ptrs.append(off)
+        off += size
+    f32 = MatPlan(0, (p.n_in, rows[0]), ptrs[0])
+    pad = (0,) * (MAX_SEGMENTS - len(ptrs))
+    matmul_planned(kern_f32, f32, x_ptr, T, tuple(ptrs) + pad, y_ptrs, n_outs, swiglu, True)
+
+
 def moe_matmul(kern, w_ptr: int, ggml_type: int, x_ptr: int, ids_ptr: int, y_ptr: int, T: int,
                k: int, n_in: int, n_out: int, n_expert: int, x_per_expert: bool = False,
                up_ptr: int = 0) -> None:

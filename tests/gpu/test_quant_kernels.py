@@ -420,6 +420,43 @@ def test_matmul_multi_and_swiglu(qk, name):
                                rtol=4e-6, atol=1e-6 * (np.abs(y1).max() ** 2 + 1))
 
 
+@pytest.mark.parametrize("name", [n for n in TYPES if n not in FLOAT_TYPES])
+def test_dequant_first_equals_tiled(qk, name):
+    """The long-prompt path (every weight dequantized once into float32 scratch, then the
+    float32 tiled kernel) gives the quantized tiled kernel's outputs bit for bit: one weight,
+    three segments with odd row counts, SwiGLU; T at the threshold and above, not a multiple
+    of the 64-token tile."""
+    ctx, _ = qk
+    rng = np.random.default_rng(900 + TYPES[name])
+    t = TYPES[name]
+    n_in = n_in_cases(name)[2]
+    n_outs = (45, 7, 130)
+    ws = [upload(ctx, random_weights(rng, name, n, n_in)[0])[1] for n in n_outs]
+    kern = ctx.kernels(quant_ops.module_of(t))
+    kern_f32 = ctx.kernels(quant_ops.COMMON_MODULE)
+    for T in (quant_ops.DEQUANT_FIRST_MIN_T, 301):
+        x = rng.standard_normal((T, n_in)).astype(np.float32)
+        _, xp = upload(ctx, x)
+        for segs, swiglu in (((0,), False), ((0, 1, 2), False), ((0, 2), True)):
+            n_y = (n_outs[0],) if swiglu else tuple(n_outs[i] for i in segs)
+            outs = n_y + (0,) * (3 - len(n_y))
+            w_ptrs = tuple(ws[i] for i in segs) + (0,) * (3 - len(segs))
+            p = quant_ops.plan(t, (n_in, n_outs[segs[0]]), ws[segs[0]])
+            nbytes = quant_ops.dequant_first_bytes(p, T, outs, swiglu)
+            assert nbytes > 0
+            got = [ctx.alloc(4 * T * n) for n in n_y]
+            want = [ctx.alloc(4 * T * n) for n in n_y]
+            scratch = ctx.alloc(nbytes)
+            pad = (0,) * (3 - len(n_y))
+            quant_ops.matmul_dequant_first(kern, kern_f32, p, xp, T, w_ptrs, tuple(got) + pad,
+                                           outs, swiglu, scratch)
+            quant_ops.matmul_planned(kern, p, xp, T, w_ptrs, tuple(want) + pad, outs, swiglu,
+                                     False)
+            for g, w_, n in zip(got, want, n_y):
+                assert_bits_equal(download(ctx, g, T * n), download(ctx, w_, T * n),
+                                  f"{name} dequant-first {segs} swiglu={swiglu} T={T}")
+
+
 # ----------------------------------------------------------------------------------------------
 # MoE
 
