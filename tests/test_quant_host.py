@@ -485,6 +485,8 @@ def test_dequant_first_launches(quant_signatures):
     T = q.DEQUANT_FIRST_MIN_T
     assert q.dequant_first_bytes(p, T - 1, (1000, 0, 0), False) == 0
     assert q.dequant_first_bytes(q.plan(0, (1024, 1000), W), 300, (1000, 0, 0), False) == 0
+    assert q.dequant_first_bytes(q.plan(8, (1024, 1000), W), 300, (1000, 0, 0), False) == 0  # Q8_0
+    assert q.dequant_first_bytes(q.plan(23, (1024, 1000), W), 300, (1000, 0, 0), False) > 0
     assert q.dequant_first_bytes(p, T, (1000, 0, 0), False) == 4 * 1024 * 1000
     # three segments (q/k/v): sizes rounded up to 256 bytes; SwiGLU: gate and up
     sizes = [(4 * 1024 * n + 255) & ~255 for n in (2048, 1001, 7)]

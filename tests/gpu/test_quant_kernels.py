@@ -420,7 +420,8 @@ def test_matmul_multi_and_swiglu(qk, name):
                                rtol=4e-6, atol=1e-6 * (np.abs(y1).max() ** 2 + 1))
 
 
-@pytest.mark.parametrize("name", [n for n in TYPES if n not in FLOAT_TYPES])
+@pytest.mark.parametrize("name", [n for n in TYPES if n not in FLOAT_TYPES
+                                  and n not in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")])
 def test_dequant_first_equals_tiled(qk, name):
     """The long-prompt path (every weight dequantized once into float32 scratch, then the
     float32 tiled kernel) gives the quantized tiled kernel's outputs bit for bit: one weight,

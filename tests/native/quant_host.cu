@@ -18,22 +18,31 @@ void dequant_dec4(const uint8_t* w, long long n, float* out) {
 
 // mode 1 / 2: the GEMV lane units, exact or FMA arithmetic; every unit's 8 values placed at
 // their element positions (the caller pre-fills `out` with a sentinel to catch gaps).
+// Types that share a unit between P lanes: each part p < P loads and decodes its own steps.
 template <int T, bool EXACT>
 void dequant_lu(const uint8_t* w, long long n, float* out) {
     typedef rx_lu<T> L;
+    constexpr int P = rx_unit_lanes<T>::value, STEPS = L::SUB / P;
     const long long nb = n / L::QK;
     for (long long b = 0; b < nb; ++b) {
         for (int j = 0; j < L::LPB; ++j) {
-            L u;
-            u.load(w + b * L::TS, j);
-            u.prep(j);
-            for (int s = 0; s < L::SUB; ++s) {
-                float v[8];
-                u.template dec<EXACT>(j, s, v);
-                const long long e0 = b * L::QK + L::e0(j, s), e1 = b * L::QK + L::e1(j, s);
-                for (int i = 0; i < 4; ++i) {
-                    out[e0 + i] = v[i];
-                    out[e1 + i] = v[4 + i];
+            for (int p = 0; p < P; ++p) {
+                L u;
+                if constexpr (P == 1) {
+                    u.load(w + b * L::TS, j);
+                } else {
+                    u.load(w + b * L::TS, j, p);
+                }
+                u.prep(j);
+                for (int k = 0; k < STEPS; ++k) {
+                    const int s = p * STEPS + k;
+                    float v[8];
+                    u.template dec<EXACT>(j, k, v);
+                    const long long e0 = b * L::QK + L::e0(j, s), e1 = b * L::QK + L::e1(j, s);
+                    for (int i = 0; i < 4; ++i) {
+                        out[e0 + i] = v[i];
+                        out[e1 + i] = v[4 + i];
+                    }
                 }
             }
         }

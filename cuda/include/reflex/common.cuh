@@ -133,6 +133,17 @@ RX_HD uint32_t rx_ld_u16(const uint8_t* p) {
 #endif
 }
 
+// p must be 4-byte aligned on the device
+RX_HD uint32_t rx_ld_u32(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+    return __ldg((const unsigned int*)p);
+#else
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+#endif
+}
+
 // N little-endian 32-bit words from ANY address. Device: N aligned word loads, plus one more
 // only when p is misaligned (it then holds needed bytes, so nothing outside the words that
 // contain [p, p + 4N) is touched), joined with funnel shifts.

@@ -35,9 +35,12 @@
 //   rows' units (warp s takes the runs of 32 units s, s + KS, ...) and their sums meet in shared
 //   memory. Each warp's lanes stride over the rows' "lane units"
 //   (rx_lu<t>: 16-byte vector loads where the block layout keeps 16-byte alignment -- Q4_K,
-//   Q5_K, float types --, 8-byte loads for IQ4_XS, else funnel-shifted 32-bit loads; the
-//   codebook types look their grid entries up in global-memory tables, reflex/iq_tables.cuh). Unit u of a row sits right after
-//   unit u-1, so lane L reading unit L (+32k) makes each warp load instruction contiguous. Each
+//   Q5_K, float types --, 8-byte loads for IQ4_XS's header, else funnel-shifted 32-bit loads;
+//   the codebook types look their grid entries up in global-memory tables,
+//   reflex/iq_tables.cuh). Unit u of a row sits right after unit u-1, so lane L reading unit L
+//   (+32k) makes each warp load instruction contiguous. Q8_0 and IQ4_XS share a unit between
+//   2 and 4 lanes (rx_unit_lanes: each lane some of its steps), so a warp's x loads touch 2-4
+//   times fewer 128-byte lines (the L1, not the DRAM, limited them with a lane a unit). Each
 //   weight byte is read once and used for all T tokens; each x value is loaded (float4) once
 //   per unit step and used for both rows. f32 accumulation with FMA (types with one scale per
 //   unit: the unit's sum of values * x, then one FMA with the scale), a butterfly shuffle sum per

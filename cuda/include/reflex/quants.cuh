@@ -75,6 +75,10 @@ enum : int {
 static __constant__ uint32_t rx_c_magic = 0x4B000000u;
 #endif
 
+// float(v) - off for v < 2^23 (exact for integer off): the bits of 2^23 + v, then one subtraction
+// (no integer-to-float conversion, which runs at a quarter of the FP32 rate)
+RX_HD float rx_uint_f(uint32_t v, float off) { return rx_as_float(0x4B000000u | v) - (8388608.0f + off); }
+
 // (unsigned byte i of w) - off, as float, exactly (off an integer, 0 <= off <= 255)
 RX_HD float rx_ubyte_f(uint32_t w, int i, float off) {
 #ifdef __CUDA_ARCH__
@@ -348,6 +352,7 @@ struct rx_q<RX_Q3_K> {
 // rx_lu<T>: GEMV lane units (see the header comment). Usage, per lane and weight row:
 //   rx_lu<T> u; u.load(block_ptr, j); u.prep(j);
 //   for s < SUB: u.dec<EXACT>(j, s, w)  -> w[0..3] at e0(j,s)+0..3, w[4..7] at e1(j,s)+0..3
+// (types that share a unit between lanes: rx_unit_lanes below).
 // rx_unit_scaled<T>::value: every value of a unit is scale() * (what unscaled(s, w) gives), so
 // the GEMV multiplies once per unit (rx_gemv_rows below).
 
@@ -357,6 +362,19 @@ struct rx_lu;
 template <int TYPE>
 struct rx_unit_scaled {
     static constexpr bool value = false;
+};
+
+// rx_unit_lanes<T>::value = P: how many lanes share one unit in the GEMV (1, 2 or 4; divides
+// SUB). Lane part p < P of a unit takes its steps p * SUB/P + k, k < SUB/P, and its rx_lu has
+// load(block_ptr, j, p) (only those steps' bytes); dec<EXACT>(j, k, w) / unscaled(k, w) then
+// name the lane's k-th step (e0 / e1 still take the step itself). Why: with one lane a unit, a
+// warp's x load touches one 128-byte line per lane for types whose unit spans a line of x
+// (IQ4_XS: 32 lanes, 32 lines), and the L1's lines per wavefront bind the GEMV long before the
+// DRAM does; P lanes a unit read x P times more densely. The price: each lane of a unit loads
+// its header and runs prep().
+template <int TYPE>
+struct rx_unit_lanes {
+    static constexpr int value = 1;
 };
 
 // Float types: pseudo-blocks of 8 elements (the GEMV needs n_in % 8 == 0 and 16B rows).
@@ -421,29 +439,29 @@ struct rx_lu<RX_BF16> {
 };
 
 // Q8_0: 2 units per block, 16 quants each (funnel-shifted word loads: blocks are 2-aligned).
-// j: qs[16j .. 16j+16); step s: elements 16j + 8s + [0, 8)
+// j: qs[16j .. 16j+16); step s: elements 16j + 8s + [0, 8). Two lanes a unit, a step each.
 template <>
 struct rx_lu<RX_Q8_0> {
     static constexpr int QK = 32, TS = 34, LPB = 2, SUB = 2, ALIGN = 2;
-    uint32_t q[4];
+    uint32_t q[2];
     uint32_t dh;
     float d;
-    RX_HD void load(const uint8_t* b, int j) {
-        rx_ld_words<4>(b + 2 + 16 * j, q);
+    RX_HD void load(const uint8_t* b, int j, int part) {
+        rx_ld_words<2>(b + 2 + 16 * j + 8 * part, q);
         dh = rx_ld_u16(b);
     }
     RX_HD void prep(int) { d = rx_f16_to_f32_fast(dh); }
     static RX_HD int e0(int j, int s) { return 16 * j + 8 * s; }
     static RX_HD int e1(int j, int s) { return 16 * j + 8 * s + 4; }
     template <bool EXACT>
-    RX_HD void dec(int, int s, float* w) const {
-        unscaled(s, w);
+    RX_HD void dec(int, int k, float* w) const {
+        unscaled(k, w);
 #pragma unroll
         for (int i = 0; i < 8; ++i) w[i] = rx_mul<EXACT>(w[i], d);
     }
     RX_HD float scale() const { return d; }
-    RX_HD void unscaled(int s, float* w) const {
-        const uint32_t a = q[2 * s] ^ 0x80808080u, c = q[2 * s + 1] ^ 0x80808080u;
+    RX_HD void unscaled(int, float* w) const {
+        const uint32_t a = q[0] ^ 0x80808080u, c = q[1] ^ 0x80808080u;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             w[i] = rx_ubyte_f(a, i, 128.0f);
@@ -454,6 +472,10 @@ struct rx_lu<RX_Q8_0> {
 template <>
 struct rx_unit_scaled<RX_Q8_0> {
     static constexpr bool value = true;
+};
+template <>
+struct rx_unit_lanes<RX_Q8_0> {
+    static constexpr int value = 2;
 };
 
 // Q4_0 / Q4_1 / Q5_0 / Q5_1: one unit per block. Step s: word s of qs -> low nibbles are
@@ -765,10 +787,12 @@ struct rx_lu<RX_Q3_K> {
 // The GEMV lane loop, shared by the kernels (cuda/quant.cu) and the host harness (which runs it
 // for every lane and sums): a lane that owns R weight rows (row r starts at rp[r]; the rows may
 // come from different matrices of the same type and n_in) accumulates its partial dot products
-// acc[r][t] = sum over its units of W_r[i] * x[t, i], for t < T (TT >= T; tokens t >= T
-// contribute zeros). Its units are first, first + stride, ...: a warp's lanes take consecutive
-// units (stride 32), or the ks warps that split a row take interleaved runs of 32 (first =
-// 32 * slice + lane, stride 32 * ks). x rows are n_in floats apart and 16-byte aligned.
+// acc[r][t] = sum over its share of W_r[i] * x[t, i], for t < T (TT >= T; tokens t >= T
+// contribute zeros). Its share is given in lane slots: slot first, first + stride, ... (a
+// warp's lanes take consecutive slots, stride 32, or the ks warps that split a row take
+// interleaved runs of 32: first = 32 * slice + lane, stride 32 * ks). With P =
+// rx_unit_lanes<T> lanes a unit, slot k is part k % P of unit k / P. x rows are n_in floats
+// apart and 16-byte aligned.
 //
 // Types whose unit has one scale (rx_unit_scaled<T>: a unit's values are a * v_i) accumulate
 // sum v_i * x_i per unit and add a * that sum: one multiply per unit and token instead of one
@@ -779,21 +803,28 @@ RX_HD void rx_gemv_rows(const uint8_t* const (&rp)[R], const float* __restrict__
                         int first, int stride, float (&acc)[R][TT]) {
     typedef rx_lu<TYPE> L;
     constexpr bool SCALED = rx_unit_scaled<TYPE>::value;
+    constexpr int P = rx_unit_lanes<TYPE>::value;
+    static_assert(P == 1 || P == 2 || P == 4, "lanes a unit: 1, 2 or 4");
+    static_assert(L::SUB % P == 0, "every lane of a unit takes as many steps");
 #pragma unroll
     for (int r = 0; r < R; ++r) {
 #pragma unroll
         for (int t = 0; t < TT; ++t) acc[r][t] = 0.0f;
     }
-    const unsigned n_lu = (unsigned)(n_in / L::QK) * (unsigned)L::LPB;
-    for (unsigned lu = (unsigned)first; lu < n_lu; lu += (unsigned)stride) {
-        const unsigned blk = lu / (unsigned)L::LPB;
-        const int j = (int)(lu % (unsigned)L::LPB);
+    constexpr int STEPS = L::SUB / P;  // steps a lane takes of each unit
+    // One unit (block pointers bp, its x at xb, place j in the block, the lane's part of it)
+    auto unit = [&](const uint8_t* const (&bp)[R], const float* xb, int j, int my_part) {
         L u[R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) u[r].load(rp[r] + (long long)blk * L::TS, j);
+        for (int r = 0; r < R; ++r) {
+            if constexpr (P == 1) {
+                u[r].load(bp[r], j);
+            } else {
+                u[r].load(bp[r], j, my_part);
+            }
+        }
 #pragma unroll
         for (int r = 0; r < R; ++r) u[r].prep(j);
-        const float* xb = x + (long long)blk * L::QK;
         float part[R][TT];  // SCALED: this unit's sums of v_i * x_i
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -801,7 +832,8 @@ RX_HD void rx_gemv_rows(const uint8_t* const (&rp)[R], const float* __restrict__
             for (int t = 0; t < TT; ++t) part[r][t] = 0.0f;
         }
 #pragma unroll
-        for (int s = 0; s < L::SUB; ++s) {
+        for (int k = 0; k < STEPS; ++k) {
+            const int s = my_part * STEPS + k;
             const int e0 = L::e0(j, s), e1 = L::e1(j, s);
             float xv[TT][8];
 #pragma unroll
@@ -818,9 +850,9 @@ RX_HD void rx_gemv_rows(const uint8_t* const (&rp)[R], const float* __restrict__
             for (int r = 0; r < R; ++r) {
                 float wv[8];
                 if constexpr (SCALED) {
-                    u[r].unscaled(s, wv);
+                    u[r].unscaled(k, wv);
                 } else {
-                    u[r].template dec<EXACT>(j, s, wv);
+                    u[r].template dec<EXACT>(j, k, wv);
                 }
 #pragma unroll
                 for (int t = 0; t < TT; ++t) {
@@ -836,6 +868,35 @@ RX_HD void rx_gemv_rows(const uint8_t* const (&rp)[R], const float* __restrict__
 #pragma unroll
                 for (int t = 0; t < TT; ++t) acc[r][t] = fmaf(u[r].scale(), part[r][t], acc[r][t]);
             }
+        }
+    };
+    if constexpr (P == 1) {
+        // Block and place recomputed per unit: with the place hoisted (the loop below), ptxas
+        // keeps a pointer per load of the unit and the many-load K-quants lose occupancy (the
+        // one-token Q6_K GEMV: 72 registers instead of 43, and 25% slower on the H200).
+        const unsigned n_lu = (unsigned)(n_in / L::QK) * (unsigned)L::LPB;
+        for (unsigned lu = (unsigned)first; lu < n_lu; lu += (unsigned)stride) {
+            const unsigned blk = lu / (unsigned)L::LPB;
+            const uint8_t* bp[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) bp[r] = rp[r] + (long long)blk * L::TS;
+            unit(bp, x + (long long)blk * L::QK, (int)(lu % (unsigned)L::LPB), 0);
+        }
+    } else {
+        // The lane's units are unit0, unit0 + stride / P, ...: stride is a multiple of 32 and
+        // P <= 4, so the step is a multiple of LPB (<= 8) units, a whole number of blocks; the
+        // place j in the block stays the same and the loop just advances pointers.
+        const int unit0 = first / P, j = unit0 % L::LPB;
+        const int blk_step = stride / P / L::LPB, n_blk = n_in / L::QK;
+        const uint8_t* bp[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) bp[r] = rp[r] + (long long)(unit0 / L::LPB) * L::TS;
+        const float* xb = x + (long long)(unit0 / L::LPB) * L::QK;
+        for (int blk = unit0 / L::LPB; blk < n_blk; blk += blk_step) {
+            unit(bp, xb, j, first % P);
+#pragma unroll
+            for (int r = 0; r < R; ++r) bp[r] += (long long)blk_step * L::TS;
+            xb += (long long)blk_step * L::QK;
         }
     }
 }

@@ -264,9 +264,11 @@ struct rx_q<RX_IQ4_NL> {
 template <>
 struct rx_q<RX_IQ4_XS> {
     static constexpr int QK = 256, TS = 136;
-    static RX_HD int scale(uint32_t sh, uint32_t sl, int ib) {
-        return (int)(((sl >> (4 * ib)) & 15u) | (((sh >> (2 * ib)) & 3u) << 4)) - 32;
+    // the 6-bit scale of sub-block ib, before its -32
+    static RX_HD uint32_t scale_biased(uint32_t sh, uint32_t sl, int ib) {
+        return ((sl >> (4 * ib)) & 15u) | (((sh >> (2 * ib)) & 3u) << 4);
     }
+    static RX_HD int scale(uint32_t sh, uint32_t sl, int ib) { return (int)scale_biased(sh, sl, ib) - 32; }
     static RX_HD void dec4(const uint8_t* b, int e0, float* y) {
         const int ib = e0 >> 5, l = e0 & 31;
         const float d = rx_f16_to_f32(rx_ld_u16(b));
@@ -547,27 +549,43 @@ struct rx_lu<RX_IQ1_M> {
     }
 };
 
-// IQ4 (NL / XS) and MXFP4 step: word qw of nibble pairs -> low nibbles w[0..3], high w[4..7]
-// (the table values, times a)
-template <bool EXACT>
-RX_HD void rx_nl_step(float a, uint32_t t0, uint32_t t1, uint32_t t2, uint32_t t3, uint32_t qw, float* w) {
-    const uint32_t lo = rx_lut16(t0, t1, t2, t3, qw & 0x0F0F0F0Fu) ^ 0x80808080u;
-    const uint32_t hi = rx_lut16(t0, t1, t2, t3, (qw >> 4) & 0x0F0F0F0Fu) ^ 0x80808080u;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        w[i] = rx_mul<EXACT>(a, rx_ubyte_f(lo, i, 128.0f));
-        w[4 + i] = rx_mul<EXACT>(a, rx_ubyte_f(hi, i, 128.0f));
-    }
+// IQ4 (NL / XS) and MXFP4 lookups: the 8 nibbles of word qw -> lo = the table bytes of the low
+// nibbles of bytes 0..3, hi = those of the high nibbles. On the device, byte_perm looks up the
+// 4 nibbles of each 16-bit half at once (it reads 3 bits of each selector nibble: one lookup in
+// each 8-byte half of the table, then a byte_perm keeps the half bit 3 names), and two more
+// byte_perms sort the 8 results into lo and hi: 12 instructions per 8 values.
+RX_HD void rx_nl_pair(uint32_t t0, uint32_t t1, uint32_t t2, uint32_t t3, uint32_t qw, uint32_t& lo,
+                      uint32_t& hi) {
+#ifdef __CUDA_ARCH__
+    const uint32_t pick = 0x32103210u | ((qw >> 1) & 0x44444444u);  // byte k, or k + 4 if bit 3
+    const uint32_t v0 = __byte_perm(__byte_perm(t0, t1, qw), __byte_perm(t2, t3, qw), pick);
+    const uint32_t q1 = qw >> 16;
+    const uint32_t v1 = __byte_perm(__byte_perm(t0, t1, q1), __byte_perm(t2, t3, q1), pick >> 16);
+    lo = __byte_perm(v0, v1, 0x6420u);
+    hi = __byte_perm(v0, v1, 0x7531u);
+#else
+    lo = rx_lut16(t0, t1, t2, t3, qw & 0x0F0F0F0Fu);
+    hi = rx_lut16(t0, t1, t2, t3, (qw >> 4) & 0x0F0F0F0Fu);
+#endif
 }
-// The same without the scale: the table values themselves (exact small integers)
+// The values themselves (exact small integers): the signed table bytes are looked up with their
+// sign bit flipped, so each is an unsigned byte 128 too high (the form rx_ubyte_f converts).
 RX_HD void rx_nl_values(uint32_t t0, uint32_t t1, uint32_t t2, uint32_t t3, uint32_t qw, float* w) {
-    const uint32_t lo = rx_lut16(t0, t1, t2, t3, qw & 0x0F0F0F0Fu) ^ 0x80808080u;
-    const uint32_t hi = rx_lut16(t0, t1, t2, t3, (qw >> 4) & 0x0F0F0F0Fu) ^ 0x80808080u;
+    constexpr uint32_t FLIP = 0x80808080u;
+    uint32_t lo, hi;
+    rx_nl_pair(t0 ^ FLIP, t1 ^ FLIP, t2 ^ FLIP, t3 ^ FLIP, qw, lo, hi);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         w[i] = rx_ubyte_f(lo, i, 128.0f);
         w[4 + i] = rx_ubyte_f(hi, i, 128.0f);
     }
+}
+// Step: word qw -> low nibbles' values w[0..3], high w[4..7], times a
+template <bool EXACT>
+RX_HD void rx_nl_step(float a, uint32_t t0, uint32_t t1, uint32_t t2, uint32_t t3, uint32_t qw, float* w) {
+    rx_nl_values(t0, t1, t2, t3, qw, w);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = rx_mul<EXACT>(a, w[i]);
 }
 
 // IQ4_NL: one unit per block (as Q4_0). Step s: word s of qs.
@@ -599,35 +617,40 @@ struct rx_unit_scaled<RX_IQ4_NL> {
 };
 
 // IQ4_XS: 8 units per block, unit j = qs bytes [16j, +16) (elements [32j, 32j + 32)) plus the
-// 8-byte header, all 64-bit loads. Step s: word s -> elements 32j + 4s + [0,4) and + 16.
+// 8-byte header (64-bit load). Step s: word s -> elements 32j + 4s + [0,4) and + 16. Four lanes
+// a unit (rx_unit_lanes), one step each: a warp's 32 lanes cover one block.
 template <>
 struct rx_lu<RX_IQ4_XS> {
     static constexpr int QK = 256, TS = 136, LPB = 8, SUB = 4, ALIGN = 8;
     uint32_t hd[2];
-    uint32_t q[4];
+    uint32_t q;
     float a;
-    RX_HD void load(const uint8_t* b, int j) {
+    RX_HD void load(const uint8_t* b, int j, int part) {
         rx_ld_v2(b, hd[0], hd[1]);
-        rx_ld_v2(b + 8 + 16 * j, q[0], q[1]);
-        rx_ld_v2(b + 16 + 16 * j, q[2], q[3]);
+        q = rx_ld_u32(b + 8 + 16 * j + 4 * part);
     }
     RX_HD void prep(int j) {
-        a = RX_FMUL(rx_f16_to_f32_fast(hd[0] & 0xffffu), (float)rx_q<RX_IQ4_XS>::scale(hd[0] >> 16, hd[1], j));
+        a = RX_FMUL(rx_f16_to_f32_fast(hd[0] & 0xffffu),
+                    rx_uint_f(rx_q<RX_IQ4_XS>::scale_biased(hd[0] >> 16, hd[1], j), 32.0f));
     }
     static RX_HD int e0(int j, int s) { return 32 * j + 4 * s; }
     static RX_HD int e1(int j, int s) { return 32 * j + 16 + 4 * s; }
     template <bool EXACT>
-    RX_HD void dec(int, int s, float* w) const {
-        rx_nl_step<EXACT>(a, RX_IQ4NL_KV0, RX_IQ4NL_KV1, RX_IQ4NL_KV2, RX_IQ4NL_KV3, q[s], w);
+    RX_HD void dec(int, int, float* w) const {
+        rx_nl_step<EXACT>(a, RX_IQ4NL_KV0, RX_IQ4NL_KV1, RX_IQ4NL_KV2, RX_IQ4NL_KV3, q, w);
     }
     RX_HD float scale() const { return a; }
-    RX_HD void unscaled(int s, float* w) const {
-        rx_nl_values(RX_IQ4NL_KV0, RX_IQ4NL_KV1, RX_IQ4NL_KV2, RX_IQ4NL_KV3, q[s], w);
+    RX_HD void unscaled(int, float* w) const {
+        rx_nl_values(RX_IQ4NL_KV0, RX_IQ4NL_KV1, RX_IQ4NL_KV2, RX_IQ4NL_KV3, q, w);
     }
 };
 template <>
 struct rx_unit_scaled<RX_IQ4_XS> {
     static constexpr bool value = true;
+};
+template <>
+struct rx_unit_lanes<RX_IQ4_XS> {
+    static constexpr int value = 4;
 };
 
 template <>
