@@ -3,7 +3,7 @@
 // device; the CPU tests check them bit for bit against gguf-py). Launchers:
 // reflex_core/cuda/quant_ops.py.
 //
-// RX_QUANT_KERNELS(t, RX_<T>) defines the 9 extern "C" kernels below for one GGML type <t>; the
+// RX_QUANT_KERNELS(t, RX_<T>) defines the 10 extern "C" kernels below for one GGML type <t>; the
 // modules instantiate it for their types: cuda/quant.cu (the common types, loaded at start) and
 // cuda/quant_lowbit.cu (the low-bit, codebook, ternary and FP4 types, loaded only for a file that
 // has one). `w` points at the tensor's raw bytes, `row_bytes` = n_in / QK * TS.
@@ -78,6 +78,16 @@
 //   unused. mode 1 (SwiGLU): w = gate experts, w_up = up experts (same type and shape); a warp
 //   owns output row o (its gate and up rows, R = 2 as above), y[s, o] = silu(g) * u;
 //   grid = (ceil(n_out/4), min(T*k, 65535)). An id outside [0, n_expert) gives NaN outputs.
+//
+// reflex_moe_tiled_<t>(w, w_up, x, order, tiles, n_tiles, y, k, n_in, n_out, row_bytes,
+//                      expert_bytes, x_per_expert, mode)
+//   The same products for many tokens, grouped by expert: reflex_moe_schedule (cuda/core.cu)
+//   sorts the slots by expert into `order` and cuts each expert's run into tiles of <= 64
+//   slots; block (x, i) runs tile i as the tiled kernel above over that expert's matrix (mode
+//   1: gate and up), its x rows gathered (x[s / k], or x[s] when x_per_expert) and its outputs
+//   scattered to y[s]. Each expert's weights are read once per tile instead of once per slot.
+//   grid = (ceil(n_out/64) (mode 1: ceil(n_out/32)), the schedule's tile bound); blocks past
+//   *n_tiles return. Slots with invalid ids were given their NaN rows by the schedule.
 #pragma once
 
 #include "reflex/quants.cuh"
@@ -342,12 +352,16 @@ __device__ __forceinline__ void rx_mma_tf32(float* d, const uint32_t* a, const u
 #define RX_TILED_MMA 0
 #endif
 
-template <int TYPE>
+// GATHER (the grouped MoE kernel): the tile's T (<= 64) tokens are slots[0 .. T): token nn
+// reads x row slots[nn] / kdiv and writes y row slots[nn]; otherwise token nn of the block is
+// blockIdx.y * 64 + nn for both.
+template <int TYPE, bool GATHER = false>
 __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,
                                            const uint8_t* __restrict__ w2, const float* __restrict__ x,
                                            float* __restrict__ y0, float* __restrict__ y1,
                                            float* __restrict__ y2, int T, int n_in, int n0, int n1,
-                                           int n2, long long row_bytes, int mode) {
+                                           int n2, long long row_bytes, int mode,
+                                           const int* __restrict__ slots = nullptr, int kdiv = 1) {
     typedef rx_q<TYPE> Q;
     // Both tiles row-major (a weight row / a token's k values contiguous), rows 68 floats apart:
     // the fills' float4 stores and the mma fragments' loads (lane 4g + q reads row g, column q)
@@ -367,7 +381,14 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
         seg_select(w0, w1, w2, y0, y1, y2, n0, n1, n2, TILE_M, w, y, n, b);
         m0 = b * TILE_M;
     }
-    const int n0t = blockIdx.y * TILE_N;
+    const int n0t = GATHER ? 0 : blockIdx.y * TILE_N;
+    // x and y rows of the tile's token nn (< T)
+    auto x_row = [&](int nn) -> long long {
+        return GATHER ? (long long)(__ldg(slots + nn) / kdiv) : (long long)(n0t + nn);
+    };
+    auto y_row = [&](int nn) -> long long {
+        return GATHER ? (long long)__ldg(slots + nn) : (long long)(n0t + nn);
+    };
     const bool xvec = (n_in & 3) == 0 && ((uintptr_t)x & 15u) == 0;
 #if RX_TILED_MMA
     // warp w: tile rows 16 (w % 4) .. +16 x tokens 32 (w / 4) .. +32, four m16n8k8 tiles;
@@ -430,7 +451,7 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
             const int tok = n0t + nn, k = k0 + 4 * kg;
             float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (tok < T) {
-                const float* xr = x + (long long)tok * n_in + k;
+                const float* xr = x + x_row(nn) * n_in + k;
                 if (xvec && k + 4 <= n_in) {
                     rx_ld_f4(xr, v);
                 } else {
@@ -501,7 +522,7 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
             const int g = tid + p * TILE_THREADS;
             const int r = g & (TILE_M / 2 - 1), nn = g / (TILE_M / 2);
             const int row = m0 + r, tok = n0t + nn;
-            if (row < n && tok < T) y[(long long)tok * n + row] = rx_silu_mul(E[nn][r], E[nn][r + TILE_M / 2]);
+            if (row < n && tok < T) y[y_row(nn) * n + row] = rx_silu_mul(E[nn][r], E[nn][r + TILE_M / 2]);
         }
         return;
     }
@@ -510,8 +531,28 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
         const int g = tid + p * TILE_THREADS;
         const int r = g & (TILE_M - 1), nn = g / TILE_M;
         const int row = m0 + r, tok = n0t + nn;
-        if (row < n && tok < T) y[(long long)tok * n + row] = E[nn][r];
+        if (row < n && tok < T) y[y_row(nn) * n + row] = E[nn][r];
     }
+}
+
+// The grouped MoE matmul: block (x, tile) runs tile `tile` of reflex_moe_schedule's schedule (an
+// expert e and up to 64 of its slots) as the tiled kernel over W_e (mode 1: gate_e and up_e).
+// Blocks past the schedule's tile count return at once.
+template <int TYPE>
+__device__ __forceinline__ void moe_tiled_body(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_up,
+                                               const float* __restrict__ x, const int* __restrict__ order,
+                                               const int* __restrict__ tiles, const int* __restrict__ n_tiles,
+                                               float* __restrict__ y, int k, int n_in, int n_out,
+                                               long long row_bytes, long long expert_bytes,
+                                               int x_per_expert, int mode) {
+    const int tile = blockIdx.y;
+    if (tile >= __ldg(n_tiles)) return;  // the whole block: before any barrier
+    const int e = __ldg(tiles + 3 * tile), first = __ldg(tiles + 3 * tile + 1);
+    const int count = __ldg(tiles + 3 * tile + 2);
+    const long long eo = (long long)e * expert_bytes;
+    tiled_body<TYPE, true>(w + eo, mode == 1 ? w_up + eo : nullptr, nullptr, x, y, nullptr, nullptr,
+                           count, n_in, n_out, 0, 0, row_bytes, mode, order + first,
+                           x_per_expert ? 1 : k);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -566,4 +607,14 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
                                  int n_expert, int mode) {                                            \
         moe_body<TYPE>(w, w_up, x, ids, y, T, k, n_in, n_out, row_bytes, expert_bytes, x_per_expert,  \
                        n_expert, mode);                                                               \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(TILE_THREADS, 2)                                     \
+        reflex_moe_tiled_##name(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_up,      \
+                                const float* __restrict__ x, const int* __restrict__ order,           \
+                                const int* __restrict__ tiles, const int* __restrict__ n_tiles,       \
+                                float* __restrict__ y, int k, int n_in, int n_out,                    \
+                                long long row_bytes, long long expert_bytes, int x_per_expert,        \
+                                int mode) {                                                           \
+        moe_tiled_body<TYPE>(w, w_up, x, order, tiles, n_tiles, y, k, n_in, n_out, row_bytes,         \
+                             expert_bytes, x_per_expert, mode);                                       \
     }
