@@ -116,6 +116,10 @@ state_and_api() {  # RUNS: issue 15's state_reuse.py and issue 16's API-vs-CLI c
   REFLEX_API_TIMINGS=1 python3 "$REPO/bench/api_once.py" "$M06" "$PROMPT" 2>&1 | tee -a "$LOG"
 }
 
+tests_summary() {  # LOGFILE N: a pytest log's first N failures and its last two lines
+  grep -E "^(FAILED|ERROR)" "$1" | head -"$2" | tee -a "$LOG"
+  tail -2 "$1" | tee -a "$LOG"
+}
 run_check() {  # FILE SECONDS: `reflex check --json` with the Python stacks every 30 s, once per file
   local name=$(basename "$1" .gguf)
   [ -e "$W/checked-$name" ] && return 0
@@ -161,12 +165,10 @@ if [ "$PHASE" = a ]; then
   NEW=(test_quant_kernels.py test_models_gpu.py test_decode_graph_gpu.py test_quant_models_gpu.py)
   timeout 200 python3 -m pytest "${NEW[@]/#/$G/}" -q -p no:cacheprovider -rs -m "not slow" \
     > "$OUT/gpu-tests-new.log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests-new.log" | head -40 | tee -a "$LOG"
-  tail -2 "$OUT/gpu-tests-new.log" | tee -a "$LOG"
+  tests_summary "$OUT/gpu-tests-new.log" 40
   timeout $(left 400) python3 -m pytest "$G" "${NEW[@]/#/--ignore=$G/}" -q \
     -p no:cacheprovider -rs --durations=10 -m "not slow" > "$OUT/gpu-tests.log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -40 | tee -a "$LOG"
-  tail -2 "$OUT/gpu-tests.log" | tee -a "$LOG"
+  tests_summary "$OUT/gpu-tests.log" 40
   say "files"; wait $MM; cat "$OUT/make_models.log" | tee -a "$LOG"
   say "warm decode (contended: the peers' build is running), graphs"
   for m in "$M06" "$M8" "$M8IQ4"; do bench_json "$m" "$(basename $m) CONTENDED"; done
@@ -186,8 +188,7 @@ if [ "$PHASE" = g ]; then  # a fresh machine, no peers: the GEMV's one-token spl
   G=$REPO/tests/gpu
   timeout 240 python3 -m pytest "$G/test_quant_kernels.py" "$G/test_registered_ops_gpu.py" "$G" -q \
     -p no:cacheprovider -rs -m "not slow" > "$OUT/gpu-tests.log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -40 | tee -a "$LOG"
-  tail -2 "$OUT/gpu-tests.log" | tee -a "$LOG"
+  tests_summary "$OUT/gpu-tests.log" 40
   wait $MM; cat "$W/make_models.log" >> "$LOG"
   say "the weight kernels' speed report (GB/s per type and shape, tiled TFLOP/s)"
   timeout 120 python3 -m pytest "$G/test_quant_kernels.py::test_large_matrices_and_bandwidth_report" -q -s \
@@ -213,13 +214,13 @@ if [ "$PHASE" = p1 ]; then
   MM=$!
   nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee -a "$LOG"
   G=$REPO/tests/gpu
-  [ -n "${SKIP_TESTS:-}" ] || {
-  say "this tree: the matmul and whole-model GPU tests"
-  PYTHONPATH=/tmp/new timeout 200 python3 -m pytest "$G/test_quant_kernels.py" "$G/test_registered_ops_gpu.py" \
-    "$G/test_models_gpu.py" "$G/test_quant_models_gpu.py" -q -p no:cacheprovider -m "not slow" \
-    > "$OUT/gpu-tests.log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -30 | tee -a "$LOG"
-  tail -2 "$OUT/gpu-tests.log" | tee -a "$LOG"; }
+  if [ -z "${SKIP_TESTS:-}" ]; then
+    say "this tree: the matmul and whole-model GPU tests"
+    timeout 200 python3 -m pytest "$G/test_quant_kernels.py" "$G/test_registered_ops_gpu.py" \
+      "$G/test_models_gpu.py" "$G/test_quant_models_gpu.py" -q -p no:cacheprovider -m "not slow" \
+      > "$OUT/gpu-tests.log" 2>&1
+    tests_summary "$OUT/gpu-tests.log" 30
+  fi
   wait $MM; cat "$W/make_models.log" | tee -a "$LOG"
   for v in ${REPORT_VARIANTS-a b c}; do
     say "variant $v: the weight kernels' speed report (GEMV lines)"
@@ -354,8 +355,7 @@ if [ "$PHASE" = q ]; then
   say "tests/gpu (not slow), the matmul kernels first (llama-simple building beside them)"
   timeout 260 python3 -m pytest "$G/test_quant_kernels.py" "$G/test_registered_ops_gpu.py" "$G" -q \
     -p no:cacheprovider -m "not slow" > "$OUT/gpu-tests.log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -30 | tee -a "$LOG"
-  tail -2 "$OUT/gpu-tests.log" | tee -a "$LOG"
+  tests_summary "$OUT/gpu-tests.log" 30
   wait $MM; cat "$W/make_models.log" | tee -a "$LOG"
   say "the weight kernels' speed report (GEMV lines, contended by the build if it still runs)"
   timeout 90 python3 -m pytest "$G/test_quant_kernels.py::test_large_matrices_and_bandwidth_report" -q -s \
@@ -383,11 +383,9 @@ if [ "$PHASE" = h ]; then  # no peers needed: the dequantize-first prefill (bran
   say "tests: dequantize-first == tiled bit for bit, then tests/gpu (not slow)"
   timeout 60 python3 -m pytest "$G/test_quant_kernels.py" -k dequant_first -q -p no:cacheprovider \
     > "$OUT/gpu-tests-new.log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests-new.log" | head -20 | tee -a "$LOG"
-  tail -2 "$OUT/gpu-tests-new.log" | tee -a "$LOG"
+  tests_summary "$OUT/gpu-tests-new.log" 20
   timeout 200 python3 -m pytest "$G" -q -p no:cacheprovider -m "not slow" > "$OUT/gpu-tests.log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -20 | tee -a "$LOG"
-  tail -2 "$OUT/gpu-tests.log" | tee -a "$LOG"
+  tests_summary "$OUT/gpu-tests.log" 20
   wait $MM
   say "warm prefill of the 1500-token prompt: dequantize-first on vs off"
   timeout 150 python3 "$REPO/bench/prefill_ab.py" "$M06" "$M8" --reps 3 2>&1 | tail -3 | tee -a "$LOG"
@@ -415,8 +413,7 @@ if [ "$PHASE" = retest ]; then
     T=(); for x in ${TESTS:-tests/gpu}; do T+=("$REPO/$x"); done
     timeout ${TEST_S:-200} python3 -m pytest "${T[@]}" -q -p no:cacheprovider -rs --durations=10 \
       -m "not slow" > "$OUT/gpu-tests.log" 2>&1
-    grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -40 | tee -a "$LOG"
-    tail -2 "$OUT/gpu-tests.log" | tee -a "$LOG"
+    tests_summary "$OUT/gpu-tests.log" 40
   fi
   wait $MM
   reflex generate "$M06" "$PROMPT" -n 1 > /dev/null 2>&1
@@ -437,8 +434,7 @@ if [ "$PHASE" = e ]; then  # a fresh machine, no peers: this session's fixes and
   timeout 110 python3 -m pytest "$G/test_decode_graph_gpu.py" "$G/test_cuda_backend.py::test_prepare_and_views" \
     "$G/test_registered_ops_gpu.py" "$G/test_deepseek2_gpu.py" -k "graph or prepare or mla or deepseek" \
     -q -p no:cacheprovider -rs -m "not slow" > "$OUT/gpu-tests.log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -40 | tee -a "$LOG"
-  tail -2 "$OUT/gpu-tests.log" | tee -a "$LOG"
+  tests_summary "$OUT/gpu-tests.log" 40
   say "decode note per family (tiny files)"
   timeout 60 python3 - "$G" <<'PY' 2>&1 | tee -a "$LOG"
 import sys, tempfile
@@ -491,8 +487,7 @@ if [ "$PHASE" = f ]; then  # a fresh machine, no peers: the tensor-core tiled ma
   timeout 100 python3 -m pytest "$G/test_quant_kernels.py" "$G/test_cuda_backend.py" "$G/test_models_gpu.py" \
     -k "(matmul and not moe and not large and (Q4_K or Q8_0 or IQ4_XS or F32 or Q3_K)) or matmul_many or prefill_and_decode or tree_batch or forward_matches" \
     -q -p no:cacheprovider -rs -m "not slow" > "$OUT/gpu-tests.log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -40 | tee -a "$LOG"
-  tail -2 "$OUT/gpu-tests.log" | tee -a "$LOG"
+  tests_summary "$OUT/gpu-tests.log" 40
   wait $MM
   LONG=$(python3 -c "import sys; sys.path.insert(0, '$REPO/bench'); import coldstart; print(coldstart.LONG_PROMPT)")
   say "17. prefill of the 1500-token prompt, by op (0.6B, 8B)"

@@ -309,10 +309,14 @@ def dequant_first_bytes(p: MatPlan, T: int, n_outs: tuple, swiglu: bool) -> int:
     return nbytes if nbytes <= DEQUANT_FIRST_MAX_BYTES else 0
 
 
+def _weight_rows(n_outs: tuple, swiglu: bool) -> list[int]:
+    """Output rows of each weight of a launch, in w_ptrs order (SwiGLU: gate and up)."""
+    return [n_outs[0], n_outs[0]] if swiglu else [n for n in n_outs if n]
+
+
 def _scratch_sizes(n_in: int, n_outs: tuple, swiglu: bool) -> list[int]:
     """Bytes of each weight's float32 copy, rounded up to 256 (the segments' alignment)."""
-    rows = [n_outs[0], n_outs[0]] if swiglu else [n for n in n_outs if n]
-    return [(4 * n_in * n + 255) & ~255 for n in rows]
+    return [(4 * n_in * n + 255) & ~255 for n in _weight_rows(n_outs, swiglu)]
 
 
 def matmul_dequant_first(kern, kern_f32, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple,
@@ -320,7 +324,7 @@ def matmul_dequant_first(kern, kern_f32, p: MatPlan, x_ptr: int, T: int, w_ptrs:
     """:func:`matmul_planned`'s tiled product through float32 copies of the weights: each weight
     dequantized into ``scratch_ptr`` (``dequant_first_bytes`` bytes; ``kern`` the weights'
     module), then the float32 tiled kernel (``kern_f32``: the common module) on the copies."""
-    rows = [n_outs[0], n_outs[0]] if swiglu else [n for n in n_outs if n]
+    rows = _weight_rows(n_outs, swiglu)
     ptrs, off = [], scratch_ptr
     for w, n, size in zip(w_ptrs, rows, _scratch_sizes(p.n_in, n_outs, swiglu)):
         dequant(kern, w, p.ggml_type, p.n_in * n, off)

@@ -553,7 +553,8 @@ struct rx_lu<RX_IQ1_M> {
 // nibbles of bytes 0..3, hi = those of the high nibbles. On the device, byte_perm looks up the
 // 4 nibbles of each 16-bit half at once (it reads 3 bits of each selector nibble: one lookup in
 // each 8-byte half of the table, then a byte_perm keeps the half bit 3 names), and two more
-// byte_perms sort the 8 results into lo and hi: 12 instructions per 8 values.
+// byte_perms sort the 8 results into lo and hi: about 16 integer instructions per 8 values in
+// the PTX (two rx_lut16 calls and their nibble splits took about 26).
 RX_HD void rx_nl_pair(uint32_t t0, uint32_t t1, uint32_t t2, uint32_t t3, uint32_t qw, uint32_t& lo,
                       uint32_t& hi) {
 #ifdef __CUDA_ARCH__
