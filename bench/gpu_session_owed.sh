@@ -269,21 +269,7 @@ if [ "$PHASE" = p2 ]; then
     REFLEX_CUDA_GRAPHS=0 timeout 150 $NCU --metrics gpu__time_duration.sum --csv --launch-skip 500 \
       --launch-count 700 reflex generate "$m" "$PROMPT" -n 5 --backend cuda > "$W/ncu-all.csv" 2>"$W/ncu-all.err"
     grep -v "^\"" "$W/ncu-all.csv" | tail -3 | tee -a "$LOG"; tail -3 "$W/ncu-all.err" | tee -a "$LOG"
-    python3 - "$W/ncu-all.csv" <<'PY' | tee -a "$LOG"
-import csv, collections, sys
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-if not rows:
-    sys.exit("no ncu rows")
-head = rows[0]; k, u, v = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
-scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
-tot = collections.defaultdict(float); cnt = collections.Counter()
-for r in rows[1:]:
-    tot[r[k]] += float(r[v].replace(",", "")) * scale.get(r[u], float("nan")); cnt[r[k]] += 1
-allus = sum(tot.values())
-print(f"{sum(cnt.values())} kernels, {allus:.0f} us of kernel time")
-for name, us in sorted(tot.items(), key=lambda t: -t[1])[:14]:
-    print(f"  {name[:48]:48s} {cnt[name]:5d} x {us / cnt[name]:7.2f} us = {us:8.0f} us ({100 * us / allus:4.1f}%)")
-PY
+    python3 "$REPO/bench/ncu_by_kernel.py" "$W/ncu-all.csv" 14 | tee -a "$LOG"
   done
   [ -n "${SKIP_PREFILL:-}" ] && { say "done"; exit 0; }
   export PYTHONPATH=/tmp/new
