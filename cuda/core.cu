@@ -28,6 +28,7 @@ Kernels (launch shape)
   reflex_moe_route      gating, bias, groups, top-k, renorm, scale
                                                           grid T, block 256             [PPPPiiiifii]
   reflex_moe_combine    sum_j w[t,j] * y[t,j,:]           grid (ceil(n/256), T), 256    [PPPii]
+  reflex_moe_schedule   a MoE matmul's slots by expert    grid 1, block 1024            [PiiiPPPPi]
   reflex_lora_add       w += scale * L @ R (LoRA merge)   grid (n_in/32, n_out/32, E), (32, 8)  [PPPiiiiif]
 
 Numerics: float32 everywhere except RoPE angles (float64 so that large positions keep their
@@ -925,6 +926,63 @@ extern "C" __global__ void reflex_moe_combine(const float* __restrict__ y, const
     float s = 0.f;
     for (int j = 0; j < k; j++) s += wt[j] * yt[(size_t)j * n];
     out[(size_t)t * n + c] = s;
+}
+
+// ------------------------------------------------------------------------------------------
+// moe_schedule: the slots of a MoE matmul (ids [n_slots] int32, n_slots = T * k) grouped by
+// expert for the grouped tiled kernels (reflex_moe_tiled_<t>, reflex/quant_kernels.cuh), in one
+// block of 1024 threads: order = the slots whose id is in [0, n_expert), expert by expert (in
+// no fixed order within an expert: each slot's outputs depend on its own x row only, not on the
+// slots that share its tile); tiles[3 i .. 3 i + 2] = expert, first position in order, slot
+// count (<= tile) of tile i, experts ascending; *n_tiles = the tile count, at most
+// ceil(n_slots / tile) + min(n_expert, n_slots). A slot with an id outside [0, n_expert) gets
+// NaN outputs y[s, 0 .. n_out) here (as the GEMV's MoE kernel gives). n_expert <=
+// REFLEX_MOE_MAX_E.
+
+extern "C" __global__ void __launch_bounds__(1024)
+    reflex_moe_schedule(const int* __restrict__ ids, int n_slots, int n_expert, int tile,
+                        int* __restrict__ order, int* __restrict__ tiles, int* __restrict__ n_tiles,
+                        float* __restrict__ y, int n_out) {
+    __shared__ int count[REFLEX_MOE_MAX_E];  // slots per expert, then the scatter cursors
+    __shared__ int start[REFLEX_MOE_MAX_E];  // first position in order
+    __shared__ int tile0[REFLEX_MOE_MAX_E];  // first tile
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int s = threadIdx.x; s < n_slots; s += blockDim.x) {
+        const int e = ids[s];
+        if (e >= 0 && e < n_expert) {
+            atomicAdd(&count[e], 1);
+        } else {
+            for (int o = 0; o < n_out; ++o) y[(size_t)s * n_out + o] = __int_as_float(0x7fc00000);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int pos = 0, t = 0;
+        for (int e = 0; e < n_expert; ++e) {
+            start[e] = pos;
+            tile0[e] = t;
+            pos += count[e];
+            t += (count[e] + tile - 1) / tile;
+        }
+        *n_tiles = t;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {  // one thread per expert
+        const int c = count[e];
+        for (int i = 0; i * tile < c; ++i) {
+            int* tt = tiles + 3 * (tile0[e] + i);
+            tt[0] = e;
+            tt[1] = start[e] + i * tile;
+            tt[2] = min(tile, c - i * tile);
+        }
+        count[e] = 0;
+    }
+    __syncthreads();
+    for (int s = threadIdx.x; s < n_slots; s += blockDim.x) {
+        const int e = ids[s];
+        if (e >= 0 && e < n_expert) order[start[e] + atomicAdd(&count[e], 1)] = s;
+    }
 }
 
 // ------------------------------------------------------------------------------------------

@@ -4,8 +4,9 @@
 // loads their code (about twice the common types' image, quant.cu): the CUDA backend loads it
 // when it attaches a file that has one of them, and on first use otherwise.
 //
-// Per type <t>, the same 9 kernels as quant.cu: reflex_dequant_<t>, reflex_embed_<t>,
-// reflex_matmul_gemv{1,2,4,8,1s}_<t>, reflex_matmul_tiled_<t>, reflex_moe_matmul_<t>; algorithm,
+// Per type <t>, the same 10 kernels as quant.cu: reflex_dequant_<t>, reflex_embed_<t>,
+// reflex_matmul_gemv{1,2,4,8,1s}_<t>, reflex_matmul_tiled_<t>, reflex_moe_matmul_<t>,
+// reflex_moe_tiled_<t>; algorithm,
 // parameters and launch shapes in reflex/quant_kernels.cuh, the codebooks in reflex/iq_tables.cuh.
 // Launchers: reflex_core/cuda/quant_ops.py.
 #include "reflex/quant_kernels.cuh"

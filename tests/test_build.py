@@ -224,7 +224,7 @@ def test_every_launched_kernel_is_in_the_manifest_with_its_arity(core_manifest):
                 and isinstance(n.value, str) and n.value.startswith("reflex_")}
     assert {"reflex_add", "reflex_swiglu"} <= literals
     weight_kernels = {n for m in quant_ops.MODULES for n in quant_ops.kernel_names(m)}
-    assert len(weight_kernels) == 9 * len(quant_ops.SUPPORTED_TYPES)
+    assert len(weight_kernels) == 10 * len(quant_ops.SUPPORTED_TYPES)
     missing = sorted(n for n in literals | weight_kernels if n not in kernels)
     assert not missing, f"launched but not built: {missing}"
     assert set(quant_ops.MODULES) <= set(core_manifest["modules"])
@@ -279,9 +279,15 @@ def test_every_launcher_path_of_a_type_launches_kernels_of_its_module(core_build
                              True, p.gemv_w_ok)
         q.moe_matmul(k, W, t, X, IDS, Y, 3, 2, n_in, n_out, 4)
         q.moe_matmul(k, W, t, X, IDS, Y, 3, 2, n_in, n_out, 4, up_ptr=W)
+        core = _RecordingKernels(manifest["kernels"])  # the grouped MoE path's schedule
+        for up in (0, W):
+            q.moe_matmul_grouped(k, core, W, t, X, IDS, Y, q.MOE_TILED_MIN_T, 2, n_in, n_out, 4,
+                                 X, Y, IDS, up_ptr=up)
+        assert core.names == {"reflex_moe_schedule"}
         sx = q._TYPES[t][0]
         assert k.names == {f"reflex_dequant_{sx}", f"reflex_embed_{sx}",
                            f"reflex_matmul_tiled_{sx}", f"reflex_moe_matmul_{sx}",
+                           f"reflex_moe_tiled_{sx}",
                            *(f"reflex_matmul_gemv{tt}_{sx}" for tt in (1, 2, 4, 8))}
         module = q.module_of(t)
         assert p.module == module and q.modules_for([t]) == [module]

@@ -510,3 +510,32 @@ def test_dequant_first_launches(quant_signatures):
     name, grid, block, args = k.calls[-1]
     assert name == "reflex_matmul_tiled_f32" and grid == (96, 4, 1)
     assert args[:3] == (S, S + 4 * 1024 * 3072, 0) and args[-2:] == (4 * 1024, 1)
+
+
+def test_moe_grouped_launches(quant_signatures):
+    """Long prompts: a MoE matmul groups its slots by expert (the core module's schedule, then
+    the grouped tiled kernel over a grid tall enough for every tile the schedule can cut)."""
+    from reflex_core import _build
+    from reflex_core.cuda import quant_ops as q
+
+    nvcc = _find_nvcc()
+    if nvcc is None:
+        pytest.fail("nvcc not found: cannot preprocess cuda/core.cu")
+    core = _FakeKernels(_build.module_signatures(nvcc, ROOT / "cuda" / "core.cu", [INCLUDE], 90))
+    k = _FakeKernels(quant_signatures)
+    T, kk, E = q.MOE_TILED_MIN_T, 8, 128
+    assert not q.moe_tiled_ok(T - 1, kk, E) and q.moe_tiled_ok(T, kk, E)
+    assert q.moe_max_tiles(T * kk, E) == (T * kk + 63) // 64 + E
+    assert q.moe_max_tiles(100, 128) == 2 + 100  # at most one partial tile per slot
+    W, U, X, I, Y, O, S, N = (i << 20 for i in range(1, 9))
+    q.moe_matmul_grouped(k, core, W, 12, X, I, Y, T, kk, 2048, 768, E, O, S, N, up_ptr=U)
+    assert core.calls == [("reflex_moe_schedule", (1, 1, 1), (1024, 1, 1),
+                           (I, T * kk, E, 64, O, S, N, Y, 768))]
+    rb = 2048 // 256 * 144
+    assert k.calls == [("reflex_moe_tiled_q4_k", (768 // 32, q.moe_max_tiles(T * kk, E), 1),
+                        (256, 1, 1), (W, U, X, O, S, N, Y, kk, 2048, 768, rb, 768 * rb, 0, 1))]
+    k.calls.clear()
+    q.moe_matmul_grouped(k, core, W, 12, X, I, Y, T, kk, 768, 2048, E, O, S, N, x_per_expert=True)
+    assert k.calls[0][1][0] == 2048 // 64 and k.calls[0][3][-2:] == (1, 0)
+    with pytest.raises(ValueError):
+        q.moe_matmul_grouped(k, core, W, 12, X, I, Y, T - 1, kk, 768, 2048, E, O, S, N)

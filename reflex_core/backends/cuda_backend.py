@@ -828,10 +828,17 @@ class CudaOps(Ops):
         if x.ptr % 16:  # a row view of another array: the MoE kernels need 16-byte alignment
             x = self._copy(x)
         y = empty_f32((T, k, n_out), T * k * n_out)
-        if T and k:  # up (if any) is of w's type: the same module
-            self._quant_ops.moe_matmul(self._qkern_of(w.ggml_type), w.data, w.ggml_type, x.ptr,
-                                       ids.ptr, y.ptr, T, k, n_in, n_out, E, per_expert,
-                                       up_ptr=0 if up is None else up.data)
+        q = self._quant_ops
+        if T and k and q.moe_tiled_ok(T, k, E):  # long prompts: the slots grouped by expert
+            order = empty((T * k,), "i32")
+            tiles = empty((3 * q.moe_max_tiles(T * k, E),), "i32")
+            n_tiles = empty((1,), "i32")
+            q.moe_matmul_grouped(self._qkern_of(w.ggml_type), self.k, w.data, w.ggml_type, x.ptr,
+                                 ids.ptr, y.ptr, T, k, n_in, n_out, E, order.ptr, tiles.ptr,
+                                 n_tiles.ptr, per_expert, up_ptr=0 if up is None else up.data)
+        elif T and k:  # up (if any) is of w's type: the same module
+            q.moe_matmul(self._qkern_of(w.ggml_type), w.data, w.ggml_type, x.ptr, ids.ptr, y.ptr,
+                         T, k, n_in, n_out, E, per_expert, up_ptr=0 if up is None else up.data)
         return y
 
     def moe_combine(self, y, weights) -> DeviceArray:

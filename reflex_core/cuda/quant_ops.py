@@ -362,6 +362,48 @@ def moe_matmul(kern, w_ptr: int, ggml_type: int, x_ptr: int, ids_ptr: int, y_ptr
                  1 if x_per_expert else 0, n_expert, 1 if up_ptr else 0))
 
 
+# MoE matmuls of this many tokens or more group their slots by expert (reflex_moe_schedule, then
+# the grouped tiled kernels): each expert's weights are then read once per 64 of its slots
+# instead of once per slot.
+MOE_TILED_MIN_T = 64
+
+
+def moe_max_tiles(n_slots: int, n_expert: int) -> int:
+    """The most tiles reflex_moe_schedule can cut ``n_slots`` slots into (the grouped kernel's
+    grid height): one partial tile per used expert on top of the full ones."""
+    return (n_slots + _TILE_N - 1) // _TILE_N + min(n_expert, n_slots)
+
+
+def moe_tiled_ok(T: int, k: int, n_expert: int) -> bool:
+    """Whether a MoE matmul of ``T`` tokens takes the grouped path (:func:`moe_matmul_grouped`)."""
+    return T >= MOE_TILED_MIN_T and moe_max_tiles(T * k, n_expert) <= _MAX_GRID_Y
+
+
+def moe_matmul_grouped(kern, core, w_ptr: int, ggml_type: int, x_ptr: int, ids_ptr: int,
+                       y_ptr: int, T: int, k: int, n_in: int, n_out: int, n_expert: int,
+                       order_ptr: int, tiles_ptr: int, n_tiles_ptr: int,
+                       x_per_expert: bool = False, up_ptr: int = 0) -> None:
+    """:func:`moe_matmul`'s result through the slots grouped by expert: ``core`` (the core
+    module) runs ``reflex_moe_schedule`` into the scratch ``order`` (``T * k`` int32), ``tiles``
+    (``3 * moe_max_tiles`` int32) and ``n_tiles`` (one int32), then ``kern`` the grouped tiled
+    kernel. Only for :func:`moe_tiled_ok` sizes; no alignment needs (the tiled kernel's)."""
+    suffix, _, _, _, _ = _info(ggml_type)
+    rb = row_bytes(ggml_type, n_in)
+    n_slots = T * k
+    _check_int32(T=T, k=k, n_in=n_in, n_out=n_out, n_expert=n_expert, slots=n_slots)
+    if not moe_tiled_ok(T, k, n_expert):
+        raise ValueError(f"moe_matmul_grouped: T={T}, k={k}, {n_expert} experts is not a grouped size")
+    if n_out == 0 or k == 0:
+        return
+    core.launch("reflex_moe_schedule", (1, 1, 1), (1024, 1, 1),
+                (ids_ptr, n_slots, n_expert, _TILE_N, order_ptr, tiles_ptr, n_tiles_ptr, y_ptr, n_out))
+    gx = (n_out + _TILE_M // 2 - 1) // (_TILE_M // 2) if up_ptr else (n_out + _TILE_M - 1) // _TILE_M
+    kern.launch(f"reflex_moe_tiled_{suffix}", (gx, moe_max_tiles(n_slots, n_expert), 1),
+                (_TILE_THREADS, 1, 1),
+                (w_ptr, up_ptr, x_ptr, order_ptr, tiles_ptr, n_tiles_ptr, y_ptr, k, n_in, n_out, rb,
+                 n_out * rb, 1 if x_per_expert else 0, 1 if up_ptr else 0))
+
+
 def kernel_names(module: str = COMMON_MODULE) -> list[str]:
     """Every kernel name launched from ``module`` (one of :data:`MODULES`; tests check its build
     has them all)."""
@@ -372,7 +414,8 @@ def kernel_names(module: str = COMMON_MODULE) -> list[str]:
         if _MODULE_OF[t] != module:
             continue
         names += [f"reflex_dequant_{suffix}", f"reflex_embed_{suffix}",
-                  f"reflex_matmul_tiled_{suffix}", f"reflex_moe_matmul_{suffix}"]
+                  f"reflex_matmul_tiled_{suffix}", f"reflex_moe_matmul_{suffix}",
+                  f"reflex_moe_tiled_{suffix}"]
         names += [f"reflex_matmul_gemv{tt}_{suffix}" for tt in (1, 2, 4, 8)]
         names.append(f"reflex_matmul_gemv1s_{suffix}")
     return names

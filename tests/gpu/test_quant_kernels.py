@@ -524,6 +524,63 @@ def test_moe_matmul(qk, name):
     check_matmul(y[0][None], wf[1], x, f"{name} moe next to an invalid id")
 
 
+@pytest.mark.parametrize("name", ["F32", "Q8_0", "Q4_K", "Q6_K", "Q3_K", "IQ4_XS", "IQ2_XXS"])
+def test_moe_matmul_grouped(qk, name):
+    """Long prompts: the slots grouped by expert (reflex_moe_schedule, then the grouped tiled
+    kernel) give each slot W_e . x_row, with an expert no token picked, one picked by more than
+    64 slots (two tiles), a repeated expert within a token, an invalid id (a NaN row), x shared
+    or per slot, and the SwiGLU mode."""
+    ctx, kernels_of = qk
+    kern, core = kernels_of(name), ctx.kernels("core")
+    rng = np.random.default_rng(450 + TYPES[name])
+    E, k, n_out = 6, 3, 45
+    n_in = n_in_cases(name)[1]
+    raw, wf = random_weights(rng, name, E * n_out, n_in)
+    wf = wf.reshape(E, n_out, n_in)
+    _, wp = upload(ctx, raw)
+    raw_u, wf_u = random_weights(rng, name, E * n_out, n_in)
+    wf_u = wf_u.reshape(E, n_out, n_in)
+    _, up = upload(ctx, raw_u)
+    for T in (quant_ops.MOE_TILED_MIN_T, 131):
+        assert quant_ops.moe_tiled_ok(T, k, E)
+        ids = rng.choice([0, 1, 2, 4, 5], size=(T, k), p=[0.5, 0.2, 0.1, 0.1, 0.1]).astype(np.int32)
+        ids[0] = [2, 2, 4]  # repeated expert within a token; expert 3 never picked
+        ids[1, 1] = E  # invalid
+        _, ip = upload(ctx, ids)
+        n_slots = T * k
+        order = ctx.alloc(4 * n_slots)
+        tiles = ctx.alloc(4 * 3 * quant_ops.moe_max_tiles(n_slots, E))
+        n_tiles = ctx.alloc(4)
+        valid = ids.reshape(-1) < E
+        for per_expert in (False, True):
+            x = rng.standard_normal((T, k, n_in) if per_expert else (T, n_in)).astype(np.float32)
+            _, xp = upload(ctx, x)
+            outs = []
+            for wptr, upp in ((wp, 0), (up, 0), (wp, up)):
+                yp = ctx.alloc(4 * n_slots * n_out)
+                quant_ops.moe_matmul_grouped(kern, core, wptr, TYPES[name], xp, ip, yp, T, k, n_in,
+                                             n_out, E, order, tiles, n_tiles,
+                                             x_per_expert=per_expert, up_ptr=upp)
+                outs.append(download(ctx, yp, n_slots * n_out).reshape(n_slots, n_out))
+            g, u, y = outs
+            for out in (g, u, y):
+                assert np.isnan(out[~valid]).all() and not np.isnan(out[valid]).any()
+            xr = x.reshape(n_slots, n_in) if per_expert else np.repeat(x, k, axis=0)
+            for e in range(E):
+                sel = np.flatnonzero(valid & (ids.reshape(-1) == e))
+                if sel.size:
+                    check_matmul(g[sel], wf[e], xr[sel], f"{name} grouped T={T} e={e} "
+                                 f"per_expert={per_expert}")
+                    check_matmul(u[sel], wf_u[e], xr[sel], f"{name} grouped up T={T} e={e}")
+            want = _silu_mul(g[valid], u[valid])
+            np.testing.assert_allclose(y[valid], want, rtol=4e-6,
+                                       atol=1e-6 * (np.abs(want).max() + 1),
+                                       err_msg=f"{name} grouped swiglu T={T} per_expert={per_expert}")
+        counts = np.bincount(ids.reshape(-1)[valid], minlength=E)
+        want_tiles = sum((c + 63) // 64 for c in counts)
+        assert int(download(ctx, n_tiles, 1, np.int32)[0]) == want_tiles
+
+
 # ----------------------------------------------------------------------------------------------
 # large matrices: results checked on sampled rows; bandwidth printed, not asserted
 

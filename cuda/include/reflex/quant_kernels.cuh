@@ -3,7 +3,7 @@
 // device; the CPU tests check them bit for bit against gguf-py). Launchers:
 // reflex_core/cuda/quant_ops.py.
 //
-// RX_QUANT_KERNELS(t, RX_<T>) defines the 9 extern "C" kernels below for one GGML type <t>; the
+// RX_QUANT_KERNELS(t, RX_<T>) defines the 10 extern "C" kernels below for one GGML type <t>; the
 // modules instantiate it for their types: cuda/quant.cu (the common types, loaded at start) and
 // cuda/quant_lowbit.cu (the low-bit, codebook, ternary and FP4 types, loaded only for a file that
 // has one). `w` points at the tensor's raw bytes, `row_bytes` = n_in / QK * TS.
@@ -54,7 +54,9 @@
 // reflex_matmul_tiled_<t>(w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, n2, row_bytes, mode)
 //   (any T; prefill) Shared-memory GEMM tile: a 256-thread block computes 64 weight rows x 64
 //   tokens; per 64-wide K slice it dequantizes the 64x64 weight tile (rx_q<t>::dec4, 4 groups
-//   of 4 elements per thread) and stages the 64x64 x tile, both k-major in shared memory
+//   of 4 elements per thread, 16 threads a row: each warp reads two rows' contiguous bytes;
+//   float32 weights -- the dequantize-first scratch -- as float4 loads) and stages the 64x64 x
+//   tile, both row-major (a row's or a token's 64 k values contiguous) in shared memory
 //   (34 KB). sm_80 and later: tensor cores, each warp a 16 rows x 32 tokens block of
 //   mma.m16n8k8 TF32 products in the 3xTF32 split (big*big + big*small + small*big, f32
 //   accumulation: close to f32 FMA accuracy; small*small, ~2^-22 of a product, is dropped).
@@ -76,6 +78,16 @@
 //   unused. mode 1 (SwiGLU): w = gate experts, w_up = up experts (same type and shape); a warp
 //   owns output row o (its gate and up rows, R = 2 as above), y[s, o] = silu(g) * u;
 //   grid = (ceil(n_out/4), min(T*k, 65535)). An id outside [0, n_expert) gives NaN outputs.
+//
+// reflex_moe_tiled_<t>(w, w_up, x, order, tiles, n_tiles, y, k, n_in, n_out, row_bytes,
+//                      expert_bytes, x_per_expert, mode)
+//   The same products for many tokens, grouped by expert: reflex_moe_schedule (cuda/core.cu)
+//   sorts the slots by expert into `order` and cuts each expert's run into tiles of <= 64
+//   slots; block (x, i) runs tile i as the tiled kernel above over that expert's matrix (mode
+//   1: gate and up), its x rows gathered (x[s / k], or x[s] when x_per_expert) and its outputs
+//   scattered to y[s]. Each expert's weights are read once per tile instead of once per slot.
+//   grid = (ceil(n_out/64) (mode 1: ceil(n_out/32)), the schedule's tile bound); blocks past
+//   *n_tiles return. Slots with invalid ids were given their NaN rows by the schedule.
 #pragma once
 
 #include "reflex/quants.cuh"
@@ -340,15 +352,23 @@ __device__ __forceinline__ void rx_mma_tf32(float* d, const uint32_t* a, const u
 #define RX_TILED_MMA 0
 #endif
 
-template <int TYPE>
+// GATHER (the grouped MoE kernel): the tile's T (<= 64) tokens are slots[0 .. T): token nn
+// reads x row slots[nn] / kdiv and writes y row slots[nn]; otherwise token nn of the block is
+// blockIdx.y * 64 + nn for both.
+template <int TYPE, bool GATHER = false>
 __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,
                                            const uint8_t* __restrict__ w2, const float* __restrict__ x,
                                            float* __restrict__ y0, float* __restrict__ y1,
                                            float* __restrict__ y2, int T, int n_in, int n0, int n1,
-                                           int n2, long long row_bytes, int mode) {
+                                           int n2, long long row_bytes, int mode,
+                                           const int* __restrict__ slots = nullptr, int kdiv = 1) {
     typedef rx_q<TYPE> Q;
-    __shared__ __align__(16) float Ws[TILE_K][TILE_M + 4];
-    __shared__ __align__(16) float Xs[TILE_K][TILE_N + 4];
+    // Both tiles row-major (a weight row / a token's k values contiguous), rows 68 floats apart:
+    // the fills' float4 stores and the mma fragments' loads (lane 4g + q reads row g, column q)
+    // then hit 32 different banks. The epilogue reuses Ws as E[token][tile row].
+    static_assert(TILE_M == TILE_K && TILE_N == TILE_K, "square tiles (the epilogue reuses Ws)");
+    __shared__ __align__(16) float Ws[TILE_M][TILE_K + 4];
+    __shared__ __align__(16) float Xs[TILE_N][TILE_K + 4];
     const int tid = threadIdx.x;
     const uint8_t* w;
     float* y;
@@ -361,7 +381,14 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
         seg_select(w0, w1, w2, y0, y1, y2, n0, n1, n2, TILE_M, w, y, n, b);
         m0 = b * TILE_M;
     }
-    const int n0t = blockIdx.y * TILE_N;
+    const int n0t = GATHER ? 0 : blockIdx.y * TILE_N;
+    // x and y rows of the tile's token nn (< T)
+    auto x_row = [&](int nn) -> long long {
+        return GATHER ? (long long)(__ldg(slots + nn) / kdiv) : (long long)(n0t + nn);
+    };
+    auto y_row = [&](int nn) -> long long {
+        return GATHER ? (long long)__ldg(slots + nn) : (long long)(n0t + nn);
+    };
     const bool xvec = (n_in & 3) == 0 && ((uintptr_t)x & 15u) == 0;
 #if RX_TILED_MMA
     // warp w: tile rows 16 (w % 4) .. +16 x tokens 32 (w / 4) .. +32, four m16n8k8 tiles;
@@ -382,18 +409,31 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
         for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
 
     for (int k0 = 0; k0 < n_in; k0 += TILE_K) {
-        // weight tile: 64 rows x 16 groups of 4; thread -> (row m = g % 64, group g / 64)
+        // weight tile: 64 rows x 16 groups of 4; thread -> (row m = g / 16, group g % 16), so a
+        // warp reads two rows' 64 k values each: contiguous bytes of each row
 #pragma unroll
         for (int p = 0; p < TILE_M * TILE_K / 4 / TILE_THREADS; ++p) {
             const int g = tid + p * TILE_THREADS;
-            const int m = g & (TILE_M - 1), kg = g / TILE_M;
+            const int m = g / (TILE_K / 4), kg = g % (TILE_K / 4);
             const int row = mode == 1 ? m0 + (m & (TILE_M / 2 - 1)) : m0 + m;
             const uint8_t* wm = mode == 1 && m >= TILE_M / 2 ? w1 : w;
             const int k = k0 + 4 * kg;
             float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (row < n && k < n_in) {
                 const uint8_t* rp = wm + (long long)row * row_bytes;
-                if constexpr (Q::QK == 1) {
+                if constexpr (TYPE == RX_F32) {  // the dequantize-first scratch: float4 loads
+                    if (((uintptr_t)(rp + 4LL * k) & 15u) == 0 && k + 4 <= n_in) {
+                        const float4 f = __ldg((const float4*)(rp + 4LL * k));
+                        v[0] = f.x;
+                        v[1] = f.y;
+                        v[2] = f.z;
+                        v[3] = f.w;
+                    } else {
+#pragma unroll
+                        for (int c = 0; c < 4; ++c)
+                            if (k + c < n_in) v[c] = Q::dec1(rp, k + c);
+                    }
+                } else if constexpr (Q::QK == 1) {
 #pragma unroll
                     for (int c = 0; c < 4; ++c)
                         if (k + c < n_in) v[c] = Q::dec1(rp, k + c);
@@ -401,8 +441,7 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
                     Q::dec4(rp + (long long)(k / Q::QK) * Q::TS, k % Q::QK, v);
                 }
             }
-#pragma unroll
-            for (int c = 0; c < 4; ++c) Ws[4 * kg + c][m] = v[c];
+            *(float4*)&Ws[m][4 * kg] = make_float4(v[0], v[1], v[2], v[3]);
         }
         // x tile: 64 tokens x 16 float4; thread -> (token n = g / 16, group g % 16)
 #pragma unroll
@@ -412,7 +451,7 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
             const int tok = n0t + nn, k = k0 + 4 * kg;
             float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (tok < T) {
-                const float* xr = x + (long long)tok * n_in + k;
+                const float* xr = x + x_row(nn) * n_in + k;
                 if (xvec && k + 4 <= n_in) {
                     rx_ld_f4(xr, v);
                 } else {
@@ -421,8 +460,7 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
                         if (k + c < n_in) v[c] = __ldg(xr + c);
                 }
             }
-#pragma unroll
-            for (int c = 0; c < 4; ++c) Xs[4 * kg + c][nn] = v[c];
+            *(float4*)&Xs[nn][4 * kg] = make_float4(v[0], v[1], v[2], v[3]);
         }
         __syncthreads();
 #if RX_TILED_MMA
@@ -430,15 +468,15 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
 #pragma unroll 2
             for (int kk = 0; kk < TILE_K; kk += 8) {
                 uint32_t ab[4], as[4];
-                rx_tf32_split(Ws[kk + wq][wr + wg], ab[0], as[0]);
-                rx_tf32_split(Ws[kk + wq][wr + wg + 8], ab[1], as[1]);
-                rx_tf32_split(Ws[kk + wq + 4][wr + wg], ab[2], as[2]);
-                rx_tf32_split(Ws[kk + wq + 4][wr + wg + 8], ab[3], as[3]);
+                rx_tf32_split(Ws[wr + wg][kk + wq], ab[0], as[0]);
+                rx_tf32_split(Ws[wr + wg + 8][kk + wq], ab[1], as[1]);
+                rx_tf32_split(Ws[wr + wg][kk + wq + 4], ab[2], as[2]);
+                rx_tf32_split(Ws[wr + wg + 8][kk + wq + 4], ab[3], as[3]);
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
                     uint32_t bb[2], bs[2];
-                    rx_tf32_split(Xs[kk + wq][wt + 8 * j + wg], bb[0], bs[0]);
-                    rx_tf32_split(Xs[kk + wq + 4][wt + 8 * j + wg], bb[1], bs[1]);
+                    rx_tf32_split(Xs[wt + 8 * j + wg][kk + wq], bb[0], bs[0]);
+                    rx_tf32_split(Xs[wt + 8 * j + wg][kk + wq + 4], bb[1], bs[1]);
                     rx_mma_tf32(acc[j], as, bb);
                     rx_mma_tf32(acc[j], ab, bs);
                     rx_mma_tf32(acc[j], ab, bb);
@@ -449,10 +487,12 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
         if (active) {
 #pragma unroll 8
             for (int kk = 0; kk < TILE_K; ++kk) {
-                const float4 a = *(const float4*)&Ws[kk][ty * 4];
-                const float4 b = *(const float4*)&Xs[kk][tx * 4];
-                const float av[4] = {a.x, a.y, a.z, a.w};
-                const float bv[4] = {b.x, b.y, b.z, b.w};
+                float av[4], bv[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    av[i] = Ws[ty * 4 + i][kk];
+                    bv[i] = Xs[tx * 4 + i][kk];
+                }
 #pragma unroll
                 for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -482,7 +522,7 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
             const int g = tid + p * TILE_THREADS;
             const int r = g & (TILE_M / 2 - 1), nn = g / (TILE_M / 2);
             const int row = m0 + r, tok = n0t + nn;
-            if (row < n && tok < T) y[(long long)tok * n + row] = rx_silu_mul(E[nn][r], E[nn][r + TILE_M / 2]);
+            if (row < n && tok < T) y[y_row(nn) * n + row] = rx_silu_mul(E[nn][r], E[nn][r + TILE_M / 2]);
         }
         return;
     }
@@ -491,8 +531,28 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
         const int g = tid + p * TILE_THREADS;
         const int r = g & (TILE_M - 1), nn = g / TILE_M;
         const int row = m0 + r, tok = n0t + nn;
-        if (row < n && tok < T) y[(long long)tok * n + row] = E[nn][r];
+        if (row < n && tok < T) y[y_row(nn) * n + row] = E[nn][r];
     }
+}
+
+// The grouped MoE matmul: block (x, tile) runs tile `tile` of reflex_moe_schedule's schedule (an
+// expert e and up to 64 of its slots) as the tiled kernel over W_e (mode 1: gate_e and up_e).
+// Blocks past the schedule's tile count return at once.
+template <int TYPE>
+__device__ __forceinline__ void moe_tiled_body(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_up,
+                                               const float* __restrict__ x, const int* __restrict__ order,
+                                               const int* __restrict__ tiles, const int* __restrict__ n_tiles,
+                                               float* __restrict__ y, int k, int n_in, int n_out,
+                                               long long row_bytes, long long expert_bytes,
+                                               int x_per_expert, int mode) {
+    const int tile = blockIdx.y;
+    if (tile >= __ldg(n_tiles)) return;  // the whole block: before any barrier
+    const int e = __ldg(tiles + 3 * tile), first = __ldg(tiles + 3 * tile + 1);
+    const int count = __ldg(tiles + 3 * tile + 2);
+    const long long eo = (long long)e * expert_bytes;
+    tiled_body<TYPE, true>(w + eo, mode == 1 ? w_up + eo : nullptr, nullptr, x, y, nullptr, nullptr,
+                           count, n_in, n_out, 0, 0, row_bytes, mode, order + first,
+                           x_per_expert ? 1 : k);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -547,4 +607,14 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
                                  int n_expert, int mode) {                                            \
         moe_body<TYPE>(w, w_up, x, ids, y, T, k, n_in, n_out, row_bytes, expert_bytes, x_per_expert,  \
                        n_expert, mode);                                                               \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(TILE_THREADS, 2)                                     \
+        reflex_moe_tiled_##name(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_up,      \
+                                const float* __restrict__ x, const int* __restrict__ order,           \
+                                const int* __restrict__ tiles, const int* __restrict__ n_tiles,       \
+                                float* __restrict__ y, int k, int n_in, int n_out,                    \
+                                long long row_bytes, long long expert_bytes, int x_per_expert,        \
+                                int mode) {                                                           \
+        moe_tiled_body<TYPE>(w, w_up, x, order, tiles, n_tiles, y, k, n_in, n_out, row_bytes,         \
+                             expert_bytes, x_per_expert, mode);                                       \
     }

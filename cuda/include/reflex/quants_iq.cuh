@@ -618,17 +618,17 @@ struct rx_unit_scaled<RX_IQ4_NL> {
 };
 
 // IQ4_XS: 8 units per block, unit j = qs bytes [16j, +16) (elements [32j, 32j + 32)) plus the
-// 8-byte header (64-bit load). Step s: word s -> elements 32j + 4s + [0,4) and + 16. Four lanes
-// a unit (rx_unit_lanes), one step each: a warp's 32 lanes cover one block.
+// 8-byte header (64-bit loads). Step s: word s -> elements 32j + 4s + [0,4) and + 16. Two lanes
+// a unit (rx_unit_lanes), two steps each: one header decode per 16 weights.
 template <>
 struct rx_lu<RX_IQ4_XS> {
     static constexpr int QK = 256, TS = 136, LPB = 8, SUB = 4, ALIGN = 8;
     uint32_t hd[2];
-    uint32_t q;
+    uint32_t q[2];
     float a;
     RX_HD void load(const uint8_t* b, int j, int part) {
         rx_ld_v2(b, hd[0], hd[1]);
-        q = rx_ld_u32(b + 8 + 16 * j + 4 * part);
+        rx_ld_v2(b + 8 + 16 * j + 8 * part, q[0], q[1]);
     }
     RX_HD void prep(int j) {
         a = RX_FMUL(rx_f16_to_f32_fast(hd[0] & 0xffffu),
@@ -637,12 +637,12 @@ struct rx_lu<RX_IQ4_XS> {
     static RX_HD int e0(int j, int s) { return 32 * j + 4 * s; }
     static RX_HD int e1(int j, int s) { return 32 * j + 16 + 4 * s; }
     template <bool EXACT>
-    RX_HD void dec(int, int, float* w) const {
-        rx_nl_step<EXACT>(a, RX_IQ4NL_KV0, RX_IQ4NL_KV1, RX_IQ4NL_KV2, RX_IQ4NL_KV3, q, w);
+    RX_HD void dec(int, int k, float* w) const {
+        rx_nl_step<EXACT>(a, RX_IQ4NL_KV0, RX_IQ4NL_KV1, RX_IQ4NL_KV2, RX_IQ4NL_KV3, q[k], w);
     }
     RX_HD float scale() const { return a; }
-    RX_HD void unscaled(int, float* w) const {
-        rx_nl_values(RX_IQ4NL_KV0, RX_IQ4NL_KV1, RX_IQ4NL_KV2, RX_IQ4NL_KV3, q, w);
+    RX_HD void unscaled(int k, float* w) const {
+        rx_nl_values(RX_IQ4NL_KV0, RX_IQ4NL_KV1, RX_IQ4NL_KV2, RX_IQ4NL_KV3, q[k], w);
     }
 };
 template <>
@@ -651,7 +651,7 @@ struct rx_unit_scaled<RX_IQ4_XS> {
 };
 template <>
 struct rx_unit_lanes<RX_IQ4_XS> {
-    static constexpr int value = 4;
+    static constexpr int value = 2;
 };
 
 template <>
