@@ -18,7 +18,10 @@ Kernels (launch shape)
   reflex_kv_write       K and V rows into cache cells     grid ceil(n/256)<=4096, 256   [PPPPii]
   reflex_qk_norm_rope_store  per-head RMSNorm + RoPE of q and k, K/V into the cache
                                                           grid (H + H_kv, T), 128|256   [PPPPPPPPPiiiiiiifdddddd]
-  reflex_attention      masked GQA softmax attention      grid (H, T), block 256        [PPPPPPPiiiif]
+  reflex_attention      masked GQA softmax attention      grid (H, T, S), block 256     [PPPPPPPPiiiif]
+  reflex_attention_combine  merges reflex_attention's S slices  grid (H, T), 256        [PPiii]
+  reflex_attention_tiled128 / _tiled256  the same for many tokens, query tiles x cell tiles in
+                        shared memory                     grid (H, ceil(T/32|16)), 256  [PPPPPPPiiiiif]
   reflex_take_rows      y[r] = x[rows[r]]                 grid (ceil(n/256), R), 256    [PPPi]
   reflex_argmax         first index of the row maximum    grid rows, block 1024         [PPi]
   reflex_token_logprobs log_softmax(x)[target] per row    grid rows, block 1024         [PPPi]
@@ -513,6 +516,220 @@ extern "C" __global__ void reflex_attention_combine(const float* __restrict__ pa
         for (int s = 0; s < S; s++) acc_e += pp[s * w + 2 + e] * s_f[s];
         o[e] = acc_e * s_invL;
     }
+}
+
+// ------------------------------------------------------------------------------------------
+// attention_tiled: the prefill's attention (many tokens), same inputs and result as
+// reflex_attention with one split. Block (h, query tile): BQ tokens of head h against the cache
+// in tiles of BK cells, staged in shared memory once for all BQ queries (reflex_attention reads
+// every visible K and V row once per token: at T = 1500 that is most of a prefill's time).
+// Cells run in order over [c_lo, c_hi): the smallest first visible cell and the largest end of
+// the tile's tokens; a cell a token does not see scores -inf (the same visible set as
+// reflex_attention's list, summed in cell order). Online softmax per token in registers and
+// shared memory (m, l); scores, then P = e^(s - m), in Ps. 256 threads: thread (a, b) = (tid /
+// 16, tid % 16) scores tokens a + 16i against cells b + 16j (i < BQ/16, j < BK/16; rows 4 floats
+// of padding apart, so a quarter warp's float4 loads hit distinct banks) and accumulates tokens
+// a + 16i's outputs at columns 4b + 64c (float4, c < DMAX/64). K and V share one buffer (V
+// loaded after the scores), and a cell no token of the tile sees is staged as zeros (its cache
+// row may be uninitialised, and 0 * NaN would poison the sum). Needs d_k, d_v <= DMAX,
+// d_k % 4 == d_v % 4 == 0 and 16-byte aligned q, caches, out (the launcher checks; else
+// reflex_attention). grid (H, ceil(T / BQ)), block 256.
+#define ATT_TILE_THREADS 256
+
+template <int BQ, int BK, int DMAX>
+__device__ __forceinline__ void attention_tiled_body(
+    const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
+    float* __restrict__ out, const int* __restrict__ prefix_end, const int* __restrict__ own_start,
+    const int* __restrict__ own_end, int T, int H, int H_kv, int dk, int dv, float scale) {
+    static_assert(BQ % 16 == 0 && BK % 16 == 0 && DMAX % 64 == 0, "tile shapes");
+    constexpr int NQ = BQ / 16, NK = BK / 16, NC = DMAX / 64, LD = DMAX + 4;
+    constexpr int TPR = ATT_TILE_THREADS / BQ;  // softmax: threads a token row
+    static_assert(BK % TPR == 0 && TPR <= 32, "softmax row split");
+    __shared__ __align__(16) float Qs[BQ][LD];
+    __shared__ __align__(16) float KV[BK][LD];
+    __shared__ float Ps[BQ][BK + 1];
+    __shared__ float s_m[BQ], s_l[BQ], s_corr[BQ];
+    __shared__ int s_pe[BQ], s_vs[BQ], s_oe[BQ];
+    __shared__ int s_lo, s_hi;
+    __shared__ int s_seen[BK];
+    const int tid = threadIdx.x, h = blockIdx.x, t0 = blockIdx.y * BQ;
+    const int g = h / (H / H_kv);
+    const int a = tid >> 4, b = tid & 15;
+    if (tid == 0) { s_lo = 0x7fffffff; s_hi = 0; }
+    __syncthreads();
+    if (tid < BQ) {
+        int pe = 0, vs = 0, oe = 0;  // token sees [0, pe) and [vs, oe)
+        if (t0 + tid < T) {
+            pe = prefix_end[t0 + tid];
+            vs = max(own_start[t0 + tid], pe);
+            oe = max(own_end[t0 + tid], vs);
+            const int first = pe > 0 ? 0 : vs, last = oe > vs ? oe : pe;
+            if (last > first) { atomicMin(&s_lo, first); atomicMax(&s_hi, last); }
+        }
+        s_pe[tid] = pe; s_vs[tid] = vs; s_oe[tid] = oe;
+        s_m[tid] = -INFINITY; s_l[tid] = 0.f;
+    }
+    // the query tile (zeros past T and past d_k)
+    for (int e = tid; e < BQ * (DMAX / 4); e += ATT_TILE_THREADS) {
+        const int r = e / (DMAX / 4), c4 = 4 * (e % (DMAX / 4));
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (t0 + r < T && c4 < dk) v = *(const float4*)(q + ((size_t)(t0 + r) * H + h) * dk + c4);
+        *(float4*)&Qs[r][c4] = v;
+    }
+    float acc[NQ][NC][4];
+#pragma unroll
+    for (int i = 0; i < NQ; i++)
+#pragma unroll
+        for (int c = 0; c < NC; c++)
+#pragma unroll
+            for (int x = 0; x < 4; x++) acc[i][c][x] = 0.f;
+    __syncthreads();
+    const int c_lo = s_lo, c_hi = s_hi;
+    const size_t kstride = (size_t)H_kv * dk, vstride = (size_t)H_kv * dv;
+    for (int c0 = c_lo; c0 < c_hi; c0 += BK) {
+        // which of the tile's cells some token sees
+        if (tid < BK) {
+            const int cell = c0 + tid;
+            int seen = 0;
+            for (int r = 0; r < BQ; r++)
+                seen |= cell < s_pe[r] || (cell >= s_vs[r] && cell < s_oe[r]);
+            s_seen[tid] = seen && cell < c_hi;
+        }
+        __syncthreads();
+        for (int e = tid; e < BK * (DMAX / 4); e += ATT_TILE_THREADS) {
+            const int r = e / (DMAX / 4), c4 = 4 * (e % (DMAX / 4));
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (s_seen[r] && c4 < dk) v = *(const float4*)(kc + (size_t)(c0 + r) * kstride + (size_t)g * dk + c4);
+            *(float4*)&KV[r][c4] = v;
+        }
+        __syncthreads();
+        // scores of tokens a + 16i x cells b + 16j
+        float sc[NQ][NK];
+#pragma unroll
+        for (int i = 0; i < NQ; i++)
+#pragma unroll
+            for (int j = 0; j < NK; j++) sc[i][j] = 0.f;
+        for (int d = 0; d < dk; d += 4) {
+            float4 qv[NQ], kv[NK];
+#pragma unroll
+            for (int i = 0; i < NQ; i++) qv[i] = *(const float4*)&Qs[a + 16 * i][d];
+#pragma unroll
+            for (int j = 0; j < NK; j++) kv[j] = *(const float4*)&KV[b + 16 * j][d];
+#pragma unroll
+            for (int i = 0; i < NQ; i++)
+#pragma unroll
+                for (int j = 0; j < NK; j++) {
+                    sc[i][j] = fmaf(qv[i].x, kv[j].x, sc[i][j]);
+                    sc[i][j] = fmaf(qv[i].y, kv[j].y, sc[i][j]);
+                    sc[i][j] = fmaf(qv[i].z, kv[j].z, sc[i][j]);
+                    sc[i][j] = fmaf(qv[i].w, kv[j].w, sc[i][j]);
+                }
+        }
+#pragma unroll
+        for (int i = 0; i < NQ; i++)
+#pragma unroll
+            for (int j = 0; j < NK; j++) {
+                const int r = a + 16 * i, cell = c0 + b + 16 * j;
+                const bool vis = cell < s_pe[r] || (cell >= s_vs[r] && cell < s_oe[r]);
+                Ps[r][b + 16 * j] = vis ? sc[i][j] * scale : -INFINITY;
+            }
+        __syncthreads();
+        // V into the shared buffer while the softmax runs on Ps
+        for (int e = tid; e < BK * (DMAX / 4); e += ATT_TILE_THREADS) {
+            const int r = e / (DMAX / 4), c4 = 4 * (e % (DMAX / 4));
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (s_seen[r] && c4 < dv) v = *(const float4*)(vc + (size_t)(c0 + r) * vstride + (size_t)g * dv + c4);
+            *(float4*)&KV[r][c4] = v;
+        }
+        {  // online softmax: TPR threads a token row, BK / TPR cells each
+            const int r = tid / TPR, part = tid % TPR;
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = part; j < BK; j += TPR) mx = fmaxf(mx, Ps[r][j]);
+#pragma unroll
+            for (int o = TPR / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, o, TPR));
+            const float m_old = s_m[r], m_new = fmaxf(m_old, mx);
+            float sum = 0.f;
+#pragma unroll
+            for (int j = part; j < BK; j += TPR) {
+                const float p = m_new == -INFINITY ? 0.f : expf(Ps[r][j] - m_new);
+                Ps[r][j] = p;
+                sum += p;
+            }
+#pragma unroll
+            for (int o = TPR / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o, TPR);
+            __syncwarp();
+            if (part == 0) {
+                const float corr = m_old == -INFINITY ? 0.f : expf(m_old - m_new);
+                s_corr[r] = corr;
+                s_l[r] = s_l[r] * corr + sum;
+                s_m[r] = m_new;
+            }
+        }
+        __syncthreads();
+        // acc = acc * corr + P . V for tokens a + 16i, columns 4b + 64c
+#pragma unroll
+        for (int i = 0; i < NQ; i++) {
+            const float corr = s_corr[a + 16 * i];
+#pragma unroll
+            for (int c = 0; c < NC; c++)
+#pragma unroll
+                for (int x = 0; x < 4; x++) acc[i][c][x] *= corr;
+        }
+        const int nk = min(BK, c_hi - c0);
+        for (int k = 0; k < nk; k++) {
+            float p[NQ];
+#pragma unroll
+            for (int i = 0; i < NQ; i++) p[i] = Ps[a + 16 * i][k];
+#pragma unroll
+            for (int c = 0; c < NC; c++) {
+                const float4 v = *(const float4*)&KV[k][4 * b + 64 * c];
+#pragma unroll
+                for (int i = 0; i < NQ; i++) {
+                    acc[i][c][0] = fmaf(p[i], v.x, acc[i][c][0]);
+                    acc[i][c][1] = fmaf(p[i], v.y, acc[i][c][1]);
+                    acc[i][c][2] = fmaf(p[i], v.z, acc[i][c][2]);
+                    acc[i][c][3] = fmaf(p[i], v.w, acc[i][c][3]);
+                }
+            }
+        }
+        __syncthreads();  // KV, Ps and s_seen are rewritten by the next tile
+    }
+#pragma unroll
+    for (int i = 0; i < NQ; i++) {
+        const int r = a + 16 * i;
+        if (t0 + r >= T) continue;
+        const float L = s_l[r], invL = L > 0.f ? 1.0f / L : 0.f;
+        float* o = out + ((size_t)(t0 + r) * H + h) * dv;
+#pragma unroll
+        for (int c = 0; c < NC; c++) {
+            const int col = 4 * b + 64 * c;
+            if (col < dv)
+                *(float4*)(o + col) = make_float4(acc[i][c][0] * invL, acc[i][c][1] * invL,
+                                                  acc[i][c][2] * invL, acc[i][c][3] * invL);
+        }
+    }
+}
+
+// d_k, d_v <= 128: 32 tokens x 32 cells a tile (38 KB of shared memory); <= 256: 16 x 16 (34 KB)
+extern "C" __global__ void __launch_bounds__(ATT_TILE_THREADS, 2)
+reflex_attention_tiled128(const float* __restrict__ q, const float* __restrict__ kc,
+                          const float* __restrict__ vc, float* __restrict__ out,
+                          const int* __restrict__ prefix_end, const int* __restrict__ own_start,
+                          const int* __restrict__ own_end, int T, int H, int H_kv, int dk, int dv,
+                          float scale) {
+    attention_tiled_body<32, 32, 128>(q, kc, vc, out, prefix_end, own_start, own_end, T, H, H_kv,
+                                      dk, dv, scale);
+}
+
+extern "C" __global__ void __launch_bounds__(ATT_TILE_THREADS, 2)
+reflex_attention_tiled256(const float* __restrict__ q, const float* __restrict__ kc,
+                          const float* __restrict__ vc, float* __restrict__ out,
+                          const int* __restrict__ prefix_end, const int* __restrict__ own_start,
+                          const int* __restrict__ own_end, int T, int H, int H_kv, int dk, int dv,
+                          float scale) {
+    attention_tiled_body<16, 16, 256>(q, kc, vc, out, prefix_end, own_start, own_end, T, H, H_kv,
+                                      dk, dv, scale);
 }
 
 // ------------------------------------------------------------------------------------------

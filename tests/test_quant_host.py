@@ -181,23 +181,30 @@ def test_dec4_bit_exact(lib, name):
     assert_bits_equal(got, want, f"{name} dec4")
 
 
+# host_dequant's lane-unit modes: (exact, FMA) as the one-token GEMV and as the 8-token GEMV
+# split the units between lanes
+LANE_MODES = {"T=1": (1, 2), "T=8": (3, 4)}
+
+
+@pytest.mark.parametrize("split", LANE_MODES)
 @pytest.mark.parametrize("name", QUANT)
-def test_lane_units_exact_bit_exact(lib, name):
+def test_lane_units_exact_bit_exact(lib, name, split):
     """The GEMV lane units cover every element once and decode it bit-exactly."""
     rng = np.random.default_rng(100 + TYPES[name])
     raw = random_blocks(rng, name, 1024)
     want = ref_dequant(name, raw)
-    got = host_dequant(lib, name, raw, want.size, mode=1)
-    assert_bits_equal(got, want, f"{name} lane units (exact)")
+    got = host_dequant(lib, name, raw, want.size, mode=LANE_MODES[split][0])
+    assert_bits_equal(got, want, f"{name} lane units (exact, {split})")
 
 
+@pytest.mark.parametrize("split", LANE_MODES)
 @pytest.mark.parametrize("name", QUANT)
-def test_lane_units_fma_close(lib, name):
+def test_lane_units_fma_close(lib, name, split):
     """The FMA flavour the kernels run differs from exact by at most rounding."""
     rng = np.random.default_rng(200 + TYPES[name])
     raw = random_blocks(rng, name, 1024)
     want = ref_dequant(name, raw)
-    got = host_dequant(lib, name, raw, want.size, mode=2)
+    got = host_dequant(lib, name, raw, want.size, mode=LANE_MODES[split][1])
     assert not np.isnan(got).any()
     bs, _ = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
     scale = np.repeat(np.abs(want.reshape(-1, bs)).max(axis=1), bs) + 1e-38

@@ -97,6 +97,19 @@ def attention_splits(T: int, H: int, n_cells: int, replayed: bool = False) -> in
     return max(1, want)
 
 
+ATT_TILED_MIN_T = 16  # tokens from which a forward's attention runs query tiles
+
+
+def _attention_tiled_kernel(T: int, dk: int, dv: int, *ptrs: int) -> str:
+    """The query-tiled attention kernel for T tokens of head sizes dk / dv, or "" where
+    reflex_attention serves: fewer than ATT_TILED_MIN_T tokens (decode, short batches: the
+    flash-decoding splits), head sizes not a multiple of 4 or over 256, or a pointer not 16-byte
+    aligned (the tiles load float4)."""
+    if T < ATT_TILED_MIN_T or dk % 4 or dv % 4 or max(dk, dv) > 256 or any(p % 16 for p in ptrs):
+        return ""
+    return "reflex_attention_tiled128" if max(dk, dv) <= 128 else "reflex_attention_tiled256"
+
+
 class CudaOps(Ops):
     """The GPU backend. ``attach`` uploads the weights; every op runs on the device."""
 
@@ -742,6 +755,12 @@ class CudaOps(Ops):
             raise ReflexError(f"attention over {pb.n_kv} cells, the cache has {n_cells}")
         out = empty_f32((T, H * dv), T * H * dv)
         if T and H:
+            tiled = _attention_tiled_kernel(T, dk, dv, q.ptr, k_cache.ptr, v_cache.ptr, out.ptr)
+            if tiled:
+                self.k.launch(tiled, (H, -(-T // (32 if tiled.endswith("128") else 16))), 256,
+                              (q.ptr, k_cache.ptr, v_cache.ptr, out.ptr, pb.prefix_end,
+                               pb.own_start, pb.own_end, T, H, Hkv, dk, dv, scale))
+                return out
             S = attention_splits(T, H, n_cells, self.replaying)
             part = empty_f32((T, H, S, 2 + dv), T * H * S * (2 + dv)) if S > 1 else None
             self.k.launch("reflex_attention", (H, T, S), 256,

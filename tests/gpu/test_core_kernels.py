@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from reflex_core import sampling
+from reflex_core.backends.cuda_backend import ATT_TILED_MIN_T, _attention_tiled_kernel
 from reflex_core.errors import ReflexError
 from reflex_core.ops import AttnMask, Batch, Ops, RopeParams
 from reflex_core.testing.op_harness import KVBuffers
@@ -283,6 +284,13 @@ ATT_CASES = [  # (T, cell0, H, Hkv, dk, dv)
     (5, 11, 6, 3, 192, 128),  # d_k != d_v (MLA-like)
     (3, 2, 2, 1, 40, 72),  # head sizes not a multiple of 32
     (300, 400, 16, 8, 128, 128),
+    # from ATT_TILED_MIN_T tokens: the query-tiled kernels (ragged tiles, partial head sizes)
+    (16, 0, 2, 1, 128, 128),
+    (33, 10, 8, 2, 64, 64),
+    (20, 2, 2, 1, 40, 72),
+    (17, 3, 6, 3, 192, 128),  # d_k != d_v, the 256 kernel
+    (40, 0, 4, 1, 256, 256),
+    (18, 1, 2, 1, 42, 42),  # head size not a multiple of 4: reflex_attention
 ]
 ATT_IDS = [f"{'big-' if c[0] * c[2] * (c[0] + c[1]) > 10**6 else ''}T{c[0]}-c{c[1]}-H{c[2]}/{c[3]}"
            f"-d{c[4]}/{c[5]}" for c in ATT_CASES]
@@ -296,9 +304,50 @@ def test_attention_causal(cuda_ops, ref_ops, T, cell0, H, Hkv, dk, dv, rng):
     b = Batch.causal(list(range(T)), cell0)
     pc, pr = both(cuda_ops, ref_ops, b)
     scale = 1.0 / math.sqrt(dk)
+    want_tiled = T >= ATT_TILED_MIN_T and dk % 4 == 0 and dv % 4 == 0
+    assert bool(_attention_tiled_kernel(T, dk, dv, 0)) == want_tiled  # the path this case means
     got = cuda_ops.to_numpy(cuda_ops.attention(cuda_ops.from_numpy(q), cc.k[0], cc.v[0], pc,
                                                scale))
     close(got, ref_ops.attention(q, cr.k[0], cr.v[0], pr, scale), 1e-4, 2e-5, "attention")
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_attention_tiled_skips_unseen_cells(cuda_ops, ref_ops, d, rng):
+    """Two sequences' prompts in one cache, a gap of cells no token sees between them filled with
+    NaN, and a token that sees nothing: the query-tiled kernel must stage the unseen cells as
+    zeros (0 * NaN would poison a tile's sum) and give the empty token zeros, as the reference."""
+    H, Hkv, A, gap, B = 4, 2, 21, 40, 30
+    n_kv = A + gap + B
+    cc, cr = _cache_pair(cuda_ops, ref_ops, n_kv, Hkv, d, d, rng, n_kv)
+    nan = np.full((gap, Hkv, d), np.nan, np.float32)  # on the GPU only: the reference's
+    b = Batch(tuple(range(gap)), tuple(range(gap)), A, AttnMask.causal(A, gap))  # products use them
+    pc, _ = both(cuda_ops, ref_ops, b)
+    cuda_ops.kv_write(cc.k[0], cc.v[0], cuda_ops.from_numpy(nan), cuda_ops.from_numpy(nan), pc)
+    # tokens 0..A-1: sequence one, causal over cells [0, A); tokens A..A+B-1: sequence two,
+    # causal over [A + gap, A + gap + B); the last token sees nothing
+    pe = [t + 1 for t in range(A)] + [0] * B + [0]
+    os_ = [0] * A + [A + gap] * B + [0]
+    oe = [0] * A + [A + gap + j + 1 for j in range(B)] + [0]
+    T = len(pe)
+    mask = AttnMask(tuple(pe), tuple(os_), tuple(oe))
+    b = Batch(tuple(range(T)), tuple(range(T)), n_kv - T, mask)  # attention spans [0, n_kv)
+    q = rng.standard_normal((T, H, d)).astype(np.float32)
+    pc = cuda_ops.prepare(b)
+    assert _attention_tiled_kernel(T, d, d, 0)
+    got = cuda_ops.to_numpy(cuda_ops.attention(cuda_ops.from_numpy(q), cc.k[0], cc.v[0], pc,
+                                               0.1))
+    want = ref_ops.attention(q[:-1], cr.k[0], cr.v[0], _drop_last(ref_ops, b), 0.1)
+    close(got[:-1], want, 1e-4, 2e-5, "attention beside unseen NaN cells")
+    assert not got[-1].any(), "a token that sees no cell: zeros"
+
+
+def _drop_last(ops, b):
+    """The reference's positions of batch b without its last token (the NumPy twin's softmax
+    over no cell is NaN; the kernels give zeros), over the same cells."""
+    m = b.mask
+    short = Batch(b.tokens[:-1], b.positions[:-1], b.cell0 + 1,
+                  AttnMask(m.prefix_end[:-1], m.own_start[:-1], m.own_end[:-1]))
+    return ops.prepare(short)
 
 
 @pytest.mark.parametrize("H,Hkv,d", [(8, 8, 64), (8, 4, 128), (16, 2, 256)])

@@ -16,13 +16,15 @@ void dequant_dec4(const uint8_t* w, long long n, float* out) {
     }
 }
 
-// mode 1 / 2: the GEMV lane units, exact or FMA arithmetic; every unit's 8 values placed at
-// their element positions (the caller pre-fills `out` with a sentinel to catch gaps).
-// Types that share a unit between P lanes: each part p < P loads and decodes its own steps.
-template <int T, bool EXACT>
+// mode 1 / 2: the GEMV lane units as the one-token GEMV splits them, exact or FMA arithmetic;
+// mode 3 / 4: the same as the GEMV of TT = 8 tokens splits them (rx_unit_lanes may differ).
+// Every unit's 8 values placed at their element positions (the caller pre-fills `out` with a
+// sentinel to catch gaps). Types that share a unit between P lanes: each part p < P loads and
+// decodes its own steps.
+template <int T, bool EXACT, int TT>
 void dequant_lu(const uint8_t* w, long long n, float* out) {
     typedef rx_lu<T> L;
-    constexpr int P = rx_unit_lanes<T>::value, STEPS = L::SUB / P;
+    constexpr int P = rx_unit_lanes<T, TT>::value, STEPS = L::SUB / P;
     const long long nb = n / L::QK;
     for (long long b = 0; b < nb; ++b) {
         for (int j = 0; j < L::LPB; ++j) {
@@ -31,7 +33,7 @@ void dequant_lu(const uint8_t* w, long long n, float* out) {
                 if constexpr (P == 1) {
                     u.load(w + b * L::TS, j);
                 } else {
-                    u.load(w + b * L::TS, j, p);
+                    u.template load<STEPS>(w + b * L::TS, j, p);
                 }
                 u.prep(j);
                 for (int k = 0; k < STEPS; ++k) {
@@ -73,8 +75,10 @@ template <int T>
 int dequant_any(const uint8_t* w, long long n, float* out, int mode) {
     switch (mode) {
         case 0: dequant_dec4<T>(w, n, out); return 0;
-        case 1: dequant_lu<T, true>(w, n, out); return 0;
-        case 2: dequant_lu<T, false>(w, n, out); return 0;
+        case 1: dequant_lu<T, true, 1>(w, n, out); return 0;
+        case 2: dequant_lu<T, false, 1>(w, n, out); return 0;
+        case 3: dequant_lu<T, true, 8>(w, n, out); return 0;
+        case 4: dequant_lu<T, false, 8>(w, n, out); return 0;
     }
     return -2;
 }

@@ -364,15 +364,16 @@ struct rx_unit_scaled {
     static constexpr bool value = false;
 };
 
-// rx_unit_lanes<T>::value = P: how many lanes share one unit in the GEMV (1, 2 or 4; divides
-// SUB). Lane part p < P of a unit takes its steps p * SUB/P + k, k < SUB/P, and its rx_lu has
-// load(block_ptr, j, p) (only those steps' bytes); dec<EXACT>(j, k, w) / unscaled(k, w) then
-// name the lane's k-th step (e0 / e1 still take the step itself). Why: with one lane a unit, a
-// warp's x load touches one 128-byte line per lane for types whose unit spans a line of x
-// (IQ4_XS: 32 lanes, 32 lines), and the L1's lines per wavefront bind the GEMV long before the
-// DRAM does; P lanes a unit read x P times more densely. The price: each lane of a unit loads
-// its header and runs prep().
-template <int TYPE>
+// rx_unit_lanes<T, TT>::value = P: how many lanes share one unit in a GEMV of TT tokens (1, 2 or
+// 4; divides SUB). Lane part p < P of a unit takes its steps p * SUB/P + k, k < SUB/P, and its
+// rx_lu has load<SUB/P>(block_ptr, j, p) (only those steps' bytes); dec<EXACT>(j, k, w) /
+// unscaled(k, w) then name the lane's k-th step (e0 / e1 still take the step itself). Why: with
+// one lane a unit, a warp's x load touches one 128-byte line per lane for types whose unit spans
+// a line of x (IQ4_XS: 32 lanes, 32 lines), and the L1's lines per wavefront bind the GEMV long
+// before the DRAM does; P lanes a unit read x P times more densely. The price: each lane of a
+// unit loads its header and runs prep(). P may depend on TT: a lane holds SUB/P steps' weights
+// against TT tokens' x, and more tokens want fewer steps a lane (registers).
+template <int TYPE, int TT>
 struct rx_unit_lanes {
     static constexpr int value = 1;
 };
@@ -446,7 +447,9 @@ struct rx_lu<RX_Q8_0> {
     uint32_t q[2];
     uint32_t dh;
     float d;
+    template <int STEPS>
     RX_HD void load(const uint8_t* b, int j, int part) {
+        static_assert(STEPS == 1, "Q8_0: two lanes a unit, a step each");
         rx_ld_words<2>(b + 2 + 16 * j + 8 * part, q);
         dh = rx_ld_u16(b);
     }
@@ -473,8 +476,8 @@ template <>
 struct rx_unit_scaled<RX_Q8_0> {
     static constexpr bool value = true;
 };
-template <>
-struct rx_unit_lanes<RX_Q8_0> {
+template <int TT>
+struct rx_unit_lanes<RX_Q8_0, TT> {
     static constexpr int value = 2;
 };
 
@@ -791,7 +794,7 @@ struct rx_lu<RX_Q3_K> {
 // contribute zeros). Its share is given in lane slots: slot first, first + stride, ... (a
 // warp's lanes take consecutive slots, stride 32, or the ks warps that split a row take
 // interleaved runs of 32: first = 32 * slice + lane, stride 32 * ks). With P =
-// rx_unit_lanes<T> lanes a unit, slot k is part k % P of unit k / P. x rows are n_in floats
+// rx_unit_lanes<T, TT> lanes a unit, slot k is part k % P of unit k / P. x rows are n_in floats
 // apart and 16-byte aligned.
 //
 // Types whose unit has one scale (rx_unit_scaled<T>: a unit's values are a * v_i) accumulate
@@ -803,7 +806,7 @@ RX_HD void rx_gemv_rows(const uint8_t* const (&rp)[R], const float* __restrict__
                         int first, int stride, float (&acc)[R][TT]) {
     typedef rx_lu<TYPE> L;
     constexpr bool SCALED = rx_unit_scaled<TYPE>::value;
-    constexpr int P = rx_unit_lanes<TYPE>::value;
+    constexpr int P = rx_unit_lanes<TYPE, TT>::value;
     static_assert(P == 1 || P == 2 || P == 4, "lanes a unit: 1, 2 or 4");
     static_assert(L::SUB % P == 0, "every lane of a unit takes as many steps");
 #pragma unroll
@@ -820,7 +823,7 @@ RX_HD void rx_gemv_rows(const uint8_t* const (&rp)[R], const float* __restrict__
             if constexpr (P == 1) {
                 u[r].load(bp[r], j);
             } else {
-                u[r].load(bp[r], j, my_part);
+                u[r].template load<L::SUB / P>(bp[r], j, my_part);
             }
         }
 #pragma unroll

@@ -618,17 +618,24 @@ struct rx_unit_scaled<RX_IQ4_NL> {
 };
 
 // IQ4_XS: 8 units per block, unit j = qs bytes [16j, +16) (elements [32j, 32j + 32)) plus the
-// 8-byte header (64-bit loads). Step s: word s -> elements 32j + 4s + [0,4) and + 16. Two lanes
-// a unit (rx_unit_lanes), two steps each: one header decode per 16 weights.
+// 8-byte header (64-bit loads). Step s: word s -> elements 32j + 4s + [0,4) and + 16. Lanes
+// share a unit (rx_unit_lanes): two lanes of two steps each for one token (one header decode per
+// 16 weights), four lanes of one step for more (fewer registers for the tokens' x).
 template <>
 struct rx_lu<RX_IQ4_XS> {
     static constexpr int QK = 256, TS = 136, LPB = 8, SUB = 4, ALIGN = 8;
     uint32_t hd[2];
     uint32_t q[2];
     float a;
+    template <int STEPS>
     RX_HD void load(const uint8_t* b, int j, int part) {
+        static_assert(STEPS == 1 || STEPS == 2, "IQ4_XS: two or four lanes a unit");
         rx_ld_v2(b, hd[0], hd[1]);
-        rx_ld_v2(b + 8 + 16 * j + 8 * part, q[0], q[1]);
+        if constexpr (STEPS == 2) {
+            rx_ld_v2(b + 8 + 16 * j + 8 * part, q[0], q[1]);
+        } else {
+            q[0] = rx_ld_u32(b + 8 + 16 * j + 4 * part);
+        }
     }
     RX_HD void prep(int j) {
         a = RX_FMUL(rx_f16_to_f32_fast(hd[0] & 0xffffu),
@@ -649,9 +656,9 @@ template <>
 struct rx_unit_scaled<RX_IQ4_XS> {
     static constexpr bool value = true;
 };
-template <>
-struct rx_unit_lanes<RX_IQ4_XS> {
-    static constexpr int value = 2;
+template <int TT>
+struct rx_unit_lanes<RX_IQ4_XS, TT> {
+    static constexpr int value = TT == 1 ? 2 : 4;
 };
 
 template <>
