@@ -366,9 +366,21 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
     // Both tiles row-major (a weight row / a token's k values contiguous), rows 68 floats apart:
     // the fills' float4 stores and the mma fragments' loads (lane 4g + q reads row g, column q)
     // then hit 32 different banks. The epilogue reuses Ws as E[token][tile row].
+#if RX_TILED_MMA
+    // Tensor cores: each value staged once as its 3xTF32 pair (big, small), so the mma loop only
+    // loads fragments (splitting at every fragment load cost 2 cvt + 1 sub per value and warp).
+    // K slices of 32 keep the pairs in 37 KB; a lane's 64-bit fragment loads (row g, column q)
+    // hit 32 different banks with rows 36 pairs apart.
+    constexpr int KT = 32;
+    __shared__ __align__(16) uint2 Ws[TILE_M][KT + 4];
+    __shared__ __align__(16) uint2 Xs[TILE_N][KT + 4];
+    static_assert(sizeof(Ws) >= sizeof(float) * TILE_N * (TILE_M + 4), "the epilogue reuses Ws");
+#else
+    constexpr int KT = TILE_K;
     static_assert(TILE_M == TILE_K && TILE_N == TILE_K, "square tiles (the epilogue reuses Ws)");
     __shared__ __align__(16) float Ws[TILE_M][TILE_K + 4];
     __shared__ __align__(16) float Xs[TILE_N][TILE_K + 4];
+#endif
     const int tid = threadIdx.x;
     const uint8_t* w;
     float* y;
@@ -408,17 +420,20 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
 
-    for (int k0 = 0; k0 < n_in; k0 += TILE_K) {
-        // weight tile: 64 rows x 16 groups of 4; thread -> (row m = g / 16, group g % 16), so a
-        // warp reads two rows' 64 k values each: contiguous bytes of each row
+    // The tiles' values, a thread's share: weight groups g = tid + p * TILE_THREADS (row g / G,
+    // k group g % G: each warp reads whole rows' contiguous bytes), x groups likewise by token.
+    constexpr int G = KT / 4, PW = TILE_M * G / TILE_THREADS, PX = TILE_N * G / TILE_THREADS;
+    float wv[PW][4], xv[PX][4];
+    auto load_w = [&](int k0) {
 #pragma unroll
-        for (int p = 0; p < TILE_M * TILE_K / 4 / TILE_THREADS; ++p) {
+        for (int p = 0; p < PW; ++p) {
             const int g = tid + p * TILE_THREADS;
-            const int m = g / (TILE_K / 4), kg = g % (TILE_K / 4);
+            const int m = g / G, kg = g % G;
             const int row = mode == 1 ? m0 + (m & (TILE_M / 2 - 1)) : m0 + m;
             const uint8_t* wm = mode == 1 && m >= TILE_M / 2 ? w1 : w;
             const int k = k0 + 4 * kg;
-            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            float* v = wv[p];
+            v[0] = v[1] = v[2] = v[3] = 0.0f;
             if (row < n && k < n_in) {
                 const uint8_t* rp = wm + (long long)row * row_bytes;
                 if constexpr (TYPE == RX_F32) {  // the dequantize-first scratch: float4 loads
@@ -441,15 +456,16 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
                     Q::dec4(rp + (long long)(k / Q::QK) * Q::TS, k % Q::QK, v);
                 }
             }
-            *(float4*)&Ws[m][4 * kg] = make_float4(v[0], v[1], v[2], v[3]);
         }
-        // x tile: 64 tokens x 16 float4; thread -> (token n = g / 16, group g % 16)
+    };
+    auto load_x = [&](int k0) {
 #pragma unroll
-        for (int p = 0; p < TILE_N * TILE_K / 4 / TILE_THREADS; ++p) {
+        for (int p = 0; p < PX; ++p) {
             const int g = tid + p * TILE_THREADS;
-            const int nn = g / (TILE_K / 4), kg = g % (TILE_K / 4);
+            const int nn = g / G, kg = g % G;
             const int tok = n0t + nn, k = k0 + 4 * kg;
-            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            float* v = xv[p];
+            v[0] = v[1] = v[2] = v[3] = 0.0f;
             if (tok < T) {
                 const float* xr = x + x_row(nn) * n_in + k;
                 if (xvec && k + 4 <= n_in) {
@@ -460,23 +476,52 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
                         if (k + c < n_in) v[c] = __ldg(xr + c);
                 }
             }
-            *(float4*)&Xs[nn][4 * kg] = make_float4(v[0], v[1], v[2], v[3]);
+        }
+    };
+    // a group of 4 values into a tile: tensor cores, as (big, small) pairs
+    auto stage = [&](auto& tile, int r, int kg, const float* v) {
+#if RX_TILED_MMA
+        uint32_t big[4], small[4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) rx_tf32_split(v[c], big[c], small[c]);
+        *(uint4*)&tile[r][4 * kg] = make_uint4(big[0], small[0], big[1], small[1]);
+        *(uint4*)&tile[r][4 * kg + 2] = make_uint4(big[2], small[2], big[3], small[3]);
+#else
+        *(float4*)&tile[r][4 * kg] = make_float4(v[0], v[1], v[2], v[3]);
+#endif
+    };
+
+    // The next slice's values load (float32 and x: into registers, in flight during the math)
+    // while the current one's are multiplied.
+    load_w(0);
+    load_x(0);
+    for (int k0 = 0; k0 < n_in; k0 += KT) {
+#pragma unroll
+        for (int p = 0; p < PW; ++p) {
+            const int g = tid + p * TILE_THREADS;
+            stage(Ws, g / G, g % G, wv[p]);
+        }
+#pragma unroll
+        for (int p = 0; p < PX; ++p) {
+            const int g = tid + p * TILE_THREADS;
+            stage(Xs, g / G, g % G, xv[p]);
         }
         __syncthreads();
+        if (k0 + KT < n_in) {
+            load_w(k0 + KT);
+            load_x(k0 + KT);
+        }
 #if RX_TILED_MMA
         if (active) {
-#pragma unroll 2
-            for (int kk = 0; kk < TILE_K; kk += 8) {
-                uint32_t ab[4], as[4];
-                rx_tf32_split(Ws[wr + wg][kk + wq], ab[0], as[0]);
-                rx_tf32_split(Ws[wr + wg + 8][kk + wq], ab[1], as[1]);
-                rx_tf32_split(Ws[wr + wg][kk + wq + 4], ab[2], as[2]);
-                rx_tf32_split(Ws[wr + wg + 8][kk + wq + 4], ab[3], as[3]);
+#pragma unroll
+            for (int kk = 0; kk < KT; kk += 8) {
+                const uint2 a0 = Ws[wr + wg][kk + wq], a1 = Ws[wr + wg + 8][kk + wq];
+                const uint2 a2 = Ws[wr + wg][kk + wq + 4], a3 = Ws[wr + wg + 8][kk + wq + 4];
+                const uint32_t ab[4] = {a0.x, a1.x, a2.x, a3.x}, as[4] = {a0.y, a1.y, a2.y, a3.y};
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
-                    uint32_t bb[2], bs[2];
-                    rx_tf32_split(Xs[wt + 8 * j + wg][kk + wq], bb[0], bs[0]);
-                    rx_tf32_split(Xs[wt + 8 * j + wg][kk + wq + 4], bb[1], bs[1]);
+                    const uint2 b0 = Xs[wt + 8 * j + wg][kk + wq], b1 = Xs[wt + 8 * j + wg][kk + wq + 4];
+                    const uint32_t bb[2] = {b0.x, b1.x}, bs[2] = {b0.y, b1.y};
                     rx_mma_tf32(acc[j], as, bb);
                     rx_mma_tf32(acc[j], ab, bs);
                     rx_mma_tf32(acc[j], ab, bb);
@@ -486,7 +531,7 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
 #else
         if (active) {
 #pragma unroll 8
-            for (int kk = 0; kk < TILE_K; ++kk) {
+            for (int kk = 0; kk < KT; ++kk) {
                 float av[4], bv[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
@@ -504,7 +549,7 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
     }
     // E[token][tile row] (reuses Ws: 64 x 68 floats; the loop's last __syncthreads made it
     // free), then written out row-contiguous per token.
-    float (*E)[TILE_M + 4] = Ws;
+    float (*E)[TILE_M + 4] = reinterpret_cast<float (*)[TILE_M + 4]>(&Ws[0][0]);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
