@@ -124,6 +124,16 @@ tests_summary() {  # LOGFILE N: a pytest log's first N failures and its last two
   grep -E "^(FAILED|ERROR)" "$1" | head -"$2" | tee -a "$LOG"
   tail -2 "$1" | tee -a "$LOG"
 }
+kernel_report() {  # VARIANT FILE REGEX: the speed report's lines (GB/s, TFLOP/s) matching REGEX
+  PYTHONPATH=$(variant_path $1) timeout 100 python3 -m pytest \
+    "$REPO/tests/gpu/test_quant_kernels.py::test_large_matrices_and_bandwidth_report" -q -s \
+    -p no:cacheprovider > "$2" 2>&1
+  grep -E "GB/s|TFLOP/s|failed" "$2" | grep -E "$3|failed" | tee -a "$LOG"
+}
+warm_long() {  # MODEL VARIANT LABEL: bench/warm_long.py with the variant's reflex_core
+  PYTHONPATH=$(variant_path $2) timeout 120 python3 "$REPO/bench/warm_long.py" "$1" "$3" 2>&1 \
+    | tail -1 | tee -a "$LOG"
+}
 run_check() {  # FILE SECONDS: `reflex check --json` with the Python stacks every 30 s, once per file
   local name=$(basename "$1" .gguf)
   [ -e "$W/checked-$name" ] && return 0
@@ -228,10 +238,7 @@ if [ "$PHASE" = p1 ]; then
   wait $MM; cat "$W/make_models.log" | tee -a "$LOG"
   for v in ${REPORT_VARIANTS-a b c}; do
     say "variant $v: the weight kernels' speed report (GEMV lines)"
-    PYTHONPATH=$(variant_path $v) timeout 100 python3 -m pytest \
-      "$G/test_quant_kernels.py::test_large_matrices_and_bandwidth_report" -q -s -p no:cacheprovider \
-      > "$OUT/kernel-report-$v.log" 2>&1
-    grep -E "GB/s|failed" "$OUT/kernel-report-$v.log" | grep -E "Q8_0|Q4_K|Q6_K|IQ4_XS|Q3_K|IQ3_XXS|IQ2_XXS|failed" | tee -a "$LOG"
+    kernel_report $v "$OUT/kernel-report-$v.log" "^(Q8_0|Q4_K|Q6_K|IQ4_XS|Q3_K|IQ3_XXS|IQ2_XXS) .*GB/s"
   done
   say "warm decode per variant (reflex bench, graphs), 2 rounds alternating"
   for r in 1 2; do
@@ -264,21 +271,13 @@ if [ "$PHASE" = p5 ]; then  # a fresh machine, no peers: prefill attention tiles
   wait $MM; cat "$W/make_models.log" | tee -a "$LOG"
   for v in ${VARIANTS:-b} c; do
     say "variant $v: the GEMV lines of IQ4_XS and Q4_K"
-    PYTHONPATH=$(variant_path $v) timeout 100 python3 -m pytest \
-      "$G/test_quant_kernels.py::test_large_matrices_and_bandwidth_report" -q -s -p no:cacheprovider \
-      > "$W/kernel-report-$v.log" 2>&1
-    grep -E "GB/s|failed" "$W/kernel-report-$v.log" | grep -E "^(IQ4_XS|Q4_K) |failed" | tee -a "$LOG"
+    kernel_report $v "$W/kernel-report-$v.log" "^(IQ4_XS|Q4_K) .*GB/s"
   done
   say "warm 1518-token prefill and 5-token bench per variant, 2 rounds alternating"
   for r in 1 2; do
     for m in "$M06" "$M8" "$M8IQ4"; do
       for v in ${VARIANTS:-b} c; do
-        PYTHONPATH=$(variant_path $v) timeout 120 python3 -c "import sys
-sys.path.insert(0, '$REPO/bench')
-from coldstart import LONG_PROMPT
-from reflex_core import bench
-r = bench.warm('$m', 'cuda', LONG_PROMPT, 3, 4, (' Paris',))
-print('$(basename $m) variant $v round $r: prefill %.1f ms (%d tokens), decode after it %.3f ms/token' % (r['prefill_ms']['median'], r['n_prompt_tokens'], r['decode_ms_per_token']['median']))" 2>&1 | tail -1 | tee -a "$LOG"
+        warm_long "$m" $v "$(basename $m) variant $v round $r"
         PYTHONPATH=$(variant_path $v) bench_json "$m" "$(basename $m) variant $v round $r"
       done
     done
@@ -332,21 +331,13 @@ if [ "$PHASE" = p3 ]; then
   cd /tmp
   for v in ${VARIANTS:-a b} c; do
     say "variant $v: the tiled kernel's lines of the speed report"
-    PYTHONPATH=$(variant_path $v) timeout 100 python3 -m pytest \
-      "$REPO/tests/gpu/test_quant_kernels.py::test_large_matrices_and_bandwidth_report" -q -s -p no:cacheprovider \
-      > "$OUT/kernel-report-$v.log" 2>&1
-    grep -E "TFLOP/s|failed" "$OUT/kernel-report-$v.log" | tee -a "$LOG"
+    kernel_report $v "$OUT/kernel-report-$v.log" "TFLOP/s"
   done
   say "warm prefill of the 1518-token prompt per variant"
   for r in 1 2 3; do
     for m in "$M06" "$M8"; do
       for v in ${VARIANTS:-a b} c; do
-        PYTHONPATH=$(variant_path $v) timeout 120 python3 -c "import sys
-sys.path.insert(0, '$REPO/bench')
-from coldstart import LONG_PROMPT
-from reflex_core import bench
-r = bench.warm('$m', 'cuda', LONG_PROMPT, 3, 4, (' Paris',))
-print('$(basename $m) variant $v round $r: prefill %.1f ms (%d tokens)' % (r['prefill_ms']['median'], r['n_prompt_tokens']))" 2>&1 | tail -1 | tee -a "$LOG"
+        warm_long "$m" $v "$(basename $m) variant $v round $r"
       done
     done
   done

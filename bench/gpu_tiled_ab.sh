@@ -25,12 +25,9 @@ for v in $V c; do
 done
 wait
 prefill() {  # model variant round
-  PYTHONPATH=$([ $2 = c ] && echo /tmp/new || echo /tmp/var-$2:/tmp/new) timeout 90 python3 -c "import sys
-sys.path.insert(0, '$REPO/bench')
-from coldstart import LONG_PROMPT
-from reflex_core import bench
-r = bench.warm('$1', 'cuda', LONG_PROMPT, 3, 2, (' Paris',))
-print('$(basename $1) variant $2 round $3: prefill %.1f ms (%d tokens)' % (r['prefill_ms']['median'], r['n_prompt_tokens']))" 2>&1 | tail -1 | tee -a "$LOG"
+  PYTHONPATH=$([ $2 = c ] && echo /tmp/new || echo /tmp/var-$2:/tmp/new) timeout 90 \
+    python3 "$REPO/bench/warm_long.py" "$1" "$(basename $1) variant $2 round $3" --decode 2 2>&1 \
+    | tail -1 | tee -a "$LOG"
 }
 say "warm 1518-token prefill, variants alternating"
 for r in 1 2; do

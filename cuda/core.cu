@@ -712,25 +712,17 @@ __device__ __forceinline__ void attention_tiled_body(
 }
 
 // d_k, d_v <= 128: 32 tokens x 32 cells a tile (38 KB of shared memory); <= 256: 16 x 16 (34 KB)
-extern "C" __global__ void __launch_bounds__(ATT_TILE_THREADS, 2)
-reflex_attention_tiled128(const float* __restrict__ q, const float* __restrict__ kc,
-                          const float* __restrict__ vc, float* __restrict__ out,
-                          const int* __restrict__ prefix_end, const int* __restrict__ own_start,
-                          const int* __restrict__ own_end, int T, int H, int H_kv, int dk, int dv,
-                          float scale) {
-    attention_tiled_body<32, 32, 128>(q, kc, vc, out, prefix_end, own_start, own_end, T, H, H_kv,
-                                      dk, dv, scale);
-}
-
-extern "C" __global__ void __launch_bounds__(ATT_TILE_THREADS, 2)
-reflex_attention_tiled256(const float* __restrict__ q, const float* __restrict__ kc,
-                          const float* __restrict__ vc, float* __restrict__ out,
-                          const int* __restrict__ prefix_end, const int* __restrict__ own_start,
-                          const int* __restrict__ own_end, int T, int H, int H_kv, int dk, int dv,
-                          float scale) {
-    attention_tiled_body<16, 16, 256>(q, kc, vc, out, prefix_end, own_start, own_end, T, H, H_kv,
-                                      dk, dv, scale);
-}
+#define RX_ATT_TILED(NAME, BQ, BK, DMAX)                                                            \
+    extern "C" __global__ void __launch_bounds__(ATT_TILE_THREADS, 2)                              \
+    NAME(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,  \
+         float* __restrict__ out, const int* __restrict__ prefix_end,                              \
+         const int* __restrict__ own_start, const int* __restrict__ own_end, int T, int H,          \
+         int H_kv, int dk, int dv, float scale) {                                                  \
+        attention_tiled_body<BQ, BK, DMAX>(q, kc, vc, out, prefix_end, own_start, own_end, T, H,   \
+                                           H_kv, dk, dv, scale);                                   \
+    }
+RX_ATT_TILED(reflex_attention_tiled128, 32, 32, 128)
+RX_ATT_TILED(reflex_attention_tiled256, 16, 16, 256)
 
 // ------------------------------------------------------------------------------------------
 // take_rows: y[r, :] = x[rows[r], :]; grid (ceil(n/256), R).
