@@ -30,11 +30,7 @@ void dequant_lu(const uint8_t* w, long long n, float* out) {
         for (int j = 0; j < L::LPB; ++j) {
             for (int p = 0; p < P; ++p) {
                 L u;
-                if constexpr (P == 1) {
-                    u.load(w + b * L::TS, j);
-                } else {
-                    u.template load<STEPS>(w + b * L::TS, j, p);
-                }
+                rx_lu_load<P>(u, w + b * L::TS, j, p);
                 u.prep(j);
                 for (int k = 0; k < STEPS; ++k) {
                     const int s = p * STEPS + k;

@@ -378,6 +378,17 @@ struct rx_unit_lanes {
     static constexpr int value = 1;
 };
 
+// Load lane part `part` of unit j of the block at b, for P = rx_unit_lanes lanes a unit (the
+// GEMV loop and the host harness's lane-unit dequantization both load through this).
+template <int P, typename L>
+RX_HD void rx_lu_load(L& u, const uint8_t* b, int j, int part) {
+    if constexpr (P == 1) {
+        u.load(b, j);
+    } else {
+        u.template load<L::SUB / P>(b, j, part);
+    }
+}
+
 // Float types: pseudo-blocks of 8 elements (the GEMV needs n_in % 8 == 0 and 16B rows).
 template <>
 struct rx_lu<RX_F32> {
@@ -819,13 +830,7 @@ RX_HD void rx_gemv_rows(const uint8_t* const (&rp)[R], const float* __restrict__
     auto unit = [&](const uint8_t* const (&bp)[R], const float* xb, int j, int my_part) {
         L u[R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            if constexpr (P == 1) {
-                u[r].load(bp[r], j);
-            } else {
-                u[r].template load<L::SUB / P>(bp[r], j, my_part);
-            }
-        }
+        for (int r = 0; r < R; ++r) rx_lu_load<P>(u[r], bp[r], j, my_part);
 #pragma unroll
         for (int r = 0; r < R; ++r) u[r].prep(j);
         float part[R][TT];  // SCALED: this unit's sums of v_i * x_i
