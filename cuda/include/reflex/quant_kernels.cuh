@@ -364,9 +364,9 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
                                            int n2, long long row_bytes, int mode,
                                            const int* __restrict__ slots = nullptr, int kdiv = 1) {
     typedef rx_q<TYPE> Q;
-    // Both tiles row-major (a weight row / a token's k values contiguous), rows 68 floats apart:
-    // the fills' float4 stores and the mma fragments' loads (lane 4g + q reads row g, column q)
-    // then hit 32 different banks. The epilogue reuses Ws as E[token][tile row].
+    // Both tiles row-major (a weight row / a token's k values contiguous), rows padded so that
+    // the mma fragments' loads (lane 4g + q reads row g, column q) hit 32 different banks. The
+    // epilogue reuses Ws as E[token][tile row].
 #if RX_TILED_MMA
     // Tensor cores: each value staged once as its 3xTF32 pair (big, small), so the mma loop only
     // loads fragments (splitting at every fragment load cost 2 cvt + 1 sub per value and warp).
@@ -437,8 +437,9 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
             v[0] = v[1] = v[2] = v[3] = 0.0f;
             if (row < n && k < n_in) {
                 const uint8_t* rp = wm + (long long)row * row_bytes;
-                if constexpr (TYPE == RX_F32) {  // the dequantize-first scratch: float4 loads
-                    if (((uintptr_t)(rp + 4LL * k) & 15u) == 0 && k + 4 <= n_in) {
+                if constexpr (Q::QK == 1) {
+                    // float32 (the dequantize-first scratch): float4 loads where aligned
+                    if (TYPE == RX_F32 && ((uintptr_t)(rp + 4LL * k) & 15u) == 0 && k + 4 <= n_in) {
                         const float4 f = __ldg((const float4*)(rp + 4LL * k));
                         v[0] = f.x;
                         v[1] = f.y;
@@ -449,10 +450,6 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
                         for (int c = 0; c < 4; ++c)
                             if (k + c < n_in) v[c] = Q::dec1(rp, k + c);
                     }
-                } else if constexpr (Q::QK == 1) {
-#pragma unroll
-                    for (int c = 0; c < 4; ++c)
-                        if (k + c < n_in) v[c] = Q::dec1(rp, k + c);
                 } else {  // n_in % QK == 0, QK % 32 == 0: a group is all inside or all past the row
                     Q::dec4(rp + (long long)(k / Q::QK) * Q::TS, k % Q::QK, v);
                 }
