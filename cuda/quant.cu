@@ -3,10 +3,11 @@
 // FP4 types are the "quant_lowbit" module (quant_lowbit.cu), loaded only for a file that has one:
 // its image is about twice this one's, and module load time grows with the image.
 //
-// Per type <t>, 10 kernels: reflex_dequant_<t>, reflex_embed_<t>, reflex_matmul_gemv{1,2,4,8,1s}_<t>,
-// reflex_matmul_tiled_<t>, reflex_moe_matmul_<t>, reflex_moe_tiled_<t>; their algorithm, parameters and launch shapes
-// are documented with their bodies in reflex/quant_kernels.cuh. Launchers (which module serves
-// which type): reflex_core/cuda/quant_ops.py.
+// Per type <t>, 10 kernels: reflex_dequant_<t>, reflex_embed_<t>,
+// reflex_matmul_gemv{1,2,4,8,1s}_<t>, reflex_matmul_tiled_<t>, reflex_moe_matmul_<t>,
+// reflex_moe_tiled_<t>; their algorithm, parameters and launch shapes are documented with their
+// bodies in reflex/quant_kernels.cuh. Launchers (which module serves which type):
+// reflex_core/cuda/quant_ops.py.
 #define REFLEX_QUANTS_COMMON_ONLY
 #include "reflex/quant_kernels.cuh"
 

@@ -6,8 +6,8 @@
 //
 // Per type <t>, the same 10 kernels as quant.cu: reflex_dequant_<t>, reflex_embed_<t>,
 // reflex_matmul_gemv{1,2,4,8,1s}_<t>, reflex_matmul_tiled_<t>, reflex_moe_matmul_<t>,
-// reflex_moe_tiled_<t>; algorithm,
-// parameters and launch shapes in reflex/quant_kernels.cuh, the codebooks in reflex/iq_tables.cuh.
+// reflex_moe_tiled_<t>; algorithm, parameters and launch shapes in reflex/quant_kernels.cuh, the
+// codebooks in reflex/iq_tables.cuh.
 // Launchers: reflex_core/cuda/quant_ops.py.
 #include "reflex/quant_kernels.cuh"
 
