@@ -43,6 +43,8 @@ kernel is deterministic run to run.
 #include <stdint.h>
 #include <math.h>
 
+#include "reflex/common.cuh"  // rx_nan: the NaN the weight kernels give for an invalid expert id
+
 #define FULL_MASK 0xffffffffu
 
 // ------------------------------------------------------------------------------------------
@@ -585,7 +587,17 @@ __device__ __forceinline__ void attention_tiled_body(
             for (int x = 0; x < 4; x++) acc[i][c][x] = 0.f;
     __syncthreads();
     const int c_lo = s_lo, c_hi = s_hi;
-    const size_t kstride = (size_t)H_kv * dk, vstride = (size_t)H_kv * dv;
+    // cells [c0, c0 + BK) of cache c (rows of H_kv heads of d floats, head g) into KV; zeros for
+    // the cells no token sees and past d
+    auto stage_cells = [&](const float* c, int d, int c0) {
+        const size_t stride = (size_t)H_kv * d;
+        for (int e = tid; e < BK * (DMAX / 4); e += ATT_TILE_THREADS) {
+            const int r = e / (DMAX / 4), c4 = 4 * (e % (DMAX / 4));
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (s_seen[r] && c4 < d) v = *(const float4*)(c + (size_t)(c0 + r) * stride + (size_t)g * d + c4);
+            *(float4*)&KV[r][c4] = v;
+        }
+    };
     for (int c0 = c_lo; c0 < c_hi; c0 += BK) {
         // which of the tile's cells some token sees
         if (tid < BK) {
@@ -596,12 +608,7 @@ __device__ __forceinline__ void attention_tiled_body(
             s_seen[tid] = seen && cell < c_hi;
         }
         __syncthreads();
-        for (int e = tid; e < BK * (DMAX / 4); e += ATT_TILE_THREADS) {
-            const int r = e / (DMAX / 4), c4 = 4 * (e % (DMAX / 4));
-            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (s_seen[r] && c4 < dk) v = *(const float4*)(kc + (size_t)(c0 + r) * kstride + (size_t)g * dk + c4);
-            *(float4*)&KV[r][c4] = v;
-        }
+        stage_cells(kc, dk, c0);
         __syncthreads();
         // scores of tokens a + 16i x cells b + 16j
         float sc[NQ][NK];
@@ -634,13 +641,7 @@ __device__ __forceinline__ void attention_tiled_body(
                 Ps[r][b + 16 * j] = vis ? sc[i][j] * scale : -INFINITY;
             }
         __syncthreads();
-        // V into the shared buffer while the softmax runs on Ps
-        for (int e = tid; e < BK * (DMAX / 4); e += ATT_TILE_THREADS) {
-            const int r = e / (DMAX / 4), c4 = 4 * (e % (DMAX / 4));
-            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (s_seen[r] && c4 < dv) v = *(const float4*)(vc + (size_t)(c0 + r) * vstride + (size_t)g * dv + c4);
-            *(float4*)&KV[r][c4] = v;
-        }
+        stage_cells(vc, dv, c0);  // V into the shared buffer while the softmax runs on Ps
         {  // online softmax: TPR threads a token row, BK / TPR cells each
             const int r = tid / TPR, part = tid % TPR;
             float mx = -INFINITY;
@@ -1162,7 +1163,7 @@ extern "C" __global__ void __launch_bounds__(1024)
         if (e >= 0 && e < n_expert) {
             atomicAdd(&count[e], 1);
         } else {
-            for (int o = 0; o < n_out; ++o) y[(size_t)s * n_out + o] = __int_as_float(0x7fc00000);
+            for (int o = 0; o < n_out; ++o) y[(size_t)s * n_out + o] = rx_nan();
         }
     }
     __syncthreads();
