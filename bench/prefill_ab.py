@@ -1,10 +1,11 @@
 """Warm prefill of the 1500-token prompt with and without the dequantize-first path (A/B).
 
-    python bench/prefill_ab.py MODEL... [--reps 3]
+    python bench/prefill_ab.py MODEL... [--reps 3] [--all-types]
 
 "on": quant_ops as it is (quantized weights of a tiled matmul over DEQUANT_FIRST_MIN_T tokens or
 more are dequantized once into float32 scratch, then the float32 tiled kernel runs); "off": the
-quantized tiled kernel for every prompt length. Both in one process, alternating per repetition;
+quantized tiled kernel for every prompt length; --all-types: "on" dequantizes the block-of-32
+types too (quant_ops skips them by default). Both in one process, alternating per repetition;
 prints `reflex bench`'s prefill and decode medians for each.
 """
 from __future__ import annotations
@@ -25,8 +26,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("models", nargs="+")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--all-types", action="store_true")
     a = ap.parse_args()
     on = quant_ops.DEQUANT_FIRST_MIN_T
+    if a.all_types:
+        quant_ops._DEQUANT_FIRST_SKIP = frozenset()
     for m in a.models:
         pre = {"on": [], "off": []}
         for _ in range(a.reps):

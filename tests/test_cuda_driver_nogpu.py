@@ -664,3 +664,21 @@ def test_no_decode_graph_off_the_gpu(model_files, monkeypatch):
         assert engine.decode_graph(lm) is None
     finally:
         lm.close()
+
+
+@pytest.mark.parametrize("T,dk,dv,ptr,want", [
+    (1, 128, 128, 0, None),  # decode: the flash-decoding kernel
+    (15, 128, 128, 0, None),
+    (16, 128, 128, 0, ("reflex_attention_tiled128", 32)),
+    (300, 64, 40, 0, ("reflex_attention_tiled128", 32)),
+    (20, 192, 128, 0, ("reflex_attention_tiled256", 16)),  # d_k != d_v (MLA-like)
+    (20, 256, 256, 0, ("reflex_attention_tiled256", 16)),
+    (20, 42, 42, 0, None),  # not a multiple of 4: no float4 rows
+    (20, 288, 288, 0, None),  # over the tiles' 256
+    (20, 128, 128, 8, None),  # a buffer not 16-byte aligned
+])
+def test_attention_kernel_choice(T, dk, dv, ptr, want):
+    """Which attention kernel a forward of T tokens launches (the GPU tests run each one)."""
+    from reflex_core.backends.cuda_backend import _attention_tiled_kernel
+
+    assert _attention_tiled_kernel(T, dk, dv, 0, ptr) == want

@@ -100,14 +100,16 @@ def attention_splits(T: int, H: int, n_cells: int, replayed: bool = False) -> in
 ATT_TILED_MIN_T = 16  # tokens from which a forward's attention runs query tiles
 
 
-def _attention_tiled_kernel(T: int, dk: int, dv: int, *ptrs: int) -> str:
-    """The query-tiled attention kernel for T tokens of head sizes dk / dv, or "" where
-    reflex_attention serves: fewer than ATT_TILED_MIN_T tokens (decode, short batches: the
-    flash-decoding splits), head sizes not a multiple of 4 or over 256, or a pointer not 16-byte
-    aligned (the tiles load float4)."""
+def _attention_tiled_kernel(T: int, dk: int, dv: int, *ptrs: int) -> tuple[str, int] | None:
+    """The query-tiled attention kernel for T tokens of head sizes dk / dv and its tokens per
+    block, or None where reflex_attention serves: fewer than ATT_TILED_MIN_T tokens (decode,
+    short batches: the flash-decoding splits), head sizes not a multiple of 4 or over 256, or a
+    pointer not 16-byte aligned (the tiles load float4)."""
     if T < ATT_TILED_MIN_T or dk % 4 or dv % 4 or max(dk, dv) > 256 or any(p % 16 for p in ptrs):
-        return ""
-    return "reflex_attention_tiled128" if max(dk, dv) <= 128 else "reflex_attention_tiled256"
+        return None
+    if max(dk, dv) <= 128:
+        return "reflex_attention_tiled128", 32
+    return "reflex_attention_tiled256", 16
 
 
 def _attention_kernel(dk: int, dv: int, *ptrs: int) -> str:
@@ -766,7 +768,8 @@ class CudaOps(Ops):
         if T and H:
             tiled = _attention_tiled_kernel(T, dk, dv, q.ptr, k_cache.ptr, v_cache.ptr, out.ptr)
             if tiled:
-                self.k.launch(tiled, (H, -(-T // (32 if tiled.endswith("128") else 16))), 256,
+                kernel, per_block = tiled
+                self.k.launch(kernel, (H, -(-T // per_block)), 256,
                               (q.ptr, k_cache.ptr, v_cache.ptr, out.ptr, pb.prefix_end,
                                pb.own_start, pb.own_end, T, H, Hkv, dk, dv, scale))
                 return out

@@ -53,14 +53,15 @@
 //
 // reflex_matmul_tiled_<t>(w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, n2, row_bytes, mode)
 //   (any T; prefill) Shared-memory GEMM tile: a 256-thread block computes 64 weight rows x 64
-//   tokens; per 64-wide K slice it dequantizes the 64x64 weight tile (rx_q<t>::dec4, 4 groups
-//   of 4 elements per thread, 16 threads a row: each warp reads two rows' contiguous bytes;
-//   float32 weights -- the dequantize-first scratch -- as float4 loads) and stages the 64x64 x
-//   tile, both row-major (a row's or a token's 64 k values contiguous) in shared memory
-//   (34 KB). sm_80 and later: tensor cores, each warp a 16 rows x 32 tokens block of
-//   mma.m16n8k8 TF32 products in the 3xTF32 split (big*big + big*small + small*big, f32
-//   accumulation: close to f32 FMA accuracy; small*small, ~2^-22 of a product, is dropped).
-//   Before sm_80: each thread accumulates a 4 rows x 4 tokens outer product per k (16 FMA).
+//   tokens; per K slice it dequantizes the weight tile (rx_q<t>::dec4, groups of 4 elements,
+//   threads sharing a row read its contiguous bytes; float32 weights -- the dequantize-first
+//   scratch -- as float4 loads) and stages the x tile, both row-major in shared memory. sm_80
+//   and later: tensor cores, each warp a 16 rows x 32 tokens block of mma.m16n8k8 TF32 products
+//   in the 3xTF32 split (big*big + big*small + small*big, f32 accumulation: close to f32 FMA
+//   accuracy; small*small, ~2^-22 of a product, is dropped); values are staged once as their
+//   (big, small) pairs, K slices of 32 (37 KB), and the next slice loads into registers while
+//   the current one is multiplied. Before sm_80: K slices of 64, float tiles, each thread a
+//   4 rows x 4 tokens outer product per k (16 FMA).
 //   Warps whose tokens are all >= T skip the math. The results go through shared memory and
 //   out one token row at a time.
 //   mode 0: the 64 rows of a block are consecutive rows of one segment, grid = (sum_i
