@@ -2,7 +2,8 @@
 # GPU machine, one call on a fresh machine, no peers: the tiled matmul of this tree (.whl-new)
 # against a core-wheel variant (.whl-var/$V): the GPU tests (not slow), the tiled kernel's TFLOP/s lines of
 # the speed report, and the warm 1518-token prefill of the 0.6B, 8B (and, time allowing, 30B-A3B)
-# shaped files, variants alternating.   usage: V=d bash bench/gpu_tiled_ab.sh OUT
+# shaped files (and DECODE tokens decoded after it, default 2), variants alternating.
+# usage: V=d [DECODE=64] bash bench/gpu_tiled_ab.sh OUT
 set -uo pipefail
 OUT=${1:?usage: V=variant bash bench/gpu_tiled_ab.sh OUT}; V=${V:?set V, a folder of .whl-var}
 REPO=$(cd "$(dirname "$0")/.." && pwd); MODELS=/tmp/reflex-models; mkdir -p "$OUT" "$MODELS"
@@ -26,7 +27,7 @@ done
 wait
 prefill() {  # model variant round
   PYTHONPATH=$([ $2 = c ] && echo /tmp/new || echo /tmp/var-$2:/tmp/new) timeout 90 \
-    python3 "$REPO/bench/warm_long.py" "$1" "$(basename $1) variant $2 round $3" --decode 2 2>&1 \
+    python3 "$REPO/bench/warm_long.py" "$1" "$(basename $1) variant $2 round $3" --decode ${DECODE:-2} 2>&1 \
     | tail -1 | tee -a "$LOG"
 }
 say "warm 1518-token prefill, variants alternating"

@@ -19,6 +19,8 @@ Kernels (launch shape)
   reflex_qk_norm_rope_store  per-head RMSNorm + RoPE of q and k, K/V into the cache
                                                           grid (H + H_kv, T), 128|256   [PPPPPPPPPiiiiiiifdddddd]
   reflex_attention      masked GQA softmax attention      grid (H, T, S), block 256     [PPPPPPPPiiiif]
+  reflex_attention_vec128 / _vec256  the same, float4 rows, 4 cells a warp at a time (head
+                        sizes a multiple of 4)            grid (H, T, S), block 256     [PPPPPPPPiiiif]
   reflex_attention_combine  merges reflex_attention's S slices  grid (H, T), 256        [PPiii]
   reflex_attention_tiled128 / _tiled256  the same for many tokens, query tiles x cell tiles in
                         shared memory                     grid (H, ceil(T/32|16)), 256  [PPPPPPPiiiiif]
@@ -485,6 +487,147 @@ reflex_attention(const float* __restrict__ q, const float* __restrict__ kc,
         o[e] = acc_e * invL;
     }
 }
+
+// attention_vec128 / _vec256: reflex_attention for head sizes a multiple of 4 (<= 128 / 256) (16-byte aligned q, caches,
+// out), same grid, slices and result. Each warp takes 4 cells at a time, 8 lanes a cell: lane
+// (group c4 = lane / 8, li = lane % 8) holds q's dimensions 32i + 4li .. +3 (float4, i < d/32)
+// and loads that part of cell j + c4's K and V row at once, so a warp has 4 cells' rows in
+// flight where reflex_attention has one, and a score needs 3 shuffles instead of 5 (decode over
+// a long cache waits on those loads, one cell after another). Each group keeps its own online
+// softmax; the 4 groups merge by shuffles, the 8 warps in shared memory as there.
+// ATT_VEC_C4: float4 per lane (head sizes <= 32 * ATT_VEC_C4: 128 or 256).
+template <int ATT_VEC_C4>
+__device__ __forceinline__ void attention_vec_body(
+    const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
+    float* __restrict__ out, float* __restrict__ part, const int* __restrict__ prefix_end,
+    const int* __restrict__ own_start, const int* __restrict__ own_end, int H, int H_kv, int dk,
+    int dv, float scale) {
+    __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
+    __shared__ __align__(16) float s_acc[ATT_WARPS][REFLEX_ATT_MAX_HEAD];
+    const int h = blockIdx.x, t = blockIdx.y, S = gridDim.z, sl = blockIdx.z;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c4 = lane >> 3, li = lane & 7;
+    const int g = h / (H / H_kv);
+    const int a_end = prefix_end[t];
+    const int b_start = max(own_start[t], a_end);
+    const int nb = max(0, own_end[t] - b_start);
+    const int n = a_end + nb;
+    const int chunk = (n + S - 1) / S;
+    const int j0 = sl * chunk, j1 = min(n, j0 + chunk);
+
+    const float* qh = q + ((size_t)t * H + h) * dk;
+    float4 qr[ATT_VEC_C4], acc[ATT_VEC_C4];
+#pragma unroll
+    for (int i = 0; i < ATT_VEC_C4; i++) {
+        const int e = 32 * i + 4 * li;
+        qr[i] = e < dk ? *(const float4*)(qh + e) : make_float4(0.f, 0.f, 0.f, 0.f);
+        acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    float m = -INFINITY, l = 0.f;
+    const size_t kstride = (size_t)H_kv * dk, vstride = (size_t)H_kv * dv;
+    const float* kbase = kc + (size_t)g * dk;
+    const float* vbase = vc + (size_t)g * dv;
+    // every lane runs every round (the shuffles); a group past j1 scores -inf
+    for (int base = j0 + 4 * warp; base < j1; base += 4 * ATT_WARPS) {
+        const int j = base + c4;
+        const bool valid = j < j1;
+        const int cell = !valid ? 0 : j < a_end ? j : b_start + (j - a_end);
+        const float* kp = kbase + (size_t)cell * kstride;
+        const float* vp = vbase + (size_t)cell * vstride;
+        float4 kv[ATT_VEC_C4], vv[ATT_VEC_C4];
+#pragma unroll
+        for (int i = 0; i < ATT_VEC_C4; i++) {
+            const int e = 32 * i + 4 * li;
+            kv[i] = valid && e < dk ? *(const float4*)(kp + e) : make_float4(0.f, 0.f, 0.f, 0.f);
+            vv[i] = valid && e < dv ? *(const float4*)(vp + e) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < ATT_VEC_C4; i++)
+            s += qr[i].x * kv[i].x + qr[i].y * kv[i].y + qr[i].z * kv[i].z + qr[i].w * kv[i].w;
+        s += __shfl_xor_sync(FULL_MASK, s, 4);
+        s += __shfl_xor_sync(FULL_MASK, s, 2);
+        s += __shfl_xor_sync(FULL_MASK, s, 1);
+        if (!valid) continue;
+        s *= scale;
+        const float mn = fmaxf(m, s);
+        const float corr = expf(m - mn);  // m = -inf on the group's first cell: 0
+        const float p = expf(s - mn);
+        l = l * corr + p;
+#pragma unroll
+        for (int i = 0; i < ATT_VEC_C4; i++) {
+            acc[i].x = acc[i].x * corr + p * vv[i].x;
+            acc[i].y = acc[i].y * corr + p * vv[i].y;
+            acc[i].z = acc[i].z * corr + p * vv[i].z;
+            acc[i].w = acc[i].w * corr + p * vv[i].w;
+        }
+        m = mn;
+    }
+    // the warp's 4 groups into one state (lanes li of every group end up equal)
+#pragma unroll
+    for (int o = 8; o < 32; o <<= 1) {
+        const float mo = __shfl_xor_sync(FULL_MASK, m, o), lo = __shfl_xor_sync(FULL_MASK, l, o);
+        const float M = fmaxf(m, mo);
+        const float f = m == -INFINITY ? 0.f : expf(m - M), fo = mo == -INFINITY ? 0.f : expf(mo - M);
+        l = l * f + lo * fo;
+#pragma unroll
+        for (int i = 0; i < ATT_VEC_C4; i++) {
+            acc[i].x = acc[i].x * f + __shfl_xor_sync(FULL_MASK, acc[i].x, o) * fo;
+            acc[i].y = acc[i].y * f + __shfl_xor_sync(FULL_MASK, acc[i].y, o) * fo;
+            acc[i].z = acc[i].z * f + __shfl_xor_sync(FULL_MASK, acc[i].z, o) * fo;
+            acc[i].w = acc[i].w * f + __shfl_xor_sync(FULL_MASK, acc[i].w, o) * fo;
+        }
+        m = M;
+    }
+    if (lane == 0) { s_m[warp] = m; s_l[warp] = l; }
+    if (c4 == 0) {
+#pragma unroll
+        for (int i = 0; i < ATT_VEC_C4; i++) {
+            const int e = 32 * i + 4 * li;
+            if (e < dv) *(float4*)&s_acc[warp][e] = acc[i];
+        }
+    }
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, s_m[w]);
+    float L = 0.f;
+    float f[ATT_WARPS];
+#pragma unroll
+    for (int w = 0; w < ATT_WARPS; w++) {
+        f[w] = s_m[w] == -INFINITY ? 0.f : expf(s_m[w] - M);
+        L += s_l[w] * f[w];
+    }
+    if (S > 1) {  // this slice's state, for reflex_attention_combine
+        float* pp = part + (((size_t)t * H + h) * S + sl) * (size_t)(2 + dv);
+        if (threadIdx.x == 0) { pp[0] = M; pp[1] = L; }
+        for (int e = threadIdx.x; e < dv; e += blockDim.x) {
+            float acc_e = 0.f;
+#pragma unroll
+            for (int w = 0; w < ATT_WARPS; w++) acc_e += s_acc[w][e] * f[w];
+            pp[2 + e] = acc_e;
+        }
+        return;
+    }
+    const float invL = L > 0.f ? 1.0f / L : 0.f;
+    float* o = out + ((size_t)t * H + h) * dv;
+    for (int e = threadIdx.x; e < dv; e += blockDim.x) {
+        float acc_e = 0.f;
+#pragma unroll
+        for (int w = 0; w < ATT_WARPS; w++) acc_e += s_acc[w][e] * f[w];
+        o[e] = acc_e * invL;
+    }
+}
+
+#define RX_ATT_VEC(NAME, C4)                                                                       \
+    extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                                   \
+    NAME(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,  \
+         float* __restrict__ out, float* __restrict__ part, const int* __restrict__ prefix_end,    \
+         const int* __restrict__ own_start, const int* __restrict__ own_end, int H, int H_kv,      \
+         int dk, int dv, float scale) {                                                            \
+        attention_vec_body<C4>(q, kc, vc, out, part, prefix_end, own_start, own_end, H, H_kv, dk,  \
+                               dv, scale);                                                         \
+    }
+RX_ATT_VEC(reflex_attention_vec128, 4)
+RX_ATT_VEC(reflex_attention_vec256, 8)
 
 // attention_combine: block (h, t), 256 threads: the S slices of reflex_attention's part
 // [T, H, S, 2 + d_v] merged as its warps are (M = max M_s, f_s = e^(M_s - M), L = sum L_s f_s,

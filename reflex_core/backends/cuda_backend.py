@@ -112,6 +112,15 @@ def _attention_tiled_kernel(T: int, dk: int, dv: int, *ptrs: int) -> tuple[str, 
     return "reflex_attention_tiled256", 16
 
 
+def _attention_kernel(dk: int, dv: int, *ptrs: int) -> str:
+    """The kernel for a few tokens (decode): reflex_attention_vec128/256 (4 cells a warp at a
+    time, float4 rows) for head sizes a multiple of 4 and 16-byte aligned buffers, else
+    reflex_attention."""
+    if dk % 4 or dv % 4 or any(p % 16 for p in ptrs):
+        return "reflex_attention"
+    return "reflex_attention_vec128" if max(dk, dv) <= 128 else "reflex_attention_vec256"
+
+
 class CudaOps(Ops):
     """The GPU backend. ``attach`` uploads the weights; every op runs on the device."""
 
@@ -766,7 +775,8 @@ class CudaOps(Ops):
                 return out
             S = attention_splits(T, H, n_cells, self.replaying)
             part = empty_f32((T, H, S, 2 + dv), T * H * S * (2 + dv)) if S > 1 else None
-            self.k.launch("reflex_attention", (H, T, S), 256,
+            kernel = _attention_kernel(dk, dv, q.ptr, k_cache.ptr, v_cache.ptr, out.ptr)
+            self.k.launch(kernel, (H, T, S), 256,
                           (q.ptr, k_cache.ptr, v_cache.ptr, out.ptr, part.ptr if part else 0,
                            pb.prefix_end, pb.own_start, pb.own_end, H, Hkv, dk, dv, scale))
             if part is not None:

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from reflex_core import sampling
-from reflex_core.backends.cuda_backend import ATT_TILED_MIN_T, _attention_tiled_kernel
+from reflex_core.backends.cuda_backend import (ATT_TILED_MIN_T, _attention_kernel,
+                                               _attention_tiled_kernel)
 from reflex_core.errors import ReflexError
 from reflex_core.ops import AttnMask, Batch, Ops, RopeParams
 from reflex_core.testing.op_harness import KVBuffers
@@ -283,6 +284,7 @@ ATT_CASES = [  # (T, cell0, H, Hkv, dk, dv)
     (64, 5, 4, 2, 128, 128),
     (5, 11, 6, 3, 192, 128),  # d_k != d_v (MLA-like)
     (3, 2, 2, 1, 40, 72),  # head sizes not a multiple of 32
+    (2, 5, 2, 1, 42, 42),  # not a multiple of 4: reflex_attention, not the float4 kernels
     (300, 400, 16, 8, 128, 128),
     # from ATT_TILED_MIN_T tokens: the query-tiled kernels (ragged tiles, partial head sizes)
     (16, 0, 2, 1, 128, 128),
@@ -306,6 +308,7 @@ def test_attention_causal(cuda_ops, ref_ops, T, cell0, H, Hkv, dk, dv, rng):
     scale = 1.0 / math.sqrt(dk)
     want_tiled = T >= ATT_TILED_MIN_T and dk % 4 == 0 and dv % 4 == 0
     assert bool(_attention_tiled_kernel(T, dk, dv, 0)) == want_tiled  # the path this case means
+    assert (_attention_kernel(dk, dv, 0) == "reflex_attention") == (dk % 4 != 0 or dv % 4 != 0)
     got = cuda_ops.to_numpy(cuda_ops.attention(cuda_ops.from_numpy(q), cc.k[0], cc.v[0], pc,
                                                scale))
     close(got, ref_ops.attention(q, cr.k[0], cr.v[0], pr, scale), 1e-4, 2e-5, "attention")
@@ -380,6 +383,8 @@ SPLIT_CASES = [  # (T, cell0, H, Hkv, dk, dv, n_cells): a few tokens over a long
     (1, 300, 14, 2, 64, 64, 4096),  # most slices empty
     (2, 2047, 8, 1, 256, 256, 2100),
     (4, 999, 6, 3, 40, 72, 1030),  # head sizes not a multiple of 32
+    (1, 700, 4, 2, 36, 44, 1100),  # multiples of 4, partial float4 chunks
+    (2, 900, 4, 2, 42, 42, 1000),  # not a multiple of 4: reflex_attention's split
     (3, 0, 4, 4, 64, 64, 5000),  # fewer visible cells than slices; split when eager too
 ]
 
@@ -409,11 +414,12 @@ def test_attention_split_over_the_cache(cuda_ops, ref_ops, T, cell0, H, Hkv, dk,
               "split attention")
 
 
-def test_attention_large_scores(cuda_ops, ref_ops, rng):
+@pytest.mark.parametrize("T", [2, 20])  # the few-token kernel and the query tiles
+def test_attention_large_scores(cuda_ops, ref_ops, T, rng):
     """Peaked softmax (scores ~ 100s): the online max must keep it finite and exact."""
-    cc, cr = _cache_pair(cuda_ops, ref_ops, 40, 2, 64, 64, rng, 33)
-    q = (rng.standard_normal((2, 4, 64)) * 20).astype(np.float32)
-    b = Batch.causal([0, 1], 31)
+    cc, cr = _cache_pair(cuda_ops, ref_ops, 31 + T + 7, 2, 64, 64, rng, 31 + T)
+    q = (rng.standard_normal((T, 4, 64)) * 20).astype(np.float32)
+    b = Batch.causal(list(range(T)), 31)
     pc, pr = both(cuda_ops, ref_ops, b)
     got = cuda_ops.to_numpy(cuda_ops.attention(cuda_ops.from_numpy(q), cc.k[0], cc.v[0], pc,
                                                1.0))
