@@ -1,32 +1,77 @@
 """Sum an `ncu --metrics gpu__time_duration.sum --csv` log by kernel name.
 
-usage: python bench/ncu_by_kernel.py NCU.csv [TOP]
+usage: python bench/ncu_by_kernel.py NCU.csv [TOP] [--minus BASE.csv --per N]
+
+With --minus, the kernels of BASE.csv (the same program run for fewer tokens) are taken out
+of NCU.csv's sums and what is left is divided by N (the extra tokens): the per-token cost of
+decode, without the load and prefill both runs share.
 """
+import argparse
 import collections
 import csv
+import re
 import sys
 
+_SCALE = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
 
-def main() -> None:
-    rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-    if not rows:
-        sys.exit("no ncu rows")
-    top = int(sys.argv[2]) if len(sys.argv) > 2 else 14
+
+def _short(name: str) -> str:
+    """A kernel's name without its parameter list (C++ templates keep their arguments)."""
+    name = re.sub(r"^void ", "", name)
+    depth = 0
+    for i, ch in enumerate(name):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0:
+            return name[:i]
+    return name
+
+
+def sums(path: str) -> tuple[dict[str, float], collections.Counter]:
+    # the profiled program's own output may come before ncu's table
+    rows = [r for r in csv.reader(open(path)) if len(r) > 10]
+    first = next((i for i, r in enumerate(rows) if "Kernel Name" in r), None)
+    if first is None:
+        sys.exit(f"no ncu table in {path}")
+    rows = rows[first:]
     head = rows[0]
     k, u, v = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
-    scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
     tot: dict[str, float] = collections.defaultdict(float)
     cnt: collections.Counter[str] = collections.Counter()
     for r in rows[1:]:
-        if r[u] not in scale:
-            sys.exit(f"unknown time unit {r[u]!r} in {sys.argv[1]}")
-        tot[r[k]] += float(r[v].replace(",", "")) * scale[r[u]]
-        cnt[r[k]] += 1
-    allus = sum(tot.values())
-    print(f"{sum(cnt.values())} kernels, {allus:.0f} us of kernel time")
-    for name, us in sorted(tot.items(), key=lambda t: -t[1])[:top]:
-        print(f"  {name[:48]:48s} {cnt[name]:5d} x {us / cnt[name]:7.2f} us = {us:8.0f} us "
-              f"({100 * us / allus:4.1f}%)")
+        if r[u] not in _SCALE:
+            sys.exit(f"unknown time unit {r[u]!r} in {path}")
+        name = _short(r[k])
+        tot[name] += float(r[v].replace(",", "")) * _SCALE[r[u]]
+        cnt[name] += 1
+    return tot, cnt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("csv")
+    ap.add_argument("top", nargs="?", type=int, default=14)
+    ap.add_argument("--minus", help="the same program's log for fewer tokens")
+    ap.add_argument("--per", type=int, default=1, help="divide what is left by this many tokens")
+    a = ap.parse_args()
+    tot, cnt = sums(a.csv)
+    if a.minus:
+        base, bcnt = sums(a.minus)
+        for name in set(tot) | set(base):
+            tot[name] = tot.get(name, 0.0) - base.get(name, 0.0)
+            cnt[name] = cnt.get(name, 0) - bcnt.get(name, 0)
+    per = max(a.per, 1)
+    allus = sum(tot.values()) / per
+    unit = "per token" if a.minus else "in all"
+    print(f"{sum(cnt.values()) / per:.0f} kernels, {allus:.0f} us of kernel time {unit}")
+    for name, us in sorted(tot.items(), key=lambda t: -t[1])[:a.top]:
+        n = cnt[name] / per
+        if n <= 0:
+            continue
+        print(f"  {name[:56]:56s} {n:6.1f} x {us / per / n:7.2f} us = {us / per:8.0f} us "
+              f"({100 * us / per / allus:4.1f}%)")
 
 
 if __name__ == "__main__":
