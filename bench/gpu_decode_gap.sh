@@ -24,7 +24,7 @@ MM=$!
 nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee -a "$LOG"
 if [ "${TESTS:-}" != none ]; then
   say "tests: ${TESTS:-tests/gpu/test_core_kernels.py}"
-  (cd "$REPO" && timeout 120 python3 -m pytest ${TESTS:-tests/gpu/test_core_kernels.py} -q -p no:cacheprovider \
+  (timeout 120 python3 -m pytest $(for t in ${TESTS:-tests/gpu/test_core_kernels.py}; do echo "$REPO/$t"; done) -q -p no:cacheprovider \
     -m "not slow" > "$OUT/gpu-tests.log" 2>&1)
   grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -20 | tee -a "$LOG"; tail -1 "$OUT/gpu-tests.log" | tee -a "$LOG"
 fi

@@ -25,6 +25,8 @@ Kernels (launch shape)
   reflex_attention_tiled128 / _tiled256  the same for many tokens, query tiles x cell tiles in
                         shared memory                     grid (H, ceil(T/32|16)), 256  [PPPPPPPiiiiif]
   reflex_take_rows      y[r] = x[rows[r]]                 grid (ceil(n/256), R), 256    [PPPi]
+  reflex_x_limbs        x as 32-element blocks of scaled integers (the one-token GEMV's input
+                        for the integer weight types)   grid ceil(n/256), block 256   [PPi]
   reflex_argmax         first index of the row maximum    grid rows, block 1024         [PPi]
   reflex_token_logprobs log_softmax(x)[target] per row    grid rows, block 1024         [PPPi]
   reflex_repeat_penalty x[id] / or * penalty, each id    grid ceil(n/256), block 256   [PPif]
@@ -867,6 +869,45 @@ __device__ __forceinline__ void attention_tiled_body(
     }
 RX_ATT_TILED(reflex_attention_tiled128, 32, 32, 128)
 RX_ATT_TILED(reflex_attention_tiled256, 16, 16, 256)
+
+// ------------------------------------------------------------------------------------------
+// x_limbs: x (n floats, n % 32 == 0, any number of rows back to back) -> the x limbs the GEMV on
+// integer weights reads (layout: reflex/quants.cuh, before rx_gemv_rows_xq). One warp per
+// 32-element block, a lane per element: M = the block's largest |x|, e with M < 2^e (frexp; at
+// least -127, so that a block of subnormals has s = 2^-149 and its X are exact), s = 2^(e-22), X = rint(x * 2^(22-e)), so |X| <= 2^22; M = 0: s = 1, X = 0; a NaN or inf in the
+// block: s = NaN, X = 0 (the products then give NaN, as they would with the floats). Lane i of
+// group g (lanes 4g..4g+3) writes word i of the group: byte i of each of the four X (i < 3), or s.
+// Output word k belongs to element k: out[k] for k = 4g + i. NumPy twin:
+// reflex_core.testing.x_limbs.x_limbs.
+
+extern "C" __global__ void reflex_x_limbs(const float* __restrict__ x, uint32_t* __restrict__ out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;  // n % 32 == 0: whole warps in or out
+    if (i >= n) return;
+    const float v = x[i];
+    const uint32_t mb = __reduce_max_sync(FULL_MASK, __float_as_uint(v) & 0x7fffffffu);
+    int X = 0;
+    float s = 1.0f;
+    if (mb >= 0x7f800000u) {
+        s = __int_as_float(0x7fc00000);
+    } else if (mb != 0) {
+        int e;
+        frexpf(__uint_as_float(mb), &e);
+        e = max(e, -127);  // subnormal blocks: s = 2^-149 keeps s a float and X = x exactly
+        X = __float2int_rn(ldexpf(v, 22 - e));
+        s = ldexpf(1.0f, e - 22);
+    }
+    const int lane = threadIdx.x & 31, base = lane & ~3, part = lane & 3;
+    const uint32_t x0 = __shfl_sync(FULL_MASK, X, base), x1 = __shfl_sync(FULL_MASK, X, base + 1);
+    const uint32_t x2 = __shfl_sync(FULL_MASK, X, base + 2), x3 = __shfl_sync(FULL_MASK, X, base + 3);
+    uint32_t w;
+    if (part == 3) {
+        w = __float_as_uint(s);
+    } else {  // byte `part` of x0..x3 -> bytes 0..3
+        const uint32_t sel = (uint32_t)part | ((uint32_t)(part + 4) << 4);
+        w = __byte_perm(__byte_perm(x0, x1, sel), __byte_perm(x2, x3, sel), 0x5410u);
+    }
+    out[i] = w;
+}
 
 // ------------------------------------------------------------------------------------------
 // take_rows: y[r, :] = x[rows[r], :]; grid (ceil(n/256), R).

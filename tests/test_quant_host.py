@@ -352,7 +352,7 @@ def test_gemv_lane_loop(lib, name):
 
 class _FakeKernels:
     """Records launches, checking each one's arguments against the kernel's real signature (the
-    build's parser on the preprocessed cuda/quant.cu: what the manifest will hold)."""
+    build's parser on the preprocessed modules: what the manifest will hold)."""
 
     def __init__(self, signatures):
         self.signatures = signatures
@@ -372,7 +372,10 @@ def quant_signatures():
     nvcc = _find_nvcc()
     if nvcc is None:
         pytest.fail("nvcc not found: cannot preprocess cuda/quant.cu")
-    return _build.module_signatures(nvcc, ROOT / "cuda" / "quant.cu", [INCLUDE], 90)
+    sigs = {}
+    for module in ("quant", "quant_lowbit", "core"):  # core: reflex_x_limbs, moe_schedule
+        sigs.update(_build.module_signatures(nvcc, ROOT / "cuda" / f"{module}.cu", [INCLUDE], 90))
+    return sigs
 
 
 def _matmul(q, k, w_ptrs, t, x, ys, T, n_in, n_outs, swiglu=False):
@@ -446,6 +449,26 @@ def test_launcher_choices(quant_signatures):
     assert k.calls[-1][:2] == ("reflex_matmul_gemv1s_q4_k", (1536, 1, 1))
     _matmul(q, k, [W, W + 8], 12, X, [Y], 1, 1024, [3072, 3072], swiglu=True)  # misaligned up
     assert k.calls[-1][:2] == ("reflex_matmul_tiled_q4_k", (96, 1, 1))
+    # one token of an XQ type with x limbs: the GEMV on them (x's pointer replaced); not for
+    # more tokens, other types, or limbs that are not 16-byte aligned
+    XQ = 5 << 20
+    for n_in, want in ((1024, "gemvq1"), (2048, "gemvq1s")):  # IQ4_XS: 32 a unit
+        q.matmul_planned(k, q.plan(23, (n_in, 1000), W), X, 1, (W, 0, 0), (Y, 0, 0), (1000, 0, 0),
+                         False, True, XQ)
+        name, grid, _, args = k.calls[-1]
+        assert name == f"reflex_matmul_{want}_iq4_xs" and args[3] == XQ
+        assert grid == ((125, 1, 1) if want == "gemvq1" else (250, 1, 1))
+    for t, T, xq in ((23, 2, XQ), (12, 1, XQ), (23, 1, XQ + 8), (23, 1, 0)):
+        q.matmul_planned(k, q.plan(t, (2048, 1000), W), X, T, (W, 0, 0), (Y, 0, 0), (1000, 0, 0),
+                         False, True, xq)
+        assert "gemvq" not in k.calls[-1][0] and k.calls[-1][3][3] == X
+    q.matmul_planned(k, q.plan(20, (96, 64), W), X, 1, (W, W + 2, 0), (Y, 0, 0), (64, 0, 0), True,
+                     True, XQ)  # IQ4_NL SwiGLU: one warp a row pair, one output row a warp
+    assert k.calls[-1][:2] == ("reflex_matmul_gemvq1_iq4_nl", (16, 1, 1)) and k.calls[-1][3][-1] == 1
+    q.x_limbs(k, X, XQ, 4096 + 32)
+    assert k.calls[-1] == ("reflex_x_limbs", (17, 1, 1), (256, 1, 1), (X, XQ, 4128))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        q.x_limbs(k, X, XQ, 100)
     q.dequant(k, W, 14, 256 * 3, Y)
     assert k.calls[-1][:2] == ("reflex_dequant_q6_k", (1, 1, 1))
     q.embed(k, W, 2, X, Y, 5, 64, n_vocab=100)

@@ -22,6 +22,7 @@ Each op's NumPy twin is the NumpyOps op of the same name; tests/gpu/ compares th
 
 from __future__ import annotations
 
+import os
 import time
 
 import struct
@@ -38,6 +39,9 @@ from .device_array import Block, DeviceArray, Prepared, empty, empty_f32, prod
 
 _F32 = 0
 _LORA_TILE, _LORA_BLOCK_Y = 32, 8  # cuda/core.cu LORA_TILE, LORA_BLOCK_Y (reflex_lora_add)
+# One-token matmuls of the integer-unit weight types (quant_ops.XQ_TYPES) run on x limbs;
+# REFLEX_GEMV_XQ=0 keeps them on the float GEMV (an A/B switch: the two differ by rounding only).
+_GEMV_XQ = os.environ.get("REFLEX_GEMV_XQ", "1") != "0"
 _GATING = {"softmax": 1, "sigmoid": 2, "softmax_weight": 3, "sqrt_softplus": 4}
 
 
@@ -563,6 +567,12 @@ class CudaOps(Ops):
             scratch = Block(nbytes)
             qo.matmul_dequant_first(self._qkern(m.module), self._qkern(qo.COMMON_MODULE), m,
                                     x_ptr, T, w_ptrs, y_ptrs, n_outs, swiglu, scratch.ptr)
+            return
+        if T == 1 and m.gemvq is not None and gemv_ok and _GEMV_XQ:
+            limbs = Block(qo.x_limbs_bytes(m.n_in))  # back to the allocator as the scratch above
+            qo.x_limbs(self.k, x_ptr, limbs.ptr, m.n_in)
+            qo.matmul_planned(self._qkern(m.module), m, x_ptr, T, w_ptrs, y_ptrs, n_outs, swiglu,
+                              gemv_ok, limbs.ptr)
             return
         qo.matmul_planned(self._qkern(m.module), m, x_ptr, T, w_ptrs, y_ptrs, n_outs, swiglu,
                           gemv_ok)

@@ -205,6 +205,29 @@ def _gemv_ok(ggml_type: int, w_ptr: int, x_ptr: int, n_in: int) -> bool:
     return bs > 1 or n_in % 8 == 0
 
 
+# Types whose one-token GEMV runs on x limbs (reflex_x_limbs, then reflex_matmul_gemvq1{,s}_<t>):
+# their weights are small integers times a scale per 32, so each 4-weight product is three byte
+# dot products (dp4a) on x's 32-element blocks of 23-bit integers, instead of 4 conversions and 4
+# FMA: the IQ4_XS decode GEMV is bound by instruction issue, not by DRAM.
+XQ_TYPES = frozenset({20, 23})  # IQ4_NL, IQ4_XS
+_XQ_THREADS = 256
+
+
+def x_limbs_bytes(n: int) -> int:
+    """Bytes of the x limbs of ``n`` activations (one 32-bit word each)."""
+    return 4 * n
+
+
+def x_limbs(core, x_ptr: int, out_ptr: int, n: int) -> None:
+    """``out`` = the x limbs of the ``n`` floats at ``x_ptr`` (n % 32 == 0; ``core`` the core
+    module; both pointers 16-byte aligned): reflex_x_limbs in cuda/core.cu."""
+    if n % 32:
+        raise ValueError(f"x_limbs: {n} elements is not a multiple of 32")
+    if n:
+        core.launch("reflex_x_limbs", ((n + _XQ_THREADS - 1) // _XQ_THREADS, 1, 1),
+                    (_XQ_THREADS, 1, 1), (x_ptr, out_ptr, n))
+
+
 _TT_INDEX = (0, 0, 1, 2, 2, 3, 3, 3, 3)  # T (1 .. 8) -> index of the gemv1/2/4/8 kernel
 MAX_SEGMENTS = 3  # weights per matmul launch
 
@@ -215,7 +238,7 @@ class MatPlan:
     ``error`` is why the weight cannot be a matmul operand (None when it can)."""
 
     __slots__ = ("ggml_type", "module", "n_in", "n_out", "n_elements", "row_bytes", "gemv",
-                 "gemv1s", "split", "tiled", "gemv_w_ok", "error")
+                 "gemv1s", "gemvq", "split", "tiled", "gemv_w_ok", "error")
 
     def __init__(self, ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight"):
         suffix, tname, bs, _, align = _info(ggml_type)
@@ -229,6 +252,9 @@ class MatPlan:
         self.n_elements = n
         self.gemv = tuple(f"reflex_matmul_gemv{tt}_{suffix}" for tt in (1, 2, 4, 8))
         self.gemv1s = f"reflex_matmul_gemv1s_{suffix}"  # T = 1, two warps a row pair
+        # T = 1 on x limbs (XQ_TYPES): (one warp, two warps) a row pair, else None
+        self.gemvq = ((f"reflex_matmul_gemvq1_{suffix}", f"reflex_matmul_gemvq1s_{suffix}")
+                      if ggml_type in XQ_TYPES else None)
         self.tiled = f"reflex_matmul_tiled_{suffix}"
         self.error: str | None = None
         self.row_bytes = 0
@@ -250,7 +276,8 @@ def plan(ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight") 
 
 
 def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: tuple,
-                   n_outs: tuple, swiglu: bool = False, gemv_w_ok: bool = True) -> None:
+                   n_outs: tuple, swiglu: bool = False, gemv_w_ok: bool = True,
+                   xq_ptr: int = 0) -> None:
     """``y_i [T, n_outs[i]] = x [T, n_in] . W_i^T`` for up to :data:`MAX_SEGMENTS` weights
     planned with ``p`` (all of ``p``'s GGML type and n_in; ``kern`` the module ``p.module``)
     in one launch: ``w_ptrs`` /
@@ -258,8 +285,9 @@ def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: 
     of the same n_out and one output ``y_ptrs[0]`` = ``silu(x . W_gate^T) * (x . W_up^T)``.
     T <= 8: a GEMV kernel (each weight byte read once for all T tokens) when ``gemv_w_ok`` (every
     weight pointer suits it) and x is 16-byte aligned; else the tiled kernel. Each output is
-    bit-identical to the matmul of its weight alone. No checks here beyond that choice (the
-    caller planned the weights)."""
+    bit-identical to the matmul of its weight alone. ``xq_ptr``: the x limbs of x
+    (:func:`x_limbs`, 16-byte aligned); one token of an ``XQ_TYPES`` weight then takes the GEMV on
+    them. No checks here beyond that choice (the caller planned the weights)."""
     if T > _INT32_MAX:
         raise ValueError(f"T={T} is out of range for the kernels (0 .. 2**31-1)")
     if T == 0:  # nothing to compute (and the one-token GEMV reads x row 0 unconditionally)
@@ -268,6 +296,11 @@ def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: 
     mode = 1 if swiglu else 0
     args = (w_ptrs[0], w_ptrs[1], w_ptrs[2], x_ptr, y_ptrs[0], y_ptrs[1], y_ptrs[2], T, p.n_in,
             n0, n1, n2, p.row_bytes, mode)
+    if T == 1 and xq_ptr and p.gemvq is not None and gemv_w_ok and xq_ptr % 16 == 0:
+        args = args[:3] + (xq_ptr,) + args[4:]
+        kern.launch(p.gemvq[p.split - 1], (_gemv_grid_x(p.split, n_outs, swiglu), 1, 1),
+                    (_GEMV_THREADS, 1, 1), args)
+        return
     if T <= GEMV_MAX_T and gemv_w_ok and x_ptr % 16 == 0:
         ks = p.split if T == 1 else 1
         name = p.gemv1s if ks == 2 else p.gemv[_TT_INDEX[T]]
@@ -418,4 +451,6 @@ def kernel_names(module: str = COMMON_MODULE) -> list[str]:
                   f"reflex_moe_tiled_{suffix}"]
         names += [f"reflex_matmul_gemv{tt}_{suffix}" for tt in (1, 2, 4, 8)]
         names.append(f"reflex_matmul_gemv1s_{suffix}")
+        if t in XQ_TYPES:
+            names += [f"reflex_matmul_gemvq1_{suffix}", f"reflex_matmul_gemvq1s_{suffix}"]
     return names

@@ -459,6 +459,94 @@ def test_dequant_first_equals_tiled(qk, name):
 
 
 # ----------------------------------------------------------------------------------------------
+# the one-token GEMV on x limbs (quant_ops.XQ_TYPES)
+
+
+def _limbs_inputs(rng, n):
+    """n floats (n % 32 == 0) in blocks of every kind: normal, wide-ranging, tiny, huge,
+    subnormal, all zero, NaN, inf, ties of rint."""
+    kinds = [lambda: rng.standard_normal(32),
+             lambda: rng.standard_normal(32) * np.exp2(rng.integers(-30, 30, 32)),
+             lambda: rng.standard_normal(32) * 1e-30,
+             lambda: rng.standard_normal(32) * 1e30,
+             lambda: np.full(32, 1e-44) * rng.integers(-3, 4, 32),
+             lambda: np.zeros(32),
+             lambda: np.r_[np.nan, rng.standard_normal(31)],
+             lambda: np.r_[rng.standard_normal(31), -np.inf],
+             lambda: np.r_[1.0, (np.arange(31) + 0.5) * 2.0 ** -21]]
+    return np.concatenate([kinds[i % len(kinds)]() for i in range(n // 32)]).astype(np.float32)
+
+
+def test_x_limbs_kernel(cuda_ctx):
+    """reflex_x_limbs == its NumPy twin bit for bit, one row and many rows back to back."""
+    from reflex_core.testing.x_limbs import x_limbs
+
+    core = cuda_ctx.kernels("core")
+    rng = np.random.default_rng(1200)
+    for n in (32, 96, 288, 4096, 12288 * 3):
+        x = _limbs_inputs(rng, n)
+        _, xp = upload(cuda_ctx, x)
+        out = cuda_ctx.alloc(quant_ops.x_limbs_bytes(n))
+        quant_ops.x_limbs(core, xp, out, n)
+        got = download(cuda_ctx, out, n, np.uint32)
+        want = x_limbs(x)
+        bad = np.flatnonzero(got != want)
+        assert bad.size == 0, (f"n={n}: {bad.size} words differ; first {bad[0]}: got "
+                               f"{got[bad[0]]:#010x} want {want[bad[0]]:#010x}")
+
+
+@pytest.mark.parametrize("name", ["IQ4_NL", "IQ4_XS"])
+def test_matmul_xq(qk, name):
+    """The GEMV on x limbs (one and two warps a row pair; 1-3 segments; SwiGLU): against the
+    float64 product with the values the limbs stand for (summation rounding only), against x
+    itself within the float GEMV's bound, and each output of a multi-weight launch bit-identical
+    to its weight's own launch."""
+    from reflex_core.testing.x_limbs import x_from_limbs, x_limbs
+
+    ctx, kernels_of = qk
+    kern, core = kernels_of(name), ctx.kernels("core")
+    t = TYPES[name]
+    rng = np.random.default_rng(1300 + t)
+    bs = qinfo(name)[0]
+    for n_in in sorted({bs, 3 * bs, 2048, 4096 + 3 * bs}):
+        n_outs = (33, 1, 257)
+        ws = [random_weights(rng, name, n, n_in) for n in n_outs]
+        wps = [upload(ctx, raw)[1] for raw, _ in ws]
+        x = rng.standard_normal((1, n_in)).astype(np.float32)
+        x[0, :32] *= 1e-3  # a block far smaller than the rest
+        _, xp = upload(ctx, x)
+        xq = ctx.alloc(quant_ops.x_limbs_bytes(n_in))
+        quant_ops.x_limbs(core, xp, xq, n_in)
+        xr = x_from_limbs(x_limbs(x))[None, :]
+        p = quant_ops.plan(t, (n_in, n_outs[0]), wps[0])
+        assert p.gemvq is not None
+        singles = []
+        for wp, (raw, wf), n in zip(wps, ws, n_outs):
+            yp = ctx.alloc(4 * n)
+            quant_ops.matmul_planned(kern, quant_ops.plan(t, (n_in, n), wp), xp, 1, (wp, 0, 0),
+                                     (yp, 0, 0), (n, 0, 0), False, True, xq)
+            y = download(ctx, yp, n).reshape(1, n)
+            what = f"{name} n_in={n_in} n_out={n} split={p.split}"
+            ref = xr @ wf.astype(np.float64).T
+            mag = np.abs(xr) @ np.abs(wf).astype(np.float64).T
+            err = np.abs(y - ref)
+            assert (err <= 2e-6 * mag + 1e-30).all(), f"{what}: worst {np.max(err / (mag + 1e-30)):.3g}"
+            check_matmul(y, wf, x, what)
+            singles.append(y)
+        yps = [ctx.alloc(4 * n) for n in n_outs]
+        quant_ops.matmul_planned(kern, p, xp, 1, tuple(wps), tuple(yps), n_outs, False, True, xq)
+        for i, (yp, n) in enumerate(zip(yps, n_outs)):
+            assert_bits_equal(download(ctx, yp, n), singles[i], f"{name} n_in={n_in} multi seg {i}")
+        # swiglu: gate = weight 0, up = the first 33 rows of weight 2
+        yp = ctx.alloc(4 * 33)
+        quant_ops.matmul_planned(kern, p, xp, 1, (wps[0], wps[2], 0), (yp, 0, 0), (33, 0, 0), True,
+                                 True, xq)
+        want = _silu_mul(singles[0], singles[2][:, :33])
+        np.testing.assert_allclose(download(ctx, yp, 33).reshape(1, 33), want, rtol=4e-6,
+                                   atol=1e-6 * (np.abs(want).max() + 1), err_msg=f"{name} swiglu")
+
+
+# ----------------------------------------------------------------------------------------------
 # MoE
 
 

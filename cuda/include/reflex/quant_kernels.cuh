@@ -256,7 +256,7 @@ __device__ __forceinline__ void seg_select(const uint8_t* w0, const uint8_t* w1,
 
 // A block's 4 warps form GEMV_WARPS / KS row groups of KS warps each; the KS warps ("slices")
 // of a group split its rows' units (rx_gemv_rows' first / stride).
-template <int TYPE, int TT, int KS>
+template <int TYPE, int TT, int KS, bool XQ = false>
 __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,
                                           const uint8_t* __restrict__ w2, const float* __restrict__ x,
                                           float* __restrict__ y0, float* __restrict__ y1,
@@ -286,7 +286,12 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
     const uint8_t* rp[GEMV_R] = {w + (long long)r0 * row_bytes,
                                  (swiglu ? w1 : w) + (long long)row1 * row_bytes};
     float acc[GEMV_R][TT];
-    rx_gemv_rows<TYPE, TT, GEMV_R>(rp, x, T, live ? n_in : 0, 32 * slice + lane, 32 * KS, acc);
+    if constexpr (XQ) {  // x is the x limbs (rx_gemv_rows_xq), T = 1
+        rx_gemv_rows_xq<TYPE, GEMV_R>(rp, (const uint32_t*)x, live ? n_in : 0, 32 * slice + lane,
+                                      32 * KS, acc);
+    } else {
+        rx_gemv_rows<TYPE, TT, GEMV_R>(rp, x, T, live ? n_in : 0, 32 * slice + lane, 32 * KS, acc);
+    }
     gemv_sums<TT, KS>(acc);
     if (slice == 0 && live) gemv_store<TT>(acc, swiglu, y, T, n, row0);
 }
@@ -660,4 +665,16 @@ __device__ __forceinline__ void moe_tiled_body(const uint8_t* __restrict__ w, co
                                 int mode) {                                                           \
         moe_tiled_body<TYPE>(w, w_up, x, order, tiles, n_tiles, y, k, n_in, n_out, row_bytes,         \
                              expert_bytes, x_per_expert, mode);                                       \
+    }
+
+// The one-token GEMV on x limbs, for the rx_unit_int types (cuda/quant_lowbit.cu instantiates it
+// for IQ4_NL and IQ4_XS): x points at reflex_x_limbs' output; otherwise as gemv1 / gemv1s.
+#define RX_QUANT_XQ_KERNELS(name, TYPE)                                                               \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
+        reflex_matmul_gemvq1_##name(RX_MM_PARAMS) {                                                   \
+        gemv_body<TYPE, 1, 1, true>(RX_MM_ARGS);                                                      \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
+        reflex_matmul_gemvq1s_##name(RX_MM_PARAMS) {                                                  \
+        gemv_body<TYPE, 1, 2, true>(RX_MM_ARGS);                                                      \
     }

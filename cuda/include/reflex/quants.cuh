@@ -364,6 +364,14 @@ struct rx_unit_scaled {
     static constexpr bool value = false;
 };
 
+// rx_unit_int<T>::value: the unit's unscaled values are small integers that its rx_lu gives as
+// signed bytes, ints(k, lo, hi) (the lane's step k: the four values at e0 in lo, at e1 in hi), so
+// the one-token GEMV can run on x limbs (rx_gemv_rows_xq). Needs rx_unit_scaled.
+template <int TYPE>
+struct rx_unit_int {
+    static constexpr bool value = false;
+};
+
 // rx_unit_lanes<T, TT>::value = P: how many lanes share one unit in a GEMV of TT tokens (1, 2 or
 // 4; divides SUB). Lane part p < P of a unit takes its steps p * SUB/P + k, k < SUB/P, and its
 // rx_lu has load<SUB/P>(block_ptr, j, p) (only those steps' bytes); dec<EXACT>(j, k, w) /
@@ -797,6 +805,45 @@ struct rx_lu<RX_Q3_K> {
 #include "reflex/quants_iq.cuh"
 #endif
 
+// The unit loop both GEMV forms share: calls unit(bp, xb, j, part) for each lane unit of the lane's
+// share (rx_gemv_rows' slots): bp[r] its block in row r, xb the block's first element of x (XT: one
+// 32-bit word an element, so float x and the x limbs index alike), j its place in the block, part
+// the lane's part of it.
+template <typename L, int P, int R, typename XT, typename F>
+RX_HD void rx_gemv_units(const uint8_t* const (&rp)[R], const XT* __restrict__ x, int n_in, int first,
+                         int stride, F&& unit) {
+    if constexpr (P == 1) {
+        // Block and place recomputed per unit: with the place hoisted (the loop below), ptxas
+        // keeps a pointer per load of the unit and the many-load K-quants lose occupancy (the
+        // one-token Q6_K GEMV: 72 registers instead of 43, and 25% slower on the H200).
+        const unsigned n_lu = (unsigned)(n_in / L::QK) * (unsigned)L::LPB;
+        for (unsigned lu = (unsigned)first; lu < n_lu; lu += (unsigned)stride) {
+            const unsigned blk = lu / (unsigned)L::LPB;
+            const uint8_t* bp[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) bp[r] = rp[r] + (long long)blk * L::TS;
+            unit(bp, x + (long long)blk * L::QK, (int)(lu % (unsigned)L::LPB), 0);
+        }
+    } else {
+        // The lane's units are unit0, unit0 + stride / P, ...: stride is a multiple of 32 and
+        // P <= 4, so the step is a multiple of LPB (<= 8) units, a whole number of blocks; the
+        // place j in the block stays the same and the loop just advances pointers.
+        const int unit0 = first / P, j = unit0 % L::LPB;
+        const int blk_step = stride / P / L::LPB, n_blk = n_in / L::QK;
+        const uint8_t* bp[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) bp[r] = rp[r] + (long long)(unit0 / L::LPB) * L::TS;
+        const XT* xb = x + (long long)(unit0 / L::LPB) * L::QK;
+        for (int blk = unit0 / L::LPB; blk < n_blk; blk += blk_step) {
+            unit(bp, xb, j, first % P);
+#pragma unroll
+            for (int r = 0; r < R; ++r) bp[r] += (long long)blk_step * L::TS;
+            xb += (long long)blk_step * L::QK;
+        }
+    }
+}
+
+
 // ==========================================================================================
 // The GEMV lane loop, shared by the kernels (cuda/quant.cu) and the host harness (which runs it
 // for every lane and sums): a lane that owns R weight rows (row r starts at rp[r]; the rows may
@@ -878,35 +925,92 @@ RX_HD void rx_gemv_rows(const uint8_t* const (&rp)[R], const float* __restrict__
             }
         }
     };
-    if constexpr (P == 1) {
-        // Block and place recomputed per unit: with the place hoisted (the loop below), ptxas
-        // keeps a pointer per load of the unit and the many-load K-quants lose occupancy (the
-        // one-token Q6_K GEMV: 72 registers instead of 43, and 25% slower on the H200).
-        const unsigned n_lu = (unsigned)(n_in / L::QK) * (unsigned)L::LPB;
-        for (unsigned lu = (unsigned)first; lu < n_lu; lu += (unsigned)stride) {
-            const unsigned blk = lu / (unsigned)L::LPB;
-            const uint8_t* bp[R];
-#pragma unroll
-            for (int r = 0; r < R; ++r) bp[r] = rp[r] + (long long)blk * L::TS;
-            unit(bp, x + (long long)blk * L::QK, (int)(lu % (unsigned)L::LPB), 0);
-        }
+    rx_gemv_units<L, P, R>(rp, x, n_in, first, stride, unit);
+}
+
+// x limbs (written by reflex_x_limbs, cuda/core.cu): one 32-bit word an element, in groups of 4
+// elements (16 bytes) per 4 x values. Each 32-element block of x has a power-of-two scale s and
+// integers X_i = rint(x_i / s) with |X_i| <= 2^22 (s from the block's largest |x|), so
+// x_i = s * X_i to 23 significant bits of that largest value. Group words 0 and 1 hold bytes 0 and
+// 1 of the group's four X (unsigned), word 2 their byte 2 (signed: X >> 16), word 3 s itself.
+// Sum w_i X_i is then three byte dot products (dp4a) per 4 weights, exact in int32:
+// X = 65536 * byte2 + 256 * byte1 + byte0.
+template <bool SIGNED_B>
+RX_HD int rx_dp4a(uint32_t a, uint32_t b, int c) {
+#ifdef __CUDA_ARCH__
+    int d;
+    if constexpr (SIGNED_B) {
+        asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     } else {
-        // The lane's units are unit0, unit0 + stride / P, ...: stride is a multiple of 32 and
-        // P <= 4, so the step is a multiple of LPB (<= 8) units, a whole number of blocks; the
-        // place j in the block stays the same and the loop just advances pointers.
-        const int unit0 = first / P, j = unit0 % L::LPB;
-        const int blk_step = stride / P / L::LPB, n_blk = n_in / L::QK;
-        const uint8_t* bp[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) bp[r] = rp[r] + (long long)(unit0 / L::LPB) * L::TS;
-        const float* xb = x + (long long)(unit0 / L::LPB) * L::QK;
-        for (int blk = unit0 / L::LPB; blk < n_blk; blk += blk_step) {
-            unit(bp, xb, j, first % P);
-#pragma unroll
-            for (int r = 0; r < R; ++r) bp[r] += (long long)blk_step * L::TS;
-            xb += (long long)blk_step * L::QK;
-        }
+        asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     }
+    return d;
+#else
+    for (int i = 0; i < 4; ++i) {
+        const int ai = (int)(int8_t)(a >> (8 * i));
+        const int bi = SIGNED_B ? (int)(int8_t)(b >> (8 * i)) : (int)((b >> (8 * i)) & 0xffu);
+        c += ai * bi;
+    }
+    return c;
+#endif
+}
+// |v| < 2^22 -> float, exactly, without the quarter-rate integer conversion
+RX_HD float rx_small_int_f(int v) {
+#ifdef __CUDA_ARCH__
+    return __int_as_float(0x4B400000 + v) - 12582912.0f;
+#else
+    return (float)v;
+#endif
+}
+
+// The one-token GEMV of rx_gemv_rows (TT = 1, the same lane slots and unit loop) on x limbs xq
+// for rx_unit_int types: each lane unit's sum w_i X_i in three int32 limb sums (exact), then
+// acc += (a * s) * (65536 * S2 + 256 * S1 + S0) in float (a the unit's scale, s x's).
+template <int TYPE, int R>
+RX_HD void rx_gemv_rows_xq(const uint8_t* const (&rp)[R], const uint32_t* __restrict__ xq, int n_in,
+                           int first, int stride, float (&acc)[R][1]) {
+    typedef rx_lu<TYPE> L;
+    static_assert(rx_unit_int<TYPE>::value && rx_unit_scaled<TYPE>::value, "a type with integer units");
+    constexpr int P = rx_unit_lanes<TYPE, 1>::value;
+    constexpr int STEPS = L::SUB / P;
+    // per lane unit |S0|, |S1| <= 32 * 127 * 255 and |S2| <= 32 * 127 * 64: below 2^22
+    static_assert(L::QK / L::LPB / P <= 32, "limb sums stay below 2^22");
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
+    auto unit = [&](const uint8_t* const (&bp)[R], const uint32_t* xb, int j, int my_part) {
+        L u[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) rx_lu_load<P>(u[r], bp[r], j, my_part);
+#pragma unroll
+        for (int r = 0; r < R; ++r) u[r].prep(j);
+        int s0[R], s1[R], s2[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) s0[r] = s1[r] = s2[r] = 0;
+        float xs = 0.0f;
+#pragma unroll
+        for (int k = 0; k < STEPS; ++k) {
+            const int s = my_part * STEPS + k;
+            uint32_t g0[4], g1[4];
+            rx_ld_v4((const uint8_t*)(xb + L::e0(j, s)), g0);
+            rx_ld_v4((const uint8_t*)(xb + L::e1(j, s)), g1);
+            if (k == 0) xs = rx_as_float(g0[3]);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                uint32_t lo, hi;
+                u[r].ints(k, lo, hi);
+                s0[r] = rx_dp4a<false>(hi, g1[0], rx_dp4a<false>(lo, g0[0], s0[r]));
+                s1[r] = rx_dp4a<false>(hi, g1[1], rx_dp4a<false>(lo, g0[1], s1[r]));
+                s2[r] = rx_dp4a<true>(hi, g1[2], rx_dp4a<true>(lo, g0[2], s2[r]));
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float v = fmaf(rx_small_int_f(s2[r]), 65536.0f,
+                                 fmaf(rx_small_int_f(s1[r]), 256.0f, rx_small_int_f(s0[r])));
+            acc[r][0] = fmaf(u[r].scale() * xs, v, acc[r][0]);
+        }
+    };
+    rx_gemv_units<L, P, R>(rp, xq, n_in, first, stride, unit);
 }
 
 // The same for the R consecutive rows [row0, row0 + R) of one matrix w, lane `lane` of a warp

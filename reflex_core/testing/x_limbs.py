@@ -1,0 +1,58 @@
+"""NumPy twin of ``reflex_x_limbs`` (cuda/core.cu): activations as the x limbs the one-token GEMV
+of the integer-unit weight types reads (layout: cuda/include/reflex/quants.cuh, before
+``rx_gemv_rows_xq``).
+
+Each 32-element block of x gets a power-of-two scale s = 2^(e-22), e the exponent with
+max|x| < 2^e (at least -127: a block of subnormals gets s = 2^-149, and its X are exact), and integers X = rint(x / s) (|X| <= 2^22); an all-zero block s = 1, X = 0; a block
+with a NaN or inf s = NaN, X = 0. Word k of the output belongs to element k: in each group of 4
+elements, word i < 3 holds byte i of the group's four X (X as 32-bit two's complement), word 3
+holds s.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+BLOCK = 32
+_NAN_BITS = np.uint32(0x7FC00000)
+
+
+def x_limbs(x) -> np.ndarray:
+    """uint32 [n] x limbs of the float32 values ``x`` (flattened; n % 32 == 0)."""
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    if x.size % BLOCK:
+        raise ValueError(f"x_limbs: {x.size} elements is not a multiple of {BLOCK}")
+    b = x.reshape(-1, BLOCK)
+    with np.errstate(invalid="ignore"):
+        m = np.abs(b).max(axis=1)
+    finite = np.isfinite(m)
+    live = finite & (m != 0)
+    _, e = np.frexp(m[live])
+    e = np.maximum(e.astype(np.int64), -127)
+    X = np.zeros(b.shape, np.int64)
+    # x * 2^(22-e) is exact in float32 (|result| < 2^22, or < 1/2 when it would be subnormal),
+    # so float64 and rint (halves to even, as __float2int_rn) give the kernel's integers
+    X[live] = np.rint(np.ldexp(b[live].astype(np.float64), (22 - e)[:, None])).astype(np.int64)
+    s = np.ones(b.shape[0], np.float32)
+    s[live] = np.ldexp(np.float32(1.0), (e - 22).astype(np.int32)).astype(np.float32)
+    s_bits = s.view(np.uint32).copy()
+    s_bits[~finite] = _NAN_BITS
+    u = (X & 0xFFFFFFFF).astype(np.uint64).reshape(-1, 4)  # groups of 4 elements
+    words = np.empty((u.shape[0], 4), np.uint32)
+    for i in range(3):
+        byte = (u >> np.uint64(8 * i)) & np.uint64(0xFF)
+        words[:, i] = (byte[:, 0] | byte[:, 1] << np.uint64(8) | byte[:, 2] << np.uint64(16)
+                       | byte[:, 3] << np.uint64(24)).astype(np.uint32)
+    words[:, 3] = np.repeat(s_bits, BLOCK // 4)
+    return words.reshape(-1)
+
+
+def x_from_limbs(words) -> np.ndarray:
+    """The float64 values the limbs stand for, s * X (what the GEMV multiplies)."""
+    w = np.ascontiguousarray(words, dtype=np.uint32).reshape(-1, 4)
+    b = w[:, :3, None] >> np.array([0, 8, 16, 24], np.uint32) & np.uint32(0xFF)  # [g, limb, elem]
+    hi = b[:, 2].astype(np.int64)
+    hi = np.where(hi >= 128, hi - 256, hi)
+    X = hi * 65536 + b[:, 1].astype(np.int64) * 256 + b[:, 0].astype(np.int64)
+    s = w[:, 3].copy().view(np.float32).astype(np.float64)
+    return (X * s[:, None]).reshape(-1)
