@@ -47,7 +47,7 @@ kernel is deterministic run to run.
 #include <stdint.h>
 #include <math.h>
 
-#include "reflex/common.cuh"  // rx_nan: the NaN the weight kernels give for an invalid expert id
+#include "reflex/common.cuh"  // rx_nan (the weight kernels' NaN for an invalid expert id), rx_xq_slot
 
 #define FULL_MASK 0xffffffffu
 
@@ -877,8 +877,8 @@ RX_ATT_TILED(reflex_attention_tiled256, 16, 16, 256)
 // least -127, so that a block of subnormals has s = 2^-149 and its X are exact), s = 2^(e-22), X = rint(x * 2^(22-e)), so |X| <= 2^22; M = 0: s = 1, X = 0; a NaN or inf in the
 // block: s = NaN, X = 0 (the products then give NaN, as they would with the floats). Lane i of
 // group g (lanes 4g..4g+3) writes word i of the group: byte i of each of the four X (i < 3), or s.
-// Output word k belongs to element k: out[k] for k = 4g + i. NumPy twin:
-// reflex_core.testing.x_limbs.x_limbs.
+// The group's words go to its slot, rx_xq_slot(g) (the one-token IQ4_XS GEMV's load order); out
+// holds whole chunks of RX_XQ_CHUNK elements. NumPy twin: reflex_core.testing.x_limbs.x_limbs.
 
 extern "C" __global__ void reflex_x_limbs(const float* __restrict__ x, uint32_t* __restrict__ out, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;  // n % 32 == 0: whole warps in or out
@@ -906,7 +906,7 @@ extern "C" __global__ void reflex_x_limbs(const float* __restrict__ x, uint32_t*
         const uint32_t sel = (uint32_t)part | ((uint32_t)(part + 4) << 4);
         w = __byte_perm(__byte_perm(x0, x1, sel), __byte_perm(x2, x3, sel), 0x5410u);
     }
-    out[i] = w;
+    out[4 * rx_xq_slot(i >> 2) + part] = w;
 }
 
 // ------------------------------------------------------------------------------------------

@@ -7,8 +7,8 @@
 // Per type <t>, the same 10 kernels as quant.cu: reflex_dequant_<t>, reflex_embed_<t>,
 // reflex_matmul_gemv{1,2,4,8,1s}_<t>, reflex_matmul_tiled_<t>, reflex_moe_matmul_<t>,
 // reflex_moe_tiled_<t>; algorithm, parameters and launch shapes in reflex/quant_kernels.cuh, the
-// codebooks in reflex/iq_tables.cuh. IQ4_NL and IQ4_XS also have reflex_matmul_gemvq1{,s}_<t>,
-// the one-token GEMV on x limbs (reflex_x_limbs, cuda/core.cu).
+// codebooks in reflex/iq_tables.cuh. IQ4_XS also has reflex_matmul_gemvq1{,s}_iq4_xs, the
+// one-token GEMV on x limbs (reflex_x_limbs, cuda/core.cu).
 // Launchers: reflex_core/cuda/quant_ops.py.
 #include "reflex/quant_kernels.cuh"
 
@@ -26,5 +26,4 @@ RX_QUANT_KERNELS(iq4_xs, RX_IQ4_XS)
 RX_QUANT_KERNELS(tq1_0, RX_TQ1_0)
 RX_QUANT_KERNELS(tq2_0, RX_TQ2_0)
 RX_QUANT_KERNELS(mxfp4, RX_MXFP4)
-RX_QUANT_XQ_KERNELS(iq4_nl, RX_IQ4_NL)
 RX_QUANT_XQ_KERNELS(iq4_xs, RX_IQ4_XS)

@@ -462,9 +462,11 @@ def test_launcher_choices(quant_signatures):
         q.matmul_planned(k, q.plan(t, (2048, 1000), W), X, T, (W, 0, 0), (Y, 0, 0), (1000, 0, 0),
                          False, True, xq)
         assert "gemvq" not in k.calls[-1][0] and k.calls[-1][3][3] == X
-    q.matmul_planned(k, q.plan(20, (96, 64), W), X, 1, (W, W + 2, 0), (Y, 0, 0), (64, 0, 0), True,
-                     True, XQ)  # IQ4_NL SwiGLU: one warp a row pair, one output row a warp
-    assert k.calls[-1][:2] == ("reflex_matmul_gemvq1_iq4_nl", (16, 1, 1)) and k.calls[-1][3][-1] == 1
+    q.matmul_planned(k, q.plan(23, (768, 64), W), X, 1, (W, W + 8, 0), (Y, 0, 0), (64, 0, 0), True,
+                     True, XQ)  # SwiGLU: one warp a row pair (gate and up), one output row a warp
+    assert k.calls[-1][:2] == ("reflex_matmul_gemvq1_iq4_xs", (16, 1, 1)) and k.calls[-1][3][-1] == 1
+    assert q.plan(20, (96, 64), W).gemvq is None  # IQ4_NL: the limbs are in IQ4_XS's lane order
+    assert [q.x_limbs_bytes(n) for n in (32, 512, 768)] == [2048, 2048, 4096]
     q.x_limbs(k, X, XQ, 4096 + 32)
     assert k.calls[-1] == ("reflex_x_limbs", (17, 1, 1), (256, 1, 1), (X, XQ, 4128))
     with pytest.raises(ValueError, match="multiple of 32"):

@@ -207,15 +207,18 @@ def _gemv_ok(ggml_type: int, w_ptr: int, x_ptr: int, n_in: int) -> bool:
 
 # Types whose one-token GEMV runs on x limbs (reflex_x_limbs, then reflex_matmul_gemvq1{,s}_<t>):
 # their weights are small integers times a scale per 32, so each 4-weight product is three byte
-# dot products (dp4a) on x's 32-element blocks of 23-bit integers, instead of 4 conversions and 4
-# FMA: the IQ4_XS decode GEMV is bound by instruction issue, not by DRAM.
-XQ_TYPES = frozenset({20, 23})  # IQ4_NL, IQ4_XS
+# dot products (dp4a) on x's 32-element blocks of 23-bit integers instead of 4 conversions and 4
+# FMA, and the limbs lie in the order a warp loads them (512 contiguous bytes a load, where x as
+# floats spreads each load over 16 cache lines): the float IQ4_XS decode GEMV is bound by the L1
+# and by instruction issue, not by DRAM.
+XQ_TYPES = frozenset({23})  # IQ4_XS (the limbs' layout is its lane order)
 _XQ_THREADS = 256
+_XQ_CHUNK = 512  # RX_XQ_CHUNK
 
 
 def x_limbs_bytes(n: int) -> int:
-    """Bytes of the x limbs of ``n`` activations (one 32-bit word each)."""
-    return 4 * n
+    """Bytes of the x limbs of ``n`` activations (a 32-bit word each, in whole chunks of 512)."""
+    return 4 * (-(-n // _XQ_CHUNK) * _XQ_CHUNK)
 
 
 def x_limbs(core, x_ptr: int, out_ptr: int, n: int) -> None:

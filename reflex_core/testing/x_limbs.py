@@ -4,9 +4,9 @@ of the integer-unit weight types reads (layout: cuda/include/reflex/quants.cuh, 
 
 Each 32-element block of x gets a power-of-two scale s = 2^(e-22), e the exponent with
 max|x| < 2^e (at least -127: a block of subnormals gets s = 2^-149, and its X are exact), and integers X = rint(x / s) (|X| <= 2^22); an all-zero block s = 1, X = 0; a block
-with a NaN or inf s = NaN, X = 0. Word k of the output belongs to element k: in each group of 4
-elements, word i < 3 holds byte i of the group's four X (X as 32-bit two's complement), word 3
-holds s.
+with a NaN or inf s = NaN, X = 0. Each group of 4 elements is 4 words: word i < 3 holds byte i of
+the group's four X (X as 32-bit two's complement), word 3 holds s; the groups sit in the GEMV's
+load order (:func:`slot`), in whole chunks of :data:`CHUNK` elements.
 """
 
 from __future__ import annotations
@@ -14,11 +14,28 @@ from __future__ import annotations
 import numpy as np
 
 BLOCK = 32
+CHUNK = 512  # RX_XQ_CHUNK
 _NAN_BITS = np.uint32(0x7FC00000)
 
 
+def slot(group):
+    """rx_xq_slot: where natural group ``group`` (4 elements) sits, in groups from the start.
+    In a chunk of 128 groups, group q = 2p + k + 4h of lane unit u goes to 32 (2k + h) + 2u + p."""
+    group = np.asarray(group)
+    c, g = group >> 7, group & 127
+    u, q = g >> 3, g & 7
+    return (c << 7) + 32 * (2 * (q & 1) + (q >> 2)) + 2 * u + ((q >> 1) & 1)
+
+
+def words_for(n: int) -> int:
+    """Words of the x limbs of ``n`` elements: whole chunks."""
+    return -(-n // CHUNK) * CHUNK
+
+
 def x_limbs(x) -> np.ndarray:
-    """uint32 [n] x limbs of the float32 values ``x`` (flattened; n % 32 == 0)."""
+    """uint32 [words_for(n)] x limbs of the float32 values ``x`` (flattened; n % 32 == 0); the
+    slots of a last partial chunk that no group fills are 0 (the kernel leaves them as they
+    were)."""
     x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     if x.size % BLOCK:
         raise ValueError(f"x_limbs: {x.size} elements is not a multiple of {BLOCK}")
@@ -44,12 +61,14 @@ def x_limbs(x) -> np.ndarray:
         words[:, i] = (byte[:, 0] | byte[:, 1] << np.uint64(8) | byte[:, 2] << np.uint64(16)
                        | byte[:, 3] << np.uint64(24)).astype(np.uint32)
     words[:, 3] = np.repeat(s_bits, BLOCK // 4)
-    return words.reshape(-1)
+    out = np.zeros((words_for(x.size) // 4, 4), np.uint32)
+    out[slot(np.arange(words.shape[0]))] = words
+    return out.reshape(-1)
 
 
-def x_from_limbs(words) -> np.ndarray:
-    """The float64 values the limbs stand for, s * X (what the GEMV multiplies)."""
-    w = np.ascontiguousarray(words, dtype=np.uint32).reshape(-1, 4)
+def x_from_limbs(words, n: int) -> np.ndarray:
+    """The ``n`` float64 values the limbs stand for, s * X (what the GEMV multiplies)."""
+    w = np.ascontiguousarray(words, dtype=np.uint32).reshape(-1, 4)[slot(np.arange(n // 4))]
     b = w[:, :3, None] >> np.array([0, 8, 16, 24], np.uint32) & np.uint32(0xFF)  # [g, limb, elem]
     hi = b[:, 2].astype(np.int64)
     hi = np.where(hi >= 128, hi - 256, hi)

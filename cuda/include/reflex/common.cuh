@@ -215,3 +215,12 @@ __device__ __forceinline__ float rx_warp_max(float v) {
     return v;
 }
 #endif
+
+// The x limbs' layout (reflex/quants.cuh, before rx_gemv_rows_xq): natural group index (4
+// elements) -> its slot, both counted from the start of x. Chunks of 512 elements (128 groups);
+// group q of lane unit u of a chunk goes to slot 32 (2k + h) + 2u + p, q = 2p + k + 4h.
+#define RX_XQ_CHUNK 512
+RX_HD int rx_xq_slot(int group) {
+    const int c = group >> 7, g = group & 127, u = g >> 3, q = g & 7;
+    return (c << 7) + 32 * (2 * (q & 1) + (q >> 2)) + 2 * u + ((q >> 1) & 1);
+}

@@ -668,7 +668,7 @@ __device__ __forceinline__ void moe_tiled_body(const uint8_t* __restrict__ w, co
     }
 
 // The one-token GEMV on x limbs, for the rx_unit_int types (cuda/quant_lowbit.cu instantiates it
-// for IQ4_NL and IQ4_XS): x points at reflex_x_limbs' output; otherwise as gemv1 / gemv1s.
+// for IQ4_XS): x points at reflex_x_limbs' output; otherwise as gemv1 / gemv1s.
 #define RX_QUANT_XQ_KERNELS(name, TYPE)                                                               \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
         reflex_matmul_gemvq1_##name(RX_MM_PARAMS) {                                                   \

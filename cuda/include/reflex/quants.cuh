@@ -928,13 +928,19 @@ RX_HD void rx_gemv_rows(const uint8_t* const (&rp)[R], const float* __restrict__
     rx_gemv_units<L, P, R>(rp, x, n_in, first, stride, unit);
 }
 
-// x limbs (written by reflex_x_limbs, cuda/core.cu): one 32-bit word an element, in groups of 4
-// elements (16 bytes) per 4 x values. Each 32-element block of x has a power-of-two scale s and
-// integers X_i = rint(x_i / s) with |X_i| <= 2^22 (s from the block's largest |x|), so
-// x_i = s * X_i to 23 significant bits of that largest value. Group words 0 and 1 hold bytes 0 and
-// 1 of the group's four X (unsigned), word 2 their byte 2 (signed: X >> 16), word 3 s itself.
-// Sum w_i X_i is then three byte dot products (dp4a) per 4 weights, exact in int32:
-// X = 65536 * byte2 + 256 * byte1 + byte0.
+// x limbs (written by reflex_x_limbs, cuda/core.cu): each 32-element block of x has a power-of-two
+// scale s and integers X_i = rint(x_i / s) with |X_i| <= 2^22 (s from the block's largest |x|), so
+// x_i = s * X_i to 23 significant bits of that largest value. A group of 4 elements is 4 words
+// (16 bytes): words 0 and 1 hold bytes 0 and 1 of its four X (unsigned), word 2 their byte 2
+// (signed: X >> 16), word 3 s. Sum w_i X_i is then three byte dot products (dp4a) per 4 weights,
+// exact in int32: X = 65536 * byte2 + 256 * byte1 + byte0.
+// The groups are laid out in the order the one-token IQ4_XS GEMV's warp loads them, so that each
+// of its x loads reads 512 contiguous bytes (4 cache lines; x as floats: 16 lines, and the L1's
+// lines per wavefront bound that GEMV): per chunk of 512 elements (16 lane units, what a warp's
+// 32 lanes take at a time: lane L = 2u + p, part p of unit u), load i = 2k + h of lane L (step k,
+// h = 0 the e0 group, 1 the e1 one) is the 16 bytes at chunk + 16 (32 i + L). So group q (< 8) of
+// unit u, q = 2p + k + 4h, sits at slot 32 (2k + h) + 2u + p. A last partial chunk keeps its
+// places (the buffer holds whole chunks). rx_xq_slot (reflex/common.cuh) maps a group to its slot.
 template <bool SIGNED_B>
 RX_HD int rx_dp4a(uint32_t a, uint32_t b, int c) {
 #ifdef __CUDA_ARCH__
@@ -964,7 +970,8 @@ RX_HD float rx_small_int_f(int v) {
 }
 
 // The one-token GEMV of rx_gemv_rows (TT = 1, the same lane slots and unit loop) on x limbs xq
-// for rx_unit_int types: each lane unit's sum w_i X_i in three int32 limb sums (exact), then
+// for rx_unit_int types (the limb layout above is IQ4_XS's lane order: two lanes a unit, two steps
+// each): each lane unit's sum w_i X_i in three int32 limb sums (exact), then
 // acc += (a * s) * (65536 * S2 + 256 * S1 + S0) in float (a the unit's scale, s x's).
 template <int TYPE, int R>
 RX_HD void rx_gemv_rows_xq(const uint8_t* const (&rp)[R], const uint32_t* __restrict__ xq, int n_in,
@@ -973,10 +980,14 @@ RX_HD void rx_gemv_rows_xq(const uint8_t* const (&rp)[R], const uint32_t* __rest
     static_assert(rx_unit_int<TYPE>::value && rx_unit_scaled<TYPE>::value, "a type with integer units");
     constexpr int P = rx_unit_lanes<TYPE, 1>::value;
     constexpr int STEPS = L::SUB / P;
-    // per lane unit |S0|, |S1| <= 32 * 127 * 255 and |S2| <= 32 * 127 * 64: below 2^22
-    static_assert(L::QK / L::LPB / P <= 32, "limb sums stay below 2^22");
+    static_assert(P == 2 && STEPS == 2 && L::QK == 256 && L::LPB == 8, "the x limbs' lane order");
+    // per lane unit |S0|, |S1| <= 16 * 127 * 255 and |S2| <= 16 * 127 * 64: below 2^22
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
+    // The lane's words in each chunk: xb (the unit's block) is at chunk + 256 (blk & 1), and
+    // blk & 1 = (first >> 4) & 1 for all the lane's units (the loop steps 2 * ks blocks).
+    const int lane = first & 31;
+    const int off = 4 * lane - 256 * ((lane >> 4) & 1);
     auto unit = [&](const uint8_t* const (&bp)[R], const uint32_t* xb, int j, int my_part) {
         L u[R];
 #pragma unroll
@@ -989,10 +1000,9 @@ RX_HD void rx_gemv_rows_xq(const uint8_t* const (&rp)[R], const uint32_t* __rest
         float xs = 0.0f;
 #pragma unroll
         for (int k = 0; k < STEPS; ++k) {
-            const int s = my_part * STEPS + k;
             uint32_t g0[4], g1[4];
-            rx_ld_v4((const uint8_t*)(xb + L::e0(j, s)), g0);
-            rx_ld_v4((const uint8_t*)(xb + L::e1(j, s)), g1);
+            rx_ld_v4((const uint8_t*)(xb + off + 128 * (2 * k)), g0);
+            rx_ld_v4((const uint8_t*)(xb + off + 128 * (2 * k + 1)), g1);
             if (k == 0) xs = rx_as_float(g0[3]);
 #pragma unroll
             for (int r = 0; r < R; ++r) {

@@ -611,16 +611,9 @@ struct rx_lu<RX_IQ4_NL> {
     RX_HD void unscaled(int s, float* w) const {
         rx_nl_values(RX_IQ4NL_KV0, RX_IQ4NL_KV1, RX_IQ4NL_KV2, RX_IQ4NL_KV3, q[s], w);
     }
-    RX_HD void ints(int k, uint32_t& lo, uint32_t& hi) const {
-        rx_nl_pair(RX_IQ4NL_KV0, RX_IQ4NL_KV1, RX_IQ4NL_KV2, RX_IQ4NL_KV3, q[k], lo, hi);
-    }
 };
 template <>
 struct rx_unit_scaled<RX_IQ4_NL> {
-    static constexpr bool value = true;
-};
-template <>
-struct rx_unit_int<RX_IQ4_NL> {
     static constexpr bool value = true;
 };
 
