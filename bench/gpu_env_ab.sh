@@ -2,9 +2,14 @@
 # GPU machine, one call on a fresh machine: an A/B of two settings of one environment switch in
 # this tree's wheels, next to llama-simple (FA on, built here in the background):
 #   1. tests/gpu (not slow), or the pytest paths in TESTS ("none": no tests);
-#   2. per setting, each kernel's cost per decode token (ncu, as bench/gpu_decode_gap.sh);
-#   3. warm decode, reflex bench (graphs) per setting alternating, and llama-simple's, 3 rounds.
+#   2. per setting, each kernel's cost per decode token: Nsight Compute times every kernel of a run
+#      that decodes 1 + N tokens and of one that decodes 1, bench/ncu_by_kernel.py takes the
+#      second from the first and divides by N (Reflex eager: the kernels its graphs replay);
+#   3. with LLAMA_NCU=1, llama-simple's kernels per decode token the same way (its graph nodes
+#      one by one): where a token's time goes in each engine;
+#   4. warm decode, reflex bench (graphs) per setting alternating, and llama-simple's, 3 rounds.
 #   usage: A="REFLEX_GEMV_XQ=0" B="REFLEX_GEMV_XQ=1" bash bench/gpu_env_ab.sh OUT [WHICH]
+#   (A=X=1 B=X=1, any variable: no A/B, one setting twice)
 #   WHICH: bench/make_models.py names, default 8b-iq4_xs. Needs .whl-new, .peer, .models carried.
 set -uo pipefail
 OUT=${1:?usage: A=VAR=x B=VAR=y bash bench/gpu_env_ab.sh OUT [WHICH]}; WHICH=${2:-8b-iq4_xs}
@@ -50,6 +55,16 @@ done
 say "waiting for llama-simple"
 while [ ! -x $LS ] && pgrep -f "build.sh" > /dev/null && [ $SECONDS -lt 400 ]; do sleep 3; done
 tail -1 /tmp/peers.log | tee -a "$LOG"
+if [ "${LLAMA_NCU:-0}" = 1 ] && [ -x $LS ]; then
+  for f in $models; do
+    say "llama-simple, per decode token (ncu): $f"
+    for n in 1 $((N + 1)); do
+      timeout 150 $NCU $LS -m "$MODELS/$f" -n $n "$PROMPT" > "$W/ll-$n.csv" 2> "$W/ll.err" \
+        || tail -3 "$W/ll.err" | tee -a "$LOG"
+    done
+    python3 "$REPO/bench/ncu_by_kernel.py" "$W/ll-$((N + 1)).csv" 14 --minus "$W/ll-1.csv" --per $N | tee -a "$LOG"
+  done
+fi
 say "warm decode, settings and llama-simple alternating"
 for r in 1 2 3; do
   for f in $models; do

@@ -402,6 +402,60 @@ extern "C" __global__ void reflex_qk_norm_rope_store(
 #define REFLEX_ATT_MAX_HEAD 256  // d_k, d_v (the backend reads it from the manifest)
 #define ATT_MAXC (REFLEX_ATT_MAX_HEAD / 32)  // floats per lane
 
+// Token t's visible list for reflex_attention and its vec kernels: cells [0, a_end), then from
+// b_start on (j >= a_end is cell b_start + j - a_end); this block's slice of it is [j0, j1), the
+// sl-th of S slices of ceil(n / S) entries.
+__device__ __forceinline__ void att_slice(const int* __restrict__ prefix_end,
+                                          const int* __restrict__ own_start,
+                                          const int* __restrict__ own_end, int t, int S, int sl,
+                                          int& a_end, int& b_start, int& j0, int& j1) {
+    a_end = prefix_end[t];
+    b_start = max(own_start[t], a_end);
+    const int n = a_end + max(0, own_end[t] - b_start);
+    const int chunk = (n + S - 1) / S;
+    j0 = sl * chunk;
+    j1 = min(n, j0 + chunk);
+}
+
+// The end of reflex_attention and its vec kernels: the block's ATT_WARPS online-softmax states
+// (m, l and the acc rows, in shared memory and synchronized) merged, M = max m_w, L = sum l_w
+// e^(m_w - M), acc = sum acc_w e^(m_w - M); with S > 1 slices (M, L, acc) go to this slice's row
+// of part for reflex_attention_combine, else out = acc / L.
+template <int D>
+__device__ __forceinline__ void att_merge_warps(const float* s_m, const float* s_l,
+                                                const float (*s_acc)[D], float* __restrict__ out,
+                                                float* __restrict__ part, int t, int h, int H,
+                                                int S, int sl, int dv) {
+    float M = -INFINITY;
+    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, s_m[w]);
+    float L = 0.f;
+    float f[ATT_WARPS];
+#pragma unroll
+    for (int w = 0; w < ATT_WARPS; w++) {
+        f[w] = s_m[w] == -INFINITY ? 0.f : expf(s_m[w] - M);
+        L += s_l[w] * f[w];
+    }
+    if (S > 1) {
+        float* pp = part + (((size_t)t * H + h) * S + sl) * (size_t)(2 + dv);
+        if (threadIdx.x == 0) { pp[0] = M; pp[1] = L; }
+        for (int e = threadIdx.x; e < dv; e += blockDim.x) {
+            float acc_e = 0.f;
+#pragma unroll
+            for (int w = 0; w < ATT_WARPS; w++) acc_e += s_acc[w][e] * f[w];
+            pp[2 + e] = acc_e;
+        }
+        return;
+    }
+    const float invL = L > 0.f ? 1.0f / L : 0.f;
+    float* o = out + ((size_t)t * H + h) * dv;
+    for (int e = threadIdx.x; e < dv; e += blockDim.x) {
+        float acc_e = 0.f;
+#pragma unroll
+        for (int w = 0; w < ATT_WARPS; w++) acc_e += s_acc[w][e] * f[w];
+        o[e] = acc_e * invL;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
 reflex_attention(const float* __restrict__ q, const float* __restrict__ kc,
                  const float* __restrict__ vc, float* __restrict__ out, float* __restrict__ part,
@@ -412,12 +466,8 @@ reflex_attention(const float* __restrict__ q, const float* __restrict__ kc,
     const int h = blockIdx.x, t = blockIdx.y, S = gridDim.z, sl = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = h / (H / H_kv);
-    const int a_end = prefix_end[t];
-    const int b_start = max(own_start[t], a_end);
-    const int nb = max(0, own_end[t] - b_start);
-    const int n = a_end + nb;
-    const int chunk = (n + S - 1) / S;
-    const int j0 = sl * chunk, j1 = min(n, j0 + chunk);
+    int a_end, b_start, j0, j1;
+    att_slice(prefix_end, own_start, own_end, t, S, sl, a_end, b_start, j0, j1);
 
     const float* qh = q + ((size_t)t * H + h) * dk;
     float qr[ATT_MAXC], acc[ATT_MAXC];
@@ -460,34 +510,7 @@ reflex_attention(const float* __restrict__ q, const float* __restrict__ kc,
         if (e < dv) s_acc[warp][e] = acc[c];
     }
     __syncthreads();
-    float M = -INFINITY;
-    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, s_m[w]);
-    float L = 0.f;
-    float f[ATT_WARPS];
-#pragma unroll
-    for (int w = 0; w < ATT_WARPS; w++) {
-        f[w] = s_m[w] == -INFINITY ? 0.f : expf(s_m[w] - M);
-        L += s_l[w] * f[w];
-    }
-    if (S > 1) {  // this slice's state, for reflex_attention_combine
-        float* pp = part + (((size_t)t * H + h) * S + sl) * (size_t)(2 + dv);
-        if (threadIdx.x == 0) { pp[0] = M; pp[1] = L; }
-        for (int e = threadIdx.x; e < dv; e += blockDim.x) {
-            float acc_e = 0.f;
-#pragma unroll
-            for (int w = 0; w < ATT_WARPS; w++) acc_e += s_acc[w][e] * f[w];
-            pp[2 + e] = acc_e;
-        }
-        return;
-    }
-    const float invL = L > 0.f ? 1.0f / L : 0.f;
-    float* o = out + ((size_t)t * H + h) * dv;
-    for (int e = threadIdx.x; e < dv; e += blockDim.x) {
-        float acc_e = 0.f;
-#pragma unroll
-        for (int w = 0; w < ATT_WARPS; w++) acc_e += s_acc[w][e] * f[w];
-        o[e] = acc_e * invL;
-    }
+    att_merge_warps(s_m, s_l, s_acc, out, part, t, h, H, S, sl, dv);
 }
 
 // attention_vec128 / _vec256: reflex_attention for head sizes a multiple of 4 (<= 128 / 256) (16-byte aligned q, caches,
@@ -509,12 +532,8 @@ __device__ __forceinline__ void attention_vec_body(
     const int h = blockIdx.x, t = blockIdx.y, S = gridDim.z, sl = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c4 = lane >> 3, li = lane & 7;
     const int g = h / (H / H_kv);
-    const int a_end = prefix_end[t];
-    const int b_start = max(own_start[t], a_end);
-    const int nb = max(0, own_end[t] - b_start);
-    const int n = a_end + nb;
-    const int chunk = (n + S - 1) / S;
-    const int j0 = sl * chunk, j1 = min(n, j0 + chunk);
+    int a_end, b_start, j0, j1;
+    att_slice(prefix_end, own_start, own_end, t, S, sl, a_end, b_start, j0, j1);
 
     const float* qh = q + ((size_t)t * H + h) * dk;
     float4 qr[ATT_VEC_C4], acc[ATT_VEC_C4];
@@ -589,34 +608,7 @@ __device__ __forceinline__ void attention_vec_body(
         }
     }
     __syncthreads();
-    float M = -INFINITY;
-    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, s_m[w]);
-    float L = 0.f;
-    float f[ATT_WARPS];
-#pragma unroll
-    for (int w = 0; w < ATT_WARPS; w++) {
-        f[w] = s_m[w] == -INFINITY ? 0.f : expf(s_m[w] - M);
-        L += s_l[w] * f[w];
-    }
-    if (S > 1) {  // this slice's state, for reflex_attention_combine
-        float* pp = part + (((size_t)t * H + h) * S + sl) * (size_t)(2 + dv);
-        if (threadIdx.x == 0) { pp[0] = M; pp[1] = L; }
-        for (int e = threadIdx.x; e < dv; e += blockDim.x) {
-            float acc_e = 0.f;
-#pragma unroll
-            for (int w = 0; w < ATT_WARPS; w++) acc_e += s_acc[w][e] * f[w];
-            pp[2 + e] = acc_e;
-        }
-        return;
-    }
-    const float invL = L > 0.f ? 1.0f / L : 0.f;
-    float* o = out + ((size_t)t * H + h) * dv;
-    for (int e = threadIdx.x; e < dv; e += blockDim.x) {
-        float acc_e = 0.f;
-#pragma unroll
-        for (int w = 0; w < ATT_WARPS; w++) acc_e += s_acc[w][e] * f[w];
-        o[e] = acc_e * invL;
-    }
+    att_merge_warps(s_m, s_l, s_acc, out, part, t, h, H, S, sl, dv);
 }
 
 #define RX_ATT_VEC(NAME, C4)                                                                       \
