@@ -42,6 +42,27 @@ def test_graph_decode_equals_eager(cuda_device, model_files, monkeypatch, family
         lm.close()
 
 
+@pytest.mark.parametrize("weight_type,xstage", [("IQ4_XS", False), ("Q4_K", True), ("Q6_K", True)])
+def test_graph_decode_equals_eager_one_token_gemv_forms(cuda_device, model_files, monkeypatch,
+                                                        weight_type, xstage):
+    """The one-token GEMV forms with scratch or shared memory of their own under a captured
+    graph: IQ4_XS on x limbs (a scratch block per launch), the K-quants with x staged per warp."""
+    from reflex_core.backends import cuda_backend
+    from reflex_core.testing.modelwriter import tiny_kquant_shape
+
+    monkeypatch.setattr(cuda_backend, "_GEMV_XSTAGE", xstage)
+    lm = engine.load(str(model_files(tiny_kquant_shape("qwen3"), weight_type=weight_type,
+                                     seed=1)), "cuda")[0]
+    try:
+        for sampling in (GREEDY, SAMPLED):
+            eager, _ = run(lm, 24, sampling, monkeypatch, graphs=False)
+            graphed, note = run(lm, 24, sampling, monkeypatch, graphs=True)
+            assert graphed == eager, (weight_type, sampling, note)
+            assert note.startswith("graph (captured at step 4)"), note
+    finally:
+        lm.close()
+
+
 def test_short_jobs_never_capture_and_blocks_come_back(cuda_device, model_files, monkeypatch):
     shape, seed = FAMILIES["qwen3"]
     lm = engine.load(str(model_files(shape, seed=seed)), "cuda")[0]
