@@ -51,6 +51,11 @@
 //   rx_lu<t>::ALIGN, and n_in % 8 == 0 for float types (the launcher falls back to the tiled
 //   kernel otherwise).
 //
+// reflex_matmul_gemvq1_<t>, reflex_matmul_gemvq1s_<t>(the same, x = the x limbs)   (T = 1)
+//   IQ4_XS only (RX_QUANT_XQ_KERNELS): gemv1 / gemv1s with each 4-weight product three dp4a on
+//   x's limbs (reflex_x_limbs in cuda/core.cu writes them; layout and numerics in
+//   reflex/quants.cuh, before rx_gemv_rows_xq). The CUDA backend launches both for one token.
+//
 // reflex_matmul_tiled_<t>(w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, n2, row_bytes, mode)
 //   (any T; prefill) Shared-memory GEMM tile: a 256-thread block computes 64 weight rows x 64
 //   tokens; per K slice it dequantizes the weight tile (rx_q<t>::dec4, groups of 4 elements,
