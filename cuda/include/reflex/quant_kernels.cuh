@@ -56,6 +56,11 @@
 //   x's limbs (reflex_x_limbs in cuda/core.cu writes them; layout and numerics in
 //   reflex/quants.cuh, before rx_gemv_rows_xq). The CUDA backend launches both for one token.
 //
+// reflex_matmul_gemvx1_<t>, reflex_matmul_gemvx1s_<t>(the same)                   (T = 1)
+//   quant.cu's types (RX_QUANT_XS_KERNELS): gemv1 / gemv1s with x staged per warp in shared
+//   memory (rx_gemv_rows_staged, reflex/quants.cuh), bit-identical to them; the CUDA backend
+//   launches them for one token when REFLEX_GEMV_XSTAGE=1.
+//
 // reflex_matmul_tiled_<t>(w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, n2, row_bytes, mode)
 //   (any T; prefill) Shared-memory GEMM tile: a 256-thread block computes 64 weight rows x 64
 //   tokens; per K slice it dequantizes the weight tile (rx_q<t>::dec4, groups of 4 elements,
