@@ -92,6 +92,9 @@ def lib(tmp_path_factory):
                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                 ctypes.c_longlong, ctypes.c_int]
     so.rx_host_gemv.restype = ctypes.c_int
+    so.rx_host_gemv_xq.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                   ctypes.c_int, ctypes.c_longlong, ctypes.c_int]
+    so.rx_host_gemv_xq.restype = ctypes.c_int
     so.rx_host_f16_table.argtypes = [ctypes.c_void_p]
     so.rx_host_f16_table.restype = None
     so.rx_host_ksigns.argtypes = [ctypes.c_void_p]
@@ -344,6 +347,28 @@ def test_gemv_lane_loop(lib, name):
         raw, wf, x = _gemv_case(rng, name, n_in, n_out, T)
         y = host_gemv(lib, name, tt, raw, x, n_in, n_out, ks)
         _check_matmul(y, wf, x, f"{name} n_in={n_in} n_out={n_out} T={T} (TT={tt}, ks={ks})")
+
+
+def test_gemv_on_x_limbs(lib):
+    """The one-token IQ4_XS GEMV on x limbs (rx_gemv_rows_xq, every lane run on the host) with
+    limbs from the NumPy twin: the float64 product of the values the limbs stand for up to
+    summation rounding, one and two warps a row pair, chunks cut short by n_in."""
+    from reflex_core.testing.x_limbs import x_from_limbs, x_limbs
+
+    rng = np.random.default_rng(1500)
+    for n_in, n_out, ks in ((256, 3, 1), (768, 5, 1), (2048, 4, 2), (4864, 3, 2), (4864, 1, 1)):
+        raw, wf, x = _gemv_case(rng, "IQ4_XS", n_in, n_out, 1)
+        x[0, :32] *= 1e-3
+        xq = x_limbs(x)
+        y = np.full(n_out, np.nan, np.float32)
+        raw = np.ascontiguousarray(raw)
+        assert lib.rx_host_gemv_xq(_ptr(raw), _ptr(xq), _ptr(y), n_in, n_out, raw.shape[1], ks) == 0
+        xr = x_from_limbs(xq, n_in)
+        ref = wf.astype(np.float64) @ xr
+        mag = np.abs(wf).astype(np.float64) @ np.abs(xr)
+        err = np.abs(y - ref)
+        assert (err <= 2e-6 * mag + 1e-30).all(), f"n_in={n_in} ks={ks}: {np.max(err / (mag + 1e-30)):.3g}"
+        _check_matmul(y[None, :], wf, x, f"IQ4_XS limbs n_in={n_in} ks={ks}")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -150,6 +150,26 @@ extern "C" int rx_host_gemv(int type, int tt, const uint8_t* w, const float* x, 
 #undef RX_CALL
 }
 
+// The one-token IQ4_XS GEMV on x limbs (rx_gemv_rows_xq) the same way: 32 * ks lanes per row pair.
+extern "C" int rx_host_gemv_xq(const uint8_t* w, const uint32_t* xq, float* y, int n_in, int n_out,
+                               long long row_bytes, int ks) {
+    const int R = 2;
+    if (ks != 1 && ks != 2) return -5;
+    for (int row0 = 0; row0 < n_out; row0 += R) {
+        float tot[R] = {};
+        const uint8_t* rp[R];
+        for (int r = 0; r < R; ++r) rp[r] = w + (long long)(row0 + r < n_out ? row0 + r : n_out - 1) * row_bytes;
+        for (int lane = 0; lane < 32 * ks; ++lane) {
+            float acc[R][1];
+            rx_gemv_rows_xq<RX_IQ4_XS, R>(rp, xq, n_in, lane, 32 * ks, acc);
+            for (int r = 0; r < R; ++r) tot[r] += acc[r][0];
+        }
+        for (int r = 0; r < R; ++r)
+            if (row0 + r < n_out) y[row0 + r] = tot[r];
+    }
+    return 0;
+}
+
 // A type's block size, bytes per block, GEMV weight alignment and weights per lane unit as the
 // decoders declare them (-4: its lane units do not tile the block into steps of 8 elements).
 extern "C" int rx_host_type_info(int type, int* qk, int* ts, int* align, int* unit) {
