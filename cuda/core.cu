@@ -47,7 +47,7 @@ kernel is deterministic run to run.
 #include <stdint.h>
 #include <math.h>
 
-#include "reflex/common.cuh"  // rx_nan (the weight kernels' NaN for an invalid expert id), rx_xq_slot
+#include "reflex/common.cuh"  // rx_nan, rx_xq_slot (the x limbs' layout)
 
 #define FULL_MASK 0xffffffffu
 
@@ -866,8 +866,9 @@ RX_ATT_TILED(reflex_attention_tiled256, 16, 16, 256)
 // x_limbs: x (n floats, n % 32 == 0, any number of rows back to back) -> the x limbs the GEMV on
 // integer weights reads (layout: reflex/quants.cuh, before rx_gemv_rows_xq). One warp per
 // 32-element block, a lane per element: M = the block's largest |x|, e with M < 2^e (frexp; at
-// least -127, so that a block of subnormals has s = 2^-149 and its X are exact), s = 2^(e-22), X = rint(x * 2^(22-e)), so |X| <= 2^22; M = 0: s = 1, X = 0; a NaN or inf in the
-// block: s = NaN, X = 0 (the products then give NaN, as they would with the floats). Lane i of
+// least -127, so that a block of subnormals has s = 2^-149 and its X are exact), s = 2^(e-22),
+// X = rint(x * 2^(22-e)), so |X| <= 2^22; M = 0: s = 1, X = 0; a NaN or inf in the block:
+// s = NaN, X = 0 (the products then give NaN, as they would with the floats). Lane i of
 // group g (lanes 4g..4g+3) writes word i of the group: byte i of each of the four X (i < 3), or s.
 // The group's words go to its slot, rx_xq_slot(g) (the one-token IQ4_XS GEMV's load order); out
 // holds whole chunks of RX_XQ_CHUNK elements. NumPy twin: reflex_core.testing.x_limbs.x_limbs.
@@ -880,7 +881,7 @@ extern "C" __global__ void reflex_x_limbs(const float* __restrict__ x, uint32_t*
     int X = 0;
     float s = 1.0f;
     if (mb >= 0x7f800000u) {
-        s = __int_as_float(0x7fc00000);
+        s = rx_nan();
     } else if (mb != 0) {
         int e;
         frexpf(__uint_as_float(mb), &e);

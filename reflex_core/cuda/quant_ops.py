@@ -229,7 +229,8 @@ def x_limbs_bytes(n: int) -> int:
 
 def x_limbs(core, x_ptr: int, out_ptr: int, n: int) -> None:
     """``out`` = the x limbs of the ``n`` floats at ``x_ptr`` (n % 32 == 0; ``core`` the core
-    module; both pointers 16-byte aligned): reflex_x_limbs in cuda/core.cu."""
+    module; ``out`` 16-byte aligned, as the GEMV reads it, and :func:`x_limbs_bytes` long):
+    reflex_x_limbs in cuda/core.cu."""
     if n % 32:
         raise ValueError(f"x_limbs: {n} elements is not a multiple of 32")
     if n:

@@ -3,8 +3,9 @@ of the integer-unit weight types reads (layout: cuda/include/reflex/quants.cuh, 
 ``rx_gemv_rows_xq``).
 
 Each 32-element block of x gets a power-of-two scale s = 2^(e-22), e the exponent with
-max|x| < 2^e (at least -127: a block of subnormals gets s = 2^-149, and its X are exact), and integers X = rint(x / s) (|X| <= 2^22); an all-zero block s = 1, X = 0; a block
-with a NaN or inf s = NaN, X = 0. Each group of 4 elements is 4 words: word i < 3 holds byte i of
+max|x| < 2^e (at least -127: a block of subnormals gets s = 2^-149, and its X are exact), and
+integers X = rint(x / s) (|X| <= 2^22); an all-zero block s = 1, X = 0; a block with a NaN or
+inf s = NaN, X = 0. Each group of 4 elements is 4 words: word i < 3 holds byte i of
 the group's four X (X as 32-bit two's complement), word 3 holds s; the groups sit in the GEMV's
 load order (:func:`slot`), in whole chunks of :data:`CHUNK` elements.
 """

@@ -843,7 +843,6 @@ RX_HD void rx_gemv_units(const uint8_t* const (&rp)[R], const XT* __restrict__ x
     }
 }
 
-
 // ==========================================================================================
 // The GEMV lane loop, shared by the kernels (cuda/quant.cu) and the host harness (which runs it
 // for every lane and sums): a lane that owns R weight rows (row r starts at rp[r]; the rows may
