@@ -11,7 +11,7 @@
 #   usage: A="REFLEX_GEMV_XQ=0" B="REFLEX_GEMV_XQ=1" bash bench/gpu_env_ab.sh OUT [WHICH]
 #   (A=X=1 B=X=1, any variable: no A/B, one setting twice)
 #   WHICH: bench/make_models.py names, default 8b-iq4_xs. Needs .whl-new, .peer, .models carried.
-#   NCU=0 leaves out step 2, PEERS=0 llama-simple (its build and steps 3-4's llama runs).
+#   NCU_STEP=0 leaves out step 2, PEERS=0 llama-simple (its build and steps 3-4's llama runs).
 set -uo pipefail
 OUT=${1:?usage: A=VAR=x B=VAR=y bash bench/gpu_env_ab.sh OUT [WHICH]}; WHICH=${2:-8b-iq4_xs}
 A=${A:?A=VAR=value}; B=${B:?B=VAR=value}
@@ -45,7 +45,7 @@ d=json.load(sys.stdin); print('reflex bench $2 [$1]: decode ms/token median %.3f
 for f in $models; do
   reflex generate "$MODELS/$f" "$PROMPT" -n 1 > /dev/null 2>&1 || say "reflex failed on $f"
   for s in "$A" "$B"; do
-    [ "${NCU:-1}" = 0 ] && continue
+    [ "${NCU_STEP:-1}" = 0 ] && continue
     say "per decode token (ncu, eager) [$s]: $f"
     for n in 1 $((N + 1)); do
       env $s REFLEX_CUDA_GRAPHS=0 timeout 200 $NCU reflex generate "$MODELS/$f" "$PROMPT" -n $n --backend cuda \

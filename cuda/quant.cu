@@ -6,8 +6,7 @@
 // Per type <t>, 10 kernels: reflex_dequant_<t>, reflex_embed_<t>,
 // reflex_matmul_gemv{1,2,4,8,1s}_<t>, reflex_matmul_tiled_<t>, reflex_moe_matmul_<t>,
 // reflex_moe_tiled_<t>; their algorithm, parameters and launch shapes are documented with their
-// bodies in reflex/quant_kernels.cuh. Each also has reflex_matmul_gemvx1{,s}_<t>, the one-token
-// GEMV with x staged per warp in shared memory. Launchers (which module serves which type):
+// bodies in reflex/quant_kernels.cuh. Launchers (which module serves which type):
 // reflex_core/cuda/quant_ops.py.
 #define REFLEX_QUANTS_COMMON_ONLY
 #include "reflex/quant_kernels.cuh"
@@ -23,14 +22,3 @@ RX_QUANT_KERNELS(q5_1, RX_Q5_1)
 RX_QUANT_KERNELS(q4_k, RX_Q4_K)
 RX_QUANT_KERNELS(q5_k, RX_Q5_K)
 RX_QUANT_KERNELS(q6_k, RX_Q6_K)
-RX_QUANT_XS_KERNELS(f32, RX_F32)
-RX_QUANT_XS_KERNELS(f16, RX_F16)
-RX_QUANT_XS_KERNELS(bf16, RX_BF16)
-RX_QUANT_XS_KERNELS(q8_0, RX_Q8_0)
-RX_QUANT_XS_KERNELS(q4_0, RX_Q4_0)
-RX_QUANT_XS_KERNELS(q4_1, RX_Q4_1)
-RX_QUANT_XS_KERNELS(q5_0, RX_Q5_0)
-RX_QUANT_XS_KERNELS(q5_1, RX_Q5_1)
-RX_QUANT_XS_KERNELS(q4_k, RX_Q4_K)
-RX_QUANT_XS_KERNELS(q5_k, RX_Q5_K)
-RX_QUANT_XS_KERNELS(q6_k, RX_Q6_K)

@@ -492,19 +492,6 @@ def test_launcher_choices(quant_signatures):
     assert k.calls[-1][:2] == ("reflex_matmul_gemvq1_iq4_xs", (16, 1, 1)) and k.calls[-1][3][-1] == 1
     assert q.plan(20, (96, 64), W).gemvq is None  # IQ4_NL: the limbs are in IQ4_XS's lane order
     assert [q.x_limbs_bytes(n) for n in (32, 512, 768)] == [2048, 2048, 4096]
-    # one token with xstage: the x-staging GEMV of the common types, same grid; not for more
-    # tokens, types without it, or x not 16-byte aligned
-    for t, n_in, want in ((12, 1024, "gemvx1_q4_k"), (12, 2048, "gemvx1s_q4_k"),
-                          (8, 1024, "gemvx1s_q8_0"), (23, 2048, "gemv1s_iq4_xs")):
-        q.matmul_planned(k, q.plan(t, (n_in, 1000), W), X, 1, (W, 0, 0), (Y, 0, 0), (1000, 0, 0),
-                         False, True, 0, True)
-        assert k.calls[-1][0] == f"reflex_matmul_{want}" and k.calls[-1][3][3] == X
-    q.matmul_planned(k, q.plan(12, (2048, 1000), W), X, 2, (W, 0, 0), (Y, 0, 0), (1000, 0, 0),
-                     False, True, 0, True)
-    assert k.calls[-1][0] == "reflex_matmul_gemv2_q4_k"
-    q.matmul_planned(k, q.plan(12, (2048, 1000), W), X + 4, 1, (W, 0, 0), (Y, 0, 0), (1000, 0, 0),
-                     False, True, 0, True)
-    assert k.calls[-1][0] == "reflex_matmul_tiled_q4_k"
     q.x_limbs(k, X, XQ, 4096 + 32)
     assert k.calls[-1] == ("reflex_x_limbs", (17, 1, 1), (256, 1, 1), (X, XQ, 4128))
     with pytest.raises(ValueError, match="multiple of 32"):

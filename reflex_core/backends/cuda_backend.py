@@ -42,9 +42,6 @@ _LORA_TILE, _LORA_BLOCK_Y = 32, 8  # cuda/core.cu LORA_TILE, LORA_BLOCK_Y (refle
 # One-token matmuls of the integer-unit weight types (quant_ops.XQ_TYPES) run on x limbs;
 # REFLEX_GEMV_XQ=0 keeps them on the float GEMV (an A/B switch: the two differ by rounding only).
 _GEMV_XQ = os.environ.get("REFLEX_GEMV_XQ", "1") != "0"
-# REFLEX_GEMV_XSTAGE=1: one-token matmuls of quant_ops.XS_TYPES stage x per warp in shared memory
-# (bit-identical outputs; off until measured faster on a GPU).
-_GEMV_XSTAGE = os.environ.get("REFLEX_GEMV_XSTAGE", "0") == "1"
 _GATING = {"softmax": 1, "sigmoid": 2, "softmax_weight": 3, "sqrt_softplus": 4}
 
 
@@ -578,7 +575,7 @@ class CudaOps(Ops):
                               gemv_ok, limbs.ptr)
             return
         qo.matmul_planned(self._qkern(m.module), m, x_ptr, T, w_ptrs, y_ptrs, n_outs, swiglu,
-                          gemv_ok, 0, _GEMV_XSTAGE)
+                          gemv_ok)
 
     def matmul_many(self, x, ws: Sequence[Weight]) -> list:
         """Weights of the same GGML type go in one launch (up to three: q/k/v); bit-identical to

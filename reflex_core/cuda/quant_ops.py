@@ -216,12 +216,6 @@ _XQ_THREADS = 256
 _XQ_CHUNK = 512  # RX_XQ_CHUNK
 
 
-# Types whose one-token GEMV also comes with x staged per warp in shared memory
-# (reflex_matmul_gemvx1{,s}_<t>, cuda/quant.cu: the common module's types): bit-identical to
-# gemv1 / gemv1s, each warp load of x reading 512 contiguous bytes instead of a line per unit.
-XS_TYPES = frozenset({0, 1, 30, 8, 2, 3, 6, 7, 12, 13, 14})
-
-
 def x_limbs_bytes(n: int) -> int:
     """Bytes of the x limbs of ``n`` activations (a 32-bit word each, in whole chunks of 512)."""
     return 4 * (-(-n // _XQ_CHUNK) * _XQ_CHUNK)
@@ -248,7 +242,7 @@ class MatPlan:
     ``error`` is why the weight cannot be a matmul operand (None when it can)."""
 
     __slots__ = ("ggml_type", "module", "n_in", "n_out", "n_elements", "row_bytes", "gemv",
-                 "gemv1s", "gemvq", "gemvx", "split", "tiled", "gemv_w_ok", "error")
+                 "gemv1s", "gemvq", "split", "tiled", "gemv_w_ok", "error")
 
     def __init__(self, ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight"):
         suffix, tname, bs, _, align = _info(ggml_type)
@@ -265,9 +259,6 @@ class MatPlan:
         # T = 1 on x limbs (XQ_TYPES): (one warp, two warps) a row pair, else None
         self.gemvq = ((f"reflex_matmul_gemvq1_{suffix}", f"reflex_matmul_gemvq1s_{suffix}")
                       if ggml_type in XQ_TYPES else None)
-        # T = 1 with x staged in shared memory (XS_TYPES): (one warp, two warps), else None
-        self.gemvx = ((f"reflex_matmul_gemvx1_{suffix}", f"reflex_matmul_gemvx1s_{suffix}")
-                      if ggml_type in XS_TYPES else None)
         self.tiled = f"reflex_matmul_tiled_{suffix}"
         self.error: str | None = None
         self.row_bytes = 0
@@ -290,7 +281,7 @@ def plan(ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight") 
 
 def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: tuple,
                    n_outs: tuple, swiglu: bool = False, gemv_w_ok: bool = True,
-                   xq_ptr: int = 0, xstage: bool = False) -> None:
+                   xq_ptr: int = 0) -> None:
     """``y_i [T, n_outs[i]] = x [T, n_in] . W_i^T`` for up to :data:`MAX_SEGMENTS` weights
     planned with ``p`` (all of ``p``'s GGML type and n_in; ``kern`` the module ``p.module``)
     in one launch: ``w_ptrs`` /
@@ -300,9 +291,7 @@ def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: 
     weight pointer suits it) and x is 16-byte aligned; else the tiled kernel. Each output is
     bit-identical to the matmul of its weight alone. ``xq_ptr``: the x limbs of x
     (:func:`x_limbs`, 16-byte aligned); one token of an ``XQ_TYPES`` weight then takes the GEMV on
-    them. ``xstage``: one token of an ``XS_TYPES`` weight takes the GEMV that stages x in shared
-    memory (the same outputs). No checks here beyond that choice (the caller planned the
-    weights)."""
+    them. No checks here beyond that choice (the caller planned the weights)."""
     if T > _INT32_MAX:
         raise ValueError(f"T={T} is out of range for the kernels (0 .. 2**31-1)")
     if T == 0:  # nothing to compute (and the one-token GEMV reads x row 0 unconditionally)
@@ -317,10 +306,6 @@ def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: 
                     (_GEMV_THREADS, 1, 1), args)
         return
     if T <= GEMV_MAX_T and gemv_w_ok and x_ptr % 16 == 0:
-        if T == 1 and xstage and p.gemvx is not None:
-            kern.launch(p.gemvx[p.split - 1], (_gemv_grid_x(p.split, n_outs, swiglu), 1, 1),
-                        (_GEMV_THREADS, 1, 1), args)
-            return
         ks = p.split if T == 1 else 1
         name = p.gemv1s if ks == 2 else p.gemv[_TT_INDEX[T]]
         kern.launch(name, (_gemv_grid_x(ks, n_outs, swiglu), 1, 1), (_GEMV_THREADS, 1, 1), args)
@@ -472,6 +457,4 @@ def kernel_names(module: str = COMMON_MODULE) -> list[str]:
         names.append(f"reflex_matmul_gemv1s_{suffix}")
         if t in XQ_TYPES:
             names += [f"reflex_matmul_gemvq1_{suffix}", f"reflex_matmul_gemvq1s_{suffix}"]
-        if t in XS_TYPES:
-            names += [f"reflex_matmul_gemvx1_{suffix}", f"reflex_matmul_gemvx1s_{suffix}"]
     return names

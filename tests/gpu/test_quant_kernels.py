@@ -549,42 +549,6 @@ def test_matmul_xq(qk, name):
                                    atol=1e-6 * (np.abs(want).max() + 1), err_msg=f"{name} swiglu")
 
 
-@pytest.mark.parametrize("name", [n for n in TYPES if TYPES[n] in quant_ops.XS_TYPES])
-def test_matmul_xstage_bit_identical(qk, name):
-    """The one-token GEMV with x staged per warp in shared memory gives gemv1 / gemv1s's outputs
-    bit for bit: one and two warps a row pair, spans cut short by n_in, 1-3 segments, SwiGLU."""
-    ctx, kernels_of = qk
-    kern = kernels_of(name)
-    t = TYPES[name]
-    rng = np.random.default_rng(1400 + t)
-    unit = 8 if name in FLOAT_TYPES else qinfo(name)[0]
-    for n_in in n_in_cases(name) + [4 * n_in_cases(name)[1] + 3 * unit]:
-        n_outs = (33, 1, 70)
-        ws = [random_weights(rng, name, n, n_in) for n in n_outs]
-        wps = tuple(upload(ctx, raw)[1] for raw, _ in ws)
-        x = rng.standard_normal((1, n_in)).astype(np.float32)
-        _, xp = upload(ctx, x)
-        p = quant_ops.plan(t, (n_in, n_outs[0]), wps[0])
-        for segs, swiglu in (((0,), False), ((0, 1, 2), False), ((0, 2), True)):
-            n_y = (33,) if swiglu else tuple(n_outs[i] for i in segs)
-            outs = n_y + (0,) * (3 - len(n_y))
-            w_ptrs = tuple(wps[i] for i in segs) + (0,) * (3 - len(segs))
-            got = [ctx.alloc(4 * n) for n in n_y]
-            want = [ctx.alloc(4 * n) for n in n_y]
-            pad = (0,) * (3 - len(n_y))
-            assert p.gemv_w_ok
-            quant_ops.matmul_planned(kern, p, xp, 1, w_ptrs, tuple(got) + pad, outs, swiglu, True,
-                                     0, True)
-            quant_ops.matmul_planned(kern, p, xp, 1, w_ptrs, tuple(want) + pad, outs, swiglu, True)
-            for g, w_, n in zip(got, want, n_y):
-                assert_bits_equal(download(ctx, g, n), download(ctx, w_, n),
-                                  f"{name} n_in={n_in} split={p.split} {segs} swiglu={swiglu}")
-            if not swiglu:
-                for i, g in zip(segs, got):
-                    check_matmul(download(ctx, g, n_outs[i]).reshape(1, -1), ws[i][1], x,
-                                 f"{name} n_in={n_in} seg {i}")
-
-
 # ----------------------------------------------------------------------------------------------
 # MoE
 

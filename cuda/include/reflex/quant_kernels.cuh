@@ -56,11 +56,6 @@
 //   x's limbs (reflex_x_limbs in cuda/core.cu writes them; layout and numerics in
 //   reflex/quants.cuh, before rx_gemv_rows_xq). The CUDA backend launches both for one token.
 //
-// reflex_matmul_gemvx1_<t>, reflex_matmul_gemvx1s_<t>(the same)                   (T = 1)
-//   quant.cu's types (RX_QUANT_XS_KERNELS): gemv1 / gemv1s with x staged per warp in shared
-//   memory (rx_gemv_rows_staged, reflex/quants.cuh), bit-identical to them; the CUDA backend
-//   launches them for one token when REFLEX_GEMV_XSTAGE=1.
-//
 // reflex_matmul_tiled_<t>(w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, n2, row_bytes, mode)
 //   (any T; prefill) Shared-memory GEMM tile: a 256-thread block computes 64 weight rows x 64
 //   tokens; per K slice it dequantizes the weight tile (rx_q<t>::dec4, groups of 4 elements,
@@ -266,8 +261,7 @@ __device__ __forceinline__ void seg_select(const uint8_t* w0, const uint8_t* w1,
 
 // A block's 4 warps form GEMV_WARPS / KS row groups of KS warps each; the KS warps ("slices")
 // of a group split its rows' units (rx_gemv_rows' first / stride).
-// XQ: x is the x limbs (T = 1). XS: x staged per warp in shared memory (T = 1).
-template <int TYPE, int TT, int KS, bool XQ = false, bool XS = false>
+template <int TYPE, int TT, int KS, bool XQ = false>
 __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,
                                           const uint8_t* __restrict__ w2, const float* __restrict__ x,
                                           float* __restrict__ y0, float* __restrict__ y1,
@@ -300,10 +294,6 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
     if constexpr (XQ) {  // x is the x limbs (rx_gemv_rows_xq), T = 1
         rx_gemv_rows_xq<TYPE, GEMV_R>(rp, (const uint32_t*)x, live ? n_in : 0, 32 * slice + lane,
                                       32 * KS, acc);
-    } else if constexpr (XS) {
-        __shared__ __align__(16) float xs[GEMV_WARPS][rx_stage<TYPE>::FLOATS];
-        rx_gemv_rows_staged<TYPE, GEMV_R>(rp, x, live ? n_in : 0, 32 * slice + lane, 32 * KS,
-                                          xs[warp], acc);
     } else {
         rx_gemv_rows<TYPE, TT, GEMV_R>(rp, x, T, live ? n_in : 0, 32 * slice + lane, 32 * KS, acc);
     }
@@ -692,16 +682,4 @@ __device__ __forceinline__ void moe_tiled_body(const uint8_t* __restrict__ w, co
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
         reflex_matmul_gemvq1s_##name(RX_MM_PARAMS) {                                                  \
         gemv_body<TYPE, 1, 2, true>(RX_MM_ARGS);                                                      \
-    }
-
-// The one-token GEMV with x staged per warp in shared memory (rx_gemv_rows_staged; cuda/quant.cu
-// instantiates it for its types): otherwise as gemv1 / gemv1s, and bit-identical to them.
-#define RX_QUANT_XS_KERNELS(name, TYPE)                                                               \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
-        reflex_matmul_gemvx1_##name(RX_MM_PARAMS) {                                                   \
-        gemv_body<TYPE, 1, 1, false, true>(RX_MM_ARGS);                                               \
-    }                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
-        reflex_matmul_gemvx1s_##name(RX_MM_PARAMS) {                                                  \
-        gemv_body<TYPE, 1, 2, false, true>(RX_MM_ARGS);                                               \
     }

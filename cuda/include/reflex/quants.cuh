@@ -858,70 +858,11 @@ RX_HD void rx_gemv_units(const uint8_t* const (&rp)[R], const XT* __restrict__ x
 // sum v_i * x_i per unit and add a * that sum: one multiply per unit and token instead of one
 // per element (the GEMV is not bit-exact with the dequantization anyway; tests bound it).
 
-// One lane unit of rx_gemv_rows: block pointers bp, place j in the block, the lane's part of it;
-// xload(t, e, v) loads x[t, e .. e + 3] of the unit's block into v (e: the element in the block).
-template <int TYPE, int TT, int R, bool EXACT, typename XL>
-RX_HD void rx_gemv_unit(const uint8_t* const (&bp)[R], int j, int my_part, int T, XL&& xload,
-                        float (&acc)[R][TT]) {
-    typedef rx_lu<TYPE> L;
-    constexpr bool SCALED = rx_unit_scaled<TYPE>::value;
-    constexpr int P = rx_unit_lanes<TYPE, TT>::value;
-    constexpr int STEPS = L::SUB / P;  // steps a lane takes of each unit
-    L u[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) rx_lu_load<P>(u[r], bp[r], j, my_part);
-#pragma unroll
-    for (int r = 0; r < R; ++r) u[r].prep(j);
-    float part[R][TT];  // SCALED: this unit's sums of v_i * x_i
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-#pragma unroll
-        for (int t = 0; t < TT; ++t) part[r][t] = 0.0f;
-    }
-#pragma unroll
-    for (int k = 0; k < STEPS; ++k) {
-        const int s = my_part * STEPS + k;
-        const int e0 = L::e0(j, s), e1 = L::e1(j, s);
-        float xv[TT][8];
-#pragma unroll
-        for (int t = 0; t < TT; ++t) {
-            if (t < T) {
-                xload(t, e0, &xv[t][0]);
-                xload(t, e1, &xv[t][4]);
-            } else {
-#pragma unroll
-                for (int i = 0; i < 8; ++i) xv[t][i] = 0.0f;
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            float wv[8];
-            if constexpr (SCALED) {
-                u[r].unscaled(k, wv);
-            } else {
-                u[r].template dec<EXACT>(j, k, wv);
-            }
-#pragma unroll
-            for (int t = 0; t < TT; ++t) {
-                float& a = SCALED ? part[r][t] : acc[r][t];
-#pragma unroll
-                for (int i = 0; i < 8; ++i) a = fmaf(wv[i], xv[t][i], a);
-            }
-        }
-    }
-    if constexpr (SCALED) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-#pragma unroll
-            for (int t = 0; t < TT; ++t) acc[r][t] = fmaf(u[r].scale(), part[r][t], acc[r][t]);
-        }
-    }
-}
-
 template <int TYPE, int TT, int R, bool EXACT = false>
 RX_HD void rx_gemv_rows(const uint8_t* const (&rp)[R], const float* __restrict__ x, int T, int n_in,
                         int first, int stride, float (&acc)[R][TT]) {
     typedef rx_lu<TYPE> L;
+    constexpr bool SCALED = rx_unit_scaled<TYPE>::value;
     constexpr int P = rx_unit_lanes<TYPE, TT>::value;
     static_assert(P == 1 || P == 2 || P == 4, "lanes a unit: 1, 2 or 4");
     static_assert(L::SUB % P == 0, "every lane of a unit takes as many steps");
@@ -930,82 +871,61 @@ RX_HD void rx_gemv_rows(const uint8_t* const (&rp)[R], const float* __restrict__
 #pragma unroll
         for (int t = 0; t < TT; ++t) acc[r][t] = 0.0f;
     }
+    constexpr int STEPS = L::SUB / P;  // steps a lane takes of each unit
+    // One unit (block pointers bp, its x at xb, place j in the block, the lane's part of it)
     auto unit = [&](const uint8_t* const (&bp)[R], const float* xb, int j, int my_part) {
-        rx_gemv_unit<TYPE, TT, R, EXACT>(
-            bp, j, my_part, T,
-            [&](int t, int e, float* v) { rx_ld_f4(xb + (long long)t * n_in + e, v); }, acc);
+        L u[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) rx_lu_load<P>(u[r], bp[r], j, my_part);
+#pragma unroll
+        for (int r = 0; r < R; ++r) u[r].prep(j);
+        float part[R][TT];  // SCALED: this unit's sums of v_i * x_i
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+            for (int t = 0; t < TT; ++t) part[r][t] = 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < STEPS; ++k) {
+            const int s = my_part * STEPS + k;
+            const int e0 = L::e0(j, s), e1 = L::e1(j, s);
+            float xv[TT][8];
+#pragma unroll
+            for (int t = 0; t < TT; ++t) {
+                if (t < T) {
+                    rx_ld_f4(xb + (long long)t * n_in + e0, &xv[t][0]);
+                    rx_ld_f4(xb + (long long)t * n_in + e1, &xv[t][4]);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) xv[t][i] = 0.0f;
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float wv[8];
+                if constexpr (SCALED) {
+                    u[r].unscaled(k, wv);
+                } else {
+                    u[r].template dec<EXACT>(j, k, wv);
+                }
+#pragma unroll
+                for (int t = 0; t < TT; ++t) {
+                    float& a = SCALED ? part[r][t] : acc[r][t];
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) a = fmaf(wv[i], xv[t][i], a);
+                }
+            }
+        }
+        if constexpr (SCALED) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+#pragma unroll
+                for (int t = 0; t < TT; ++t) acc[r][t] = fmaf(u[r].scale(), part[r][t], acc[r][t]);
+            }
+        }
     };
     rx_gemv_units<L, P, R>(rp, x, n_in, first, stride, unit);
 }
-
-#ifdef __CUDA_ARCH__
-// The one-token GEMV with x staged per warp in shared memory (reflex_matmul_gemvx1{,s}_<t>): the
-// warp's 32 lanes take 32 / P lane units at a time, whole blocks, one contiguous span of x; the
-// warp copies that span into its buffer xs with 16-byte loads (512 contiguous bytes each), then
-// each lane reads its unit's x from xs. Read straight from global memory, each of those reads
-// touches one line per unit (32 lines a warp load for the K-quants), and the L1's lines per
-// wavefront, not the DRAM, bound the GEMV. The span is padded by 4 floats per 64 (pad()), so the
-// K-quants' lanes (units 16 or 32 elements apart) read different banks. The arithmetic is
-// rx_gemv_rows' (rx_gemv_unit), so the outputs are bit-identical to gemv1 / gemv1s.
-template <int TYPE>
-struct rx_stage {
-    typedef rx_lu<TYPE> L;
-    static constexpr int P = rx_unit_lanes<TYPE, 1>::value;
-    static constexpr int BLOCKS = 32 / P / L::LPB;  // blocks a warp takes at a time
-    static constexpr int SPAN = BLOCKS * L::QK;     // their x elements
-    static constexpr int FLOATS = SPAN + SPAN / 16; // with the padding
-    static_assert(BLOCKS >= 1 && BLOCKS * L::LPB * P == 32, "a warp's units are whole blocks");
-    static_assert(SPAN % 128 == 0, "the span is whole 512-byte copies");
-    static __device__ __forceinline__ int pad(int o) { return o + ((o >> 6) << 2); }
-};
-
-template <int TYPE, int R>
-__device__ __forceinline__ void rx_gemv_rows_staged(const uint8_t* const (&rp)[R],
-                                                    const float* __restrict__ x, int n_in, int first,
-                                                    int stride, float* __restrict__ xs,
-                                                    float (&acc)[R][1]) {
-    typedef rx_lu<TYPE> L;
-    typedef rx_stage<TYPE> S;
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
-    // first = 32 * slice + lane and stride = 32 * ks (rx_gemv_rows' slots): the warp's spans are
-    // blocks slice * BLOCKS + i * ks * BLOCKS; lane = P * (its unit in the span) + its part
-    const int lane = first & 31, u = lane / S::P, part = lane % S::P;
-    const int jb = u / L::LPB, j = u % L::LPB;  // its block in the span, its place in the block
-    const int n_blk = n_in / L::QK, blk_step = stride / 32 * S::BLOCKS;
-    for (int b0 = (first >> 5) * S::BLOCKS; b0 < n_blk; b0 += blk_step) {
-        const float* xg = x + (long long)b0 * L::QK;
-        const int avail = min(S::SPAN, (n_blk - b0) * L::QK);
-        __syncwarp();  // the last span's reads are done
-#pragma unroll
-        for (int c = 0; c < S::SPAN / 128; ++c) {
-            const int o = 4 * (lane + 32 * c);
-            const float4 v = o < avail ? __ldg((const float4*)(xg + o)) : make_float4(0.f, 0.f, 0.f, 0.f);
-            *(float4*)(xs + S::pad(o)) = v;
-        }
-        __syncwarp();
-        if (b0 + jb < n_blk) {
-            const uint8_t* bp[R];
-#pragma unroll
-            for (int r = 0; r < R; ++r) bp[r] = rp[r] + (long long)(b0 + jb) * L::TS;
-            // the place opaque per span: hoisted, ptxas keeps a pointer per load of the unit
-            // across the loop (rx_gemv_units' P == 1 loop says what that costs)
-            int jj = j;
-            asm("" : "+r"(jj));
-            rx_gemv_unit<TYPE, 1, R, false>(
-                bp, jj, part, 1,
-                [&](int, int e, float* v) {
-                    const float4 f = *(const float4*)(xs + S::pad(jb * L::QK + e));
-                    v[0] = f.x;
-                    v[1] = f.y;
-                    v[2] = f.z;
-                    v[3] = f.w;
-                },
-                acc);
-        }
-    }
-}
-#endif
 
 // x limbs (written by reflex_x_limbs, cuda/core.cu): each 32-element block of x has a power-of-two
 // scale s and integers X_i = rint(x_i / s) with |X_i| <= 2^22 (s from the block's largest |x|), so
