@@ -11,7 +11,9 @@
 #   usage: A="REFLEX_GEMV_XQ=0" B="REFLEX_GEMV_XQ=1" bash bench/gpu_env_ab.sh OUT [WHICH]
 #   (A=X=1 B=X=1, any variable: no A/B, one setting twice)
 #   WHICH: bench/make_models.py names, default 8b-iq4_xs. Needs .whl-new, .peer, .models carried.
-#   NCU_STEP=0 leaves out step 2, PEERS=0 llama-simple (its build and steps 3-4's llama runs).
+#   NCU_STEP=0 leaves out step 2, PEERS=0 llama-simple (its build and steps 3-4's llama runs);
+#   LONG=1 adds 5. the warm 1518-token prefill and the decode after it (bench/warm_long.py) per
+#   setting alternating, 2 rounds.
 set -uo pipefail
 OUT=${1:?usage: A=VAR=x B=VAR=y bash bench/gpu_env_ab.sh OUT [WHICH]}; WHICH=${2:-8b-iq4_xs}
 A=${A:?A=VAR=value}; B=${B:?B=VAR=value}
@@ -75,4 +77,14 @@ for r in 1 2 3; do
       | grep -E " eval time" | grep -v prompt | tr -s ' ')" | tee -a "$LOG"
   done
 done
+if [ "${LONG:-0}" = 1 ]; then
+  say "warm 1518-token prefill, settings alternating"
+  for r in 1 2; do
+    for f in $models; do
+      for s in "$A" "$B"; do
+        env $s timeout 150 python3 "$REPO/bench/warm_long.py" "$MODELS/$f" "$f [$s] round $r" 2>&1 | tail -1 | tee -a "$LOG"
+      done
+    done
+  done
+fi
 say "done"

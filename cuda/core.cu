@@ -27,6 +27,8 @@ Kernels (launch shape)
   reflex_take_rows      y[r] = x[rows[r]]                 grid (ceil(n/256), R), 256    [PPPi]
   reflex_x_limbs        x as 32-element blocks of scaled integers (the one-token GEMV's input
                         for the integer weight types)   grid ceil(n/256), block 256   [PPi]
+  reflex_x_limbs_rows   the same integers for the prefill matmul (per block 3 limbs of
+                        8 words and (s, s * sum X))       grid ceil(n/256), block 256   [PPPi]
   reflex_argmax         first index of the row maximum    grid rows, block 1024         [PPi]
   reflex_token_logprobs log_softmax(x)[target] per row    grid rows, block 1024         [PPPi]
   reflex_repeat_penalty x[id] / or * penalty, each id    grid ceil(n/256), block 256   [PPif]
@@ -873,13 +875,12 @@ RX_ATT_TILED(reflex_attention_tiled256, 16, 16, 256)
 // The group's words go to its slot, rx_xq_slot(g) (the one-token IQ4_XS GEMV's load order); out
 // holds whole chunks of RX_XQ_CHUNK elements. NumPy twin: reflex_core.testing.x_limbs.x_limbs.
 
-extern "C" __global__ void reflex_x_limbs(const float* __restrict__ x, uint32_t* __restrict__ out, int n) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;  // n % 32 == 0: whole warps in or out
-    if (i >= n) return;
-    const float v = x[i];
+// This lane's element v of the warp's 32-element block as X and the block's s (every lane of the
+// warp calls it: a warp reduction).
+__device__ __forceinline__ void rx_block_int(float v, int& X, float& s) {
     const uint32_t mb = __reduce_max_sync(FULL_MASK, __float_as_uint(v) & 0x7fffffffu);
-    int X = 0;
-    float s = 1.0f;
+    X = 0;
+    s = 1.0f;
     if (mb >= 0x7f800000u) {
         s = rx_nan();
     } else if (mb != 0) {
@@ -889,17 +890,46 @@ extern "C" __global__ void reflex_x_limbs(const float* __restrict__ x, uint32_t*
         X = __float2int_rn(ldexpf(v, 22 - e));
         s = ldexpf(1.0f, e - 22);
     }
-    const int lane = threadIdx.x & 31, base = lane & ~3, part = lane & 3;
+}
+
+// Byte `part` (< 3) of the X of lanes base .. base+3 as bytes 0..3 of one word (every lane calls
+// it: shuffles).
+__device__ __forceinline__ uint32_t rx_limb_word(int X, int base, int part) {
     const uint32_t x0 = __shfl_sync(FULL_MASK, X, base), x1 = __shfl_sync(FULL_MASK, X, base + 1);
     const uint32_t x2 = __shfl_sync(FULL_MASK, X, base + 2), x3 = __shfl_sync(FULL_MASK, X, base + 3);
-    uint32_t w;
-    if (part == 3) {
-        w = __float_as_uint(s);
-    } else {  // byte `part` of x0..x3 -> bytes 0..3
-        const uint32_t sel = (uint32_t)part | ((uint32_t)(part + 4) << 4);
-        w = __byte_perm(__byte_perm(x0, x1, sel), __byte_perm(x2, x3, sel), 0x5410u);
-    }
-    out[4 * rx_xq_slot(i >> 2) + part] = w;
+    const uint32_t sel = (uint32_t)part | ((uint32_t)(part + 4) << 4);
+    return __byte_perm(__byte_perm(x0, x1, sel), __byte_perm(x2, x3, sel), 0x5410u);
+}
+
+extern "C" __global__ void reflex_x_limbs(const float* __restrict__ x, uint32_t* __restrict__ out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;  // n % 32 == 0: whole warps in or out
+    if (i >= n) return;
+    int X;
+    float s;
+    rx_block_int(x[i], X, s);
+    const int lane = threadIdx.x & 31, part = lane & 3;
+    const uint32_t w = rx_limb_word(X, lane & ~3, part);
+    out[4 * rx_xq_slot(i >> 2) + part] = part == 3 ? __float_as_uint(s) : w;
+}
+
+// x_limbs_rows: the same integers in the prefill matmul's layout (reflex_matmul_mmq_<t>):
+// block b (32 elements; a row of n_in elements is n_in / 32 consecutive blocks) -> L[24 b ..
+// +24): 3 limbs of 8 words, word i of group g at L[24 b + 8 i + 2 (g % 4) + g / 4] (groups q
+// and q + 4 side by side: one mma B fragment, one 64-bit load), and S[b] = (s, s * sum X),
+// the sum the weights' mins multiply. NumPy twin: reflex_core.testing.x_limbs.x_limbs_rows.
+extern "C" __global__ void reflex_x_limbs_rows(const float* __restrict__ x, uint32_t* __restrict__ L,
+                                               float2* __restrict__ S, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;  // n % 32 == 0: whole warps in or out
+    if (i >= n) return;
+    int X;
+    float s;
+    rx_block_int(x[i], X, s);
+    const int sum = __reduce_add_sync(FULL_MASK, X);
+    const int lane = threadIdx.x & 31, base = lane & ~3, part = lane & 3, g = lane >> 2;
+    const uint32_t w = rx_limb_word(X, base, part);
+    const long long b = i >> 5;
+    if (part < 3) L[24 * b + 8 * part + 2 * (g & 3) + (g >> 2)] = w;
+    if (lane == 3) S[b] = make_float2(s, s * (float)sum);
 }
 
 // ------------------------------------------------------------------------------------------

@@ -549,6 +549,93 @@ def test_matmul_xq(qk, name):
                                    atol=1e-6 * (np.abs(want).max() + 1), err_msg=f"{name} swiglu")
 
 
+def test_x_limbs_rows_kernel(cuda_ctx):
+    """reflex_x_limbs_rows == its NumPy twin: the limb words bit for bit, the scales and sums
+    (NaN where the twin has NaN), one block, odd block counts, many rows."""
+    from reflex_core.testing.x_limbs import x_limbs_rows
+
+    core = cuda_ctx.kernels("core")
+    rng = np.random.default_rng(1250)
+    for T, n_in in ((1, 32), (3, 96), (7, 288), (65, 4096)):
+        x = _limbs_inputs(rng, T * n_in).reshape(T, n_in)
+        _, xp = upload(cuda_ctx, x)
+        out = cuda_ctx.alloc(quant_ops.x_limbs_rows_bytes(T, n_in))
+        quant_ops.x_limbs_rows(core, xp, out, T, n_in)
+        nb = T * n_in // 32
+        words = download(cuda_ctx, out, nb * 26, np.uint32)
+        L_want, S_want = x_limbs_rows(x)
+        got_l = words[:nb * 24]
+        bad = np.flatnonzero(got_l != L_want.reshape(-1))
+        assert bad.size == 0, (f"T={T} n_in={n_in}: {bad.size} limb words differ; first {bad[0]}: "
+                               f"got {got_l[bad[0]]:#010x} want {L_want.reshape(-1)[bad[0]]:#010x}")
+        got_s = words[nb * 24:].view(np.float32).reshape(nb, 2)
+        assert_bits_equal(np.isnan(got_s), np.isnan(S_want), f"T={T} n_in={n_in} NaN scales")
+        fin = ~np.isnan(S_want)
+        assert_bits_equal(got_s[fin], S_want[fin], f"T={T} n_in={n_in} scales")
+
+
+def _mmq_x(rng, T, n_in):
+    """x for the prefill matmul tests: normal rows, a block far smaller than the rest, a
+    wide-ranging row."""
+    x = rng.standard_normal((T, n_in)).astype(np.float32)
+    x[0, :32] *= 1e-3
+    x[-1] *= np.exp2(rng.integers(-12, 12, n_in)).astype(np.float32)
+    return x
+
+
+@pytest.mark.parametrize("name", sorted(n for n, t in TYPES.items() if t in quant_ops.MMQ_TYPES))
+def test_matmul_mmq(qk, name):
+    """The integer tensor-core tile on x row limbs (partial token and row tiles, odd block
+    counts, 1-3 segments, SwiGLU): against the float64 product with the values the limbs stand
+    for (the combine's float rounding only), against x itself within the float kernels' bound,
+    and each output of a multi-weight launch bit-identical to its weight's own launch."""
+    from reflex_core.testing.x_limbs import x_from_limbs_rows, x_limbs_rows
+
+    ctx, kernels_of = qk
+    kern, core = kernels_of(name), ctx.kernels("core")
+    t = TYPES[name]
+    rng = np.random.default_rng(1400 + t)
+    bs = qinfo(name)[0]
+    for n_in, T in ((bs, 9), (3 * bs, 64), (max(2048, bs), 65), (4096 + 3 * bs, 130)):
+        n_outs = (33, 1, 130)
+        ws = [random_weights(rng, name, n, n_in) for n in n_outs]
+        wps = [upload(ctx, raw)[1] for raw, _ in ws]
+        x = _mmq_x(rng, T, n_in)
+        _, xp = upload(ctx, x)
+        xq = ctx.alloc(quant_ops.x_limbs_rows_bytes(T, n_in))
+        quant_ops.x_limbs_rows(core, xp, xq, T, n_in)
+        xr = x_from_limbs_rows(*x_limbs_rows(x)).reshape(T, n_in)
+        p = quant_ops.plan(t, (n_in, n_outs[0]), wps[0])
+        assert p.mmq == f"reflex_matmul_mmq_{name.lower()}"
+        nb = n_in // 32
+        singles = []
+        for wp, (raw, wf), n in zip(wps, ws, n_outs):
+            yp = ctx.alloc(4 * T * n)
+            quant_ops.matmul_planned(kern, quant_ops.plan(t, (n_in, n), wp), xp, T, (wp, 0, 0),
+                                     (yp, 0, 0), (n, 0, 0), False, True, xq)
+            y = download(ctx, yp, T * n).reshape(T, n)
+            what = f"{name} T={T} n_in={n_in} n_out={n}"
+            ref = xr @ wf.astype(np.float64).T
+            mag = np.abs(xr) @ np.abs(wf).astype(np.float64).T
+            err = np.abs(y - ref)
+            tol = 1e-6 * (nb + 2) * mag + 1e-30
+            assert (err <= tol).all(), f"{what}: worst {np.max(err / tol):.3g} of the bound"
+            check_matmul(y, wf, x, what)
+            singles.append(y)
+        yps = [ctx.alloc(4 * T * n) for n in n_outs]
+        quant_ops.matmul_planned(kern, p, xp, T, tuple(wps), tuple(yps), n_outs, False, True, xq)
+        for i, (yp, n) in enumerate(zip(yps, n_outs)):
+            assert_bits_equal(download(ctx, yp, T * n).reshape(T, n), singles[i],
+                              f"{name} T={T} n_in={n_in} multi seg {i}")
+        # swiglu: gate = weight 0, up = the first 33 rows of weight 2
+        yp = ctx.alloc(4 * T * 33)
+        quant_ops.matmul_planned(kern, p, xp, T, (wps[0], wps[2], 0), (yp, 0, 0), (33, 0, 0), True,
+                                 True, xq)
+        want = _silu_mul(singles[0], singles[2][:, :33])
+        np.testing.assert_allclose(download(ctx, yp, T * 33).reshape(T, 33), want, rtol=4e-6,
+                                   atol=1e-6 * (np.abs(want).max() + 1), err_msg=f"{name} swiglu")
+
+
 # ----------------------------------------------------------------------------------------------
 # MoE
 

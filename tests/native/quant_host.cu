@@ -170,6 +170,40 @@ extern "C" int rx_host_gemv_xq(const uint8_t* w, const uint32_t* xq, float* y, i
     return 0;
 }
 
+// The integer view (rx_qi<T>): every element rebuilt as a * q (+ c) in float32 from ints() and
+// scale(), for the bit-for-bit check against dequantize. -1: the type has no integer view.
+template <int T>
+int int_view(const uint8_t* w, long long n, float* out) {
+    typedef rx_q<T> Q;
+    typedef rx_qi<T> I;
+    for (long long e = 0; e < n; e += 4) {
+        const uint8_t* b = w + (e / Q::QK) * Q::TS;
+        const int e0 = (int)(e % Q::QK);
+        const uint32_t q = I::ints(b, e0);
+        for (int i = 0; i < 4; ++i) {
+            const float2 ac = I::scale(b, e0 + i);
+            float v = RX_FMUL(ac.x, (float)(int8_t)(uint8_t)(q >> (8 * i)));
+            if (I::MIN) v = RX_FADD(v, ac.y);
+            out[e + i] = v;
+        }
+    }
+    return 0;
+}
+
+extern "C" int rx_host_int_view(int type, const uint8_t* w, long long n, float* out) {
+    switch (type) {
+        case RX_Q8_0: return int_view<RX_Q8_0>(w, n, out);
+        case RX_Q4_0: return int_view<RX_Q4_0>(w, n, out);
+        case RX_Q5_0: return int_view<RX_Q5_0>(w, n, out);
+        case RX_Q4_K: return int_view<RX_Q4_K>(w, n, out);
+        case RX_Q5_K: return int_view<RX_Q5_K>(w, n, out);
+        case RX_Q6_K: return int_view<RX_Q6_K>(w, n, out);
+        case RX_IQ4_NL: return int_view<RX_IQ4_NL>(w, n, out);
+        case RX_IQ4_XS: return int_view<RX_IQ4_XS>(w, n, out);
+    }
+    return -1;
+}
+
 // A type's block size, bytes per block, GEMV weight alignment and weights per lane unit as the
 // decoders declare them (-4: its lane units do not tile the block into steps of 8 elements).
 extern "C" int rx_host_type_info(int type, int* qk, int* ts, int* align, int* unit) {

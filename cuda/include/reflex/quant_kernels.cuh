@@ -363,6 +363,36 @@ __device__ __forceinline__ void rx_mma_tf32(float* d, const uint32_t* a, const u
 #define RX_TILED_MMA 0
 #endif
 
+// A tile's outputs from E[token][tile row] (shared memory, complete): mode 0, y[token, m0 + r] =
+// E[nn][r]; mode 1, y[token, m0 + r] = silu(E[nn][r]) * E[nn][r + 32] (rows 0..31 gate, 32..63
+// up). Token nn of the tile is y row n0t + nn, or slots[nn] (GATHER). Rows >= n and tokens >= T
+// are left out; a token row at a time, so the stores are row-contiguous.
+template <bool GATHER>
+__device__ __forceinline__ void tile_store(const float (*E)[TILE_M + 4], float* __restrict__ y, int T, int n,
+                                           int m0, int n0t, int mode, const int* __restrict__ slots) {
+    const int tid = threadIdx.x;
+    auto y_row = [&](int nn) -> long long {
+        return GATHER ? (long long)__ldg(slots + nn) : (long long)(n0t + nn);
+    };
+    if (mode == 1) {  // output (token nn, row r < 32) = silu(E[nn][r]) * E[nn][r + 32]
+#pragma unroll 1
+        for (int p = 0; p < (TILE_M / 2) * TILE_N / TILE_THREADS; ++p) {
+            const int g = tid + p * TILE_THREADS;
+            const int r = g & (TILE_M / 2 - 1), nn = g / (TILE_M / 2);
+            const int row = m0 + r, tok = n0t + nn;
+            if (row < n && tok < T) y[y_row(nn) * n + row] = rx_silu_mul(E[nn][r], E[nn][r + TILE_M / 2]);
+        }
+        return;
+    }
+#pragma unroll 1
+    for (int p = 0; p < TILE_M * TILE_N / TILE_THREADS; ++p) {
+        const int g = tid + p * TILE_THREADS;
+        const int r = g & (TILE_M - 1), nn = g / TILE_M;
+        const int row = m0 + r, tok = n0t + nn;
+        if (row < n && tok < T) y[y_row(nn) * n + row] = E[nn][r];
+    }
+}
+
 // GATHER (the grouped MoE kernel): the tile's T (<= 64) tokens are slots[0 .. T): token nn
 // reads x row slots[nn] / kdiv and writes y row slots[nn]; otherwise token nn of the block is
 // blockIdx.y * 64 + nn for both.
@@ -405,12 +435,9 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
         m0 = b * TILE_M;
     }
     const int n0t = GATHER ? 0 : blockIdx.y * TILE_N;
-    // x and y rows of the tile's token nn (< T)
+    // the x row of the tile's token nn (< T)
     auto x_row = [&](int nn) -> long long {
         return GATHER ? (long long)(__ldg(slots + nn) / kdiv) : (long long)(n0t + nn);
-    };
-    auto y_row = [&](int nn) -> long long {
-        return GATHER ? (long long)__ldg(slots + nn) : (long long)(n0t + nn);
     };
     const bool xvec = (n_in & 3) == 0 && ((uintptr_t)x & 15u) == 0;
 #if RX_TILED_MMA
@@ -569,23 +596,7 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
 #endif
         }
     __syncthreads();
-    if (mode == 1) {  // output (token nn, row r < 32) = silu(E[nn][r]) * E[nn][r + 32]
-#pragma unroll 1
-        for (int p = 0; p < (TILE_M / 2) * TILE_N / TILE_THREADS; ++p) {
-            const int g = tid + p * TILE_THREADS;
-            const int r = g & (TILE_M / 2 - 1), nn = g / (TILE_M / 2);
-            const int row = m0 + r, tok = n0t + nn;
-            if (row < n && tok < T) y[y_row(nn) * n + row] = rx_silu_mul(E[nn][r], E[nn][r + TILE_M / 2]);
-        }
-        return;
-    }
-#pragma unroll 1
-    for (int p = 0; p < TILE_M * TILE_N / TILE_THREADS; ++p) {
-        const int g = tid + p * TILE_THREADS;
-        const int r = g & (TILE_M - 1), nn = g / TILE_M;
-        const int row = m0 + r, tok = n0t + nn;
-        if (row < n && tok < T) y[y_row(nn) * n + row] = E[nn][r];
-    }
+    tile_store<GATHER>(E, y, T, n, m0, n0t, mode, slots);
 }
 
 // The grouped MoE matmul: block (x, tile) runs tile `tile` of reflex_moe_schedule's schedule (an
@@ -606,6 +617,226 @@ __device__ __forceinline__ void moe_tiled_body(const uint8_t* __restrict__ w, co
     tiled_body<TYPE, true>(w + eo, mode == 1 ? w_up + eo : nullptr, nullptr, x, y, nullptr, nullptr,
                            count, n_in, n_out, 0, 0, row_bytes, mode, order + first,
                            x_per_expert ? 1 : k);
+}
+
+// ------------------------------------------------------------------------------------------
+// the prefill matmul on x limbs (mmq): integer tensor-core products
+
+#if RX_TILED_MMA
+// d (16x8 s32) += a (16x32 s8, row-major fragment) * b (32x8, column fragment), b's bytes
+// signed (BS) or unsigned; the 16x16 form takes a's first two registers and one of b.
+template <bool BS>
+__device__ __forceinline__ void rx_mma_i8k32(int* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+    if constexpr (BS) {
+        asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+            "{%8, %9}, {%0, %1, %2, %3};\n"
+            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+            "{%8, %9}, {%0, %1, %2, %3};\n"
+            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+template <bool BS>
+__device__ __forceinline__ void rx_mma_i8k16(int* d, uint32_t a0, uint32_t a1, uint32_t b0) {
+    if constexpr (BS) {
+        asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+            "{%0, %1, %2, %3};\n"
+            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+            : "r"(a0), "r"(a1), "r"(b0));
+    } else {
+        asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.u8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+            "{%0, %1, %2, %3};\n"
+            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+            : "r"(a0), "r"(a1), "r"(b0));
+    }
+}
+#endif
+
+// The tiled matmul's products (same segments, modes, tile of 64 rows x 64 tokens, warps and
+// epilogue as tiled_body) from the weights' integer view (rx_qi<TYPE>) and x as row limbs
+// (reflex_x_limbs_rows: L, then S right after the x rows' limbs). Per K slice of KB blocks of 32:
+// each weight word (4 signed bytes, the groups in the row limbs' order) and sub-block scale (a, c)
+// is decoded once into shared memory, x's limb words and (s, s * sum X) copied there; each warp
+// then runs, per block, per 8 tokens and per sub-block, one mma per limb: exact int32 sums P0,
+// P1 (unsigned limbs) and P2 (the signed top limb) of q * X's bytes, and adds
+// (P0 + 256 P1 + 65536 P2) * (a * s) + c * (s * sum X) to its float accumulators. The sums are
+// exact, x is exact to 23 bits of its block's largest value, and the combine rounds twice: close
+// to the float32 dot product (tests/gpu bound it), on the integer tensor cores, from 4.25-6.6
+// bits a weight instead of a float32 copy.
+template <int TYPE, bool GATHER = false>
+__device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,
+                                         const uint8_t* __restrict__ w2, const uint32_t* __restrict__ L,
+                                         float* __restrict__ y0, float* __restrict__ y1,
+                                         float* __restrict__ y2, int T, int n_in, int n0, int n1, int n2,
+                                         long long row_bytes, int mode, long long x_rows,
+                                         const int* __restrict__ slots = nullptr, int kdiv = 1) {
+#if RX_TILED_MMA
+    typedef rx_q<TYPE> Q;
+    typedef rx_qi<TYPE> I;
+    constexpr int KB = 2;                                  // blocks of 32 per K slice
+    constexpr int H = 32 / I::SUB;                         // sub-blocks per block
+    constexpr int PW = TILE_M * KB * 8 / TILE_THREADS;     // weight words a thread loads
+    constexpr int NWS = TILE_M * KB * H;                   // weight scales per slice
+    constexpr int PX = TILE_N * KB * 6 / TILE_THREADS;     // 16-byte pieces of x limbs a thread loads
+    constexpr int NXS = TILE_N * KB;                       // x scales per slice
+    static_assert(PW * TILE_THREADS == TILE_M * KB * 8 && PX * TILE_THREADS == TILE_N * KB * 6, "");
+    static_assert(NWS <= TILE_THREADS && NXS <= TILE_THREADS, "one scale a thread");
+    // Rows of 8 words: a lane's 64-bit fragment loads (row g, words 2q, 2q+1) from 16 lanes
+    // cover 32 banks.
+    struct Tiles {
+        uint32_t w[KB][TILE_M][8];
+        float2 ws[KB][H][TILE_M];
+        uint32_t x[KB][3][TILE_N][8];
+        float2 xs[KB][TILE_N];
+    };
+    constexpr size_t E_BYTES = sizeof(float) * TILE_N * (TILE_M + 4);
+    __shared__ __align__(16) unsigned char smem[sizeof(Tiles) > E_BYTES ? sizeof(Tiles) : E_BYTES];
+    Tiles& sm = *reinterpret_cast<Tiles*>(smem);
+
+    const int tid = threadIdx.x;
+    const uint8_t* w;
+    float* y;
+    int n, m0;  // mode 0: tile row m is row m0 + m of w (n rows); mode 1: gate/up row m0 + m % 32
+    if (mode == 1) {
+        w = w0; y = y0; n = n0;
+        m0 = blockIdx.x * (TILE_M / 2);
+    } else {
+        int b;
+        seg_select(w0, w1, w2, y0, y1, y2, n0, n1, n2, TILE_M, w, y, n, b);
+        m0 = b * TILE_M;
+    }
+    const int n0t = GATHER ? 0 : blockIdx.y * TILE_N;
+    const int nb = n_in >> 5;
+    const float2* __restrict__ S = reinterpret_cast<const float2*>(L + x_rows * nb * 24);
+    auto x_row = [&](int nn) -> long long {
+        return GATHER ? (long long)(__ldg(slots + nn) / kdiv) : (long long)(n0t + nn);
+    };
+    auto w_row = [&](int m, const uint8_t*& rp) -> bool {  // tile row m's bytes, false past n
+        const int row = mode == 1 ? m0 + (m & (TILE_M / 2 - 1)) : m0 + m;
+        rp = (mode == 1 && m >= TILE_M / 2 ? w1 : w) + (long long)row * row_bytes;
+        return row < n;
+    };
+    const int lane = tid & 31, wg = lane >> 2, wq = lane & 3;
+    const int wr = 16 * ((tid >> 5) & 3), wt = 32 * (tid >> 7);
+    const bool active = n0t + wt < T;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+
+    // A thread's loads of a slice (into registers, in flight during the previous slice's math):
+    // weight word p = tid + 256 p (row p / 16, block (p / 8) % 2, word p % 8: a warp reads two
+    // rows' contiguous bytes), one scale, x piece p (token p / 12: 192 contiguous bytes a token),
+    // one x scale.
+    uint32_t wv[PW];
+    float2 wsv = make_float2(0.0f, 0.0f), xsv = make_float2(0.0f, 0.0f);
+    uint4 xv[PX];
+    auto load = [&](int kb0) {
+#pragma unroll
+        for (int p = 0; p < PW; ++p) {
+            const int g = tid + p * TILE_THREADS, m = g / (KB * 8), kb = kb0 + (g / 8) % KB;
+            const uint8_t* rp;
+            wv[p] = 0;
+            if (w_row(m, rp) && kb < nb) {
+                const int k = 32 * kb + 4 * (g % 8);
+                wv[p] = I::ints(rp + (long long)(k / Q::QK) * Q::TS, k % Q::QK);
+            }
+        }
+        if (tid < NWS) {
+            const int m = tid % TILE_M, kb = kb0 + tid / (TILE_M * H), h = (tid / TILE_M) % H;
+            const uint8_t* rp;
+            wsv = make_float2(0.0f, 0.0f);
+            if (w_row(m, rp) && kb < nb) {
+                const int k = 32 * kb + I::SUB * h;
+                wsv = I::scale(rp + (long long)(k / Q::QK) * Q::TS, k % Q::QK);
+            }
+        }
+#pragma unroll
+        for (int p = 0; p < PX; ++p) {
+            const int g = tid + p * TILE_THREADS, nn = g / (KB * 6), kb = kb0 + (g / 6) % KB;
+            xv[p] = make_uint4(0u, 0u, 0u, 0u);
+            if ((GATHER ? nn : n0t + nn) < T && kb < nb)
+                xv[p] = __ldg(reinterpret_cast<const uint4*>(L + (x_row(nn) * nb + kb) * 24) + g % 6);
+        }
+        if (tid < NXS) {
+            const int nn = tid % TILE_N, kb = kb0 + tid / TILE_N;
+            xsv = make_float2(0.0f, 0.0f);
+            if ((GATHER ? nn : n0t + nn) < T && kb < nb) xsv = __ldg(S + x_row(nn) * nb + kb);
+        }
+    };
+
+    load(0);
+    for (int kb0 = 0; kb0 < nb; kb0 += KB) {
+#pragma unroll
+        for (int p = 0; p < PW; ++p) {  // word j of a block to slot 2 (j % 4) + j / 4
+            const int g = tid + p * TILE_THREADS, j = g % 8;
+            sm.w[(g / 8) % KB][g / (KB * 8)][2 * (j & 3) + (j >> 2)] = wv[p];
+        }
+        if (tid < NWS) sm.ws[tid / (TILE_M * H)][(tid / TILE_M) % H][tid % TILE_M] = wsv;
+#pragma unroll
+        for (int p = 0; p < PX; ++p) {  // piece i of a block: limb i / 2, words 4 (i % 2) ..
+            const int g = tid + p * TILE_THREADS, i = g % 6;
+            *reinterpret_cast<uint4*>(&sm.x[(g / 6) % KB][i >> 1][g / (KB * 6)][4 * (i & 1)]) = xv[p];
+        }
+        if (tid < NXS) sm.xs[tid / TILE_N][tid % TILE_N] = xsv;
+        __syncthreads();
+        if (kb0 + KB < nb) load(kb0 + KB);
+        if (active) {
+#pragma unroll
+            for (int kb = 0; kb < KB; ++kb) {
+                const uint2 lo = *reinterpret_cast<const uint2*>(&sm.w[kb][wr + wg][2 * wq]);
+                const uint2 hi = *reinterpret_cast<const uint2*>(&sm.w[kb][wr + wg + 8][2 * wq]);
+                const uint32_t a[4] = {lo.x, hi.x, lo.y, hi.y};
+                float2 ws[H][2];
+#pragma unroll
+                for (int h = 0; h < H; ++h) {
+                    ws[h][0] = sm.ws[kb][h][wr + wg];
+                    ws[h][1] = sm.ws[kb][h][wr + wg + 8];
+                }
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const int t0 = wt + 8 * j;
+                    uint2 b[3];
+#pragma unroll
+                    for (int l = 0; l < 3; ++l) b[l] = *reinterpret_cast<const uint2*>(&sm.x[kb][l][t0 + wg][2 * wq]);
+                    const float2 xs[2] = {sm.xs[kb][t0 + 2 * wq], sm.xs[kb][t0 + 2 * wq + 1]};
+#pragma unroll
+                    for (int h = 0; h < H; ++h) {
+                        int c[3][4] = {};
+                        if constexpr (H == 1) {
+                            rx_mma_i8k32<false>(c[0], a, b[0].x, b[0].y);
+                            rx_mma_i8k32<false>(c[1], a, b[1].x, b[1].y);
+                            rx_mma_i8k32<true>(c[2], a, b[2].x, b[2].y);
+                        } else {
+                            rx_mma_i8k16<false>(c[0], a[2 * h], a[2 * h + 1], h ? b[0].y : b[0].x);
+                            rx_mma_i8k16<false>(c[1], a[2 * h], a[2 * h + 1], h ? b[1].y : b[1].x);
+                            rx_mma_i8k16<true>(c[2], a[2 * h], a[2 * h + 1], h ? b[2].y : b[2].x);
+                        }
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {  // rows g (e < 2), g + 8; tokens 2q + e % 2
+                            const float2 wse = ws[h][e >> 1], xse = xs[e & 1];
+                            const float v = fmaf((float)c[2][e], 65536.0f, (float)(c[0][e] + 256 * c[1][e]));
+                            acc[j][e] = fmaf(v, wse.x * xse.x, acc[j][e]);
+                            if constexpr (I::MIN) acc[j][e] = fmaf(wse.y, xse.y, acc[j][e]);
+                        }
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    float (*E)[TILE_M + 4] = reinterpret_cast<float (*)[TILE_M + 4]>(smem);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) E[wt + 8 * i + 2 * wq + (j & 1)][wr + wg + 8 * (j >> 1)] = acc[i][j];
+    __syncthreads();
+    tile_store<GATHER>(E, y, T, n, m0, n0t, mode, slots);
+#endif
 }
 
 // ------------------------------------------------------------------------------------------
@@ -670,6 +901,16 @@ __device__ __forceinline__ void moe_tiled_body(const uint8_t* __restrict__ w, co
                                 int mode) {                                                           \
         moe_tiled_body<TYPE>(w, w_up, x, order, tiles, n_tiles, y, k, n_in, n_out, row_bytes,         \
                              expert_bytes, x_per_expert, mode);                                       \
+    }
+
+// The prefill matmul on x limbs (mmq_body) for the types with an integer view (rx_qi): x points at
+// reflex_x_limbs_rows' output for the T rows of x (the limbs, then the scales); otherwise as
+// reflex_matmul_tiled_<t>. Needs n_in % 32 == 0 (every such type's rows are whole blocks).
+#define RX_QUANT_MMQ_KERNELS(name, TYPE)                                                              \
+    extern "C" __global__ void __launch_bounds__(TILE_THREADS, 2)                                     \
+        reflex_matmul_mmq_##name(RX_MM_PARAMS) {                                                      \
+        mmq_body<TYPE>(w0, w1, w2, reinterpret_cast<const uint32_t*>(x), y0, y1, y2, T, n_in, n0, n1, \
+                       n2, row_bytes, mode, T);                                                       \
     }
 
 // The one-token GEMV on x limbs, for the rx_unit_int types (cuda/quant_lowbit.cu instantiates it

@@ -349,6 +349,102 @@ struct rx_q<RX_Q3_K> {
 };
 
 // ==========================================================================================
+// rx_qi<T>: the integer view of a block, for the prefill matmul on x limbs (reflex_matmul_mmq_<t>,
+// reflex/quant_kernels.cuh). Element e = a * q + c with q a small integer and (a, c) per
+// sub-block of SUB (32 or 16) elements, and a * q + c in float32 (product, then sum) gives
+// rx_q<T>::dec4's value bit for bit (the host tests check it), so the integer products are the
+// weights' own.
+//   ints(b, e0)    the q of elements [e0, e0+4) of the block at b (e0 % 4 == 0) as the four
+//                  signed bytes of one word, byte i = element e0 + i
+//   scale(b, e0)   (a, c) of the sub-block holding e0
+//   MIN            whether there is a c (false: c = 0 and the value is a * q alone)
+
+template <int T>
+struct rx_qi;
+
+// (v | 0x80) - k per byte, then the top bit back: byte-wise v - k as signed bytes, no borrow
+// between bytes (0 <= v < 128, 0 <= k <= 128)
+RX_HD uint32_t rx_bytes_minus(uint32_t v, uint32_t k) {
+    return ((v | 0x80808080u) - k * 0x01010101u) ^ 0x80808080u;
+}
+
+template <>
+struct rx_qi<RX_Q8_0> {
+    static constexpr bool MIN = false;
+    static constexpr int SUB = 32;
+    static RX_HD uint32_t ints(const uint8_t* b, int e0) { return rx_ld_u32u(b + 2 + e0); }
+    static RX_HD float2 scale(const uint8_t* b, int) { return make_float2(rx_f16_to_f32(rx_ld_u16(b)), 0.0f); }
+};
+
+template <>
+struct rx_qi<RX_Q4_0> {
+    static constexpr bool MIN = false;
+    static constexpr int SUB = 32;
+    static RX_HD uint32_t ints(const uint8_t* b, int e0) {
+        return rx_bytes_minus((rx_ld_u32u(b + 2 + (e0 & 15)) >> (e0 & 16 ? 4 : 0)) & 0x0F0F0F0Fu, 8);
+    }
+    static RX_HD float2 scale(const uint8_t* b, int) { return make_float2(rx_f16_to_f32(rx_ld_u16(b)), 0.0f); }
+};
+
+template <>
+struct rx_qi<RX_Q5_0> {
+    static constexpr bool MIN = false;
+    static constexpr int SUB = 32;
+    static RX_HD uint32_t ints(const uint8_t* b, int e0) {
+        uint32_t w = (rx_ld_u32u(b + 6 + (e0 & 15)) >> (e0 & 16 ? 4 : 0)) & 0x0F0F0F0Fu;
+        w |= rx_spread4_bit4((rx_ld_u32u(b + 2) >> e0) & 15u);
+        return rx_bytes_minus(w, 16);
+    }
+    static RX_HD float2 scale(const uint8_t* b, int) { return make_float2(rx_f16_to_f32(rx_ld_u16(b)), 0.0f); }
+};
+
+template <>
+struct rx_qi<RX_Q4_K> {
+    static constexpr bool MIN = true;
+    static constexpr int SUB = 32;
+    static RX_HD uint32_t ints(const uint8_t* b, int e0) {
+        const int j = e0 >> 5, l = e0 & 31;
+        return (rx_ld_u32u(b + 16 + 32 * (j >> 1) + l) >> ((j & 1) * 4)) & 0x0F0F0F0Fu;
+    }
+    static RX_HD float2 scale(const uint8_t* b, int e0) {
+        uint32_t s[3];
+        rx_ld_words<3>(b + 4, s);
+        int sc, m;
+        rx_k4_scale_min(s[0], s[1], s[2], e0 >> 5, sc, m);
+        return make_float2(RX_FMUL(rx_f16_to_f32(rx_ld_u16(b)), (float)sc),
+                           -RX_FMUL(rx_f16_to_f32(rx_ld_u16(b + 2)), (float)m));
+    }
+};
+
+template <>
+struct rx_qi<RX_Q5_K> {
+    static constexpr bool MIN = true;
+    static constexpr int SUB = 32;
+    static RX_HD uint32_t ints(const uint8_t* b, int e0) {
+        const int j = e0 >> 5, l = e0 & 31;
+        const uint32_t w = (rx_ld_u32u(b + 48 + 32 * (j >> 1) + l) >> ((j & 1) * 4)) & 0x0F0F0F0Fu;
+        return w | ((rx_ld_u32u(b + 16 + l) >> j) & 0x01010101u) << 4;
+    }
+    static RX_HD float2 scale(const uint8_t* b, int e0) { return rx_qi<RX_Q4_K>::scale(b, e0); }
+};
+
+template <>
+struct rx_qi<RX_Q6_K> {
+    static constexpr bool MIN = false;
+    static constexpr int SUB = 16;
+    static RX_HD uint32_t ints(const uint8_t* b, int e0) {
+        const int h = e0 >> 7, c = (e0 >> 5) & 3, l = e0 & 31;
+        uint32_t w = (rx_ld_u32u(b + 64 * h + 32 * (c & 1) + l) >> ((c >> 1) * 4)) & 0x0F0F0F0Fu;
+        w |= ((rx_ld_u32u(b + 128 + 32 * h + l) >> (2 * c)) & 0x03030303u) << 4;
+        return rx_bytes_minus(w, 32);
+    }
+    static RX_HD float2 scale(const uint8_t* b, int e0) {
+        const int sc = (int)(int8_t)(uint8_t)rx_ld_u8(b + 192 + (e0 >> 4));
+        return make_float2(RX_FMUL(rx_f16_to_f32(rx_ld_u16(b + 208)), (float)sc), 0.0f);
+    }
+};
+
+// ==========================================================================================
 // rx_lu<T>: GEMV lane units (see the header comment). Usage, per lane and weight row:
 //   rx_lu<T> u; u.load(block_ptr, j); u.prep(j);
 //   for s < SUB: u.dec<EXACT>(j, s, w)  -> w[0..3] at e0(j,s)+0..3, w[4..7] at e1(j,s)+0..3

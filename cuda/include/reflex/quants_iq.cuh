@@ -280,6 +280,34 @@ struct rx_q<RX_IQ4_XS> {
     }
 };
 
+// The integer views (rx_qi, reflex/quants.cuh) of the two IQ4 types: their codebook values.
+template <>
+struct rx_qi<RX_IQ4_NL> {
+    static constexpr bool MIN = false;
+    static constexpr int SUB = 32;
+    static RX_HD uint32_t ints(const uint8_t* b, int e0) {
+        const uint32_t q = (rx_ld_u32u(b + 2 + (e0 & 15)) >> (e0 & 16 ? 4 : 0)) & 0x0F0F0F0Fu;
+        return rx_lut16(RX_IQ4NL_KV0, RX_IQ4NL_KV1, RX_IQ4NL_KV2, RX_IQ4NL_KV3, q);
+    }
+    static RX_HD float2 scale(const uint8_t* b, int) { return make_float2(rx_f16_to_f32(rx_ld_u16(b)), 0.0f); }
+};
+
+template <>
+struct rx_qi<RX_IQ4_XS> {
+    static constexpr bool MIN = false;
+    static constexpr int SUB = 32;
+    static RX_HD uint32_t ints(const uint8_t* b, int e0) {
+        const int l = e0 & 31;
+        const uint32_t q = (rx_ld_u32u(b + 8 + 16 * (e0 >> 5) + (l & 15)) >> (l & 16 ? 4 : 0)) & 0x0F0F0F0Fu;
+        return rx_lut16(RX_IQ4NL_KV0, RX_IQ4NL_KV1, RX_IQ4NL_KV2, RX_IQ4NL_KV3, q);
+    }
+    static RX_HD float2 scale(const uint8_t* b, int e0) {
+        const float d = rx_f16_to_f32(rx_ld_u16(b));
+        return make_float2(RX_FMUL(d, (float)rx_q<RX_IQ4_XS>::scale(rx_ld_u16(b + 2), rx_ld_u32u(b + 4), e0 >> 5)),
+                           0.0f);
+    }
+};
+
 // TQ1_0: qs[48] base-3 packed (5 trits per byte: trit n of byte x is ((x * 3^n) mod 256) * 3 >> 8),
 // qh[4] @48 (4 trits per byte), d f16 @52. Elements [0, 160): trit e/32 of qs[e % 32];
 // [160, 240): trit (e-160)/16 of qs[32 + e % 16]; [240, 256): trit (e-240)/4 of qh[e % 4].
