@@ -13,7 +13,9 @@
 #   WHICH: bench/make_models.py names, default 8b-iq4_xs. Needs .whl-new, .peer, .models carried.
 #   NCU_STEP=0 leaves out step 2, PEERS=0 llama-simple (its build and steps 3-4's llama runs);
 #   LONG=1 adds 5. the warm 1518-token prefill and the decode after it (bench/warm_long.py) per
-#   setting alternating, 2 rounds.
+#   setting alternating, 2 rounds, and (LONG_NCU=1) each kernel's share of one 1518-token
+#   prefill per setting (ncu); KDETAIL=REGEX: Nsight Compute's sections (speed of light, pipes,
+#   warp states, instructions) for one launch of the kernels matching REGEX in setting B's prefill.
 set -uo pipefail
 OUT=${1:?usage: A=VAR=x B=VAR=y bash bench/gpu_env_ab.sh OUT [WHICH]}; WHICH=${2:-8b-iq4_xs}
 A=${A:?A=VAR=value}; B=${B:?B=VAR=value}
@@ -78,6 +80,25 @@ for r in 1 2 3; do
   done
 done
 if [ "${LONG:-0}" = 1 ]; then
+  LONGP=$(cd "$REPO/bench" && python3 -c "from coldstart import LONG_PROMPT; print(LONG_PROMPT)")
+  for f in $models; do
+    for s in "$A" "$B"; do
+      [ "${LONG_NCU:-0}" = 1 ] || continue
+      say "one 1518-token prefill (ncu, every kernel) [$s]: $f"
+      env $s timeout 200 $NCU reflex generate "$MODELS/$f" "$LONGP" -n 1 --backend cuda > "$W/long.csv" 2> "$W/long.err" \
+        || tail -3 "$W/long.err" | tee -a "$LOG"
+      python3 "$REPO/bench/ncu_by_kernel.py" "$W/long.csv" 12 | tee -a "$LOG"
+    done
+    if [ -n "${KDETAIL:-}" ]; then
+      say "ncu sections, one launch matching $KDETAIL [$B]: $f"
+      env $B timeout 200 ncu --clock-control none --kernel-name "regex:$KDETAIL" --launch-skip 4 --launch-count 1 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy \
+        --section InstructionStats --section MemoryWorkloadAnalysis --section LaunchStats \
+        reflex generate "$MODELS/$f" "$LONGP" -n 1 --backend cuda > "$OUT/kdetail-$f.txt" 2>&1
+      grep -E "reflex_|Duration|Throughput|Pipe|Issue|Stall|Eligible|Occupancy|Registers|Executed Ipc|Warp Cycles|smsp__pcsamp" \
+        "$OUT/kdetail-$f.txt" | head -60 | tee -a "$LOG"
+    fi
+  done
   say "warm 1518-token prefill, settings alternating"
   for r in 1 2; do
     for f in $models; do

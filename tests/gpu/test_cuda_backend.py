@@ -328,7 +328,10 @@ def test_launches_per_forward(model_files, cuda_ops, arch):
     """The fused ops at work: a dense Qwen3 layer is 8 launches (add+norm, q/k/v, q/k norm +
     RoPE + KV store, attention, output projection, add+norm, gate/up/SwiGLU, down), a Qwen3-MoE
     layer 11 (router, route, experts gate/up/SwiGLU, experts down, combine); plus embed, the
-    final add+norm and the LM head (and take_rows for scattered rows)."""
+    final add+norm and the LM head (and take_rows for scattered rows). More than 8 tokens run
+    each matmul launch of these Q8_0 weights on x row limbs, one reflex_x_limbs_rows before it:
+    4 a dense layer (q/k/v, output, gate/up, down), 2 a MoE layer (q/k/v, output; the router
+    is F32 and the experts take the MoE kernels)."""
     from reflex_core.cuda import modules
     from reflex_core.testing.modelwriter import ModelShape
 
@@ -337,9 +340,10 @@ def test_launches_per_forward(model_files, cuda_ops, arch):
                                    if arch == "qwen3moe" else {}))
     _, m = _model(model_files(shape, "Q8_0", seed=5), cuda_ops)
     per_layer = 8 if arch == "qwen3" else 11
+    limbs = 4 if arch == "qwen3" else 2
     st = m.new_state(32)
     for tokens, rows, extra in (([3], [0], 0), ([1, 2, 3, 4, 5], [4], 0),
-                                (list(range(12)), [0, 11], 1)):
+                                (list(range(12)), [0, 11], 1 + limbs * 3)):
         b = st.append(tokens)
         n0 = modules.launch_count()
         m.forward(b, st, rows)
