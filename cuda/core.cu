@@ -27,8 +27,8 @@ Kernels (launch shape)
   reflex_take_rows      y[r] = x[rows[r]]                 grid (ceil(n/256), R), 256    [PPPi]
   reflex_x_limbs        x as 32-element blocks of scaled integers (the one-token GEMV's input
                         for the integer weight types)   grid ceil(n/256), block 256   [PPi]
-  reflex_x_limbs_rows   the same integers for the prefill matmul (per block 3 limbs of
-                        8 words and (s, s * sum X))       grid ceil(n/256), block 256   [PPPi]
+  reflex_x_halves       x rows as scaled float16 (hi, lo) pairs (the prefill matmul's input
+                        for the integer weight types)   grid T, block 256             [PPPii]
   reflex_argmax         first index of the row maximum    grid rows, block 1024         [PPi]
   reflex_token_logprobs log_softmax(x)[target] per row    grid rows, block 1024         [PPPi]
   reflex_repeat_penalty x[id] / or * penalty, each id    grid ceil(n/256), block 256   [PPif]
@@ -875,12 +875,13 @@ RX_ATT_TILED(reflex_attention_tiled256, 16, 16, 256)
 // The group's words go to its slot, rx_xq_slot(g) (the one-token IQ4_XS GEMV's load order); out
 // holds whole chunks of RX_XQ_CHUNK elements. NumPy twin: reflex_core.testing.x_limbs.x_limbs.
 
-// This lane's element v of the warp's 32-element block as X and the block's s (every lane of the
-// warp calls it: a warp reduction).
-__device__ __forceinline__ void rx_block_int(float v, int& X, float& s) {
+extern "C" __global__ void reflex_x_limbs(const float* __restrict__ x, uint32_t* __restrict__ out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;  // n % 32 == 0: whole warps in or out
+    if (i >= n) return;
+    const float v = x[i];
     const uint32_t mb = __reduce_max_sync(FULL_MASK, __float_as_uint(v) & 0x7fffffffu);
-    X = 0;
-    s = 1.0f;
+    int X = 0;
+    float s = 1.0f;
     if (mb >= 0x7f800000u) {
         s = rx_nan();
     } else if (mb != 0) {
@@ -890,46 +891,81 @@ __device__ __forceinline__ void rx_block_int(float v, int& X, float& s) {
         X = __float2int_rn(ldexpf(v, 22 - e));
         s = ldexpf(1.0f, e - 22);
     }
-}
-
-// Byte `part` (< 3) of the X of lanes base .. base+3 as bytes 0..3 of one word (every lane calls
-// it: shuffles).
-__device__ __forceinline__ uint32_t rx_limb_word(int X, int base, int part) {
+    const int lane = threadIdx.x & 31, base = lane & ~3, part = lane & 3;
     const uint32_t x0 = __shfl_sync(FULL_MASK, X, base), x1 = __shfl_sync(FULL_MASK, X, base + 1);
     const uint32_t x2 = __shfl_sync(FULL_MASK, X, base + 2), x3 = __shfl_sync(FULL_MASK, X, base + 3);
-    const uint32_t sel = (uint32_t)part | ((uint32_t)(part + 4) << 4);
-    return __byte_perm(__byte_perm(x0, x1, sel), __byte_perm(x2, x3, sel), 0x5410u);
+    uint32_t w;
+    if (part == 3) {
+        w = __float_as_uint(s);
+    } else {  // byte `part` of x0..x3 -> bytes 0..3
+        const uint32_t sel = (uint32_t)part | ((uint32_t)(part + 4) << 4);
+        w = __byte_perm(__byte_perm(x0, x1, sel), __byte_perm(x2, x3, sel), 0x5410u);
+    }
+    out[4 * rx_xq_slot(i >> 2) + part] = w;
 }
 
-extern "C" __global__ void reflex_x_limbs(const float* __restrict__ x, uint32_t* __restrict__ out, int n) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;  // n % 32 == 0: whole warps in or out
-    if (i >= n) return;
-    int X;
-    float s;
-    rx_block_int(x[i], X, s);
-    const int lane = threadIdx.x & 31, part = lane & 3;
-    const uint32_t w = rx_limb_word(X, lane & ~3, part);
-    out[4 * rx_xq_slot(i >> 2) + part] = part == 3 ? __float_as_uint(s) : w;
+// ------------------------------------------------------------------------------------------
+// x_halves: x [T, n_in] (n_in % 32 == 0) -> the prefill matmul's input for the integer weight
+// types (reflex_matmul_xh_<t>, reflex/quant_kernels.cuh). Per row a power-of-two scale s: with
+// M = the row's largest |x| and M < 2^e (frexp; e at least -112, so s and 1/s are normal floats),
+// s = 2^(e-15); M = 0: s = 1; a NaN or inf in the row: s = NaN and every half 0. Each v = x / s
+// (|v| < 2^15; x * 2^(15-e), one rounding only where v is subnormal) is the float16 pair
+// hi = half(v), lo = half(v - hi) (round to nearest even; v - hi is exact), so hi + lo is v to
+// about 22 bits. H, per 32-element block, 32 words: word 16 h + 4 q + i holds, low half first,
+// i = 0: hi of elements 16 h + 2 q and +1; i = 1: hi of 16 h + 2 q + 8 and +9; i = 2, 3: the
+// same lo's (the m16n8k16 B fragments of half h for lane group q, hi and lo, in one 16-byte
+// load). R: s of each row [T], then each block's sum of hi + lo [T][n_in / 32] (float32, the
+// butterfly order of a warp's xor shuffles). One 256-thread block per row.
+// NumPy twin: reflex_core.testing.x_halves.x_halves.
+// float -> float16 bits, round to nearest even
+__device__ __forceinline__ uint32_t rx_f32_to_f16_rn(float v) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
 }
 
-// x_limbs_rows: the same integers in the prefill matmul's layout (reflex_matmul_mmq_<t>):
-// block b (32 elements; a row of n_in elements is n_in / 32 consecutive blocks) -> L[24 b ..
-// +24): 3 limbs of 8 words, word i of group g at L[24 b + 8 i + 2 (g % 4) + g / 4] (groups q
-// and q + 4 side by side: one mma B fragment, one 64-bit load), and S[b] = (s, s * sum X),
-// the sum the weights' mins multiply. NumPy twin: reflex_core.testing.x_limbs.x_limbs_rows.
-extern "C" __global__ void reflex_x_limbs_rows(const float* __restrict__ x, uint32_t* __restrict__ L,
-                                               float2* __restrict__ S, int n) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;  // n % 32 == 0: whole warps in or out
-    if (i >= n) return;
-    int X;
-    float s;
-    rx_block_int(x[i], X, s);
-    const int sum = __reduce_add_sync(FULL_MASK, X);
-    const int lane = threadIdx.x & 31, base = lane & ~3, part = lane & 3, g = lane >> 2;
-    const uint32_t w = rx_limb_word(X, base, part);
-    const long long b = i >> 5;
-    if (part < 3) L[24 * b + 8 * part + 2 * (g & 3) + (g >> 2)] = w;
-    if (lane == 3) S[b] = make_float2(s, s * (float)sum);
+extern "C" __global__ void __launch_bounds__(256) reflex_x_halves(const float* __restrict__ x, uint32_t* __restrict__ H,
+                                                         float* __restrict__ R, int T, int n_in) {
+    __shared__ uint32_t red[8];
+    const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const float* xr = x + (long long)t * n_in;
+    uint32_t mb = 0;
+    for (int i = tid; i < n_in; i += 256) mb = max(mb, __float_as_uint(xr[i]) & 0x7fffffffu);
+    mb = __reduce_max_sync(FULL_MASK, mb);
+    if (lane == 0) red[warp] = mb;
+    __syncthreads();
+    mb = red[0];
+#pragma unroll
+    for (int w = 1; w < 8; ++w) mb = max(mb, red[w]);
+    const bool finite = mb < 0x7f800000u;
+    float s = 1.0f, inv = 1.0f;
+    if (!finite) {
+        s = rx_nan();
+    } else if (mb != 0) {
+        int e;
+        frexpf(__uint_as_float(mb), &e);
+        e = max(e, -112);
+        s = ldexpf(1.0f, e - 15);
+        inv = ldexpf(1.0f, 15 - e);
+    }
+    if (tid == 0) R[t] = s;
+    const int nb = n_in >> 5;
+    // this lane's word of a block: half h, lane group q, part i; its two elements
+    const int h = lane >> 4, q = (lane >> 2) & 3, i = lane & 3;
+    const int src = 16 * h + 2 * q + ((i & 1) ? 8 : 0);
+    for (int b = warp; b < nb; b += 8) {
+        const float v = finite ? xr[32 * b + lane] * inv : 0.0f;
+        const uint32_t hi = rx_f32_to_f16_rn(v);
+        const float hf = rx_f16_to_f32_fast(hi);
+        const uint32_t lo = rx_f32_to_f16_rn(v - hf);
+        const uint32_t p = hi | (lo << 16);
+        const uint32_t p0 = __shfl_sync(FULL_MASK, p, src), p1 = __shfl_sync(FULL_MASK, p, src + 1);
+        H[((long long)t * nb + b) * 32 + lane] = i < 2 ? (p0 & 0xffffu) | (p1 << 16) : (p0 >> 16) | (p1 & 0xffff0000u);
+        float sum = hf + rx_f16_to_f32_fast(lo);
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, off);
+        if (lane == 0) R[T + (long long)t * nb + b] = sum;
+    }
 }
 
 // ------------------------------------------------------------------------------------------

@@ -186,14 +186,14 @@ def test_dec4_bit_exact(lib, name):
     assert_bits_equal(got, want, f"{name} dec4")
 
 
-# the types with an integer view (rx_qi): the prefill matmul on x limbs (quant_ops.MMQ_TYPES)
+# the types with an integer view (rx_qi): the prefill matmul on x halves (quant_ops.XH_TYPES)
 INT_VIEW = ["Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
 
 
 @pytest.mark.parametrize("name", INT_VIEW)
 def test_int_view_bit_exact(lib, name):
     """rx_qi's small integers and per-sub-block (a, c) rebuild every value bit for bit, extreme
-    scales included (so the mmq kernel's integer products are the weights' own)."""
+    scales included (so the xh kernel's integer products are the weights' own)."""
     rng = np.random.default_rng(300 + TYPES[name])
     raw = np.concatenate([random_blocks(rng, name, 1024), random_blocks(rng, name, 64, 0, 4),
                           random_blocks(rng, name, 64, 26, 30)])
@@ -205,7 +205,7 @@ def test_int_view_bit_exact(lib, name):
 
 def test_int_view_types_match_quant_ops():
     from reflex_core.cuda import quant_ops
-    assert quant_ops.MMQ_TYPES == {TYPES[n] for n in INT_VIEW} - {TYPES["IQ4_NL"]}
+    assert quant_ops.XH_TYPES == {TYPES[n] for n in INT_VIEW} - {TYPES["IQ4_NL"]}
 
 
 # host_dequant's lane-unit modes: (exact, FMA) as the one-token GEMV and as the 8-token GEMV
@@ -520,22 +520,22 @@ def test_launcher_choices(quant_signatures):
     assert k.calls[-1] == ("reflex_x_limbs", (17, 1, 1), (256, 1, 1), (X, XQ, 4128))
     with pytest.raises(ValueError, match="multiple of 32"):
         q.x_limbs(k, X, XQ, 100)
-    # more than 8 tokens with row limbs: the mmq tile of the MMQ types, the tiled grid, x = the
-    # limbs; without limbs, or IQ4_NL (no mmq kernel), the tiled kernel; 8 tokens, the GEMV
-    for t, T, xq, want in ((12, 9, XQ, "mmq_q4_k"), (8, 300, XQ, "mmq_q8_0"), (12, 300, 0, "tiled_q4_k"),
+    # more than 8 tokens with x halves: the xh tile of the XH types, the tiled grid, x = the
+    # halves; without halves, or IQ4_NL (no xh kernel), the tiled kernel; 8 tokens, the GEMV
+    for t, T, xq, want in ((12, 9, XQ, "xh_q4_k"), (8, 300, XQ, "xh_q8_0"), (12, 300, 0, "tiled_q4_k"),
                            (20, 300, XQ, "tiled_iq4_nl"), (12, 8, XQ, "gemv8_q4_k")):
         q.matmul_planned(k, q.plan(t, (1024, 1000), W), X, T, (W, 0, 0), (Y, 0, 0), (1000, 0, 0),
                          False, True, xq)
         name, grid, _, args = k.calls[-1]
         assert name == f"reflex_matmul_{want}"
-        assert args[3] == (XQ if want.startswith("mmq") else X)
+        assert args[3] == (XQ if want.startswith("xh") else X)
         if T > 8:
             assert grid == (16, (T + 63) // 64, 1)
-    assert q.x_limbs_rows_bytes(3, 64) == 3 * 2 * 104
-    q.x_limbs_rows(k, X, XQ, 3, 64)
-    assert k.calls[-1] == ("reflex_x_limbs_rows", (1, 1, 1), (256, 1, 1), (X, XQ, XQ + 576, 192))
+    assert q.x_halves_bytes(3, 64) == 4 * (3 * 64 + 3 + 3 * 2)
+    q.x_halves(k, X, XQ, 3, 64)
+    assert k.calls[-1] == ("reflex_x_halves", (3, 1, 1), (256, 1, 1), (X, XQ, XQ + 768, 3, 64))
     with pytest.raises(ValueError, match="multiple of 32"):
-        q.x_limbs_rows(k, X, XQ, 2, 48)
+        q.x_halves(k, X, XQ, 2, 48)
     q.dequant(k, W, 14, 256 * 3, Y)
     assert k.calls[-1][:2] == ("reflex_dequant_q6_k", (1, 1, 1))
     q.embed(k, W, 2, X, Y, 5, 64, n_vocab=100)

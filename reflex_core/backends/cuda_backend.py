@@ -42,9 +42,9 @@ _LORA_TILE, _LORA_BLOCK_Y = 32, 8  # cuda/core.cu LORA_TILE, LORA_BLOCK_Y (refle
 # One-token matmuls of the integer-unit weight types (quant_ops.XQ_TYPES) run on x limbs;
 # REFLEX_GEMV_XQ=0 keeps them on the float GEMV (an A/B switch: the two differ by rounding only).
 _GEMV_XQ = os.environ.get("REFLEX_GEMV_XQ", "1") != "0"
-# Prefill matmuls of quant_ops.MMQ_TYPES run on x row limbs (int8 tensor cores); REFLEX_MMQ=0
-# keeps them on the float32 tiled kernel (dequantizing first where it pays): an A/B switch.
-_MMQ = os.environ.get("REFLEX_MMQ", "1") != "0"
+# Prefill matmuls of quant_ops.XH_TYPES run on x halves (float16 tensor cores); REFLEX_XH=0 keeps
+# them on the 3xTF32 tiled kernel (dequantizing first where it pays): an A/B switch.
+_XH = os.environ.get("REFLEX_XH", "1") != "0"
 _GATING = {"softmax": 1, "sigmoid": 2, "softmax_weight": 3, "sqrt_softplus": 4}
 
 
@@ -560,17 +560,17 @@ class CudaOps(Ops):
 
     def _matmul_launch(self, m, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: tuple,
                        n_outs: tuple, swiglu: bool, gemv_ok: bool) -> None:
-        """One matmul launch of up to three weights planned by ``m``: on x row limbs for more
-        than a GEMV's tokens of an MMQ type, through float32 copies of the weights for long
+        """One matmul launch of up to three weights planned by ``m``: on x halves for more than
+        a GEMV's tokens of an XH type, through float32 copies of the weights for long
         prompts of the other quantized types (quant_ops.dequant_first_bytes), else quant_ops'
         GEMV/tiled choice. The copies' scratch goes back to the caching allocator at once:
         what reuses it runs after these launches on the same stream."""
         qo = self._quant_ops
-        if T > qo.GEMV_MAX_T and m.mmq is not None and _MMQ:
-            limbs = Block(qo.x_limbs_rows_bytes(T, m.n_in))  # back to the allocator as below
-            qo.x_limbs_rows(self.k, x_ptr, limbs.ptr, T, m.n_in)
+        if T > qo.GEMV_MAX_T and m.xh is not None and _XH:
+            halves = Block(qo.x_halves_bytes(T, m.n_in))  # back to the allocator as below
+            qo.x_halves(self.k, x_ptr, halves.ptr, T, m.n_in)
             qo.matmul_planned(self._qkern(m.module), m, x_ptr, T, w_ptrs, y_ptrs, n_outs, swiglu,
-                              gemv_ok, limbs.ptr)
+                              gemv_ok, halves.ptr)
             return
         nbytes = qo.dequant_first_bytes(m, T, n_outs, swiglu)
         if nbytes:

@@ -232,30 +232,31 @@ def x_limbs(core, x_ptr: int, out_ptr: int, n: int) -> None:
                     (_XQ_THREADS, 1, 1), (x_ptr, out_ptr, n))
 
 
-# Types whose matmuls of more than GEMV_MAX_T tokens (prefill) run on x limbs: their weights are
-# small integers with a scale (and a min) per 32 or 16 (reflex/quants.cuh, rx_qi), so the tile's
-# products are int8 tensor-core mma on x's limbs (reflex_x_limbs_rows, then
-# reflex_matmul_mmq_<t>): exact integer sums, x to 23 bits of its block's largest value, the
-# weights read as their 4.25-6.6 bits instead of float32 (the 3xTF32 tiled kernel's path).
-MMQ_TYPES = frozenset({2, 6, 8, 12, 13, 14, 23})  # Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS
+# Types whose matmuls of more than GEMV_MAX_T tokens (prefill) run on x halves: their weights are
+# small integers with a scale (and a min) per 32 or 16 (reflex/quants.cuh, rx_qi), exact in
+# float16, so the tile's products are float16 tensor-core mma of those integers with x split into
+# float16 (hi, lo) pairs (reflex_x_halves, then reflex_matmul_xh_<t>): x to about 22 bits, f32
+# sums, one FMA per 32 products for the scale, the weights read as their 4.25-8.5 bits (the
+# 3xTF32 tiled kernel, the other types' path, reads float32 and multiplies three times).
+XH_TYPES = frozenset({2, 6, 8, 12, 13, 14, 23})  # Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS
+_XH_THREADS = 256
 
 
-def x_limbs_rows_bytes(T: int, n_in: int) -> int:
-    """Bytes of the row limbs of ``T`` rows of ``n_in`` activations: per 32-element block 96
-    bytes of limbs, then (after all of them) 8 bytes of scales."""
-    return T * (n_in // 32) * 104
+def x_halves_bytes(T: int, n_in: int) -> int:
+    """Bytes of the x halves of ``T`` rows of ``n_in`` activations: 4 a value, then a scale a
+    row and a sum a 32-element block."""
+    return 4 * (T * n_in + T + T * (n_in // 32))
 
 
-def x_limbs_rows(core, x_ptr: int, out_ptr: int, T: int, n_in: int) -> None:
-    """``out`` = the row limbs of x [T, n_in] (n_in % 32 == 0; ``core`` the core module; ``out``
-    16-byte aligned and :func:`x_limbs_rows_bytes` long): reflex_x_limbs_rows in cuda/core.cu."""
+def x_halves(core, x_ptr: int, out_ptr: int, T: int, n_in: int) -> None:
+    """``out`` = the x halves of x [T, n_in] (n_in % 32 == 0; ``core`` the core module; ``out``
+    16-byte aligned and :func:`x_halves_bytes` long): reflex_x_halves in cuda/core.cu."""
     if n_in % 32:
-        raise ValueError(f"x_limbs_rows: a row of {n_in} elements is not a multiple of 32")
-    n = T * n_in
-    _check_int32(elements=n)
-    if n:
-        core.launch("reflex_x_limbs_rows", ((n + _XQ_THREADS - 1) // _XQ_THREADS, 1, 1),
-                    (_XQ_THREADS, 1, 1), (x_ptr, out_ptr, out_ptr + T * (n_in // 32) * 96, n))
+        raise ValueError(f"x_halves: a row of {n_in} elements is not a multiple of 32")
+    _check_int32(rows=T, elements=T * n_in)
+    if T and n_in:
+        core.launch("reflex_x_halves", (T, 1, 1), (_XH_THREADS, 1, 1),
+                    (x_ptr, out_ptr, out_ptr + 4 * T * n_in, T, n_in))
 
 
 _TT_INDEX = (0, 0, 1, 2, 2, 3, 3, 3, 3)  # T (1 .. 8) -> index of the gemv1/2/4/8 kernel
@@ -268,7 +269,7 @@ class MatPlan:
     ``error`` is why the weight cannot be a matmul operand (None when it can)."""
 
     __slots__ = ("ggml_type", "module", "n_in", "n_out", "n_elements", "row_bytes", "gemv",
-                 "gemv1s", "gemvq", "split", "tiled", "mmq", "gemv_w_ok", "error")
+                 "gemv1s", "gemvq", "split", "tiled", "xh", "gemv_w_ok", "error")
 
     def __init__(self, ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight"):
         suffix, tname, bs, _, align = _info(ggml_type)
@@ -286,8 +287,8 @@ class MatPlan:
         self.gemvq = ((f"reflex_matmul_gemvq1_{suffix}", f"reflex_matmul_gemvq1s_{suffix}")
                       if ggml_type in XQ_TYPES else None)
         self.tiled = f"reflex_matmul_tiled_{suffix}"
-        # more than GEMV_MAX_T tokens on x row limbs (MMQ_TYPES), else None
-        self.mmq = f"reflex_matmul_mmq_{suffix}" if ggml_type in MMQ_TYPES else None
+        # more than GEMV_MAX_T tokens on x halves (XH_TYPES), else None
+        self.xh = f"reflex_matmul_xh_{suffix}" if ggml_type in XH_TYPES else None
         self.error: str | None = None
         self.row_bytes = 0
         if len(ne) > 2 and any(v != 1 for v in ne[2:]):
@@ -317,10 +318,11 @@ def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: 
     of the same n_out and one output ``y_ptrs[0]`` = ``silu(x . W_gate^T) * (x . W_up^T)``.
     T <= 8: a GEMV kernel (each weight byte read once for all T tokens) when ``gemv_w_ok`` (every
     weight pointer suits it) and x is 16-byte aligned; else the tiled kernel. Each output is
-    bit-identical to the matmul of its weight alone. ``xq_ptr``: x's limbs (16-byte aligned) in
-    the layout its token count takes: for one token :func:`x_limbs`, and an ``XQ_TYPES`` weight
-    then takes the GEMV on them; for more than :data:`GEMV_MAX_T` :func:`x_limbs_rows`, and an
-    ``MMQ_TYPES`` weight takes the integer tensor-core tile on them instead of the tiled kernel.
+    bit-identical to the matmul of its weight alone. ``xq_ptr``: x in the form its token count
+    takes (16-byte aligned): for one token its limbs (:func:`x_limbs`), and an ``XQ_TYPES``
+    weight then takes the GEMV on them; for more than :data:`GEMV_MAX_T` its halves
+    (:func:`x_halves`), and an ``XH_TYPES`` weight takes the float16 tensor-core tile on them
+    instead of the tiled kernel.
     No checks here beyond that choice (the caller planned the weights)."""
     if T > _INT32_MAX:
         raise ValueError(f"T={T} is out of range for the kernels (0 .. 2**31-1)")
@@ -348,8 +350,8 @@ def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: 
     gy = (T + _TILE_N - 1) // _TILE_N
     if gy > _MAX_GRID_Y:
         raise ValueError(f"matmul: T={T} tokens is more than the tiled kernel's grid allows")
-    if T > GEMV_MAX_T and xq_ptr and p.mmq is not None and xq_ptr % 16 == 0:
-        kern.launch(p.mmq, (gx, gy, 1), (_TILE_THREADS, 1, 1), args[:3] + (xq_ptr,) + args[4:])
+    if T > GEMV_MAX_T and xq_ptr and p.xh is not None and xq_ptr % 16 == 0:
+        kern.launch(p.xh, (gx, gy, 1), (_TILE_THREADS, 1, 1), args[:3] + (xq_ptr,) + args[4:])
         return
     kern.launch(p.tiled, (gx, gy, 1), (_TILE_THREADS, 1, 1), args)
 
@@ -490,6 +492,6 @@ def kernel_names(module: str = COMMON_MODULE) -> list[str]:
         names.append(f"reflex_matmul_gemv1s_{suffix}")
         if t in XQ_TYPES:
             names += [f"reflex_matmul_gemvq1_{suffix}", f"reflex_matmul_gemvq1s_{suffix}"]
-        if t in MMQ_TYPES:
-            names.append(f"reflex_matmul_mmq_{suffix}")
+        if t in XH_TYPES:
+            names.append(f"reflex_matmul_xh_{suffix}")
     return names

@@ -8,10 +8,6 @@ integers X = rint(x / s) (|X| <= 2^22); an all-zero block s = 1, X = 0; a block 
 inf s = NaN, X = 0. Each group of 4 elements is 4 words: word i < 3 holds byte i of
 the group's four X (X as 32-bit two's complement), word 3 holds s; the groups sit in the GEMV's
 load order (:func:`slot`), in whole chunks of :data:`CHUNK` elements.
-
-The prefill matmul's layout (``reflex_x_limbs_rows``, :func:`x_limbs_rows`) holds the same
-integers per block as 3 limbs x 8 words, the groups in mma fragment order (:data:`ROW_ORDER`),
-and beside them each block's (s, s * sum X).
 """
 
 from __future__ import annotations
@@ -42,29 +38,6 @@ def x_limbs(x) -> np.ndarray:
     slots of a last partial chunk that no group fills are 0 (the kernel leaves them as they
     were)."""
     x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
-    X, s_bits = _block_ints(x)
-    u = (X & 0xFFFFFFFF).astype(np.uint64).reshape(-1, 4)  # groups of 4 elements
-    words = np.empty((u.shape[0], 4), np.uint32)
-    words[:, :3] = _limb_words(u)
-    words[:, 3] = np.repeat(s_bits, BLOCK // 4)
-    out = np.zeros((words_for(x.size) // 4, 4), np.uint32)
-    out[slot(np.arange(words.shape[0]))] = words
-    return out.reshape(-1)
-
-
-def _limb_words(u) -> np.ndarray:
-    """uint32 [groups, 3]: word i = byte i of each of the group's four X (u: [groups, 4], the X as
-    uint64 of their 32-bit two's complement)."""
-    words = np.empty((u.shape[0], 3), np.uint32)
-    for i in range(3):
-        byte = (u >> np.uint64(8 * i)) & np.uint64(0xFF)
-        words[:, i] = (byte[:, 0] | byte[:, 1] << np.uint64(8) | byte[:, 2] << np.uint64(16)
-                       | byte[:, 3] << np.uint64(24)).astype(np.uint32)
-    return words
-
-
-def _block_ints(x):
-    """(X int64 [blocks, 32], the blocks' s as uint32 bits) of the float32 values x (1-D)."""
     if x.size % BLOCK:
         raise ValueError(f"x_limbs: {x.size} elements is not a multiple of {BLOCK}")
     b = x.reshape(-1, BLOCK)
@@ -82,7 +55,16 @@ def _block_ints(x):
     s[live] = np.ldexp(np.float32(1.0), (e - 22).astype(np.int32)).astype(np.float32)
     s_bits = s.view(np.uint32).copy()
     s_bits[~finite] = _NAN_BITS
-    return X, s_bits
+    u = (X & 0xFFFFFFFF).astype(np.uint64).reshape(-1, 4)  # groups of 4 elements
+    words = np.empty((u.shape[0], 4), np.uint32)
+    for i in range(3):
+        byte = (u >> np.uint64(8 * i)) & np.uint64(0xFF)
+        words[:, i] = (byte[:, 0] | byte[:, 1] << np.uint64(8) | byte[:, 2] << np.uint64(16)
+                       | byte[:, 3] << np.uint64(24)).astype(np.uint32)
+    words[:, 3] = np.repeat(s_bits, BLOCK // 4)
+    out = np.zeros((words_for(x.size) // 4, 4), np.uint32)
+    out[slot(np.arange(words.shape[0]))] = words
+    return out.reshape(-1)
 
 
 def x_from_limbs(words, n: int) -> np.ndarray:
@@ -94,35 +76,3 @@ def x_from_limbs(words, n: int) -> np.ndarray:
     X = hi * 65536 + b[:, 1].astype(np.int64) * 256 + b[:, 0].astype(np.int64)
     s = w[:, 3].copy().view(np.float32).astype(np.float64)
     return (X * s[:, None]).reshape(-1)
-
-
-# Word slot p of a limb's 8 holds group ROW_ORDER[p]: groups q and q + 4 side by side, the two
-# words an mma B fragment (k = 4q..4q+3 and 16 + 4q..) takes in one 64-bit load.
-ROW_ORDER = np.array([0, 4, 1, 5, 2, 6, 3, 7])
-
-
-def x_limbs_rows(x) -> tuple[np.ndarray, np.ndarray]:
-    """reflex_x_limbs_rows: (L uint32 [blocks, 3, 8], S float32 [blocks, 2]) of the float32
-    values ``x`` (flattened; n % 32 == 0; a row of n_in elements is n_in / 32 consecutive
-    blocks): L[b, i, p] = byte i of the four X of group ROW_ORDER[p] of block b; S[b] = (s,
-    s * sum of the block's X) (NaN, NaN for a block with a NaN or inf)."""
-    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
-    X, s_bits = _block_ints(x)
-    u = (X & 0xFFFFFFFF).astype(np.uint64).reshape(-1, 8, 4)[:, ROW_ORDER]
-    L = _limb_words(u.reshape(-1, 4)).reshape(-1, 8, 3).transpose(0, 2, 1).copy()
-    s = s_bits.view(np.float32)
-    S = np.stack([s, (s.astype(np.float64) * X.sum(axis=1)).astype(np.float32)], axis=1)
-    return L, S
-
-
-def x_from_limbs_rows(L, S) -> np.ndarray:
-    """The float64 values [blocks * 32] the row limbs stand for, s * X."""
-    L = np.asarray(L, np.uint32).reshape(-1, 3, 8)
-    b = (L[:, :, :, None] >> np.array([0, 8, 16, 24], np.uint32)) & np.uint32(0xFF)  # [B, limb, p, e]
-    hi = b[:, 2].astype(np.int64)
-    hi = np.where(hi >= 128, hi - 256, hi)
-    X = hi * 65536 + b[:, 1].astype(np.int64) * 256 + b[:, 0].astype(np.int64)  # [B, p, e]
-    Xn = np.empty_like(X)
-    Xn[:, ROW_ORDER] = X
-    s = np.asarray(S, np.float32).reshape(-1, 2)[:, 0].astype(np.float64)
-    return (Xn.reshape(-1, 32) * s[:, None]).reshape(-1)

@@ -329,7 +329,7 @@ def test_launches_per_forward(model_files, cuda_ops, arch):
     RoPE + KV store, attention, output projection, add+norm, gate/up/SwiGLU, down), a Qwen3-MoE
     layer 11 (router, route, experts gate/up/SwiGLU, experts down, combine); plus embed, the
     final add+norm and the LM head (and take_rows for scattered rows). More than 8 tokens run
-    each matmul launch of these Q8_0 weights on x row limbs, one reflex_x_limbs_rows before it:
+    each matmul launch of these Q8_0 weights on x halves, one reflex_x_halves before it:
     4 a dense layer (q/k/v, output, gate/up, down), 2 a MoE layer (q/k/v, output; the router
     is F32 and the experts take the MoE kernels)."""
     from reflex_core.cuda import modules

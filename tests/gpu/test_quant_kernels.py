@@ -549,32 +549,41 @@ def test_matmul_xq(qk, name):
                                    atol=1e-6 * (np.abs(want).max() + 1), err_msg=f"{name} swiglu")
 
 
-def test_x_limbs_rows_kernel(cuda_ctx):
-    """reflex_x_limbs_rows == its NumPy twin: the limb words bit for bit, the scales and sums
-    (NaN where the twin has NaN), one block, odd block counts, many rows."""
-    from reflex_core.testing.x_limbs import x_limbs_rows
+def test_x_halves_kernel(cuda_ctx):
+    """reflex_x_halves == its NumPy twin bit for bit (halves, row scales, block sums): one block,
+    odd block counts, many rows, rows of every kind (tiny, huge, subnormal, zero, NaN, inf)."""
+    from reflex_core.testing.x_halves import x_halves
 
     core = cuda_ctx.kernels("core")
     rng = np.random.default_rng(1250)
-    for T, n_in in ((1, 32), (3, 96), (7, 288), (65, 4096)):
-        x = _limbs_inputs(rng, T * n_in).reshape(T, n_in)
+    kinds = [lambda n: rng.standard_normal(n),
+             lambda n: rng.standard_normal(n) * np.exp2(rng.integers(-30, 30, n)),
+             lambda n: rng.standard_normal(n) * 1e-36,
+             lambda n: rng.standard_normal(n) * 1e30,
+             lambda n: np.full(n, 1e-44) * rng.integers(-3, 4, n),
+             lambda n: np.zeros(n),
+             lambda n: np.r_[np.nan, rng.standard_normal(n - 1)],
+             lambda n: np.r_[rng.standard_normal(n - 1), -np.inf]]
+    for T, n_in in ((1, 32), (3, 96), (8, 288), (65, 4096)):
+        x = np.stack([kinds[t % len(kinds)](n_in) for t in range(T)]).astype(np.float32)
         _, xp = upload(cuda_ctx, x)
-        out = cuda_ctx.alloc(quant_ops.x_limbs_rows_bytes(T, n_in))
-        quant_ops.x_limbs_rows(core, xp, out, T, n_in)
-        nb = T * n_in // 32
-        words = download(cuda_ctx, out, nb * 26, np.uint32)
-        L_want, S_want = x_limbs_rows(x)
-        got_l = words[:nb * 24]
-        bad = np.flatnonzero(got_l != L_want.reshape(-1))
-        assert bad.size == 0, (f"T={T} n_in={n_in}: {bad.size} limb words differ; first {bad[0]}: "
-                               f"got {got_l[bad[0]]:#010x} want {L_want.reshape(-1)[bad[0]]:#010x}")
-        got_s = words[nb * 24:].view(np.float32).reshape(nb, 2)
-        assert np.array_equal(np.isnan(got_s), np.isnan(S_want)), f"T={T} n_in={n_in} NaN scales"
-        fin = ~np.isnan(S_want)
-        assert_bits_equal(got_s[fin], S_want[fin], f"T={T} n_in={n_in} scales")
+        out = cuda_ctx.alloc(quant_ops.x_halves_bytes(T, n_in))
+        quant_ops.x_halves(core, xp, out, T, n_in)
+        nb = n_in // 32
+        words = download(cuda_ctx, out, T * n_in + T + T * nb, np.uint32)
+        H, s, sums = x_halves(x)
+        got = words[:T * n_in]
+        bad = np.flatnonzero(got != H.reshape(-1))
+        assert bad.size == 0, (f"T={T} n_in={n_in}: {bad.size} half words differ; first {bad[0]}: "
+                               f"got {got[bad[0]]:#010x} want {H.reshape(-1)[bad[0]]:#010x}")
+        got_s = words[T * n_in:T * n_in + T].view(np.float32)
+        assert np.array_equal(np.isnan(got_s), np.isnan(s)), f"T={T} n_in={n_in} NaN scales"
+        assert_bits_equal(got_s[~np.isnan(s)], s[~np.isnan(s)], f"T={T} n_in={n_in} scales")
+        assert_bits_equal(words[T * n_in + T:].view(np.float32), sums.reshape(-1),
+                          f"T={T} n_in={n_in} block sums")
 
 
-def _mmq_x(rng, T, n_in):
+def _xh_x(rng, T, n_in):
     """x for the prefill matmul tests: normal rows, a block far smaller than the rest, a
     wide-ranging row."""
     x = rng.standard_normal((T, n_in)).astype(np.float32)
@@ -583,13 +592,13 @@ def _mmq_x(rng, T, n_in):
     return x
 
 
-@pytest.mark.parametrize("name", sorted(n for n, t in TYPES.items() if t in quant_ops.MMQ_TYPES))
-def test_matmul_mmq(qk, name):
-    """The integer tensor-core tile on x row limbs (partial token and row tiles, odd block
-    counts, 1-3 segments, SwiGLU): against the float64 product with the values the limbs stand
-    for (the combine's float rounding only), against x itself within the float kernels' bound,
-    and each output of a multi-weight launch bit-identical to its weight's own launch."""
-    from reflex_core.testing.x_limbs import x_from_limbs_rows, x_limbs_rows
+@pytest.mark.parametrize("name", sorted(n for n, t in TYPES.items() if t in quant_ops.XH_TYPES))
+def test_matmul_xh(qk, name):
+    """The float16 tensor-core tile on x halves (partial token and row tiles, odd block counts,
+    1-3 segments, SwiGLU): against the float64 product with the values the halves stand for
+    (f32 summation rounding only), against x itself within the float kernels' bound, and each
+    output of a multi-weight launch bit-identical to its weight's own launch."""
+    from reflex_core.testing.x_halves import x_from_halves, x_halves
 
     ctx, kernels_of = qk
     kern, core = kernels_of(name), ctx.kernels("core")
@@ -600,13 +609,14 @@ def test_matmul_mmq(qk, name):
         n_outs = (33, 1, 130)
         ws = [random_weights(rng, name, n, n_in) for n in n_outs]
         wps = [upload(ctx, raw)[1] for raw, _ in ws]
-        x = _mmq_x(rng, T, n_in)
+        x = _xh_x(rng, T, n_in)
         _, xp = upload(ctx, x)
-        xq = ctx.alloc(quant_ops.x_limbs_rows_bytes(T, n_in))
-        quant_ops.x_limbs_rows(core, xp, xq, T, n_in)
-        xr = x_from_limbs_rows(*x_limbs_rows(x)).reshape(T, n_in)
+        xq = ctx.alloc(quant_ops.x_halves_bytes(T, n_in))
+        quant_ops.x_halves(core, xp, xq, T, n_in)
+        H, s, _ = x_halves(x)
+        xr = x_from_halves(H, s)
         p = quant_ops.plan(t, (n_in, n_outs[0]), wps[0])
-        assert p.mmq == f"reflex_matmul_mmq_{name.lower()}"
+        assert p.xh == f"reflex_matmul_xh_{name.lower()}"
         nb = n_in // 32
         singles = []
         for wp, (raw, wf), n in zip(wps, ws, n_outs):

@@ -620,77 +620,79 @@ __device__ __forceinline__ void moe_tiled_body(const uint8_t* __restrict__ w, co
 }
 
 // ------------------------------------------------------------------------------------------
-// the prefill matmul on x limbs (mmq): integer tensor-core products
+// the prefill matmul of the integer weight types on x halves (xh): float16 tensor-core products
 
 #if RX_TILED_MMA
-// d (16x8 s32) += a (16x32 s8, row-major fragment) * b (32x8, column fragment), b's bytes
-// signed (BS) or unsigned; the 16x16 form takes a's first two registers and one of b.
-template <bool BS>
-__device__ __forceinline__ void rx_mma_i8k32(int* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-    if constexpr (BS) {
-        asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-            "{%8, %9}, {%0, %1, %2, %3};\n"
-            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    } else {
-        asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-            "{%8, %9}, {%0, %1, %2, %3};\n"
-            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-}
-template <bool BS>
-__device__ __forceinline__ void rx_mma_i8k16(int* d, uint32_t a0, uint32_t a1, uint32_t b0) {
-    if constexpr (BS) {
-        asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
-            "{%0, %1, %2, %3};\n"
-            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-            : "r"(a0), "r"(a1), "r"(b0));
-    } else {
-        asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.u8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
-            "{%0, %1, %2, %3};\n"
-            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-            : "r"(a0), "r"(a1), "r"(b0));
-    }
+// d (16x8, f32) += a (16x16, f16, row-major fragment) * b (16x8, f16, column fragment)
+__device__ __forceinline__ void rx_mma_f16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 #endif
 
+// Asynchronous global -> shared copies (sm_80+) of 16 or 4 bytes; `ok` false writes zeros
+// instead (the source is not read).
+__device__ __forceinline__ void rx_cp_async16(void* dst, const void* src, bool ok) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void rx_cp_async4(void* dst, const void* src, bool ok) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 4 : 0));
+}
+__device__ __forceinline__ void rx_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Four signed bytes (a word of rx_qi<T>::ints) as two float16 pairs, exactly: each byte + 128 as
+// the low bits of 1024's float16 (0x6400 | u = 1024 + u), then 1152 off.
+__device__ __forceinline__ void rx_i8x4_to_f16x4(uint32_t w, uint32_t& p01, uint32_t& p23) {
+    const uint32_t u = w ^ 0x80808080u;
+    uint32_t a = __byte_perm(u, 0x64646464u, 0x5140u), b = __byte_perm(u, 0x64646464u, 0x7362u);
+    asm("sub.f16x2 %0, %0, %1;" : "+r"(a) : "r"(0x64806480u));
+    asm("sub.f16x2 %0, %0, %1;" : "+r"(b) : "r"(0x64806480u));
+    p01 = a;
+    p23 = b;
+}
+
 // The tiled matmul's products (same segments, modes, tile of 64 rows x 64 tokens, warps and
-// epilogue as tiled_body) from the weights' integer view (rx_qi<TYPE>) and x as row limbs
-// (reflex_x_limbs_rows: L, then S right after the x rows' limbs). Per K slice of KB blocks of 32:
-// each weight word (4 signed bytes, the groups in the row limbs' order) and sub-block scale (a, c)
-// is decoded once into shared memory, x's limb words and (s, s * sum X) copied there; each warp
-// then runs, per block, per 8 tokens and per sub-block, one mma per limb: exact int32 sums P0,
-// P1 (unsigned limbs) and P2 (the signed top limb) of q * X's bytes, and adds
-// (P0 + 256 P1 + 65536 P2) * (a * s) + c * (s * sum X) to its float accumulators. The sums are
-// exact, x is exact to 23 bits of its block's largest value, and the combine rounds twice: close
-// to the float32 dot product (tests/gpu bound it), on the integer tensor cores, from 4.25-6.6
-// bits a weight instead of a float32 copy.
+// epilogue as tiled_body) from the weights' integer view (rx_qi<TYPE>) and x as halves
+// (reflex_x_halves: H, then the rows' scales s and the blocks' sums). Per K slice of KB blocks of
+// 32: each weight word's four small integers become float16 (exact) in shared memory with their
+// sub-block's (a, c); x's half words are copied there. Per block, per 8 tokens and per sub-block
+// of SUB elements, each warp chains the m16n8k16 products of q with hi and with lo into one f32
+// fragment D (the integers and halves are exact and the tensor cores add in f32), then adds
+// a * D + c * (the block's sum of x / s) to its accumulators; the epilogue multiplies by s. So
+// each output is the dot product of the weights with x to about 22 bits a value, summed in f32,
+// from 4.25-8.5 bits a weight instead of a float32 copy, and one FMA (two with a min) a block.
 template <int TYPE, bool GATHER = false>
-__device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,
-                                         const uint8_t* __restrict__ w2, const uint32_t* __restrict__ L,
-                                         float* __restrict__ y0, float* __restrict__ y1,
-                                         float* __restrict__ y2, int T, int n_in, int n0, int n1, int n2,
-                                         long long row_bytes, int mode, long long x_rows,
-                                         const int* __restrict__ slots = nullptr, int kdiv = 1) {
+__device__ __forceinline__ void xh_body(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,
+                                        const uint8_t* __restrict__ w2, const uint32_t* __restrict__ H,
+                                        float* __restrict__ y0, float* __restrict__ y1,
+                                        float* __restrict__ y2, int T, int n_in, int n0, int n1, int n2,
+                                        long long row_bytes, int mode, long long x_rows,
+                                        const int* __restrict__ slots = nullptr, int kdiv = 1) {
 #if RX_TILED_MMA
     typedef rx_q<TYPE> Q;
     typedef rx_qi<TYPE> I;
     constexpr int KB = 2;                                  // blocks of 32 per K slice
-    constexpr int H = 32 / I::SUB;                         // sub-blocks per block
+    constexpr int NS = 32 / I::SUB;                        // sub-blocks per block
     constexpr int PW = TILE_M * KB * 8 / TILE_THREADS;     // weight words a thread loads
-    constexpr int NWS = TILE_M * KB * H;                   // weight scales per slice
-    constexpr int PX = TILE_N * KB * 6 / TILE_THREADS;     // 16-byte pieces of x limbs a thread loads
-    constexpr int NXS = TILE_N * KB;                       // x scales per slice
-    static_assert(PW * TILE_THREADS == TILE_M * KB * 8 && PX * TILE_THREADS == TILE_N * KB * 6, "");
+    constexpr int NWS = TILE_M * KB * NS;                  // weight scales per slice
+    constexpr int PX = TILE_N * KB * 8 / TILE_THREADS;     // 16-byte pieces of x a thread loads
+    constexpr int NXS = TILE_N * KB;                       // x block sums per slice
+    static_assert(PW * TILE_THREADS == TILE_M * KB * 8 && PX * TILE_THREADS == TILE_N * KB * 8, "");
     static_assert(NWS <= TILE_THREADS && NXS <= TILE_THREADS, "one scale a thread");
-    // Rows of 8 words: a lane's 64-bit fragment loads (row g, words 2q, 2q+1) from 16 lanes
-    // cover 32 banks.
+    // A row (of weights or of a token's x) per block is 16 words: two 8-word halves of the
+    // block's k (half h: the words of lane groups q = 0..3, each 2 words: a0/a2 or b0/b1, hi
+    // then lo for x, which takes 4 words a group and so 32 words a block). Half h of row r sits
+    // at slot h ^ (r >> 1 & 1) (weights) or h ^ (r & 1) (x): the 16 lanes of a 64-bit (the 8 of a
+    // 128-bit) fragment load then cover 32 banks.
     struct Tiles {
-        uint32_t w[KB][TILE_M][8];
-        float2 ws[KB][H][TILE_M];
-        uint32_t x[KB][3][TILE_N][8];
-        float2 xs[KB][TILE_N];
+        uint32_t w[KB][TILE_M][16];
+        float2 ws[KB][NS][TILE_M];
+        uint32_t x[2][KB][TILE_N][32];  // two slices: the next one copies in during the math
+        float xs[2][KB][TILE_N];
     };
     constexpr size_t E_BYTES = sizeof(float) * TILE_N * (TILE_M + 4);
     __shared__ __align__(16) unsigned char smem[sizeof(Tiles) > E_BYTES ? sizeof(Tiles) : E_BYTES];
@@ -710,10 +712,12 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ w0, const u
     }
     const int n0t = GATHER ? 0 : blockIdx.y * TILE_N;
     const int nb = n_in >> 5;
-    const float2* __restrict__ S = reinterpret_cast<const float2*>(L + x_rows * nb * 24);
+    const float* __restrict__ S = reinterpret_cast<const float*>(H + x_rows * n_in);
+    const float* __restrict__ XS = S + x_rows;
     auto x_row = [&](int nn) -> long long {
         return GATHER ? (long long)(__ldg(slots + nn) / kdiv) : (long long)(n0t + nn);
     };
+    auto tok_ok = [&](int nn) -> bool { return (GATHER ? nn : n0t + nn) < T; };
     auto w_row = [&](int m, const uint8_t*& rp) -> bool {  // tile row m's bytes, false past n
         const int row = mode == 1 ? m0 + (m & (TILE_M / 2 - 1)) : m0 + m;
         rp = (mode == 1 && m >= TILE_M / 2 ? w1 : w) + (long long)row * row_bytes;
@@ -728,14 +732,14 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ w0, const u
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
 
-    // A thread's loads of a slice (into registers, in flight during the previous slice's math):
-    // weight word p = tid + 256 p (row p / 16, block (p / 8) % 2, word p % 8: a warp reads two
-    // rows' contiguous bytes), one scale, x piece p (token p / 12: 192 contiguous bytes a token),
-    // one x scale.
+    // A thread's loads of a slice, in flight during the previous slice's math: into registers,
+    // weight word g = tid + 256 p (row g / 16, block (g / 8) % 2, word g % 8: a warp reads two
+    // rows' contiguous bytes) and one (a, c); copied straight into shared memory (buffer `buf`),
+    // x piece g (token g / 16: 256 contiguous bytes a token, piece i = g % 8 to half i / 4, lane
+    // group i % 4) and one x block sum.
     uint32_t wv[PW];
-    float2 wsv = make_float2(0.0f, 0.0f), xsv = make_float2(0.0f, 0.0f);
-    uint4 xv[PX];
-    auto load = [&](int kb0) {
+    float2 wsv = make_float2(0.0f, 0.0f);
+    auto load = [&](int kb0, int buf) {
 #pragma unroll
         for (int p = 0; p < PW; ++p) {
             const int g = tid + p * TILE_THREADS, m = g / (KB * 8), kb = kb0 + (g / 8) % KB;
@@ -747,7 +751,7 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ w0, const u
             }
         }
         if (tid < NWS) {
-            const int m = tid % TILE_M, kb = kb0 + tid / (TILE_M * H), h = (tid / TILE_M) % H;
+            const int m = tid % TILE_M, kb = kb0 + tid / (TILE_M * NS), h = (tid / TILE_M) % NS;
             const uint8_t* rp;
             wsv = make_float2(0.0f, 0.0f);
             if (w_row(m, rp) && kb < nb) {
@@ -757,74 +761,82 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ w0, const u
         }
 #pragma unroll
         for (int p = 0; p < PX; ++p) {
-            const int g = tid + p * TILE_THREADS, nn = g / (KB * 6), kb = kb0 + (g / 6) % KB;
-            xv[p] = make_uint4(0u, 0u, 0u, 0u);
-            if ((GATHER ? nn : n0t + nn) < T && kb < nb)
-                xv[p] = __ldg(reinterpret_cast<const uint4*>(L + (x_row(nn) * nb + kb) * 24) + g % 6);
+            const int g = tid + p * TILE_THREADS, nn = g / (KB * 8), kl = (g / 8) % KB, kb = kb0 + kl, i = g % 8;
+            const bool ok = tok_ok(nn) && kb < nb;
+            rx_cp_async16(&sm.x[buf][kl][nn][16 * ((i >> 2) ^ (nn & 1)) + 4 * (i & 3)],
+                          ok ? (const void*)(H + (x_row(nn) * nb + kb) * 32 + 4 * i) : (const void*)H, ok);
         }
-        if (tid < NXS) {
-            const int nn = tid % TILE_N, kb = kb0 + tid / TILE_N;
-            xsv = make_float2(0.0f, 0.0f);
-            if ((GATHER ? nn : n0t + nn) < T && kb < nb) xsv = __ldg(S + x_row(nn) * nb + kb);
+        if (I::MIN && tid < NXS) {
+            const int nn = tid % TILE_N, kl = tid / TILE_N, kb = kb0 + kl;
+            const bool ok = tok_ok(nn) && kb < nb;
+            rx_cp_async4(&sm.xs[buf][kl][nn], ok ? (const void*)(XS + x_row(nn) * nb + kb) : (const void*)XS, ok);
         }
+        rx_cp_async_commit();
     };
 
-    load(0);
-    for (int kb0 = 0; kb0 < nb; kb0 += KB) {
+    load(0, 0);
+    for (int kb0 = 0, buf = 0; kb0 < nb; kb0 += KB, buf ^= 1) {
 #pragma unroll
-        for (int p = 0; p < PW; ++p) {  // word j of a block to slot 2 (j % 4) + j / 4
-            const int g = tid + p * TILE_THREADS, j = g % 8;
-            sm.w[(g / 8) % KB][g / (KB * 8)][2 * (j & 3) + (j >> 2)] = wv[p];
+        for (int p = 0; p < PW; ++p) {
+            // word j = elements 4j..4j+3 of the block: half h = j / 4; its pairs (4j, 4j+1) and
+            // (4j+2, 4j+3) are a0 (j % 4 < 2) or a2 of lane groups q = 2 (j % 2) and +1
+            const int g = tid + p * TILE_THREADS, j = g % 8, m = g / (KB * 8), kb = (g / 8) % KB;
+            const int h = j >> 2, part = (j >> 1) & 1, q = 2 * (j & 1);
+            uint32_t* row = &sm.w[kb][m][8 * (h ^ ((m >> 1) & 1))];
+            uint32_t p01, p23;
+            rx_i8x4_to_f16x4(wv[p], p01, p23);
+            row[2 * q + part] = p01;
+            row[2 * q + 2 + part] = p23;
         }
-        if (tid < NWS) sm.ws[tid / (TILE_M * H)][(tid / TILE_M) % H][tid % TILE_M] = wsv;
-#pragma unroll
-        for (int p = 0; p < PX; ++p) {  // piece i of a block: limb i / 2, words 4 (i % 2) ..
-            const int g = tid + p * TILE_THREADS, i = g % 6;
-            *reinterpret_cast<uint4*>(&sm.x[(g / 6) % KB][i >> 1][g / (KB * 6)][4 * (i & 1)]) = xv[p];
-        }
-        if (tid < NXS) sm.xs[tid / TILE_N][tid % TILE_N] = xsv;
+        if (tid < NWS) sm.ws[tid / (TILE_M * NS)][(tid / TILE_M) % NS][tid % TILE_M] = wsv;
+        asm volatile("cp.async.wait_group 0;\n" ::);  // this thread's copies of the slice
         __syncthreads();
-        if (kb0 + KB < nb) load(kb0 + KB);
+        if (kb0 + KB < nb) load(kb0 + KB, buf ^ 1);
         if (active) {
 #pragma unroll
             for (int kb = 0; kb < KB; ++kb) {
-                const uint2 lo = *reinterpret_cast<const uint2*>(&sm.w[kb][wr + wg][2 * wq]);
-                const uint2 hi = *reinterpret_cast<const uint2*>(&sm.w[kb][wr + wg + 8][2 * wq]);
-                const uint32_t a[4] = {lo.x, hi.x, lo.y, hi.y};
-                float2 ws[H][2];
+                uint32_t a[2][4];  // per half: rows g, g + 8 x k 2q.., 2q + 8..
 #pragma unroll
-                for (int h = 0; h < H; ++h) {
+                for (int h = 0; h < 2; ++h) {
+                    const int r0 = wr + wg, r1 = r0 + 8;
+                    const uint2 lo = *reinterpret_cast<const uint2*>(&sm.w[kb][r0][8 * (h ^ ((r0 >> 1) & 1)) + 2 * wq]);
+                    const uint2 hi = *reinterpret_cast<const uint2*>(&sm.w[kb][r1][8 * (h ^ ((r1 >> 1) & 1)) + 2 * wq]);
+                    a[h][0] = lo.x;
+                    a[h][1] = hi.x;
+                    a[h][2] = lo.y;
+                    a[h][3] = hi.y;
+                }
+                float2 ws[NS][2];
+#pragma unroll
+                for (int h = 0; h < NS; ++h) {
                     ws[h][0] = sm.ws[kb][h][wr + wg];
                     ws[h][1] = sm.ws[kb][h][wr + wg + 8];
                 }
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
-                    const int t0 = wt + 8 * j;
-                    uint2 b[3];
+                    const int tk = wt + 8 * j + wg;
+                    uint4 b[2];  // per half: b0, b1 of hi, then of lo
 #pragma unroll
-                    for (int l = 0; l < 3; ++l) b[l] = *reinterpret_cast<const uint2*>(&sm.x[kb][l][t0 + wg][2 * wq]);
-                    const float2 xs[2] = {sm.xs[kb][t0 + 2 * wq], sm.xs[kb][t0 + 2 * wq + 1]};
+                    for (int h = 0; h < 2; ++h)
+                        b[h] = *reinterpret_cast<const uint4*>(&sm.x[buf][kb][tk][16 * (h ^ (tk & 1)) + 4 * wq]);
+                    float xs[2] = {0.0f, 0.0f};
+                    if constexpr (I::MIN) {
+                        const float2 v = *reinterpret_cast<const float2*>(&sm.xs[buf][kb][wt + 8 * j + 2 * wq]);
+                        xs[0] = v.x;
+                        xs[1] = v.y;
+                    }
 #pragma unroll
-                    for (int h = 0; h < H; ++h) {
-                        int c[3][4] = {};
-                        if constexpr (H == 1) {
-                            rx_mma_i8k32<false>(c[0], a, b[0].x, b[0].y);
-                            rx_mma_i8k32<false>(c[1], a, b[1].x, b[1].y);
-                            rx_mma_i8k32<true>(c[2], a, b[2].x, b[2].y);
-                        } else {
-                            rx_mma_i8k16<false>(c[0], a[2 * h], a[2 * h + 1], h ? b[0].y : b[0].x);
-                            rx_mma_i8k16<false>(c[1], a[2 * h], a[2 * h + 1], h ? b[1].y : b[1].x);
-                            rx_mma_i8k16<true>(c[2], a[2 * h], a[2 * h + 1], h ? b[2].y : b[2].x);
+                    for (int sb = 0; sb < NS; ++sb) {
+                        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                        for (int h = sb * 2 / NS; h < (sb + 1) * 2 / NS; ++h) {
+                            rx_mma_f16(d, a[h], b[h].x, b[h].y);
+                            rx_mma_f16(d, a[h], b[h].z, b[h].w);
                         }
 #pragma unroll
                         for (int e = 0; e < 4; ++e) {  // rows g (e < 2), g + 8; tokens 2q + e % 2
-                            const float2 wse = ws[h][e >> 1], xse = xs[e & 1];
-                            // |c| < 2^21: the bit trick, not the conversion (a quarter of
-                            // the FP32 rate, and 2 of them cost more than the mma here)
-                            const float v = fmaf(rx_small_int_f(c[2][e]), 65536.0f,
-                                                 fmaf(rx_small_int_f(c[1][e]), 256.0f, rx_small_int_f(c[0][e])));
-                            acc[j][e] = fmaf(v, wse.x * xse.x, acc[j][e]);
-                            if constexpr (I::MIN) acc[j][e] = fmaf(wse.y, xse.y, acc[j][e]);
+                            acc[j][e] = fmaf(ws[sb][e >> 1].x, d[e], acc[j][e]);
+                            if constexpr (I::MIN) acc[j][e] = fmaf(ws[sb][e >> 1].y, xs[e & 1], acc[j][e]);
                         }
                     }
                 }
@@ -834,9 +846,13 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ w0, const u
     }
     float (*E)[TILE_M + 4] = reinterpret_cast<float (*)[TILE_M + 4]>(smem);
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < 4; ++i) {
+        const int t0 = wt + 8 * i + 2 * wq;  // tokens t0, t0 + 1: their rows' scales s
+        const float s0 = tok_ok(t0) ? __ldg(S + x_row(t0)) : 0.0f;
+        const float s1 = tok_ok(t0 + 1) ? __ldg(S + x_row(t0 + 1)) : 0.0f;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) E[wt + 8 * i + 2 * wq + (j & 1)][wr + wg + 8 * (j >> 1)] = acc[i][j];
+        for (int j = 0; j < 4; ++j) E[t0 + (j & 1)][wr + wg + 8 * (j >> 1)] = acc[i][j] * (j & 1 ? s1 : s0);
+    }
     __syncthreads();
     tile_store<GATHER>(E, y, T, n, m0, n0t, mode, slots);
 #endif
@@ -906,14 +922,14 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ w0, const u
                              expert_bytes, x_per_expert, mode);                                       \
     }
 
-// The prefill matmul on x limbs (mmq_body) for the types with an integer view (rx_qi): x points at
-// reflex_x_limbs_rows' output for the T rows of x (the limbs, then the scales); otherwise as
-// reflex_matmul_tiled_<t>. Needs n_in % 32 == 0 (every such type's rows are whole blocks).
-#define RX_QUANT_MMQ_KERNELS(name, TYPE)                                                              \
+// The prefill matmul on x halves (xh_body) for the types with an integer view (rx_qi): x points at
+// reflex_x_halves' output for the T rows of x (the halves, the scales, the block sums); otherwise
+// as reflex_matmul_tiled_<t>. Needs n_in % 32 == 0 (every such type's rows are whole blocks).
+#define RX_QUANT_XH_KERNELS(name, TYPE)                                                               \
     extern "C" __global__ void __launch_bounds__(TILE_THREADS, 2)                                     \
-        reflex_matmul_mmq_##name(RX_MM_PARAMS) {                                                      \
-        mmq_body<TYPE>(w0, w1, w2, reinterpret_cast<const uint32_t*>(x), y0, y1, y2, T, n_in, n0, n1, \
-                       n2, row_bytes, mode, T);                                                       \
+        reflex_matmul_xh_##name(RX_MM_PARAMS) {                                                       \
+        xh_body<TYPE>(w0, w1, w2, reinterpret_cast<const uint32_t*>(x), y0, y1, y2, T, n_in, n0, n1,  \
+                      n2, row_bytes, mode, T);                                                        \
     }
 
 // The one-token GEMV on x limbs, for the rx_unit_int types (cuda/quant_lowbit.cu instantiates it

@@ -349,7 +349,7 @@ struct rx_q<RX_Q3_K> {
 };
 
 // ==========================================================================================
-// rx_qi<T>: the integer view of a block, for the prefill matmul on x limbs (reflex_matmul_mmq_<t>,
+// rx_qi<T>: the integer view of a block, for the prefill matmul on x halves (reflex_matmul_xh_<t>,
 // reflex/quant_kernels.cuh). Element e = a * q + c with q a small integer and (a, c) per
 // sub-block of SUB (32 or 16) elements, and a * q + c in float32 (product, then sum) gives
 // rx_q<T>::dec4's value bit for bit (the host tests check it), so the integer products are the
