@@ -634,5 +634,18 @@ def test_moe_grouped_launches(quant_signatures):
     k.calls.clear()
     q.moe_matmul_grouped(k, core, W, 12, X, I, Y, T, kk, 768, 2048, E, O, S, N, x_per_expert=True)
     assert k.calls[0][1][0] == 2048 // 64 and k.calls[0][3][-2:] == (1, 0)
+    # on x halves (XH types): the grouped xh tile, x = the halves, and the x rows they hold
+    H = 9 << 20
+    k.calls.clear()
+    q.moe_matmul_grouped(k, core, W, 12, X, I, Y, T, kk, 2048, 768, E, O, S, N, up_ptr=U, xh_ptr=H)
+    assert k.calls == [("reflex_moe_xh_q4_k", (768 // 32, q.moe_max_tiles(T * kk, E), 1),
+                        (256, 1, 1), (W, U, H, O, S, N, Y, kk, 2048, 768, rb, 768 * rb, 0, 1, T))]
+    k.calls.clear()
+    q.moe_matmul_grouped(k, core, W, 12, X, I, Y, T, kk, 768, 2048, E, O, S, N, x_per_expert=True,
+                         xh_ptr=H)
+    assert k.calls[0][0] == "reflex_moe_xh_q4_k" and k.calls[0][3][-3:] == (1, 0, T * kk)
+    k.calls.clear()
+    q.moe_matmul_grouped(k, core, W, 11, X, I, Y, T, kk, 768, 2048, E, O, S, N, xh_ptr=H)  # Q3_K
+    assert k.calls[0][0] == "reflex_moe_tiled_q3_k" and k.calls[0][3][2] == X
     with pytest.raises(ValueError):
         q.moe_matmul_grouped(k, core, W, 12, X, I, Y, T - 1, kk, 768, 2048, E, O, S, N)

@@ -885,9 +885,15 @@ class CudaOps(Ops):
             order = empty((T * k,), "i32")
             tiles = empty((3 * q.moe_max_tiles(T * k, E),), "i32")
             n_tiles = empty((1,), "i32")
+            halves = None
+            if w.ggml_type in q.XH_TYPES and _XH:  # the expert tiles on x halves
+                rows = T * k if per_expert else T
+                halves = Block(q.x_halves_bytes(rows, n_in))
+                q.x_halves(self.k, x.ptr, halves.ptr, rows, n_in)
             q.moe_matmul_grouped(self._qkern_of(w.ggml_type), self.k, w.data, w.ggml_type, x.ptr,
                                  ids.ptr, y.ptr, T, k, n_in, n_out, E, order.ptr, tiles.ptr,
-                                 n_tiles.ptr, per_expert, up_ptr=0 if up is None else up.data)
+                                 n_tiles.ptr, per_expert, up_ptr=0 if up is None else up.data,
+                                 xh_ptr=0 if halves is None else halves.ptr)
         elif T and k:  # up (if any) is of w's type: the same module
             q.moe_matmul(self._qkern_of(w.ggml_type), w.data, w.ggml_type, x.ptr, ids.ptr, y.ptr,
                          T, k, n_in, n_out, E, per_expert, up_ptr=0 if up is None else up.data)

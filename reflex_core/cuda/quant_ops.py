@@ -454,11 +454,13 @@ def moe_tiled_ok(T: int, k: int, n_expert: int) -> bool:
 def moe_matmul_grouped(kern, core, w_ptr: int, ggml_type: int, x_ptr: int, ids_ptr: int,
                        y_ptr: int, T: int, k: int, n_in: int, n_out: int, n_expert: int,
                        order_ptr: int, tiles_ptr: int, n_tiles_ptr: int,
-                       x_per_expert: bool = False, up_ptr: int = 0) -> None:
+                       x_per_expert: bool = False, up_ptr: int = 0, xh_ptr: int = 0) -> None:
     """:func:`moe_matmul`'s result through the slots grouped by expert: ``core`` (the core
     module) runs ``reflex_moe_schedule`` into the scratch ``order`` (``T * k`` int32), ``tiles``
     (``3 * moe_max_tiles`` int32) and ``n_tiles`` (one int32), then ``kern`` the grouped tiled
-    kernel. Only for :func:`moe_tiled_ok` sizes; no alignment needs (the tiled kernel's)."""
+    kernel. Only for :func:`moe_tiled_ok` sizes; no alignment needs (the tiled kernel's).
+    ``xh_ptr``: x's halves (:func:`x_halves` of its T, or T * k when ``x_per_expert``, rows;
+    16-byte aligned); an ``XH_TYPES`` weight then takes the grouped float16 tensor-core tile."""
     suffix, _, _, _, _ = _info(ggml_type)
     rb = row_bytes(ggml_type, n_in)
     n_slots = T * k
@@ -470,10 +472,14 @@ def moe_matmul_grouped(kern, core, w_ptr: int, ggml_type: int, x_ptr: int, ids_p
     core.launch("reflex_moe_schedule", (1, 1, 1), (1024, 1, 1),
                 (ids_ptr, n_slots, n_expert, _TILE_N, order_ptr, tiles_ptr, n_tiles_ptr, y_ptr, n_out))
     gx = (n_out + _TILE_M // 2 - 1) // (_TILE_M // 2) if up_ptr else (n_out + _TILE_M - 1) // _TILE_M
-    kern.launch(f"reflex_moe_tiled_{suffix}", (gx, moe_max_tiles(n_slots, n_expert), 1),
-                (_TILE_THREADS, 1, 1),
-                (w_ptr, up_ptr, x_ptr, order_ptr, tiles_ptr, n_tiles_ptr, y_ptr, k, n_in, n_out, rb,
-                 n_out * rb, 1 if x_per_expert else 0, 1 if up_ptr else 0))
+    args = (w_ptr, up_ptr, x_ptr, order_ptr, tiles_ptr, n_tiles_ptr, y_ptr, k, n_in, n_out, rb,
+            n_out * rb, 1 if x_per_expert else 0, 1 if up_ptr else 0)
+    grid = (gx, moe_max_tiles(n_slots, n_expert), 1)
+    if xh_ptr and ggml_type in XH_TYPES and xh_ptr % 16 == 0:
+        kern.launch(f"reflex_moe_xh_{suffix}", grid, (_TILE_THREADS, 1, 1),
+                    args[:2] + (xh_ptr,) + args[3:] + (n_slots if x_per_expert else T,))
+        return
+    kern.launch(f"reflex_moe_tiled_{suffix}", grid, (_TILE_THREADS, 1, 1), args)
 
 
 def kernel_names(module: str = COMMON_MODULE) -> list[str]:
@@ -493,5 +499,5 @@ def kernel_names(module: str = COMMON_MODULE) -> list[str]:
         if t in XQ_TYPES:
             names += [f"reflex_matmul_gemvq1_{suffix}", f"reflex_matmul_gemvq1s_{suffix}"]
         if t in XH_TYPES:
-            names.append(f"reflex_matmul_xh_{suffix}")
+            names += [f"reflex_matmul_xh_{suffix}", f"reflex_moe_xh_{suffix}"]
     return names

@@ -712,12 +712,15 @@ def test_moe_matmul(qk, name):
     check_matmul(y[0][None], wf[1], x, f"{name} moe next to an invalid id")
 
 
-@pytest.mark.parametrize("name", ["F32", "Q8_0", "Q4_K", "Q6_K", "Q3_K", "IQ4_XS", "IQ2_XXS"])
-def test_moe_matmul_grouped(qk, name):
+@pytest.mark.parametrize("name,xh", [("F32", False), ("Q8_0", False), ("Q8_0", True),
+                                     ("Q4_K", False), ("Q4_K", True), ("Q6_K", False), ("Q6_K", True),
+                                     ("Q3_K", False), ("IQ4_XS", False), ("IQ4_XS", True),
+                                     ("IQ2_XXS", False)])
+def test_moe_matmul_grouped(qk, name, xh):
     """Long prompts: the slots grouped by expert (reflex_moe_schedule, then the grouped tiled
-    kernel) give each slot W_e . x_row, with an expert no token picked, one picked by more than
-    64 slots (two tiles), a repeated expert within a token, an invalid id (a NaN row), x shared
-    or per slot, and the SwiGLU mode."""
+    kernel, or with ``xh`` the grouped tile on x halves) give each slot W_e . x_row, with an
+    expert no token picked, one picked by more than 64 slots (two tiles), a repeated expert
+    within a token, an invalid id (a NaN row), x shared or per slot, and the SwiGLU mode."""
     ctx, kernels_of = qk
     kern, core = kernels_of(name), ctx.kernels("core")
     rng = np.random.default_rng(450 + TYPES[name])
@@ -743,12 +746,17 @@ def test_moe_matmul_grouped(qk, name):
         for per_expert in (False, True):
             x = rng.standard_normal((T, k, n_in) if per_expert else (T, n_in)).astype(np.float32)
             _, xp = upload(ctx, x)
+            xh_ptr = 0
+            if xh:
+                rows = n_slots if per_expert else T
+                xh_ptr = ctx.alloc(quant_ops.x_halves_bytes(rows, n_in))
+                quant_ops.x_halves(core, xp, xh_ptr, rows, n_in)
             outs = []
             for wptr, upp in ((wp, 0), (up, 0), (wp, up)):
                 yp = ctx.alloc(4 * n_slots * n_out)
                 quant_ops.moe_matmul_grouped(kern, core, wptr, TYPES[name], xp, ip, yp, T, k, n_in,
                                              n_out, E, order, tiles, n_tiles,
-                                             x_per_expert=per_expert, up_ptr=upp)
+                                             x_per_expert=per_expert, up_ptr=upp, xh_ptr=xh_ptr)
                 outs.append(download(ctx, yp, n_slots * n_out).reshape(n_slots, n_out))
             g, u, y = outs
             for out in (g, u, y):

@@ -924,12 +924,28 @@ __device__ __forceinline__ void xh_body(const uint8_t* __restrict__ w0, const ui
 
 // The prefill matmul on x halves (xh_body) for the types with an integer view (rx_qi): x points at
 // reflex_x_halves' output for the T rows of x (the halves, the scales, the block sums); otherwise
-// as reflex_matmul_tiled_<t>. Needs n_in % 32 == 0 (every such type's rows are whole blocks).
+// as reflex_matmul_tiled_<t>. reflex_moe_xh_<t>: reflex_moe_tiled_<t> on x halves, whose x rows
+// (x_rows: T, or T * k when x_per_expert) reflex_x_halves wrote. Need n_in % 32 == 0 (every such
+// type's rows are whole blocks).
 #define RX_QUANT_XH_KERNELS(name, TYPE)                                                               \
     extern "C" __global__ void __launch_bounds__(TILE_THREADS, 2)                                     \
         reflex_matmul_xh_##name(RX_MM_PARAMS) {                                                       \
         xh_body<TYPE>(w0, w1, w2, reinterpret_cast<const uint32_t*>(x), y0, y1, y2, T, n_in, n0, n1,  \
                       n2, row_bytes, mode, T);                                                        \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(TILE_THREADS, 2)                                     \
+        reflex_moe_xh_##name(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_up,         \
+                             const uint32_t* __restrict__ x, const int* __restrict__ order,           \
+                             const int* __restrict__ tiles, const int* __restrict__ n_tiles,          \
+                             float* __restrict__ y, int k, int n_in, int n_out, long long row_bytes,  \
+                             long long expert_bytes, int x_per_expert, int mode, int x_rows) {        \
+        const int tile = blockIdx.y;                                                                  \
+        if (tile >= __ldg(n_tiles)) return;                                                           \
+        const int e = __ldg(tiles + 3 * tile), first = __ldg(tiles + 3 * tile + 1);                   \
+        const long long eo = (long long)e * expert_bytes;                                             \
+        xh_body<TYPE, true>(w + eo, mode == 1 ? w_up + eo : nullptr, nullptr, x, y, nullptr, nullptr, \
+                            __ldg(tiles + 3 * tile + 2), n_in, n_out, 0, 0, row_bytes, mode, x_rows,  \
+                            order + first, x_per_expert ? 1 : k);                                     \
     }
 
 // The one-token GEMV on x limbs, for the rx_unit_int types (cuda/quant_lowbit.cu instantiates it
