@@ -27,19 +27,25 @@ def run(lm, n, sampling, monkeypatch, graphs):
     return res.token_ids, t.notes.get("decode", "")
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-@pytest.mark.parametrize("weight_type", ["F32", "Q8_0"])  # tiny shapes: 32-wide blocks
-def test_graph_decode_equals_eager(cuda_device, model_files, monkeypatch, family, weight_type):
-    shape, seed = FAMILIES[family]
-    lm = engine.load(str(model_files(shape, weight_type=weight_type, seed=seed)), "cuda")[0]
+def check_graph_equals_eager(path, monkeypatch):
+    """24 tokens greedy and sampled: the same with decode graphs as with eager steps, and the
+    graph captured at step 4."""
+    lm = engine.load(str(path), "cuda")[0]
     try:
         for sampling in (GREEDY, SAMPLED):
             eager, _ = run(lm, 24, sampling, monkeypatch, graphs=False)
             graphed, note = run(lm, 24, sampling, monkeypatch, graphs=True)
-            assert graphed == eager, (family, sampling, note)
+            assert graphed == eager, (path, sampling, note)
             assert note.startswith("graph (captured at step 4)"), note
     finally:
         lm.close()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("weight_type", ["F32", "Q8_0"])  # tiny shapes: 32-wide blocks
+def test_graph_decode_equals_eager(cuda_device, model_files, monkeypatch, family, weight_type):
+    shape, seed = FAMILIES[family]
+    check_graph_equals_eager(model_files(shape, weight_type=weight_type, seed=seed), monkeypatch)
 
 
 @pytest.mark.parametrize("weight_type", ["IQ4_XS", "Q4_K", "Q6_K"])
@@ -48,16 +54,8 @@ def test_graph_decode_equals_eager_kquant_weights(cuda_device, model_files, monk
     scratch block per launch)."""
     from reflex_core.testing.modelwriter import tiny_kquant_shape
 
-    lm = engine.load(str(model_files(tiny_kquant_shape("qwen3"), weight_type=weight_type,
-                                     seed=1)), "cuda")[0]
-    try:
-        for sampling in (GREEDY, SAMPLED):
-            eager, _ = run(lm, 24, sampling, monkeypatch, graphs=False)
-            graphed, note = run(lm, 24, sampling, monkeypatch, graphs=True)
-            assert graphed == eager, (weight_type, sampling, note)
-            assert note.startswith("graph (captured at step 4)"), note
-    finally:
-        lm.close()
+    check_graph_equals_eager(model_files(tiny_kquant_shape("qwen3"), weight_type=weight_type, seed=1),
+                             monkeypatch)
 
 
 def test_short_jobs_never_capture_and_blocks_come_back(cuda_device, model_files, monkeypatch):

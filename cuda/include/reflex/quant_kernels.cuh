@@ -363,6 +363,22 @@ __device__ __forceinline__ void rx_mma_tf32(float* d, const uint32_t* a, const u
 #define RX_TILED_MMA 0
 #endif
 
+// The weight, output and rows of a tile block (blockIdx.x): mode 0, tile row m is row m0 + m of w
+// (n rows; the segment seg_select picks); mode 1, tile rows m < 32 are gate rows m0 + m of w0 and
+// rows m >= 32 the same rows of the up weight w1 (n = n0 rows, output y0).
+__device__ __forceinline__ void tile_rows(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2, float* y0,
+                                          float* y1, float* y2, int n0, int n1, int n2, int mode,
+                                          const uint8_t*& w, float*& y, int& n, int& m0) {
+    if (mode == 1) {
+        w = w0; y = y0; n = n0;
+        m0 = blockIdx.x * (TILE_M / 2);
+    } else {
+        int b;
+        seg_select(w0, w1, w2, y0, y1, y2, n0, n1, n2, TILE_M, w, y, n, b);
+        m0 = b * TILE_M;
+    }
+}
+
 // A tile's outputs from E[token][tile row] (shared memory, complete): mode 0, y[token, m0 + r] =
 // E[nn][r]; mode 1, y[token, m0 + r] = silu(E[nn][r]) * E[nn][r + 32] (rows 0..31 gate, 32..63
 // up). Token nn of the tile is y row n0t + nn, or slots[nn] (GATHER). Rows >= n and tokens >= T
@@ -425,15 +441,8 @@ __device__ __forceinline__ void tiled_body(const uint8_t* __restrict__ w0, const
     const int tid = threadIdx.x;
     const uint8_t* w;
     float* y;
-    int n, m0;  // mode 0: tile row m is row m0 + m of w (n rows); mode 1: gate/up row m0 + m % 32
-    if (mode == 1) {
-        w = w0; y = y0; n = n0;
-        m0 = blockIdx.x * (TILE_M / 2);
-    } else {
-        int b;
-        seg_select(w0, w1, w2, y0, y1, y2, n0, n1, n2, TILE_M, w, y, n, b);
-        m0 = b * TILE_M;
-    }
+    int n, m0;
+    tile_rows(w0, w1, w2, y0, y1, y2, n0, n1, n2, mode, w, y, n, m0);
     const int n0t = GATHER ? 0 : blockIdx.y * TILE_N;
     // the x row of the tile's token nn (< T)
     auto x_row = [&](int nn) -> long long {
@@ -701,15 +710,8 @@ __device__ __forceinline__ void xh_body(const uint8_t* __restrict__ w0, const ui
     const int tid = threadIdx.x;
     const uint8_t* w;
     float* y;
-    int n, m0;  // mode 0: tile row m is row m0 + m of w (n rows); mode 1: gate/up row m0 + m % 32
-    if (mode == 1) {
-        w = w0; y = y0; n = n0;
-        m0 = blockIdx.x * (TILE_M / 2);
-    } else {
-        int b;
-        seg_select(w0, w1, w2, y0, y1, y2, n0, n1, n2, TILE_M, w, y, n, b);
-        m0 = b * TILE_M;
-    }
+    int n, m0;
+    tile_rows(w0, w1, w2, y0, y1, y2, n0, n1, n2, mode, w, y, n, m0);
     const int n0t = GATHER ? 0 : blockIdx.y * TILE_N;
     const int nb = n_in >> 5;
     const float* __restrict__ S = reinterpret_cast<const float*>(H + x_rows * n_in);
