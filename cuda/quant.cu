@@ -5,8 +5,10 @@
 //
 // Per type <t>, 10 kernels: reflex_dequant_<t>, reflex_embed_<t>,
 // reflex_matmul_gemv{1,2,4,8,1s}_<t>, reflex_matmul_tiled_<t>, reflex_moe_matmul_<t>,
-// reflex_moe_tiled_<t>; their algorithm, parameters and launch shapes are documented with their
-// bodies in reflex/quant_kernels.cuh. Launchers (which module serves which type):
+// reflex_moe_tiled_<t>; the types with an integer view (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K) also
+// reflex_matmul_xh_<t> and reflex_moe_xh_<t>, the prefill tiles on x halves (reflex_x_halves,
+// cuda/core.cu). Their algorithm, parameters and launch shapes are documented with their bodies
+// in reflex/quant_kernels.cuh. Launchers (which module serves which type):
 // reflex_core/cuda/quant_ops.py.
 #define REFLEX_QUANTS_COMMON_ONLY
 #include "reflex/quant_kernels.cuh"

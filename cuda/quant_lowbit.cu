@@ -8,7 +8,8 @@
 // reflex_matmul_gemv{1,2,4,8,1s}_<t>, reflex_matmul_tiled_<t>, reflex_moe_matmul_<t>,
 // reflex_moe_tiled_<t>; algorithm, parameters and launch shapes in reflex/quant_kernels.cuh, the
 // codebooks in reflex/iq_tables.cuh. IQ4_XS also has reflex_matmul_gemvq1{,s}_iq4_xs, the
-// one-token GEMV on x limbs (reflex_x_limbs, cuda/core.cu).
+// one-token GEMV on x limbs (reflex_x_limbs, cuda/core.cu), and reflex_matmul_xh_iq4_xs /
+// reflex_moe_xh_iq4_xs, the prefill tiles on x halves (reflex_x_halves).
 // Launchers: reflex_core/cuda/quant_ops.py.
 #include "reflex/quant_kernels.cuh"
 
