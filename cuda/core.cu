@@ -905,6 +905,13 @@ extern "C" __global__ void reflex_x_limbs(const float* __restrict__ x, uint32_t*
 }
 
 // ------------------------------------------------------------------------------------------
+// float -> float16 bits, round to nearest even
+__device__ __forceinline__ uint32_t rx_f32_to_f16_rn(float v) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+}
+
 // x_halves: x [T, n_in] (n_in % 32 == 0) -> the prefill matmul's input for the integer weight
 // types (reflex_matmul_xh_<t>, reflex/quant_kernels.cuh). Per row a power-of-two scale s: with
 // M = the row's largest |x| and M < 2^e (frexp; e at least -112, so s and 1/s are normal floats),
@@ -917,26 +924,14 @@ extern "C" __global__ void reflex_x_limbs(const float* __restrict__ x, uint32_t*
 // load). R: s of each row [T], then each block's sum of hi + lo [T][n_in / 32] (float32, the
 // butterfly order of a warp's xor shuffles). One 256-thread block per row.
 // NumPy twin: reflex_core.testing.x_halves.x_halves.
-// float -> float16 bits, round to nearest even
-__device__ __forceinline__ uint32_t rx_f32_to_f16_rn(float v) {
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-    return h;
-}
-
 extern "C" __global__ void __launch_bounds__(256) reflex_x_halves(const float* __restrict__ x, uint32_t* __restrict__ H,
                                                          float* __restrict__ R, int T, int n_in) {
-    __shared__ uint32_t red[8];
+    __shared__ int red[32];
     const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const float* xr = x + (long long)t * n_in;
-    uint32_t mb = 0;
-    for (int i = tid; i < n_in; i += 256) mb = max(mb, __float_as_uint(xr[i]) & 0x7fffffffu);
-    mb = __reduce_max_sync(FULL_MASK, mb);
-    if (lane == 0) red[warp] = mb;
-    __syncthreads();
-    mb = red[0];
-#pragma unroll
-    for (int w = 1; w < 8; ++w) mb = max(mb, red[w]);
+    int mbits = 0;  // |x|'s bits: non-negative, ordered as the values (NaN above inf)
+    for (int i = tid; i < n_in; i += 256) mbits = max(mbits, __float_as_int(xr[i]) & 0x7fffffff);
+    const uint32_t mb = (uint32_t)block_max_i(mbits, red);
     const bool finite = mb < 0x7f800000u;
     float s = 1.0f, inv = 1.0f;
     if (!finite) {
@@ -961,9 +956,7 @@ extern "C" __global__ void __launch_bounds__(256) reflex_x_halves(const float* _
         const uint32_t p = hi | (lo << 16);
         const uint32_t p0 = __shfl_sync(FULL_MASK, p, src), p1 = __shfl_sync(FULL_MASK, p, src + 1);
         H[((long long)t * nb + b) * 32 + lane] = i < 2 ? (p0 & 0xffffu) | (p1 << 16) : (p0 >> 16) | (p1 & 0xffff0000u);
-        float sum = hf + rx_f16_to_f32_fast(lo);
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, off);
+        const float sum = warp_sum_f(hf + rx_f16_to_f32_fast(lo));
         if (lane == 0) R[T + (long long)t * nb + b] = sum;
     }
 }
