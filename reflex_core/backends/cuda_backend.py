@@ -561,31 +561,33 @@ class CudaOps(Ops):
     def _matmul_launch(self, m, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: tuple,
                        n_outs: tuple, swiglu: bool, gemv_ok: bool) -> None:
         """One matmul launch of up to three weights planned by ``m``: on x halves for more than
-        a GEMV's tokens of an XH type, through float32 copies of the weights for long
-        prompts of the other quantized types (quant_ops.dequant_first_bytes), else quant_ops'
-        GEMV/tiled choice. The copies' scratch goes back to the caching allocator at once:
-        what reuses it runs after these launches on the same stream."""
+        a GEMV's tokens of an XH type, on x limbs for one token of an XQ type, through float32
+        copies of the weights for long prompts of the other quantized types
+        (quant_ops.dequant_first_bytes), else quant_ops' GEMV/tiled choice. The scratch goes
+        back to the caching allocator at once: what reuses it runs after these launches on the
+        same stream."""
         qo = self._quant_ops
+        xq = None  # x in the form the chosen kernel reads, in scratch: halves or limbs
         if T > qo.GEMV_MAX_T and m.xh is not None and _XH:
-            halves = Block(qo.x_halves_bytes(T, m.n_in))  # back to the allocator as below
-            qo.x_halves(self.k, x_ptr, halves.ptr, T, m.n_in)
-            qo.matmul_planned(self._qkern(m.module), m, x_ptr, T, w_ptrs, y_ptrs, n_outs, swiglu,
-                              gemv_ok, halves.ptr)
-            return
-        nbytes = qo.dequant_first_bytes(m, T, n_outs, swiglu)
-        if nbytes:
-            scratch = Block(nbytes)
-            qo.matmul_dequant_first(self._qkern(m.module), self._qkern(qo.COMMON_MODULE), m,
-                                    x_ptr, T, w_ptrs, y_ptrs, n_outs, swiglu, scratch.ptr)
-            return
-        if T == 1 and m.gemvq is not None and gemv_ok and _GEMV_XQ:
-            limbs = Block(qo.x_limbs_bytes(m.n_in))  # back to the allocator as the scratch above
-            qo.x_limbs(self.k, x_ptr, limbs.ptr, m.n_in)
-            qo.matmul_planned(self._qkern(m.module), m, x_ptr, T, w_ptrs, y_ptrs, n_outs, swiglu,
-                              gemv_ok, limbs.ptr)
-            return
+            xq = self._x_halves(x_ptr, T, m.n_in)
+        elif T == 1 and m.gemvq is not None and gemv_ok and _GEMV_XQ:
+            xq = Block(qo.x_limbs_bytes(m.n_in))
+            qo.x_limbs(self.k, x_ptr, xq.ptr, m.n_in)
+        else:
+            nbytes = qo.dequant_first_bytes(m, T, n_outs, swiglu)
+            if nbytes:
+                scratch = Block(nbytes)
+                qo.matmul_dequant_first(self._qkern(m.module), self._qkern(qo.COMMON_MODULE), m,
+                                        x_ptr, T, w_ptrs, y_ptrs, n_outs, swiglu, scratch.ptr)
+                return
         qo.matmul_planned(self._qkern(m.module), m, x_ptr, T, w_ptrs, y_ptrs, n_outs, swiglu,
-                          gemv_ok)
+                          gemv_ok, 0 if xq is None else xq.ptr)
+
+    def _x_halves(self, x_ptr: int, rows: int, n_in: int) -> Block:
+        """x [rows, n_in] as its halves (quant_ops.x_halves), in scratch as _matmul_launch's."""
+        halves = Block(self._quant_ops.x_halves_bytes(rows, n_in))
+        self._quant_ops.x_halves(self.k, x_ptr, halves.ptr, rows, n_in)
+        return halves
 
     def matmul_many(self, x, ws: Sequence[Weight]) -> list:
         """Weights of the same GGML type go in one launch (up to three: q/k/v); bit-identical to
@@ -887,9 +889,7 @@ class CudaOps(Ops):
             n_tiles = empty((1,), "i32")
             halves = None
             if w.ggml_type in q.XH_TYPES and _XH:  # the expert tiles on x halves
-                rows = T * k if per_expert else T
-                halves = Block(q.x_halves_bytes(rows, n_in))
-                q.x_halves(self.k, x.ptr, halves.ptr, rows, n_in)
+                halves = self._x_halves(x.ptr, T * k if per_expert else T, n_in)
             q.moe_matmul_grouped(self._qkern_of(w.ggml_type), self.k, w.data, w.ggml_type, x.ptr,
                                  ids.ptr, y.ptr, T, k, n_in, n_out, E, order.ptr, tiles.ptr,
                                  n_tiles.ptr, per_expert, up_ptr=0 if up is None else up.data,
