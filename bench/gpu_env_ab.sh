@@ -11,7 +11,8 @@
 #   usage: A="REFLEX_GEMV_XQ=0" B="REFLEX_GEMV_XQ=1" bash bench/gpu_env_ab.sh OUT [WHICH]
 #   (A=X=1 B=X=1, any variable: no A/B, one setting twice)
 #   WHICH: bench/make_models.py names, default 8b-iq4_xs. Needs .whl-new, .peer, .models carried.
-#   NCU_STEP=0 leaves out step 2, PEERS=0 llama-simple (its build and steps 3-4's llama runs);
+#   NCU_STEP=0 leaves out step 2 (NCU_TOP=N: its N costliest kernels, NCU_BY_GRID=1: each
+#   grid size apart), PEERS=0 llama-simple (its build and steps 3-4's llama runs);
 #   LONG=1 adds 5. the warm 1518-token prefill and the decode after it (bench/warm_long.py) per
 #   setting alternating, 2 rounds, and (LONG_NCU=1) each kernel's share of one 1518-token
 #   prefill per setting (ncu); KDETAIL=REGEX: Nsight Compute's sections (speed of light, pipes,
@@ -55,7 +56,8 @@ for f in $models; do
       env $s REFLEX_CUDA_GRAPHS=0 timeout 200 $NCU reflex generate "$MODELS/$f" "$PROMPT" -n $n --backend cuda \
         > "$W/rx-$n.csv" 2> "$W/rx.err" || tail -3 "$W/rx.err" | tee -a "$LOG"
     done
-    python3 "$REPO/bench/ncu_by_kernel.py" "$W/rx-$((N + 1)).csv" 10 --minus "$W/rx-1.csv" --per $N | tee -a "$LOG"
+    python3 "$REPO/bench/ncu_by_kernel.py" "$W/rx-$((N + 1)).csv" ${NCU_TOP:-10} --minus "$W/rx-1.csv" --per $N \
+      ${NCU_BY_GRID:+--by-grid} | tee -a "$LOG"
   done
 done
 say "waiting for llama-simple"

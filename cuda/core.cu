@@ -177,12 +177,14 @@ __device__ __forceinline__ void block_argmax(float& v, int& i, float* redv, int*
 
 extern "C" __global__ void reflex_add(const float* __restrict__ a, const float* __restrict__ b,
                                       float* __restrict__ y, int n) {
+    RX_PDL_ENTRY();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = a[i] + b[i];
 }
 
 extern "C" __global__ void reflex_swiglu(const float* __restrict__ g, const float* __restrict__ u,
                                          float* __restrict__ y, int n) {
+    RX_PDL_ENTRY();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         const float x = g[i];
@@ -196,6 +198,7 @@ extern "C" __global__ void reflex_swiglu(const float* __restrict__ g, const floa
 
 extern "C" __global__ void reflex_rmsnorm(const float* __restrict__ x, const float* __restrict__ w,
                                           float* __restrict__ y, int n, float eps) {
+    RX_PDL_ENTRY();
     __shared__ float red[32];
     const float* xr = x + (size_t)blockIdx.x * n;
     float* yr = y + (size_t)blockIdx.x * n;
@@ -222,6 +225,7 @@ extern "C" __global__ void reflex_rmsnorm(const float* __restrict__ x, const flo
 extern "C" __global__ void reflex_add_rmsnorm(const float* __restrict__ a, const float* __restrict__ b,
                                               const float* __restrict__ w, float* __restrict__ s,
                                               float* __restrict__ y, int n, float eps) {
+    RX_PDL_ENTRY();
     __shared__ float red[32];
     const size_t off = (size_t)blockIdx.x * n;
     const float* ar = a + off;
@@ -256,6 +260,7 @@ extern "C" __global__ void reflex_rope(const float* __restrict__ x, float* __res
                                        int neox, double freq_base, double freq_scale,
                                        double ext_factor, double attn_factor, double corr_lo,
                                        double corr_hi) {
+    RX_PDL_ENTRY();
     const int h = blockIdx.x, t = blockIdx.y;
     const size_t base = ((size_t)t * H + h) * d;
     const float* xr = x + base;
@@ -293,6 +298,7 @@ extern "C" __global__ void reflex_rope(const float* __restrict__ x, float* __res
 extern "C" __global__ void reflex_kv_write(const float* __restrict__ k, const float* __restrict__ v,
                                            float* __restrict__ kc, float* __restrict__ vc,
                                            int nk, int nv) {
+    RX_PDL_ENTRY();
     const int stride = gridDim.x * blockDim.x;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nk; i += stride) kc[i] = k[i];
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += stride) vc[i] = v[i];
@@ -323,6 +329,7 @@ extern "C" __global__ void reflex_qk_norm_rope_store(
     const int* __restrict__ pos, int H, int H_kv,
     int dk, int dv, int qn, int kn, int n_rot, int neox, float eps, double freq_base,
     double freq_scale, double ext_factor, double attn_factor, double corr_lo, double corr_hi) {
+    RX_PDL_ENTRY();
     __shared__ float xs[REFLEX_QKR_MAX_HEAD];
     __shared__ float red[32];
     const int hh = blockIdx.x, t = blockIdx.y;
@@ -463,6 +470,7 @@ reflex_attention(const float* __restrict__ q, const float* __restrict__ kc,
                  const float* __restrict__ vc, float* __restrict__ out, float* __restrict__ part,
                  const int* __restrict__ prefix_end, const int* __restrict__ own_start,
                  const int* __restrict__ own_end, int H, int H_kv, int dk, int dv, float scale) {
+    RX_PDL_ENTRY();
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][32 * ATT_MAXC];
     const int h = blockIdx.x, t = blockIdx.y, S = gridDim.z, sl = blockIdx.z;
@@ -619,6 +627,7 @@ __device__ __forceinline__ void attention_vec_body(
          float* __restrict__ out, float* __restrict__ part, const int* __restrict__ prefix_end,    \
          const int* __restrict__ own_start, const int* __restrict__ own_end, int H, int H_kv,      \
          int dk, int dv, float scale) {                                                            \
+        RX_PDL_ENTRY();                                                                            \
         attention_vec_body<C4>(q, kc, vc, out, part, prefix_end, own_start, own_end, H, H_kv, dk,  \
                                dv, scale);                                                         \
     }
@@ -633,6 +642,7 @@ RX_ATT_VEC(reflex_attention_vec256, 8)
 extern "C" __global__ void reflex_attention_combine(const float* __restrict__ part,
                                                     float* __restrict__ out, int H, int S,
                                                     int dv) {
+    RX_PDL_ENTRY();
     __shared__ float s_f[REFLEX_ATT_MAX_SPLITS];
     __shared__ float s_invL;
     const int h = blockIdx.x, t = blockIdx.y;
@@ -858,6 +868,7 @@ __device__ __forceinline__ void attention_tiled_body(
          float* __restrict__ out, const int* __restrict__ prefix_end,                              \
          const int* __restrict__ own_start, const int* __restrict__ own_end, int T, int H,          \
          int H_kv, int dk, int dv, float scale) {                                                  \
+        RX_PDL_ENTRY();                                                                            \
         attention_tiled_body<BQ, BK, DMAX>(q, kc, vc, out, prefix_end, own_start, own_end, T, H,   \
                                            H_kv, dk, dv, scale);                                   \
     }
@@ -876,6 +887,7 @@ RX_ATT_TILED(reflex_attention_tiled256, 16, 16, 256)
 // holds whole chunks of RX_XQ_CHUNK elements. NumPy twin: reflex_core.testing.x_limbs.x_limbs.
 
 extern "C" __global__ void reflex_x_limbs(const float* __restrict__ x, uint32_t* __restrict__ out, int n) {
+    RX_PDL_ENTRY();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;  // n % 32 == 0: whole warps in or out
     if (i >= n) return;
     const float v = x[i];
@@ -926,6 +938,7 @@ __device__ __forceinline__ uint32_t rx_f32_to_f16_rn(float v) {
 // NumPy twin: reflex_core.testing.x_halves.x_halves.
 extern "C" __global__ void __launch_bounds__(256) reflex_x_halves(const float* __restrict__ x, uint32_t* __restrict__ H,
                                                          float* __restrict__ R, int T, int n_in) {
+    RX_PDL_ENTRY();
     __shared__ int red[32];
     const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const float* xr = x + (long long)t * n_in;
@@ -966,6 +979,7 @@ extern "C" __global__ void __launch_bounds__(256) reflex_x_halves(const float* _
 
 extern "C" __global__ void reflex_take_rows(const float* __restrict__ x, const int* __restrict__ rows,
                                             float* __restrict__ y, int n) {
+    RX_PDL_ENTRY();
     const int r = blockIdx.y;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[(size_t)r * n + i] = x[(size_t)rows[r] * n + i];
@@ -976,6 +990,7 @@ extern "C" __global__ void reflex_take_rows(const float* __restrict__ x, const i
 // (value desc, index asc) reduction -> the lowest index among equal maxima (NumPy's argmax).
 
 extern "C" __global__ void reflex_argmax(const float* __restrict__ x, int* __restrict__ out, int n) {
+    RX_PDL_ENTRY();
     __shared__ float rv[32];
     __shared__ int ri[32];
     const float* xr = x + (size_t)blockIdx.x * n;
@@ -996,6 +1011,7 @@ extern "C" __global__ void reflex_argmax(const float* __restrict__ x, int* __res
 extern "C" __global__ void reflex_token_logprobs(const float* __restrict__ x,
                                                  const int* __restrict__ targets,
                                                  double* __restrict__ out, int n) {
+    RX_PDL_ENTRY();
     __shared__ float redf[32];
     __shared__ double redd[32];
     const float* xr = x + (size_t)blockIdx.x * n;
@@ -1018,6 +1034,7 @@ extern "C" __global__ void reflex_token_logprobs(const float* __restrict__ x,
 
 extern "C" __global__ void reflex_repeat_penalty(float* __restrict__ x, const int* __restrict__ ids,
                                                  int n, float penalty) {
+    RX_PDL_ENTRY();
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j < n) {
         const int i = ids[j];
@@ -1090,6 +1107,7 @@ __device__ __forceinline__ void block_bins(double (&acc)[16], int (&cnt)[16],
 extern "C" __global__ void __launch_bounds__(SMP_THREADS)
 reflex_sample(const float* __restrict__ x, int V, double temp, int top_k, double top_p,
               double min_p_log, double u, double* __restrict__ pbuf, int* __restrict__ out) {
+    RX_PDL_ENTRY();
     __shared__ float redf[32];
     __shared__ int redi[32];
     __shared__ double wp[SMP_WARPS][16];
@@ -1259,6 +1277,7 @@ extern "C" __global__ void reflex_moe_route(const float* __restrict__ logits,
                                             const float* __restrict__ bias, int* __restrict__ ids,
                                             float* __restrict__ wout, int E, int k, int gating,
                                             int norm, float scale, int n_group, int n_group_used) {
+    RX_PDL_ENTRY();
     __shared__ float sp[REFLEX_MOE_MAX_E];  // probs: the weights
     __shared__ float ss[REFLEX_MOE_MAX_E];  // selection scores
     __shared__ float gscore[REFLEX_MOE_MAX_E / 2];  // groups hold >= 2 experts
@@ -1364,6 +1383,7 @@ extern "C" __global__ void reflex_moe_route(const float* __restrict__ logits,
 
 extern "C" __global__ void reflex_moe_combine(const float* __restrict__ y, const float* __restrict__ w,
                                               float* __restrict__ out, int k, int n) {
+    RX_PDL_ENTRY();
     const int t = blockIdx.y;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= n) return;
@@ -1389,6 +1409,7 @@ extern "C" __global__ void __launch_bounds__(1024)
     reflex_moe_schedule(const int* __restrict__ ids, int n_slots, int n_expert, int tile,
                         int* __restrict__ order, int* __restrict__ tiles, int* __restrict__ n_tiles,
                         float* __restrict__ y, int n_out) {
+    RX_PDL_ENTRY();
     __shared__ int count[REFLEX_MOE_MAX_E];  // slots per expert, then the scatter cursors
     __shared__ int start[REFLEX_MOE_MAX_E];  // first position in order
     __shared__ int tile0[REFLEX_MOE_MAX_E];  // first tile
@@ -1446,6 +1467,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 extern "C" __global__ void __launch_bounds__(LORA_TILE * LORA_BLOCK_Y)
 reflex_lora_add(float* __restrict__ w, const float* __restrict__ l, const float* __restrict__ r,
                 int n_out, int n_in, int rank, int rs_j, int rs_i, float scale) {
+    RX_PDL_ENTRY();
     __shared__ float ls[LORA_TILE][LORA_TILE + 1];  // [output row][j]
     __shared__ float rs[LORA_TILE][LORA_TILE + 1];  // [j][column]
     constexpr int ROWS = LORA_TILE / LORA_BLOCK_Y;

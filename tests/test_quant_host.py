@@ -477,11 +477,11 @@ def test_launcher_choices(quant_signatures):
     assert k.calls[-1][0] == "reflex_matmul_tiled_f32"
     q.moe_matmul(k, W, 8, X, 4 << 20, Y, 70000, 8, 2048, 768, 128, x_per_expert=True)
     name, grid, block, args = k.calls[-1]
-    assert name == "reflex_moe_matmul_q8_0" and grid == (96, 65535, 1)
+    assert name == "reflex_moe_matmul_q8_0" and grid == (48, 65535, 1)  # 16 rows a block
     assert args[1] == 0 and args[5:] == (70000, 8, 2048, 768, 2176, 768 * 2176, 1, 128, 0)
     q.moe_matmul(k, W, 8, X, 4 << 20, Y, 3, 8, 2048, 768, 128, up_ptr=W + 4096)  # SwiGLU
     name, grid, block, args = k.calls[-1]
-    assert grid == (192, 24, 1) and args[1] == W + 4096 and args[-1] == 1
+    assert grid == (96, 24, 1) and args[1] == W + 4096 and args[-1] == 1  # 8 outputs a block
     # several weights per launch: GEMV blocks of 8 rows per segment, tiled blocks of 64
     _matmul(q, k, [W, W + 2, W + 4], 8, X, [Y, Y + 4, Y + 8], 5, 1024, [2048, 1024, 1000])
     name, grid, block, args = k.calls[-1]
@@ -491,11 +491,21 @@ def test_launcher_choices(quant_signatures):
     assert k.calls[-1][:2] == ("reflex_matmul_gemv1s_q8_0", (512 + 256 + 250, 1, 1))
     _matmul(q, k, [W, W + 2], 8, X, [Y, Y + 4], 9, 1024, [2048, 1000])
     assert k.calls[-1][:2] == ("reflex_matmul_tiled_q8_0", (32 + 16, 1, 1))
-    _matmul(q, k, [W, W + 16], 12, X, [Y], 1, 1024, [3072, 3072], swiglu=True)
+    _matmul(q, k, [W, W + 16], 12, X, [Y], 1, 1024, [2047, 2047], swiglu=True)
     name, grid, block, args = k.calls[-1]
-    assert name == "reflex_matmul_gemv1_q4_k" and grid == (768, 1, 1) and args[-1] == 1
+    assert name == "reflex_matmul_gemv1_q4_k" and grid == (512, 1, 1) and args[-1] == 1
+    _matmul(q, k, [W, W + 16], 12, X, [Y], 1, 2048, [2047, 2047], swiglu=True)
+    assert k.calls[-1][:2] == ("reflex_matmul_gemv1s_q4_k", (1024, 1, 1))
+    # GEMV_WIDE_MIN_ROWS weight rows or more in one launch: four rows a warp (gemv1w / gemv1ws)
+    _matmul(q, k, [W, W + 16], 12, X, [Y], 1, 1024, [2048, 2048], swiglu=True)
+    name, grid, block, args = k.calls[-1]
+    assert name == "reflex_matmul_gemv1w_q4_k" and grid == (256, 1, 1) and args[-1] == 1
     _matmul(q, k, [W, W + 16], 12, X, [Y], 1, 2048, [3072, 3072], swiglu=True)
-    assert k.calls[-1][:2] == ("reflex_matmul_gemv1s_q4_k", (1536, 1, 1))
+    assert k.calls[-1][:2] == ("reflex_matmul_gemv1ws_q4_k", (768, 1, 1))
+    _matmul(q, k, [W, W + 2, W + 4], 8, X, [Y, Y + 4, Y + 8], 1, 1024, [2048, 1024, 1024])
+    assert k.calls[-1][:2] == ("reflex_matmul_gemv1ws_q8_0", (256 + 128 + 128, 1, 1))
+    _matmul(q, k, [W, W + 2, W + 4], 8, X, [Y, Y + 4, Y + 8], 2, 1024, [2048, 1024, 1024])
+    assert k.calls[-1][:2] == ("reflex_matmul_gemv2_q8_0", (256 + 128 + 128, 1, 1))
     _matmul(q, k, [W, W + 8], 12, X, [Y], 1, 1024, [3072, 3072], swiglu=True)  # misaligned up
     assert k.calls[-1][:2] == ("reflex_matmul_tiled_q4_k", (96, 1, 1))
     # one token of an XQ type with x limbs: the GEMV on them (x's pointer replaced); not for

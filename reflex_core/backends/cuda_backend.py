@@ -45,6 +45,9 @@ _GEMV_XQ = os.environ.get("REFLEX_GEMV_XQ", "1") != "0"
 # Prefill matmuls of quant_ops.XH_TYPES run on x halves (float16 tensor cores); REFLEX_XH=0 keeps
 # them on the 3xTF32 tiled kernel (dequantizing first where it pays): an A/B switch.
 _XH = os.environ.get("REFLEX_XH", "1") != "0"
+# ... from weights unpacked once per launch for long prompts (quant_ops.xh_unpack_bytes);
+# REFLEX_XH_UNPACK=0 keeps the tile decoding them (an A/B switch)
+_XH_UNPACK = os.environ.get("REFLEX_XH_UNPACK", "1") != "0"
 _GATING = {"softmax": 1, "sigmoid": 2, "softmax_weight": 3, "sqrt_softplus": 4}
 
 
@@ -570,6 +573,12 @@ class CudaOps(Ops):
         xq = None  # x in the form the chosen kernel reads, in scratch: halves or limbs
         if T > qo.GEMV_MAX_T and m.xh is not None and _XH:
             xq = self._x_halves(x_ptr, T, m.n_in)
+            nbytes = qo.xh_unpack_bytes(m, T, n_outs, swiglu) if _XH_UNPACK else 0
+            if nbytes:
+                scratch = Block(nbytes)
+                qo.matmul_xh_unpacked(self._qkern(m.module), self._qkern(qo.COMMON_MODULE), m,
+                                      xq.ptr, T, w_ptrs, y_ptrs, n_outs, swiglu, scratch.ptr)
+                return
         elif T == 1 and m.gemvq is not None and gemv_ok and _GEMV_XQ:
             xq = Block(qo.x_limbs_bytes(m.n_in))
             qo.x_limbs(self.k, x_ptr, xq.ptr, m.n_in)

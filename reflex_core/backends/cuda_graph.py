@@ -20,6 +20,10 @@ What the check cannot see is a launch that changes only at some later step (a ke
 picked by context length, say): ops must pick their launches from the batch's shape alone
 (docs/internals.md, "decode graphs"). The blocks a graph's replays write are held back from the
 caching allocator until :meth:`DecodeGraph.close`.
+
+On sm_90 and later the captured launches of the core's kernels carry programmatic stream
+serialization: each kernel's launch overlaps the tail of the one before it, and its first
+statement waits for that one's completion (RX_PDL_ENTRY, reflex/common.cuh).
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ ENV = "REFLEX_CUDA_GRAPHS"
 # eager steps traced before a capture: the first one-token step creates what is made once per
 # batch shape (workspaces), the last two are compared
 EAGER_STEPS = 3
+# The captured step's core kernels launch with programmatic dependent launch on sm_90 and later
+# (cuda.modules.pdl); REFLEX_PDL=0 captures plain launches.
+PDL = os.environ.get("REFLEX_PDL", "1") != "0"
 
 
 def enabled() -> bool:
@@ -125,6 +132,7 @@ class DecodeGraph:
         ops._graph_prepared = (batch, pb)
         memory.record_begin()
         _drv._STREAM = self._stream
+        modules.pdl = PDL and _drv.current_device().sm >= 90
         captured = False
         try:
             _drv.check(d.cuStreamBeginCapture(
@@ -141,6 +149,7 @@ class DecodeGraph:
             self.note = f"eager: the capture failed ({str(e).splitlines()[0][:200]})"
         finally:
             _drv._STREAM = legacy
+            modules.pdl = False
             ops._graph_prepared = None
             self._held = list(memory.record_end())
             memory.hold(self._held)

@@ -158,11 +158,37 @@ class Kernels:
         if launch_trace is not None:
             launch_trace.append((name, (gx, gy, gz, bx, by, bz, shmem), p.sig, tuple(args)))
         d = _drv._d
-        r = d.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, _drv._STREAM, p.addr, 0)
+        if pdl and self.package == CORE_PACKAGE:
+            r = d.cuLaunchKernelEx(_pdl_config(gx, gy, gz, bx, by, bz, shmem), f, p.addr, 0)
+        else:
+            r = d.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, _drv._STREAM, p.addr, 0)
         if r[0] != _drv._SUCCESS:
             raise CudaError(f"cuLaunchKernel({name}, grid=({gx},{gy},{gz}), "
                             f"block=({bx},{by},{bz}), shmem={shmem}) failed: "
                             f"{_drv.error_text(r[0])}")
+
+
+# Programmatic dependent launch: while set (cuda_graph.DecodeGraph sets it while it captures a
+# decode step, on a device of sm_90 or later), the core's kernels launch with programmatic
+# stream serialization, so each one's launch overlaps the end of the kernel before it; their
+# RX_PDL_ENTRY() (reflex/common.cuh) waits for that kernel's completion before touching memory.
+# Plugins' kernels launch as before (nothing says they wait).
+pdl = False
+
+
+def _pdl_config(gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int) -> Any:
+    d = _drv._d
+    attr = d.CUlaunchAttribute()
+    attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    c = d.CUlaunchConfig()
+    c.gridDimX, c.gridDimY, c.gridDimZ = gx, gy, gz
+    c.blockDimX, c.blockDimY, c.blockDimZ = bx, by, bz
+    c.sharedMemBytes = shmem
+    c.hStream = _drv._STREAM
+    c.attrs = [attr]
+    c.numAttrs = 1
+    return c
 
 
 _tls = _drv._tls

@@ -38,6 +38,8 @@ launch (q/k/v), or gate/up with the SwiGLU product as the output; :func:`moe_mat
 
 from __future__ import annotations
 
+import os
+
 from ..errors import UnsupportedTensorType
 from ..gguf import GGML_TYPES
 
@@ -88,6 +90,14 @@ GEMV_MAX_T = 8  # T <= this: GEMV kernels; above: the tiled kernel
 _GEMV_THREADS = 128  # 4 warps
 _GEMV_WARPS = 4
 _GEMV_R = 2  # weight rows per warp (SwiGLU: gate and up of one output row)
+_MOE_R = 4  # the MoE GEMV's rows per warp (SwiGLU: gate and up of two output rows)
+# The one-token GEMV takes four rows a warp (gemv1w: each x load serves twice the rows, and the
+# L1's traffic in x bounds this GEMV) when a launch has at least this many weight rows; fewer
+# rows leave too few warps to cover the loads' latency. On the H200 (2026-12-02, ncu per decode
+# token): 8B-shaped Q4_K 19.1 -> 18.4 us a launch, Q6_K 22.4 -> 20.9, 0.6B-shaped Q8_0 6.8 ->
+# 5.7; the 30B-A3B-shaped file's 2048-row Q4_K and 128-row F32 launches got slower
+# (6.4 -> 7.1, 4.2 -> 7.2 us). The rows' outputs are the same bits either way.
+GEMV_WIDE_MIN_ROWS = int(os.environ.get("REFLEX_GEMV_WIDE_MIN_ROWS", "4096"))  # (env: A/B)
 
 _TILE_M = 64  # tiled kernel: output rows per block
 _TILE_N = 64  # tiled kernel: tokens per block
@@ -113,11 +123,12 @@ def gemv_split(ggml_type: int, n_in: int) -> int:
     return 2 if n_in // lane_unit_elements(ggml_type) >= 64 else 1
 
 
-def _gemv_grid_x(ks: int, n_outs: tuple, swiglu: bool) -> int:
+def _gemv_grid_x(ks: int, n_outs: tuple, swiglu: bool, rows: int = _GEMV_R) -> int:
     groups = _GEMV_WARPS // ks
     if swiglu:
-        return (n_outs[0] + groups - 1) // groups
-    r = groups * _GEMV_R
+        r = groups * (rows // 2)
+        return (n_outs[0] + r - 1) // r
+    r = groups * rows
     return sum((n + r - 1) // r for n in n_outs)
 
 
@@ -269,7 +280,7 @@ class MatPlan:
     ``error`` is why the weight cannot be a matmul operand (None when it can)."""
 
     __slots__ = ("ggml_type", "module", "n_in", "n_out", "n_elements", "row_bytes", "gemv",
-                 "gemv1s", "gemvq", "split", "tiled", "xh", "gemv_w_ok", "error")
+                 "gemv1s", "gemv1w", "gemvq", "split", "tiled", "xh", "gemv_w_ok", "error")
 
     def __init__(self, ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight"):
         suffix, tname, bs, _, align = _info(ggml_type)
@@ -283,6 +294,8 @@ class MatPlan:
         self.n_elements = n
         self.gemv = tuple(f"reflex_matmul_gemv{tt}_{suffix}" for tt in (1, 2, 4, 8))
         self.gemv1s = f"reflex_matmul_gemv1s_{suffix}"  # T = 1, two warps a row pair
+        # T = 1, four rows a warp: (one warp, two warps) a row group
+        self.gemv1w = (f"reflex_matmul_gemv1w_{suffix}", f"reflex_matmul_gemv1ws_{suffix}")
         # T = 1 on x limbs (XQ_TYPES): (one warp, two warps) a row pair, else None
         self.gemvq = ((f"reflex_matmul_gemvq1_{suffix}", f"reflex_matmul_gemvq1s_{suffix}")
                       if ggml_type in XQ_TYPES else None)
@@ -335,6 +348,11 @@ def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: 
     if T == 1 and xq_ptr and p.gemvq is not None and gemv_w_ok and xq_ptr % 16 == 0:
         args = args[:3] + (xq_ptr,) + args[4:]
         kern.launch(p.gemvq[p.split - 1], (_gemv_grid_x(p.split, n_outs, swiglu), 1, 1),
+                    (_GEMV_THREADS, 1, 1), args)
+        return
+    if (T == 1 and gemv_w_ok and x_ptr % 16 == 0
+            and (2 * n0 if swiglu else n0 + n1 + n2) >= GEMV_WIDE_MIN_ROWS):
+        kern.launch(p.gemv1w[p.split - 1], (_gemv_grid_x(p.split, n_outs, swiglu, 4), 1, 1),
                     (_GEMV_THREADS, 1, 1), args)
         return
     if T <= GEMV_MAX_T and gemv_w_ok and x_ptr % 16 == 0:
@@ -407,6 +425,63 @@ def matmul_dequant_first(kern, kern_f32, p: MatPlan, x_ptr: int, T: int, w_ptrs:
     matmul_planned(kern_f32, f32, x_ptr, T, tuple(ptrs) + pad, y_ptrs, n_outs, swiglu, True)
 
 
+# Prefill of an XH type over this many tokens or more: the weights are first unpacked
+# (reflex_qi_unpack_<t>: float16 integers in the tile's order and float32 sub-block scales,
+# 2.25-2.5 bytes a weight) and the tiles copy them in (reflex_matmul_xhu_*) instead of decoding
+# every weight tile again for every 64 tokens. The same bits as the xh tile.
+XH_UNPACK_MIN_T = 128
+XH_UNPACK_MAX_BYTES = 512 << 20  # scratch for one launch (all its weights)
+_XHU_KERNEL = {2: "s32", 6: "s32", 8: "s32", 23: "s32", 12: "m32", 13: "m32", 14: "s16"}
+_XHU_SUB = {"s32": 32, "m32": 32, "s16": 16}
+
+
+def _unpacked_sizes(ggml_type: int, n_in: int, n_outs: tuple, swiglu: bool) -> list[int]:
+    """Bytes of each weight's unpacked copy, rounded up to 256."""
+    sub = _XHU_SUB[_XHU_KERNEL[ggml_type]]
+    return [(2 * n * n_in + 8 * n * (n_in // sub) + 255) & ~255
+            for n in _weight_rows(n_outs, swiglu)]
+
+
+def xh_unpack_bytes(p: MatPlan, T: int, n_outs: tuple, swiglu: bool) -> int:
+    """The scratch :func:`matmul_xh_unpacked` needs for a matmul of ``T`` tokens over the weights
+    planned by ``p``, or 0 when it does not take that path (not an XH type, T below
+    :data:`XH_UNPACK_MIN_T`, or scratch over :data:`XH_UNPACK_MAX_BYTES`)."""
+    if p.ggml_type not in _XHU_KERNEL or T < XH_UNPACK_MIN_T:
+        return 0
+    nbytes = sum(_unpacked_sizes(p.ggml_type, p.n_in, n_outs, swiglu))
+    return nbytes if nbytes <= XH_UNPACK_MAX_BYTES else 0
+
+
+def matmul_xh_unpacked(kern, kern_common, p: MatPlan, xh_ptr: int, T: int, w_ptrs: tuple,
+                       y_ptrs: tuple, n_outs: tuple, swiglu: bool, scratch_ptr: int) -> None:
+    """:func:`matmul_planned`'s x-halves product (``xh_ptr``: :func:`x_halves` of the T rows)
+    through unpacked weights: each weight unpacked into ``scratch_ptr`` (``xh_unpack_bytes``
+    bytes; ``kern`` the weights' module), then ``reflex_matmul_xhu_*`` (``kern_common``)."""
+    suffix = _info(p.ggml_type)[0]
+    rows = _weight_rows(n_outs, swiglu)
+    ptrs, off = [], scratch_ptr
+    for w, n, size in zip(w_ptrs, rows, _unpacked_sizes(p.ggml_type, p.n_in, n_outs, swiglu)):
+        words = n * p.n_in // 4
+        grid = min((words + _DQ_THREADS - 1) // _DQ_THREADS, 65535) or 1
+        kern.launch(f"reflex_qi_unpack_{suffix}", (grid, 1, 1), (_DQ_THREADS, 1, 1),
+                    (w, off, n, p.n_in, p.row_bytes))
+        ptrs.append(off)
+        off += size
+    ptrs += [0] * (MAX_SEGMENTS - len(ptrs))
+    n0, n1, n2 = n_outs
+    if swiglu:
+        gx = (n0 + _TILE_M // 2 - 1) // (_TILE_M // 2)
+    else:
+        gx = sum((n + _TILE_M - 1) // _TILE_M for n in n_outs)
+    gy = (T + _TILE_N - 1) // _TILE_N
+    if gy > _MAX_GRID_Y:
+        raise ValueError(f"matmul: T={T} tokens is more than the tiled kernel's grid allows")
+    kern_common.launch(f"reflex_matmul_xhu_{_XHU_KERNEL[p.ggml_type]}", (gx, gy, 1),
+                       (_TILE_THREADS, 1, 1),
+                       (ptrs[0], ptrs[1], ptrs[2], xh_ptr, y_ptrs[0], y_ptrs[1], y_ptrs[2], T,
+                        p.n_in, n0, n1, n2, 2 * p.n_in, 1 if swiglu else 0))
+
+
 def moe_matmul(kern, w_ptr: int, ggml_type: int, x_ptr: int, ids_ptr: int, y_ptr: int, T: int,
                k: int, n_in: int, n_out: int, n_expert: int, x_per_expert: bool = False,
                up_ptr: int = 0) -> None:
@@ -428,7 +503,7 @@ def moe_matmul(kern, w_ptr: int, ggml_type: int, x_ptr: int, ids_ptr: int, y_ptr
         raise ValueError(f"moe_matmul {name}: weights at {w_ptr:#x} / activations at {x_ptr:#x} "
                          f"are not aligned as the kernel needs (see reflex_core.cuda.quant_ops), "
                          f"or n_in={n_in} is not a multiple of 8")
-    grid = (_gemv_grid_x(1, (n_out,), bool(up_ptr)), min(T * k, _MAX_GRID_Y), 1)
+    grid = (_gemv_grid_x(1, (n_out,), bool(up_ptr), _MOE_R), min(T * k, _MAX_GRID_Y), 1)
     kern.launch(f"reflex_moe_matmul_{suffix}", grid, (_GEMV_THREADS, 1, 1),
                 (w_ptr, up_ptr, x_ptr, ids_ptr, y_ptr, T, k, n_in, n_out, rb, n_out * rb,
                  1 if x_per_expert else 0, n_expert, 1 if up_ptr else 0))
@@ -495,9 +570,13 @@ def kernel_names(module: str = COMMON_MODULE) -> list[str]:
                   f"reflex_matmul_tiled_{suffix}", f"reflex_moe_matmul_{suffix}",
                   f"reflex_moe_tiled_{suffix}"]
         names += [f"reflex_matmul_gemv{tt}_{suffix}" for tt in (1, 2, 4, 8)]
-        names.append(f"reflex_matmul_gemv1s_{suffix}")
+        names += [f"reflex_matmul_gemv1s_{suffix}", f"reflex_matmul_gemv1w_{suffix}",
+                  f"reflex_matmul_gemv1ws_{suffix}"]
         if t in XQ_TYPES:
             names += [f"reflex_matmul_gemvq1_{suffix}", f"reflex_matmul_gemvq1s_{suffix}"]
         if t in XH_TYPES:
-            names += [f"reflex_matmul_xh_{suffix}", f"reflex_moe_xh_{suffix}"]
+            names += [f"reflex_matmul_xh_{suffix}", f"reflex_moe_xh_{suffix}",
+                      f"reflex_qi_unpack_{suffix}"]
+    if module == COMMON_MODULE:
+        names += [f"reflex_matmul_xhu_{v}" for v in _XHU_SUB]
     return names

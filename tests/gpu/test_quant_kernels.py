@@ -337,6 +337,40 @@ def test_matmul_forced_paths(qk, name):
             check_matmul(y, wf, x[:T], f"{name} tiled T={T} w+{off}")
 
 
+@pytest.mark.parametrize("name", list(TYPES))
+def test_gemv_wide_bit_identical(qk, name):
+    """The one-token GEMV with four rows a warp (gemv1w, gemv1ws) gives the same bits as the
+    two-row kernels (gemv1, gemv1s): each row's arithmetic is the same. Three segments with odd
+    row counts (a group's last rows past n), and SwiGLU with an odd output count."""
+    ctx, kernels_of = qk
+    kern = kernels_of(name)
+    rng = np.random.default_rng(250 + TYPES[name])
+    suffix = quant_ops._TYPES[TYPES[name]][0]
+    n_in = n_in_cases(name)[2]
+    n_outs = (45, 3, 70)
+    raws = [random_weights(rng, name, n, n_in)[0] for n in n_outs]
+    rb = raws[0].shape[1]
+    wps = [upload(ctx, r)[1] for r in raws]
+    x = rng.standard_normal((1, n_in)).astype(np.float32)
+    _, xp = upload(ctx, x)
+
+    def run(kname, ks, rows, swiglu):  # into fresh NaN outputs: a row left unwritten shows
+        yps = [upload(ctx, np.full(n, np.nan, np.float32))[1] for n in n_outs]
+        outs = (n_outs[0], 0, 0) if swiglu else n_outs
+        gx = quant_ops._gemv_grid_x(ks, outs, swiglu, rows)
+        kern.launch(kname, (gx, 1, 1), (128, 1, 1),
+                    (wps[0], wps[2] if swiglu else wps[1], wps[2], xp, yps[0], yps[1], yps[2], 1,
+                     n_in, *outs, rb, 1 if swiglu else 0))
+        return [download(ctx, yp, n) for yp, n in zip(yps, n_outs)][:1 if swiglu else 3]
+
+    for swiglu in (False, True):
+        for ks, base, wide in ((1, "gemv1", "gemv1w"), (2, "gemv1s", "gemv1ws")):
+            want = run(f"reflex_matmul_{base}_{suffix}", ks, 2, swiglu)
+            got = run(f"reflex_matmul_{wide}_{suffix}", ks, 4, swiglu)
+            for i, (g, w) in enumerate(zip(got, want)):
+                assert_bits_equal(g, w, f"{name} {wide} swiglu={swiglu} segment {i}")
+
+
 @pytest.mark.parametrize("name", FLOAT_TYPES)
 def test_matmul_float_odd_n_in(qk, name):
     """Float weights with n_in not a multiple of 8 (GEMV not applicable: tiled for every T)."""
@@ -644,6 +678,50 @@ def test_matmul_xh(qk, name):
         want = _silu_mul(singles[0], singles[2][:, :33])
         np.testing.assert_allclose(download(ctx, yp, T * 33).reshape(T, 33), want, rtol=4e-6,
                                    atol=1e-6 * (np.abs(want).max() + 1), err_msg=f"{name} swiglu")
+
+
+@pytest.mark.parametrize("name", sorted(n for n, t in TYPES.items() if t in quant_ops.XH_TYPES))
+def test_matmul_xh_unpacked(qk, name):
+    """The x-halves tile from weights unpacked first (reflex_qi_unpack_<t> +
+    reflex_matmul_xhu_*): bit-identical to the xh tile decoding them (the same products in the
+    same order), for 1-3 segments and SwiGLU, partial token and row tiles, odd block counts; every
+    unpacked row and scale written (the scratch starts as NaN)."""
+    from reflex_core.testing.x_halves import x_halves
+
+    ctx, kernels_of = qk
+    kern, core, common = kernels_of(name), ctx.kernels("core"), ctx.kernels("quant")
+    t = TYPES[name]
+    rng = np.random.default_rng(1500 + t)
+    bs = qinfo(name)[0]
+    for n_in, T in ((bs, 9), (3 * bs, 64), (4096 + 3 * bs, 130)):
+        n_outs = (33, 1, 130)
+        ws = [random_weights(rng, name, n, n_in)[0] for n in n_outs]
+        wps = [upload(ctx, raw)[1] for raw in ws]
+        x = _xh_x(rng, T, n_in)
+        _, xp = upload(ctx, x)
+        xq = ctx.alloc(quant_ops.x_halves_bytes(T, n_in))
+        quant_ops.x_halves(core, xp, xq, T, n_in)
+        p = quant_ops.plan(t, (n_in, n_outs[0]), wps[0])
+        for segs, swiglu in (((0,), False), ((0, 1, 2), False), ((2, 0), False), ((0, 2), True)):
+            w3 = tuple(wps[i] for i in segs) + (0,) * (3 - len(segs))
+            outs = (33, 0, 0) if swiglu else tuple(n_outs[i] for i in segs) + (0,) * (3 - len(segs))
+            got, want = [], []
+            for unpacked, res in ((False, want), (True, got)):
+                yps = [upload(ctx, np.full(T * n, np.nan, np.float32))[1] if n else 0 for n in outs]
+                if unpacked:
+                    nbytes = sum(quant_ops._unpacked_sizes(t, n_in, outs, swiglu))
+                    scratch = upload(ctx, np.full(nbytes // 4, np.nan, np.float32))[1]
+                    quant_ops.matmul_xh_unpacked(kern, common, p, xq, T, w3, tuple(yps), outs,
+                                                 swiglu, scratch)
+                else:
+                    quant_ops.matmul_planned(kern, p, xp, T, w3, tuple(yps), outs, swiglu, True, xq)
+                res += [download(ctx, yp, T * n) for yp, n in zip(yps, outs) if n]
+            for i, (g, w) in enumerate(zip(got, want)):
+                assert not np.isnan(w).any(), f"{name} xh left outputs unwritten"
+                assert_bits_equal(g, w, f"{name} unpacked T={T} n_in={n_in} segs={segs} "
+                                        f"swiglu={swiglu} out {i}")
+    assert quant_ops.xh_unpack_bytes(p, quant_ops.XH_UNPACK_MIN_T, (33, 0, 0), False) > 0
+    assert quant_ops.xh_unpack_bytes(p, quant_ops.XH_UNPACK_MIN_T - 1, (33, 0, 0), False) == 0
 
 
 # ----------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 //   rx_ld_*               read-only loads: __ldg on the device, memcpy on the host; the
 //                         `words` / `u32u` forms accept any address (aligned loads + funnel shift)
 //   rx_warp_sum           butterfly sum over a full warp (device)
+//   RX_PDL_ENTRY()        first statement of a core kernel: programmatic dependent launch
 //
 // Host builds that use the bit-exact helpers must compile with -ffp-contract=off (GCC contracts
 // a*b-c into an FMA across statements when the target has FMA).
@@ -27,6 +28,26 @@
 #else
 #define RX_HD inline
 #define RX_D inline
+#endif
+
+// Programmatic dependent launch (sm_90+). The decode graphs launch the core's kernels with
+// programmatic stream serialization (reflex_core/cuda/modules.py), so a kernel's blocks may
+// start while the kernel before it is still running. RX_PDL_ENTRY() is therefore the first
+// statement of every core kernel: wait until the preceding grid has completed and its writes
+// are visible (before reading or writing anything it may touch), then let the next kernel's
+// launch begin (it waits the same way, so it cannot start work before this one completes).
+// Without that launch attribute, or before sm_90, both are no-ops. Only reads of data that no
+// kernel writes (the weights) may come before it.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define RX_PDL_ENTRY()                                                   \
+    do {                                                                 \
+        asm volatile("griddepcontrol.wait;" ::: "memory");               \
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  \
+    } while (0)
+#else
+#define RX_PDL_ENTRY() \
+    do {               \
+    } while (0)
 #endif
 
 // ------------------------------------------------------------------------------------------

@@ -27,11 +27,14 @@
 // reflex_matmul_gemv{1,2,4,8}_<t>(w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, n2, row_bytes,
 //                                 mode)                                   (T <= 1, 2, 4, 8)
 // reflex_matmul_gemv1s_<t>(the same)                                     (T <= 1)
+// reflex_matmul_gemv1w_<t>, reflex_matmul_gemv1ws_<t>(the same)          (T <= 1)
 //   y[t, o] = sum_i W[o, i] x[t, i] for small T (decode, short batches). 128 threads = 4 warps
-//   in 4 / KS row groups of KS warps: KS = 1 for gemv{1,2,4,8}, 2 for gemv1s (the launcher's
-//   choice for one token and rows of 64 lane units or more: twice the warps on a matrix keep
-//   more loads in flight). A group owns R = 2 weight rows: mode 0, 2 consecutive output rows of
-//   one segment; mode 1, row o of gate and row o of up (one output row). Its KS warps split the
+//   in 4 / KS row groups of KS warps: KS = 1 for gemv{1,2,4,8} and gemv1w, 2 for gemv1s and
+//   gemv1ws (the launcher's choice for one token and rows of 64 lane units or more: twice the
+//   warps on a matrix keep more loads in flight). A group owns R weight rows, R = 2 (4 for
+//   gemv1w / gemv1ws, the launcher's choice for launches of many rows): mode 0, R consecutive
+//   output rows of one segment; mode 1, rows o .. o + R/2 - 1 of gate and of up (R/2 output
+//   rows). Each row's arithmetic is the same whatever R, KS aside. Its KS warps split the
 //   rows' units (warp s takes the runs of 32 units s, s + KS, ...) and their sums meet in shared
 //   memory. Each warp's lanes stride over the rows' "lane units"
 //   (rx_lu<t>: 16-byte vector loads where the block layout keeps 16-byte alignment -- Q4_K,
@@ -45,9 +48,9 @@
 //   per unit step and used for both rows. f32 accumulation with FMA (types with one scale per
 //   unit: the unit's sum of values * x, then one FMA with the scale), a butterfly shuffle sum per
 //   warp, the group's warps added in order; lane r*TT+t of the group's first warp stores
-//   y[t, row0+r] (mode 1: lane t stores y0[t, o]).
-//   mode 0: grid.x = sum_i ceil(n_i / (2 * 4 / KS)), segment i owning a contiguous run of blocks;
-//   mode 1: grid.x = ceil(n0 / (4 / KS)). Needs x 16-byte aligned, every w_i aligned to
+//   y[t, row0+r] (mode 1: lane m*TT+t stores y0[t, o+m]).
+//   mode 0: grid.x = sum_i ceil(n_i / (R * 4 / KS)), segment i owning a contiguous run of
+//   blocks; mode 1: grid.x = ceil(n0 / (R/2 * 4 / KS)). Needs x 16-byte aligned, every w_i aligned to
 //   rx_lu<t>::ALIGN, and n_in % 8 == 0 for float types (the launcher falls back to the tiled
 //   kernel otherwise).
 //
@@ -79,11 +82,12 @@
 //                       x_per_expert, n_expert, mode)
 //   MoE gather: slot s = t*k + j uses expert e = ids[s] (read on the device) of the 3-D tensor
 //   (E matrices of expert_bytes each): y[s, :] = W_e . x_row, x_row = x[t] (x_per_expert = 0)
-//   or x[s] (1). The GEMV above with T = 1 per slot, grid.y striding over slots, so only the
-//   selected experts' rows are read. mode 0: grid = (ceil(n_out/8), min(T*k, 65535)), w_up
-//   unused. mode 1 (SwiGLU): w = gate experts, w_up = up experts (same type and shape); a warp
-//   owns output row o (its gate and up rows, R = 2 as above), y[s, o] = silu(g) * u;
-//   grid = (ceil(n_out/4), min(T*k, 65535)). An id outside [0, n_expert) gives NaN outputs.
+//   or x[s] (1). The GEMV above with T = 1 per slot and R = 4 rows a warp, grid.y striding over
+//   slots, so only the selected experts' rows are read. mode 0: grid = (ceil(n_out/16),
+//   min(T*k, 65535)), w_up unused. mode 1 (SwiGLU): w = gate experts, w_up = up experts (same
+//   type and shape); a warp owns output rows o, o + 1 (their gate and up rows),
+//   y[s, o] = silu(g) * u; grid = (ceil(n_out/8), min(T*k, 65535)). An id outside
+//   [0, n_expert) gives NaN outputs.
 //
 // reflex_moe_tiled_<t>(w, w_up, x, order, tiles, n_tiles, y, k, n_in, n_out, row_bytes,
 //                      expert_bytes, x_per_expert, mode)
@@ -180,19 +184,19 @@ __device__ __forceinline__ float rx_silu_mul(float g, float u) { return g / (1.0
 // every sum), then, when KS > 1 warps split the rows' units, the other slices' sums added to
 // slice 0's in slice order through shared memory (every thread of the block calls it then: it
 // synchronizes the block). Afterwards slice 0's lanes hold the totals.
-template <int TT, int KS>
-__device__ __forceinline__ void gemv_sums(float (&acc)[GEMV_R][TT]) {
+template <int TT, int KS, int R>
+__device__ __forceinline__ void gemv_sums(float (&acc)[R][TT]) {
 #pragma unroll
-    for (int r = 0; r < GEMV_R; ++r) {
+    for (int r = 0; r < R; ++r) {
 #pragma unroll
         for (int t = 0; t < TT; ++t) acc[r][t] = rx_warp_sum(acc[r][t]);
     }
     if constexpr (KS > 1) {
-        __shared__ float part[GEMV_WARPS][GEMV_R * TT];
+        __shared__ float part[GEMV_WARPS][R * TT];
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % KS;
-        if (slice > 0 && lane < GEMV_R * TT) {
+        if (slice > 0 && lane < R * TT) {
 #pragma unroll
-            for (int r = 0; r < GEMV_R; ++r) {
+            for (int r = 0; r < R; ++r) {
 #pragma unroll
                 for (int t = 0; t < TT; ++t)
                     if (lane == r * TT + t) part[warp][lane] = acc[r][t];
@@ -203,7 +207,7 @@ __device__ __forceinline__ void gemv_sums(float (&acc)[GEMV_R][TT]) {
 #pragma unroll
             for (int p = 1; p < KS; ++p) {
 #pragma unroll
-                for (int r = 0; r < GEMV_R; ++r) {
+                for (int r = 0; r < R; ++r) {
 #pragma unroll
                     for (int t = 0; t < TT; ++t) acc[r][t] += part[warp + p][r * TT + t];
                 }
@@ -213,31 +217,35 @@ __device__ __forceinline__ void gemv_sums(float (&acc)[GEMV_R][TT]) {
 }
 
 // The stores, from the totals: plain, lane r*TT+t stores y[t, row0+r] (rows past n_out
-// skipped); SwiGLU (acc[0] = gate row, acc[1] = up row, one output row row0), lane t stores
-// y[t, row0] = silu(g) * u.
-template <int TT>
-__device__ __forceinline__ void gemv_store(const float (&acc)[GEMV_R][TT], bool swiglu,
+// skipped); SwiGLU (acc[2m] = gate row row0 + m, acc[2m+1] = its up row), lane m*TT+t stores
+// y[t, row0+m] = silu(g) * u.
+template <int TT, int R>
+__device__ __forceinline__ void gemv_store(const float (&acc)[R][TT], bool swiglu,
                                            float* __restrict__ y, int T, int n_out, int row0) {
     const int lane = threadIdx.x & 31;
     if (swiglu) {
         float g = 0.0f, u = 0.0f;
 #pragma unroll
-        for (int t = 0; t < TT; ++t)
-            if (lane == t) {
-                g = acc[0][t];
-                u = acc[1][t];
-            }
-        if (lane < T) y[(long long)lane * n_out + row0] = rx_silu_mul(g, u);
+        for (int m = 0; m < R / 2; ++m) {
+#pragma unroll
+            for (int t = 0; t < TT; ++t)
+                if (lane == m * TT + t) {
+                    g = acc[2 * m][t];
+                    u = acc[2 * m + 1][t];
+                }
+        }
+        const int m = lane / TT, t = lane % TT;
+        if (m < R / 2 && t < T && row0 + m < n_out) y[(long long)t * n_out + row0 + m] = rx_silu_mul(g, u);
     } else {
         float mine = 0.0f;
 #pragma unroll
-        for (int r = 0; r < GEMV_R; ++r) {
+        for (int r = 0; r < R; ++r) {
 #pragma unroll
             for (int t = 0; t < TT; ++t)
                 if (lane == r * TT + t) mine = acc[r][t];
         }
         const int r = lane / TT, t = lane % TT;
-        if (r < GEMV_R && t < T && row0 + r < n_out) y[(long long)t * n_out + row0 + r] = mine;
+        if (r < R && t < T && row0 + r < n_out) y[(long long)t * n_out + row0 + r] = mine;
     }
 }
 
@@ -260,13 +268,15 @@ __device__ __forceinline__ void seg_select(const uint8_t* w0, const uint8_t* w1,
 }
 
 // A block's 4 warps form GEMV_WARPS / KS row groups of KS warps each; the KS warps ("slices")
-// of a group split its rows' units (rx_gemv_rows' first / stride).
-template <int TYPE, int TT, int KS, bool XQ = false>
+// of a group split its R rows' units (rx_gemv_rows' first / stride). Mode 0: the group's rows
+// are R consecutive rows of one segment; mode 1: gate and up rows of R / 2 consecutive outputs.
+template <int TYPE, int TT, int KS, bool XQ = false, int R = GEMV_R>
 __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,
                                           const uint8_t* __restrict__ w2, const float* __restrict__ x,
                                           float* __restrict__ y0, float* __restrict__ y1,
                                           float* __restrict__ y2, int T, int n_in, int n0, int n1,
                                           int n2, long long row_bytes, int mode) {
+    static_assert(R % 2 == 0 && R * TT <= 32, "row pairs; a lane an output");
     constexpr int GROUPS = GEMV_WARPS / KS;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int group = warp / KS, slice = warp % KS;
@@ -274,64 +284,81 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
     const uint8_t* w;
     float* y;
     int n, row0;
-    if (swiglu) {  // gate row o and up row o
+    if (swiglu) {  // gate rows and up rows o .. o + R/2 - 1
         w = w0; y = y0; n = n0;
-        row0 = blockIdx.x * GROUPS + group;
+        row0 = (blockIdx.x * GROUPS + group) * (R / 2);
     } else {
         int b;
-        seg_select(w0, w1, w2, y0, y1, y2, n0, n1, n2, GROUPS * GEMV_R, w, y, n, b);
-        row0 = (b * GROUPS + group) * GEMV_R;
+        seg_select(w0, w1, w2, y0, y1, y2, n0, n1, n2, GROUPS * R, w, y, n, b);
+        row0 = (b * GROUPS + group) * R;
     }
     const bool live = row0 < n;  // with KS > 1, a group past n still joins gemv_sums' barrier
     if (KS == 1 && !live) return;
-    // selects only (one copy of the main loop for both modes)
-    static_assert(GEMV_R == 2, "a warp's two weight rows");
-    const int r0 = live ? row0 : n - 1;
-    const int row1 = swiglu ? r0 : min(r0 + 1, n - 1);
-    const uint8_t* rp[GEMV_R] = {w + (long long)r0 * row_bytes,
-                                 (swiglu ? w1 : w) + (long long)row1 * row_bytes};
-    float acc[GEMV_R][TT];
+    // rows past n read row n - 1 (not stored): one copy of the main loop for both modes
+    const uint8_t* rp[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        if (swiglu) {
+            rp[r] = (r & 1 ? w1 : w) + (long long)min(row0 + r / 2, n - 1) * row_bytes;
+        } else {
+            rp[r] = w + (long long)min(row0 + r, n - 1) * row_bytes;
+        }
+    }
+    // The weights are read-only: before the wait for the kernel ahead of this one (which only
+    // a programmatic launch makes this overlap), the group's lanes ask the L2 for its rows'
+    // bytes, one 128-byte line a lane at a time.
+    if (live) {
+        const int gl = 32 * slice + lane;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            for (long long b = 128LL * gl; b < row_bytes; b += 128LL * 32 * KS)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(rp[r] + b));
+        }
+    }
+    RX_PDL_ENTRY();
+    float acc[R][TT];
     if constexpr (XQ) {  // x is the x limbs (rx_gemv_rows_xq), T = 1
-        rx_gemv_rows_xq<TYPE, GEMV_R>(rp, (const uint32_t*)x, live ? n_in : 0, 32 * slice + lane,
-                                      32 * KS, acc);
+        rx_gemv_rows_xq<TYPE, R>(rp, (const uint32_t*)x, live ? n_in : 0, 32 * slice + lane,
+                                 32 * KS, acc);
     } else {
-        rx_gemv_rows<TYPE, TT, GEMV_R>(rp, x, T, live ? n_in : 0, 32 * slice + lane, 32 * KS, acc);
+        rx_gemv_rows<TYPE, TT, R>(rp, x, T, live ? n_in : 0, 32 * slice + lane, 32 * KS, acc);
     }
     gemv_sums<TT, KS>(acc);
     if (slice == 0 && live) gemv_store<TT>(acc, swiglu, y, T, n, row0);
 }
 
-template <int TYPE>
+template <int TYPE, int R = GEMV_R>
 __device__ __forceinline__ void moe_body(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_up,
                                          const float* __restrict__ x, const int* __restrict__ ids,
                                          float* __restrict__ y, int T, int k, int n_in, int n_out,
                                          long long row_bytes, long long expert_bytes,
                                          int x_per_expert, int n_expert, int mode) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    // mode 0: rows row0, row0 + 1 of W_e; mode 1: row row0 of gate_e and of up_e
-    const int row0 = mode == 1 ? blockIdx.x * GEMV_WARPS + warp : (blockIdx.x * GEMV_WARPS + warp) * GEMV_R;
+    // mode 0: rows row0 .. row0 + R - 1 of W_e; mode 1: gate_e and up_e rows row0 .. + R/2 - 1
+    const int nr = mode == 1 ? R / 2 : R;  // output rows a warp
+    const int row0 = (blockIdx.x * GEMV_WARPS + warp) * nr;
     if (row0 >= n_out) return;  // warp-uniform; no block-level sync below
     const int n_slots = T * k;
     for (int slot = blockIdx.y; slot < n_slots; slot += gridDim.y) {
         const int e = __ldg(ids + slot);  // same for the whole warp
         float* ys = y + (long long)slot * n_out;
         if (e < 0 || e >= n_expert) {
-            const int nr = mode == 1 ? 1 : GEMV_R;
             if (lane < nr && row0 + lane < n_out) ys[row0 + lane] = rx_nan();
             continue;
         }
         const float* xs = x + (long long)(x_per_expert ? slot : slot / k) * n_in;
         const long long eo = (long long)e * expert_bytes;
-        const uint8_t* rp[GEMV_R];
-        if (mode == 1) {
-            rp[0] = w + eo + (long long)row0 * row_bytes;
-            rp[1] = w_up + eo + (long long)row0 * row_bytes;
-        } else {
+        const uint8_t* rp[R];
 #pragma unroll
-            for (int r = 0; r < GEMV_R; ++r) rp[r] = w + eo + (long long)min(row0 + r, n_out - 1) * row_bytes;
+        for (int r = 0; r < R; ++r) {
+            if (mode == 1) {
+                rp[r] = (r & 1 ? w_up : w) + eo + (long long)min(row0 + r / 2, n_out - 1) * row_bytes;
+            } else {
+                rp[r] = w + eo + (long long)min(row0 + r, n_out - 1) * row_bytes;
+            }
         }
-        float acc[GEMV_R][1];
-        rx_gemv_rows<TYPE, 1, GEMV_R>(rp, xs, 1, n_in, lane, 32, acc);
+        float acc[R][1];
+        rx_gemv_rows<TYPE, 1, R>(rp, xs, 1, n_in, lane, 32, acc);
         gemv_sums<1, 1>(acc);
         gemv_store<1>(acc, mode == 1, ys, 1, n_out, row0);
     }
@@ -861,6 +888,195 @@ __device__ __forceinline__ void xh_body(const uint8_t* __restrict__ w0, const ui
 }
 
 // ------------------------------------------------------------------------------------------
+// the prefill matmul on x halves from weights unpacked once (xhu)
+
+// A weight unpacked for the xhu tiles: rows of float16 integers q (exact) in the tile's shared
+// memory order, then the rows' sub-block scales. For row r and block kb (32 elements), 16 words
+// at q + 16 (r * n_in / 32 + kb): the word of elements 4j..4j+3 (rx_qi<T>::ints) gives its pairs
+// (4j, 4j+1) at word 8h + 2g + p and (4j+2, 4j+3) at 8h + 2g + 2 + p (h = j / 4, p = j / 2 % 2,
+// g = 2 (j % 2)): the order xh_body's tile fill writes. Then, at byte 2 * n_rows * n_in, the
+// float2 (a, c) of sub-block b of row r at [r * n_in / SUB + b].
+template <int TYPE>
+__device__ __forceinline__ void qi_unpack_body(const uint8_t* __restrict__ w, uint32_t* __restrict__ out,
+                                               int n_rows, int n_in, long long row_bytes) {
+    typedef rx_q<TYPE> Q;
+    typedef rx_qi<TYPE> I;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const int wpr = n_in / 4;  // input words a row
+    for (long long g = i0; g < (long long)n_rows * wpr; g += stride) {
+        const int r = (int)(g / wpr), j4 = (int)(g % wpr), kb = j4 >> 3, j = j4 & 7;
+        const int k = 4 * j4;
+        const uint32_t v = I::ints(w + r * row_bytes + (long long)(k / Q::QK) * Q::TS, k % Q::QK);
+        uint32_t p01, p23;
+        rx_i8x4_to_f16x4(v, p01, p23);
+        uint32_t* blk = out + ((long long)r * (n_in / 32) + kb) * 16 + 8 * (j >> 2);
+        const int q = 2 * (j & 1), part = (j >> 1) & 1;
+        blk[q + part] = p01;
+        blk[q + 2 + part] = p23;
+    }
+    float2* sc = reinterpret_cast<float2*>(out + (long long)n_rows * n_in / 2);
+    const int spr = n_in / I::SUB;
+    for (long long g = i0; g < (long long)n_rows * spr; g += stride) {
+        const int r = (int)(g / spr), k = I::SUB * (int)(g % spr);
+        sc[g] = I::scale(w + r * row_bytes + (long long)(k / Q::QK) * Q::TS, k % Q::QK);
+    }
+}
+
+__device__ __forceinline__ void rx_cp_async8(void* dst, const void* src, bool ok) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 8 : 0));
+}
+
+// xh_body's products (same segments, modes, tile, warps, arithmetic and epilogue, so the same
+// bits) from weights unpacked by reflex_qi_unpack_<t>: w0..w2 point at unpacked weights (of n0,
+// n1, n2 rows; SwiGLU: gate and up, n0 rows each), SUB and MIN those of the weights' type. With
+// no decoding left in the loop, every tile load is a cp.async, and each 32-element K slice is
+// copied in three stages ahead of the math.
+template <int SUB, bool MIN>
+__device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,
+                                         const uint8_t* __restrict__ w2, const uint32_t* __restrict__ H,
+                                         float* __restrict__ y0, float* __restrict__ y1,
+                                         float* __restrict__ y2, int T, int n_in, int n0, int n1,
+                                         int n2, int mode) {
+#if RX_TILED_MMA
+    constexpr int ST = 3;          // stages
+    constexpr int NS = 32 / SUB;   // sub-blocks per block
+    struct Tiles {
+        uint32_t w[ST][TILE_M][16];
+        float2 ws[ST][NS][TILE_M];
+        uint32_t x[ST][TILE_N][32];
+        float xs[ST][TILE_N];
+    };
+    constexpr size_t E_BYTES = sizeof(float) * TILE_N * (TILE_M + 4);
+    __shared__ __align__(16) unsigned char smem[sizeof(Tiles) > E_BYTES ? sizeof(Tiles) : E_BYTES];
+    Tiles& sm = *reinterpret_cast<Tiles*>(smem);
+    static_assert(TILE_M * 4 == TILE_THREADS && TILE_N * 8 == 2 * TILE_THREADS, "copies a thread");
+
+    const int tid = threadIdx.x;
+    const uint8_t* w;
+    float* y;
+    int n, m0;
+    tile_rows(w0, w1, w2, y0, y1, y2, n0, n1, n2, mode, w, y, n, m0);
+    const int n0t = blockIdx.y * TILE_N;
+    const int nb = n_in >> 5;
+    const long long q_bytes = 2LL * n * n_in;  // the scales follow a weight's q (n rows)
+    const float* __restrict__ S = reinterpret_cast<const float*>(H + (long long)T * n_in);
+    const float* __restrict__ XS = S + T;
+    const int lane = tid & 31, wg = lane >> 2, wq = lane & 3;
+    const int wr = 16 * ((tid >> 5) & 3), wt = 32 * (tid >> 7);
+    const bool active = n0t + wt < T;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+
+    // This thread's copies: weight row wm's 16-byte piece wc, scale (row tid % 64, sub-block
+    // tid / 64), x pieces of tokens xn and xn + 32, x block sum of token tid.
+    const int wm = tid >> 2, wc = tid & 3;
+    const int wrow = mode == 1 ? m0 + (wm & (TILE_M / 2 - 1)) : m0 + wm;
+    const uint8_t* wp = (mode == 1 && wm >= TILE_M / 2 ? w1 : w) + 2LL * wrow * n_in;
+    const bool w_ok = wrow < n;
+    const int sm_m = tid % TILE_M, sm_h = tid / TILE_M;
+    const int srow = mode == 1 ? m0 + (sm_m & (TILE_M / 2 - 1)) : m0 + sm_m;
+    const uint8_t* sp = (mode == 1 && sm_m >= TILE_M / 2 ? w1 : w) + q_bytes + 8LL * srow * (n_in / SUB);
+    const bool s_ok = srow < n && sm_h < NS;
+    const int xn = tid >> 3, xi = tid & 7;
+    auto load = [&](int kb, int st) {
+        const bool k_ok = kb < nb;
+        rx_cp_async16(&sm.w[st][wm][8 * ((wc >> 1) ^ ((wm >> 1) & 1)) + 4 * (wc & 1)],
+                      w_ok && k_ok ? (const void*)(wp + 64LL * kb + 16 * wc) : (const void*)w,
+                      w_ok && k_ok);
+        if (sm_h < NS)
+            rx_cp_async8(&sm.ws[st][sm_h][sm_m], s_ok && k_ok ? (const void*)(sp + 8LL * (kb * NS + sm_h)) : (const void*)w,
+                         s_ok && k_ok);
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const int nn = xn + 32 * p;
+            const bool ok = n0t + nn < T && k_ok;
+            rx_cp_async16(&sm.x[st][nn][16 * ((xi >> 2) ^ (nn & 1)) + 4 * (xi & 3)],
+                          ok ? (const void*)(H + ((long long)(n0t + nn) * nb + kb) * 32 + 4 * xi) : (const void*)H, ok);
+        }
+        if (MIN && tid < TILE_N) {
+            const bool ok = n0t + tid < T && k_ok;
+            rx_cp_async4(&sm.xs[st][tid], ok ? (const void*)(XS + (long long)(n0t + tid) * nb + kb) : (const void*)XS, ok);
+        }
+        rx_cp_async_commit();
+    };
+
+#pragma unroll
+    for (int st = 0; st < ST - 1; ++st) load(st, st);
+    for (int kb = 0; kb < nb; ++kb) {
+        const int st = kb % ST;
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 2));  // this thread's copies of kb
+        __syncthreads();  // everyone's; and stage (kb - 1) % ST is free again
+        load(kb + ST - 1, (kb + ST - 1) % ST);
+        if (active) {
+            uint32_t a[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r0 = wr + wg, r1 = r0 + 8;
+                const uint2 lo = *reinterpret_cast<const uint2*>(&sm.w[st][r0][8 * (h ^ ((r0 >> 1) & 1)) + 2 * wq]);
+                const uint2 hi = *reinterpret_cast<const uint2*>(&sm.w[st][r1][8 * (h ^ ((r1 >> 1) & 1)) + 2 * wq]);
+                a[h][0] = lo.x;
+                a[h][1] = hi.x;
+                a[h][2] = lo.y;
+                a[h][3] = hi.y;
+            }
+            float2 ws[NS][2];
+#pragma unroll
+            for (int h = 0; h < NS; ++h) {
+                ws[h][0] = sm.ws[st][h][wr + wg];
+                ws[h][1] = sm.ws[st][h][wr + wg + 8];
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int tk = wt + 8 * j + wg;
+                uint4 b[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    b[h] = *reinterpret_cast<const uint4*>(&sm.x[st][tk][16 * (h ^ (tk & 1)) + 4 * wq]);
+                float xs[2] = {0.0f, 0.0f};
+                if constexpr (MIN) {
+                    const float2 v = *reinterpret_cast<const float2*>(&sm.xs[st][wt + 8 * j + 2 * wq]);
+                    xs[0] = v.x;
+                    xs[1] = v.y;
+                }
+#pragma unroll
+                for (int sb = 0; sb < NS; ++sb) {
+                    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                    for (int h = sb * 2 / NS; h < (sb + 1) * 2 / NS; ++h) {
+                        rx_mma_f16(d, a[h], b[h].x, b[h].y);
+                        rx_mma_f16(d, a[h], b[h].z, b[h].w);
+                    }
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        acc[j][e] = fmaf(ws[sb][e >> 1].x, d[e], acc[j][e]);
+                        if constexpr (MIN) acc[j][e] = fmaf(ws[sb][e >> 1].y, xs[e & 1], acc[j][e]);
+                    }
+                }
+            }
+        }
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    __syncthreads();  // the tiles' memory becomes the epilogue's
+    float (*E)[TILE_M + 4] = reinterpret_cast<float (*)[TILE_M + 4]>(smem);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int t0 = wt + 8 * i + 2 * wq;
+        const float s0 = n0t + t0 < T ? __ldg(S + n0t + t0) : 0.0f;
+        const float s1 = n0t + t0 + 1 < T ? __ldg(S + n0t + t0 + 1) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) E[t0 + (j & 1)][wr + wg + 8 * (j >> 1)] = acc[i][j] * (j & 1 ? s1 : s0);
+    }
+    __syncthreads();
+    tile_store<false>(E, y, T, n, m0, n0t, mode, nullptr);
+#endif
+}
+
+// ------------------------------------------------------------------------------------------
 // extern "C" entry points, one set per type
 
 #define RX_MM_PARAMS                                                                                  \
@@ -871,37 +1087,48 @@ __device__ __forceinline__ void xh_body(const uint8_t* __restrict__ w0, const ui
 
 #define RX_QUANT_KERNELS(name, TYPE)                                                                  \
     extern "C" __global__ void __launch_bounds__(DQ_THREADS)                                          \
-        reflex_dequant_##name(const uint8_t* __restrict__ w, float* __restrict__ out, long long n) {  \
+        reflex_dequant_##name(const uint8_t* __restrict__ w, float* __restrict__ out, long long n) { \
+        RX_PDL_ENTRY();                                                                              \
         dequant_body<TYPE>(w, out, n);                                                                \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(EMB_THREADS)                                         \
         reflex_embed_##name(const uint8_t* __restrict__ w, const int* __restrict__ ids,               \
                             float* __restrict__ out, int n_tokens, int n_embd, long long row_bytes,   \
-                            int n_rows) {                                                             \
+                            int n_rows) {                                                            \
+        RX_PDL_ENTRY();                                                                              \
         embed_body<TYPE>(w, ids, out, n_tokens, n_embd, row_bytes, n_rows);                           \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
-        reflex_matmul_gemv1_##name(RX_MM_PARAMS) {                                             \
+        reflex_matmul_gemv1_##name(RX_MM_PARAMS) {                                                   \
         gemv_body<TYPE, 1, 1>(RX_MM_ARGS);                                           \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
-        reflex_matmul_gemv2_##name(RX_MM_PARAMS) {                                             \
+        reflex_matmul_gemv2_##name(RX_MM_PARAMS) {                                                   \
         gemv_body<TYPE, 2, 1>(RX_MM_ARGS);                                           \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
-        reflex_matmul_gemv4_##name(RX_MM_PARAMS) {                                             \
+        reflex_matmul_gemv4_##name(RX_MM_PARAMS) {                                                   \
         gemv_body<TYPE, 4, 1>(RX_MM_ARGS);                                           \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
-        reflex_matmul_gemv8_##name(RX_MM_PARAMS) {                                             \
+        reflex_matmul_gemv8_##name(RX_MM_PARAMS) {                                                   \
         gemv_body<TYPE, 8, 1>(RX_MM_ARGS);                                           \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
-        reflex_matmul_gemv1s_##name(RX_MM_PARAMS) {                                            \
+        reflex_matmul_gemv1s_##name(RX_MM_PARAMS) {                                                  \
         gemv_body<TYPE, 1, 2>(RX_MM_ARGS);                                           \
     }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
+        reflex_matmul_gemv1w_##name(RX_MM_PARAMS) {                                                  \
+        gemv_body<TYPE, 1, 1, false, 4>(RX_MM_ARGS);                                                  \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
+        reflex_matmul_gemv1ws_##name(RX_MM_PARAMS) {                                                 \
+        gemv_body<TYPE, 1, 2, false, 4>(RX_MM_ARGS);                                                  \
+    }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(TILE_THREADS, 2)                                     \
-        reflex_matmul_tiled_##name(RX_MM_PARAMS) {                                             \
+        reflex_matmul_tiled_##name(RX_MM_PARAMS) {                                                   \
+        RX_PDL_ENTRY();                                                                              \
         tiled_body<TYPE>(RX_MM_ARGS);                                                               \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 4)                                  \
@@ -909,9 +1136,10 @@ __device__ __forceinline__ void xh_body(const uint8_t* __restrict__ w0, const ui
                                  const float* __restrict__ x, const int* __restrict__ ids,            \
                                  float* __restrict__ y, int T, int k, int n_in, int n_out,            \
                                  long long row_bytes, long long expert_bytes, int x_per_expert,       \
-                                 int n_expert, int mode) {                                            \
-        moe_body<TYPE>(w, w_up, x, ids, y, T, k, n_in, n_out, row_bytes, expert_bytes, x_per_expert,  \
-                       n_expert, mode);                                                               \
+                                 int n_expert, int mode) {                                           \
+        RX_PDL_ENTRY();                                                                              \
+        moe_body<TYPE, 4>(w, w_up, x, ids, y, T, k, n_in, n_out, row_bytes, expert_bytes,             \
+                          x_per_expert, n_expert, mode);                                              \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(TILE_THREADS, 2)                                     \
         reflex_moe_tiled_##name(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_up,      \
@@ -919,7 +1147,8 @@ __device__ __forceinline__ void xh_body(const uint8_t* __restrict__ w0, const ui
                                 const int* __restrict__ tiles, const int* __restrict__ n_tiles,       \
                                 float* __restrict__ y, int k, int n_in, int n_out,                    \
                                 long long row_bytes, long long expert_bytes, int x_per_expert,        \
-                                int mode) {                                                           \
+                                int mode) {                                                          \
+        RX_PDL_ENTRY();                                                                              \
         moe_tiled_body<TYPE>(w, w_up, x, order, tiles, n_tiles, y, k, n_in, n_out, row_bytes,         \
                              expert_bytes, x_per_expert, mode);                                       \
     }
@@ -930,8 +1159,15 @@ __device__ __forceinline__ void xh_body(const uint8_t* __restrict__ w0, const ui
 // (x_rows: T, or T * k when x_per_expert) reflex_x_halves wrote. Need n_in % 32 == 0 (every such
 // type's rows are whole blocks).
 #define RX_QUANT_XH_KERNELS(name, TYPE)                                                               \
+    extern "C" __global__ void __launch_bounds__(DQ_THREADS)                                          \
+        reflex_qi_unpack_##name(const uint8_t* __restrict__ w, uint32_t* __restrict__ out, int n_rows, \
+                                int n_in, long long row_bytes) {                                      \
+        RX_PDL_ENTRY();                                                                              \
+        qi_unpack_body<TYPE>(w, out, n_rows, n_in, row_bytes);                                        \
+    }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(TILE_THREADS, 2)                                     \
-        reflex_matmul_xh_##name(RX_MM_PARAMS) {                                                       \
+        reflex_matmul_xh_##name(RX_MM_PARAMS) {                                                      \
+        RX_PDL_ENTRY();                                                                              \
         xh_body<TYPE>(w0, w1, w2, reinterpret_cast<const uint32_t*>(x), y0, y1, y2, T, n_in, n0, n1,  \
                       n2, row_bytes, mode, T);                                                        \
     }                                                                                                 \
@@ -940,7 +1176,8 @@ __device__ __forceinline__ void xh_body(const uint8_t* __restrict__ w0, const ui
                              const uint32_t* __restrict__ x, const int* __restrict__ order,           \
                              const int* __restrict__ tiles, const int* __restrict__ n_tiles,          \
                              float* __restrict__ y, int k, int n_in, int n_out, long long row_bytes,  \
-                             long long expert_bytes, int x_per_expert, int mode, int x_rows) {        \
+                             long long expert_bytes, int x_per_expert, int mode, int x_rows) {       \
+        RX_PDL_ENTRY();                                                                              \
         const int tile = blockIdx.y;                                                                  \
         if (tile >= __ldg(n_tiles)) return;                                                           \
         const int e = __ldg(tiles + 3 * tile), first = __ldg(tiles + 3 * tile + 1);                   \
@@ -954,10 +1191,21 @@ __device__ __forceinline__ void xh_body(const uint8_t* __restrict__ w0, const ui
 // for IQ4_XS): x points at reflex_x_limbs' output; otherwise as gemv1 / gemv1s.
 #define RX_QUANT_XQ_KERNELS(name, TYPE)                                                               \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
-        reflex_matmul_gemvq1_##name(RX_MM_PARAMS) {                                                   \
+        reflex_matmul_gemvq1_##name(RX_MM_PARAMS) {                                                  \
         gemv_body<TYPE, 1, 1, true>(RX_MM_ARGS);                                                      \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
-        reflex_matmul_gemvq1s_##name(RX_MM_PARAMS) {                                                  \
+        reflex_matmul_gemvq1s_##name(RX_MM_PARAMS) {                                                 \
         gemv_body<TYPE, 1, 2, true>(RX_MM_ARGS);                                                      \
+    }
+
+// The prefill tiles on x halves from unpacked weights (xhu_body), one per (SUB, MIN) of the
+// integer view: s32 (Q4_0, Q5_0, Q8_0, IQ4_XS), m32 (Q4_K, Q5_K), s16 (Q6_K). cuda/quant.cu
+// instantiates them; x, y, segments and modes as reflex_matmul_xh_<t>, the w_i unpacked.
+#define RX_QUANT_XHU_KERNEL(name, SUB, MIN)                                                           \
+    extern "C" __global__ void __launch_bounds__(TILE_THREADS, 2)                                     \
+        reflex_matmul_xhu_##name(RX_MM_PARAMS) {                                                     \
+        RX_PDL_ENTRY();                                                                              \
+        xhu_body<SUB, MIN>(w0, w1, w2, reinterpret_cast<const uint32_t*>(x), y0, y1, y2, T, n_in, n0, \
+                           n1, n2, mode);                                                            \
     }
