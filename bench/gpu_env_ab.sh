@@ -12,7 +12,8 @@
 #   (A=X=1 B=X=1, any variable: no A/B, one setting twice)
 #   WHICH: bench/make_models.py names, default 8b-iq4_xs. Needs .whl-new, .peer, .models carried.
 #   NCU_STEP=0 leaves out step 2 (NCU_TOP=N: its N costliest kernels, NCU_BY_GRID=1: each
-#   grid size apart), PEERS=0 llama-simple (its build and steps 3-4's llama runs);
+#   grid size apart), PEERS=0 llama-simple (its build and steps 3-4's llama runs), DECODE=0
+#   step 4;
 #   LONG=1 adds 5. the warm 1518-token prefill and the decode after it (bench/warm_long.py) per
 #   setting alternating, 2 rounds, and (LONG_NCU=1) each kernel's share of one 1518-token
 #   prefill per setting (ncu); KDETAIL=REGEX: Nsight Compute's sections (speed of light, pipes,
@@ -73,8 +74,9 @@ if [ "${LLAMA_NCU:-0}" = 1 ] && [ -x $LS ]; then
     python3 "$REPO/bench/ncu_by_kernel.py" "$W/ll-$((N + 1)).csv" 14 --minus "$W/ll-1.csv" --per $N | tee -a "$LOG"
   done
 fi
-say "warm decode, settings and llama-simple alternating"
+[ "${DECODE:-1}" = 1 ] && say "warm decode, settings and llama-simple alternating"
 for r in 1 2 3; do
+  [ "${DECODE:-1}" = 1 ] || break
   for f in $models; do
     bench "$A" $f; bench "$B" $f
     [ -x $LS ] && echo "llama-simple $f: $(timeout 60 $LS -m "$MODELS/$f" -n 33 "$PROMPT" 2>&1 \
