@@ -487,19 +487,23 @@ def test_launcher_choices(quant_signatures):
     name, grid, block, args = k.calls[-1]
     assert name == "reflex_matmul_gemv8_q8_0" and grid == (256 + 128 + 125, 1, 1)
     assert args == (W, W + 2, W + 4, X, Y, Y + 4, Y + 8, 5, 1024, 2048, 1024, 1000, 1088, 0)
-    _matmul(q, k, [W, W + 2, W + 4], 8, X, [Y, Y + 4, Y + 8], 1, 1024, [2048, 1024, 1000])
-    assert k.calls[-1][:2] == ("reflex_matmul_gemv1s_q8_0", (512 + 256 + 250, 1, 1))
+    _matmul(q, k, [W, W + 2, W + 4], 8, X, [Y, Y + 4, Y + 8], 1, 1024, [600, 300, 100])
+    assert k.calls[-1][:2] == ("reflex_matmul_gemv1s_q8_0", (150 + 75 + 25, 1, 1))
     _matmul(q, k, [W, W + 2], 8, X, [Y, Y + 4], 9, 1024, [2048, 1000])
     assert k.calls[-1][:2] == ("reflex_matmul_tiled_q8_0", (32 + 16, 1, 1))
-    _matmul(q, k, [W, W + 16], 12, X, [Y], 1, 1024, [2047, 2047], swiglu=True)
+    _matmul(q, k, [W, W + 16], 12, X, [Y], 1, 1024, [511, 511], swiglu=True)
     name, grid, block, args = k.calls[-1]
-    assert name == "reflex_matmul_gemv1_q4_k" and grid == (512, 1, 1) and args[-1] == 1
-    _matmul(q, k, [W, W + 16], 12, X, [Y], 1, 2048, [2047, 2047], swiglu=True)
-    assert k.calls[-1][:2] == ("reflex_matmul_gemv1s_q4_k", (1024, 1, 1))
+    assert name == "reflex_matmul_gemv1_q4_k" and grid == (128, 1, 1) and args[-1] == 1
+    _matmul(q, k, [W, W + 16], 12, X, [Y], 1, 2048, [511, 511], swiglu=True)
+    assert k.calls[-1][:2] == ("reflex_matmul_gemv1s_q4_k", (256, 1, 1))
     # GEMV_WIDE_MIN_ROWS weight rows or more in one launch: four rows a warp (gemv1w / gemv1ws)
-    _matmul(q, k, [W, W + 16], 12, X, [Y], 1, 1024, [2048, 2048], swiglu=True)
+    _matmul(q, k, [W, W + 16], 12, X, [Y], 1, 1024, [512, 512], swiglu=True)
     name, grid, block, args = k.calls[-1]
-    assert name == "reflex_matmul_gemv1w_q4_k" and grid == (256, 1, 1) and args[-1] == 1
+    assert name == "reflex_matmul_gemv1w_q4_k" and grid == (64, 1, 1) and args[-1] == 1
+    _matmul(q, k, [W], 12, X, [Y], 1, 1024, [1024])
+    assert k.calls[-1][:2] == ("reflex_matmul_gemv1w_q4_k", (64, 1, 1))
+    _matmul(q, k, [W], 12, X, [Y], 1, 1024, [1023])
+    assert k.calls[-1][:2] == ("reflex_matmul_gemv1_q4_k", (128, 1, 1))
     _matmul(q, k, [W, W + 16], 12, X, [Y], 1, 2048, [3072, 3072], swiglu=True)
     assert k.calls[-1][:2] == ("reflex_matmul_gemv1ws_q4_k", (768, 1, 1))
     _matmul(q, k, [W, W + 2, W + 4], 8, X, [Y, Y + 4, Y + 8], 1, 1024, [2048, 1024, 1024])

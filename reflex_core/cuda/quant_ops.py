@@ -38,8 +38,6 @@ launch (q/k/v), or gate/up with the SwiGLU product as the output; :func:`moe_mat
 
 from __future__ import annotations
 
-import os
-
 from ..errors import UnsupportedTensorType
 from ..gguf import GGML_TYPES
 
@@ -93,11 +91,12 @@ _GEMV_R = 2  # weight rows per warp (SwiGLU: gate and up of one output row)
 _MOE_R = 4  # the MoE GEMV's rows per warp (SwiGLU: gate and up of two output rows)
 # The one-token GEMV takes four rows a warp (gemv1w: each x load serves twice the rows, and the
 # L1's traffic in x bounds this GEMV) when a launch has at least this many weight rows; fewer
-# rows leave too few warps to cover the loads' latency. On the H200 (2026-12-02, ncu per decode
-# token): 8B-shaped Q4_K 19.1 -> 18.4 us a launch, Q6_K 22.4 -> 20.9, 0.6B-shaped Q8_0 6.8 ->
-# 5.7; the 30B-A3B-shaped file's 2048-row Q4_K and 128-row F32 launches got slower
-# (6.4 -> 7.1, 4.2 -> 7.2 us). The rows' outputs are the same bits either way.
-GEMV_WIDE_MIN_ROWS = int(os.environ.get("REFLEX_GEMV_WIDE_MIN_ROWS", "4096"))  # (env: A/B)
+# rows leave too few warps to cover the loads' latency. On the H200 (2026-12-02, ncu, per launch
+# of a decode token, two rows -> four): 8B-shaped Q4_K 19.1 -> 18.4 us, Q6_K 22.4 -> 20.9;
+# 0.6B-shaped Q8_0 1024 rows 5.8 -> 5.2, 3072 x 2 (gate/up) 5.5 -> 5.4, 151936 (output) 67 -> 57;
+# 30B-A3B-shaped Q4_K 2048 rows 6.16 -> 6.13, 5120 6.98 -> 6.52, but its 128-row F32 router
+# 3.8 -> 4.9. The rows' outputs are the same bits either way.
+GEMV_WIDE_MIN_ROWS = 1024
 
 _TILE_M = 64  # tiled kernel: output rows per block
 _TILE_N = 64  # tiled kernel: tokens per block

@@ -912,8 +912,8 @@ __device__ __forceinline__ void qi_unpack_body(const uint8_t* __restrict__ w, ui
         rx_i8x4_to_f16x4(v, p01, p23);
         uint32_t* blk = out + ((long long)r * (n_in / 32) + kb) * 16 + 8 * (j >> 2);
         const int q = 2 * (j & 1), part = (j >> 1) & 1;
-        blk[q + part] = p01;
-        blk[q + 2 + part] = p23;
+        blk[2 * q + part] = p01;
+        blk[2 * q + 2 + part] = p23;
     }
     float2* sc = reinterpret_cast<float2*>(out + (long long)n_rows * n_in / 2);
     const int spr = n_in / I::SUB;
