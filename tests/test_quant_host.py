@@ -496,14 +496,16 @@ def test_launcher_choices(quant_signatures):
     assert name == "reflex_matmul_gemv1_q4_k" and grid == (128, 1, 1) and args[-1] == 1
     _matmul(q, k, [W, W + 16], 12, X, [Y], 1, 2048, [511, 511], swiglu=True)
     assert k.calls[-1][:2] == ("reflex_matmul_gemv1s_q4_k", (256, 1, 1))
-    # GEMV_WIDE_MIN_ROWS weight rows or more in one launch: four rows a warp (gemv1w / gemv1ws)
-    _matmul(q, k, [W, W + 16], 12, X, [Y], 1, 1024, [512, 512], swiglu=True)
+    # GEMV_WIDE_MIN_ROWS weight rows or more in a two-warp launch: four rows a group (gemv1ws)
+    _matmul(q, k, [W, W + 16], 12, X, [Y], 1, 2048, [512, 512], swiglu=True)
     name, grid, block, args = k.calls[-1]
-    assert name == "reflex_matmul_gemv1w_q4_k" and grid == (64, 1, 1) and args[-1] == 1
-    _matmul(q, k, [W], 12, X, [Y], 1, 1024, [1024])
-    assert k.calls[-1][:2] == ("reflex_matmul_gemv1w_q4_k", (64, 1, 1))
-    _matmul(q, k, [W], 12, X, [Y], 1, 1024, [1023])
-    assert k.calls[-1][:2] == ("reflex_matmul_gemv1_q4_k", (128, 1, 1))
+    assert name == "reflex_matmul_gemv1ws_q4_k" and grid == (128, 1, 1) and args[-1] == 1
+    _matmul(q, k, [W], 12, X, [Y], 1, 2048, [1024])
+    assert k.calls[-1][:2] == ("reflex_matmul_gemv1ws_q4_k", (128, 1, 1))
+    _matmul(q, k, [W], 12, X, [Y], 1, 2048, [1023])
+    assert k.calls[-1][:2] == ("reflex_matmul_gemv1s_q4_k", (256, 1, 1))
+    _matmul(q, k, [W], 12, X, [Y], 1, 1024, [4096])  # rows of < 64 units: one warp, two rows
+    assert k.calls[-1][:2] == ("reflex_matmul_gemv1_q4_k", (512, 1, 1))
     _matmul(q, k, [W, W + 16], 12, X, [Y], 1, 2048, [3072, 3072], swiglu=True)
     assert k.calls[-1][:2] == ("reflex_matmul_gemv1ws_q4_k", (768, 1, 1))
     _matmul(q, k, [W, W + 2, W + 4], 8, X, [Y, Y + 4, Y + 8], 1, 1024, [2048, 1024, 1024])

@@ -89,8 +89,9 @@ _GEMV_THREADS = 128  # 4 warps
 _GEMV_WARPS = 4
 _GEMV_R = 2  # weight rows per warp (SwiGLU: gate and up of one output row)
 _MOE_R = 4  # the MoE GEMV's rows per warp (SwiGLU: gate and up of two output rows)
-# The one-token GEMV takes four rows a warp (gemv1w: each x load serves twice the rows, and the
-# L1's traffic in x bounds this GEMV) when a launch has at least this many weight rows; fewer
+# The one-token GEMV with two warps a row group (gemv1s) takes four rows a group instead of two
+# (gemv1ws: each x load serves twice the rows, and the L1's traffic in x bounds this GEMV) when
+# a launch has at least this many weight rows; fewer
 # rows leave too few warps to cover the loads' latency. On the H200 (2026-12-02, ncu, per launch
 # of a decode token, two rows -> four): 8B-shaped Q4_K 19.1 -> 18.4 us, Q6_K 22.4 -> 20.9;
 # 0.6B-shaped Q8_0 1024 rows 5.8 -> 5.2, 3072 x 2 (gate/up) 5.5 -> 5.4, 151936 (output) 67 -> 57;
@@ -279,7 +280,7 @@ class MatPlan:
     ``error`` is why the weight cannot be a matmul operand (None when it can)."""
 
     __slots__ = ("ggml_type", "module", "n_in", "n_out", "n_elements", "row_bytes", "gemv",
-                 "gemv1s", "gemv1w", "gemvq", "split", "tiled", "xh", "gemv_w_ok", "error")
+                 "gemv1s", "gemv1ws", "gemvq", "split", "tiled", "xh", "gemv_w_ok", "error")
 
     def __init__(self, ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight"):
         suffix, tname, bs, _, align = _info(ggml_type)
@@ -293,8 +294,7 @@ class MatPlan:
         self.n_elements = n
         self.gemv = tuple(f"reflex_matmul_gemv{tt}_{suffix}" for tt in (1, 2, 4, 8))
         self.gemv1s = f"reflex_matmul_gemv1s_{suffix}"  # T = 1, two warps a row pair
-        # T = 1, four rows a warp: (one warp, two warps) a row group
-        self.gemv1w = (f"reflex_matmul_gemv1w_{suffix}", f"reflex_matmul_gemv1ws_{suffix}")
+        self.gemv1ws = f"reflex_matmul_gemv1ws_{suffix}"  # T = 1, two warps a row group of 4
         # T = 1 on x limbs (XQ_TYPES): (one warp, two warps) a row pair, else None
         self.gemvq = ((f"reflex_matmul_gemvq1_{suffix}", f"reflex_matmul_gemvq1s_{suffix}")
                       if ggml_type in XQ_TYPES else None)
@@ -349,10 +349,10 @@ def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: 
         kern.launch(p.gemvq[p.split - 1], (_gemv_grid_x(p.split, n_outs, swiglu), 1, 1),
                     (_GEMV_THREADS, 1, 1), args)
         return
-    if (T == 1 and gemv_w_ok and x_ptr % 16 == 0
+    if (T == 1 and p.split == 2 and gemv_w_ok and x_ptr % 16 == 0
             and (2 * n0 if swiglu else n0 + n1 + n2) >= GEMV_WIDE_MIN_ROWS):
-        kern.launch(p.gemv1w[p.split - 1], (_gemv_grid_x(p.split, n_outs, swiglu, 4), 1, 1),
-                    (_GEMV_THREADS, 1, 1), args)
+        kern.launch(p.gemv1ws, (_gemv_grid_x(2, n_outs, swiglu, 4), 1, 1), (_GEMV_THREADS, 1, 1),
+                    args)
         return
     if T <= GEMV_MAX_T and gemv_w_ok and x_ptr % 16 == 0:
         ks = p.split if T == 1 else 1
@@ -569,8 +569,7 @@ def kernel_names(module: str = COMMON_MODULE) -> list[str]:
                   f"reflex_matmul_tiled_{suffix}", f"reflex_moe_matmul_{suffix}",
                   f"reflex_moe_tiled_{suffix}"]
         names += [f"reflex_matmul_gemv{tt}_{suffix}" for tt in (1, 2, 4, 8)]
-        names += [f"reflex_matmul_gemv1s_{suffix}", f"reflex_matmul_gemv1w_{suffix}",
-                  f"reflex_matmul_gemv1ws_{suffix}"]
+        names += [f"reflex_matmul_gemv1s_{suffix}", f"reflex_matmul_gemv1ws_{suffix}"]
         if t in XQ_TYPES:
             names += [f"reflex_matmul_gemvq1_{suffix}", f"reflex_matmul_gemvq1s_{suffix}"]
         if t in XH_TYPES:

@@ -339,9 +339,9 @@ def test_matmul_forced_paths(qk, name):
 
 @pytest.mark.parametrize("name", list(TYPES))
 def test_gemv_wide_bit_identical(qk, name):
-    """The one-token GEMV with four rows a warp (gemv1w, gemv1ws) gives the same bits as the
-    two-row kernels (gemv1, gemv1s): each row's arithmetic is the same. Three segments with odd
-    row counts (a group's last rows past n), and SwiGLU with an odd output count."""
+    """The one-token GEMV with four rows a row group (gemv1ws) gives the same bits as the two-row
+    kernel (gemv1s): each row's arithmetic is the same. Three segments with odd row counts (a
+    group's last rows past n), and SwiGLU with an odd output count."""
     ctx, kernels_of = qk
     kern = kernels_of(name)
     rng = np.random.default_rng(250 + TYPES[name])
@@ -364,7 +364,7 @@ def test_gemv_wide_bit_identical(qk, name):
         return [download(ctx, yp, n) for yp, n in zip(yps, n_outs)][:1 if swiglu else 3]
 
     for swiglu in (False, True):
-        for ks, base, wide in ((1, "gemv1", "gemv1w"), (2, "gemv1s", "gemv1ws")):
+        for ks, base, wide in ((2, "gemv1s", "gemv1ws"),):
             want = run(f"reflex_matmul_{base}_{suffix}", ks, 2, swiglu)
             got = run(f"reflex_matmul_{wide}_{suffix}", ks, 4, swiglu)
             for i, (g, w) in enumerate(zip(got, want)):

@@ -27,12 +27,12 @@
 // reflex_matmul_gemv{1,2,4,8}_<t>(w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, n2, row_bytes,
 //                                 mode)                                   (T <= 1, 2, 4, 8)
 // reflex_matmul_gemv1s_<t>(the same)                                     (T <= 1)
-// reflex_matmul_gemv1w_<t>, reflex_matmul_gemv1ws_<t>(the same)          (T <= 1)
+// reflex_matmul_gemv1ws_<t>(the same)                                    (T <= 1)
 //   y[t, o] = sum_i W[o, i] x[t, i] for small T (decode, short batches). 128 threads = 4 warps
-//   in 4 / KS row groups of KS warps: KS = 1 for gemv{1,2,4,8} and gemv1w, 2 for gemv1s and
-//   gemv1ws (the launcher's choice for one token and rows of 64 lane units or more: twice the
-//   warps on a matrix keep more loads in flight). A group owns R weight rows, R = 2 (4 for
-//   gemv1w / gemv1ws, the launcher's choice for launches of many rows): mode 0, R consecutive
+//   in 4 / KS row groups of KS warps: KS = 1 for gemv{1,2,4,8}, 2 for gemv1s and gemv1ws (the
+//   launcher's choice for one token and rows of 64 lane units or more: twice the warps on a
+//   matrix keep more loads in flight). A group owns R weight rows, R = 2 (4 for gemv1ws, the
+//   launcher's choice for such launches of many rows): mode 0, R consecutive
 //   output rows of one segment; mode 1, rows o .. o + R/2 - 1 of gate and of up (R/2 output
 //   rows). Each row's arithmetic is the same whatever R, KS aside. Its KS warps split the
 //   rows' units (warp s takes the runs of 32 units s, s + KS, ...) and their sums meet in shared
@@ -1117,10 +1117,6 @@ __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const u
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
         reflex_matmul_gemv1s_##name(RX_MM_PARAMS) {                                                  \
         gemv_body<TYPE, 1, 2>(RX_MM_ARGS);                                           \
-    }                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
-        reflex_matmul_gemv1w_##name(RX_MM_PARAMS) {                                                  \
-        gemv_body<TYPE, 1, 1, false, 4>(RX_MM_ARGS);                                                  \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
         reflex_matmul_gemv1ws_##name(RX_MM_PARAMS) {                                                 \
