@@ -3,12 +3,13 @@
 // FP4 types are the "quant_lowbit" module (quant_lowbit.cu), loaded only for a file that has one:
 // its image is about twice this one's, and module load time grows with the image.
 //
-// Per type <t>, 10 kernels: reflex_dequant_<t>, reflex_embed_<t>,
-// reflex_matmul_gemv{1,2,4,8,1s}_<t>, reflex_matmul_tiled_<t>, reflex_moe_matmul_<t>,
+// Per type <t>, 11 kernels: reflex_dequant_<t>, reflex_embed_<t>,
+// reflex_matmul_gemv{1,2,4,8,1s,1ws}_<t>, reflex_matmul_tiled_<t>, reflex_moe_matmul_<t>,
 // reflex_moe_tiled_<t>; the types with an integer view (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K) also
 // reflex_matmul_xh_<t> and reflex_moe_xh_<t>, the prefill tiles on x halves (reflex_x_halves,
-// cuda/core.cu). Their algorithm, parameters and launch shapes are documented with their bodies
-// in reflex/quant_kernels.cuh. Launchers (which module serves which type):
+// cuda/core.cu), and reflex_qi_unpack_<t>; and once, the tiles on x halves from unpacked weights,
+// reflex_matmul_xhu_{s32,m32,s16}. Their algorithm, parameters and launch shapes are documented
+// with their bodies in reflex/quant_kernels.cuh. Launchers (which module serves which type):
 // reflex_core/cuda/quant_ops.py.
 #define REFLEX_QUANTS_COMMON_ONLY
 #include "reflex/quant_kernels.cuh"
