@@ -691,6 +691,65 @@ __device__ __forceinline__ void rx_i8x4_to_f16x4(uint32_t w, uint32_t& p01, uint
     p23 = b;
 }
 
+#if RX_TILED_MMA
+// One 32-element block of the x-halves tiles' products, for a warp's 16 rows (wr + g, + 8) and
+// 32 tokens (wt + ..): W the block's weight tile (float16 q pairs, row-major, halves swizzled by
+// row), WS its (a, c) per sub-block and row, X its x tile (hi and lo halves, swizzled by token),
+// XS the tokens' block sums of x / s (MIN). Per 8 tokens and sub-block, the m16n8k16 products of
+// q with hi and with lo chained into one f32 fragment, then one FMA with a (a second with c).
+template <int NS, bool MIN>
+__device__ __forceinline__ void xh_block_products(const uint32_t (*__restrict__ W)[16],
+                                                  const float2 (*__restrict__ WS)[TILE_M],
+                                                  const uint32_t (*__restrict__ X)[32],
+                                                  const float* __restrict__ XS, int wr, int wt,
+                                                  int wg, int wq, float (&acc)[4][4]) {
+    uint32_t a[2][4];  // per half: rows g, g + 8 x k 2q.., 2q + 8..
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r0 = wr + wg, r1 = r0 + 8;
+        const uint2 lo = *reinterpret_cast<const uint2*>(&W[r0][8 * (h ^ ((r0 >> 1) & 1)) + 2 * wq]);
+        const uint2 hi = *reinterpret_cast<const uint2*>(&W[r1][8 * (h ^ ((r1 >> 1) & 1)) + 2 * wq]);
+        a[h][0] = lo.x;
+        a[h][1] = hi.x;
+        a[h][2] = lo.y;
+        a[h][3] = hi.y;
+    }
+    float2 ws[NS][2];
+#pragma unroll
+    for (int h = 0; h < NS; ++h) {
+        ws[h][0] = WS[h][wr + wg];
+        ws[h][1] = WS[h][wr + wg + 8];
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int tk = wt + 8 * j + wg;
+        uint4 b[2];  // per half: b0, b1 of hi, then of lo
+#pragma unroll
+        for (int h = 0; h < 2; ++h) b[h] = *reinterpret_cast<const uint4*>(&X[tk][16 * (h ^ (tk & 1)) + 4 * wq]);
+        float xs[2] = {0.0f, 0.0f};
+        if constexpr (MIN) {
+            const float2 v = *reinterpret_cast<const float2*>(&XS[wt + 8 * j + 2 * wq]);
+            xs[0] = v.x;
+            xs[1] = v.y;
+        }
+#pragma unroll
+        for (int sb = 0; sb < NS; ++sb) {
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int h = sb * 2 / NS; h < (sb + 1) * 2 / NS; ++h) {
+                rx_mma_f16(d, a[h], b[h].x, b[h].y);
+                rx_mma_f16(d, a[h], b[h].z, b[h].w);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {  // rows g (e < 2), g + 8; tokens 2q + e % 2
+                acc[j][e] = fmaf(ws[sb][e >> 1].x, d[e], acc[j][e]);
+                if constexpr (MIN) acc[j][e] = fmaf(ws[sb][e >> 1].y, xs[e & 1], acc[j][e]);
+            }
+        }
+    }
+}
+#endif
+
 // The tiled matmul's products (same segments, modes, tile of 64 rows x 64 tokens, warps and
 // epilogue as tiled_body) from the weights' integer view (rx_qi<TYPE>) and x as halves
 // (reflex_x_halves: H, then the rows' scales s and the blocks' sums). Per K slice of KB blocks of
@@ -823,53 +882,9 @@ __device__ __forceinline__ void xh_body(const uint8_t* __restrict__ w0, const ui
         if (kb0 + KB < nb) load(kb0 + KB, buf ^ 1);
         if (active) {
 #pragma unroll
-            for (int kb = 0; kb < KB; ++kb) {
-                uint32_t a[2][4];  // per half: rows g, g + 8 x k 2q.., 2q + 8..
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int r0 = wr + wg, r1 = r0 + 8;
-                    const uint2 lo = *reinterpret_cast<const uint2*>(&sm.w[kb][r0][8 * (h ^ ((r0 >> 1) & 1)) + 2 * wq]);
-                    const uint2 hi = *reinterpret_cast<const uint2*>(&sm.w[kb][r1][8 * (h ^ ((r1 >> 1) & 1)) + 2 * wq]);
-                    a[h][0] = lo.x;
-                    a[h][1] = hi.x;
-                    a[h][2] = lo.y;
-                    a[h][3] = hi.y;
-                }
-                float2 ws[NS][2];
-#pragma unroll
-                for (int h = 0; h < NS; ++h) {
-                    ws[h][0] = sm.ws[kb][h][wr + wg];
-                    ws[h][1] = sm.ws[kb][h][wr + wg + 8];
-                }
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const int tk = wt + 8 * j + wg;
-                    uint4 b[2];  // per half: b0, b1 of hi, then of lo
-#pragma unroll
-                    for (int h = 0; h < 2; ++h)
-                        b[h] = *reinterpret_cast<const uint4*>(&sm.x[buf][kb][tk][16 * (h ^ (tk & 1)) + 4 * wq]);
-                    float xs[2] = {0.0f, 0.0f};
-                    if constexpr (I::MIN) {
-                        const float2 v = *reinterpret_cast<const float2*>(&sm.xs[buf][kb][wt + 8 * j + 2 * wq]);
-                        xs[0] = v.x;
-                        xs[1] = v.y;
-                    }
-#pragma unroll
-                    for (int sb = 0; sb < NS; ++sb) {
-                        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                        for (int h = sb * 2 / NS; h < (sb + 1) * 2 / NS; ++h) {
-                            rx_mma_f16(d, a[h], b[h].x, b[h].y);
-                            rx_mma_f16(d, a[h], b[h].z, b[h].w);
-                        }
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {  // rows g (e < 2), g + 8; tokens 2q + e % 2
-                            acc[j][e] = fmaf(ws[sb][e >> 1].x, d[e], acc[j][e]);
-                            if constexpr (I::MIN) acc[j][e] = fmaf(ws[sb][e >> 1].y, xs[e & 1], acc[j][e]);
-                        }
-                    }
-                }
-            }
+            for (int kb = 0; kb < KB; ++kb)
+                xh_block_products<NS, I::MIN>(sm.w[kb], sm.ws[kb], sm.x[buf][kb], sm.xs[buf][kb], wr,
+                                              wt, wg, wq, acc);
         }
         __syncthreads();
     }
@@ -966,11 +981,7 @@ __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const u
     const int lane = tid & 31, wg = lane >> 2, wq = lane & 3;
     const int wr = 16 * ((tid >> 5) & 3), wt = 32 * (tid >> 7);
     const bool active = n0t + wt < T;
-    float acc[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+    float acc[4][4] = {};
 
     // This thread's copies: weight row wm's 16-byte piece wc, scale (row tid % 64, sub-block
     // tid / 64), x pieces of tokens xn and xn + 32, x block sum of token tid.
@@ -1012,53 +1023,7 @@ __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const u
         asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 2));  // this thread's copies of kb
         __syncthreads();  // everyone's; and stage (kb - 1) % ST is free again
         load(kb + ST - 1, (kb + ST - 1) % ST);
-        if (active) {
-            uint32_t a[2][4];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r0 = wr + wg, r1 = r0 + 8;
-                const uint2 lo = *reinterpret_cast<const uint2*>(&sm.w[st][r0][8 * (h ^ ((r0 >> 1) & 1)) + 2 * wq]);
-                const uint2 hi = *reinterpret_cast<const uint2*>(&sm.w[st][r1][8 * (h ^ ((r1 >> 1) & 1)) + 2 * wq]);
-                a[h][0] = lo.x;
-                a[h][1] = hi.x;
-                a[h][2] = lo.y;
-                a[h][3] = hi.y;
-            }
-            float2 ws[NS][2];
-#pragma unroll
-            for (int h = 0; h < NS; ++h) {
-                ws[h][0] = sm.ws[st][h][wr + wg];
-                ws[h][1] = sm.ws[st][h][wr + wg + 8];
-            }
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int tk = wt + 8 * j + wg;
-                uint4 b[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    b[h] = *reinterpret_cast<const uint4*>(&sm.x[st][tk][16 * (h ^ (tk & 1)) + 4 * wq]);
-                float xs[2] = {0.0f, 0.0f};
-                if constexpr (MIN) {
-                    const float2 v = *reinterpret_cast<const float2*>(&sm.xs[st][wt + 8 * j + 2 * wq]);
-                    xs[0] = v.x;
-                    xs[1] = v.y;
-                }
-#pragma unroll
-                for (int sb = 0; sb < NS; ++sb) {
-                    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                    for (int h = sb * 2 / NS; h < (sb + 1) * 2 / NS; ++h) {
-                        rx_mma_f16(d, a[h], b[h].x, b[h].y);
-                        rx_mma_f16(d, a[h], b[h].z, b[h].w);
-                    }
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        acc[j][e] = fmaf(ws[sb][e >> 1].x, d[e], acc[j][e]);
-                        if constexpr (MIN) acc[j][e] = fmaf(ws[sb][e >> 1].y, xs[e & 1], acc[j][e]);
-                    }
-                }
-            }
-        }
+        if (active) xh_block_products<NS, MIN>(sm.w[st], sm.ws[st], sm.x[st], sm.xs[st], wr, wt, wg, wq, acc);
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
     __syncthreads();  // the tiles' memory becomes the epilogue's
