@@ -493,6 +493,46 @@ def test_launch_packs_params_by_the_manifest_signature(fake):
     assert modules.launch_count() == n + 1 and fake.launches[-1][4] == (4, 5, 6, 7)
 
 
+def test_pdl_launches_the_core_kernels_with_programmatic_serialization(fake, monkeypatch):
+    """While a decode graph is captured (modules.pdl), the core's kernels launch through
+    cuLaunchKernelEx with programmatic stream serialization (their RX_PDL_ENTRY waits); a plugin's
+    kernels, which make no such promise, and every launch outside the capture stay plain."""
+    import types
+
+    class Config:
+        pass
+
+    class Attr:
+        def __init__(self):
+            self.value = types.SimpleNamespace()
+
+    ex = []
+
+    def launch_ex(config, f, params, extra):
+        ex.append((f["name"], config))
+        return (0,)
+
+    monkeypatch.setattr(fake, "CUlaunchConfig", Config, raising=False)
+    monkeypatch.setattr(fake, "CUlaunchAttribute", Attr, raising=False)
+    monkeypatch.setattr(fake, "CUlaunchAttributeID", types.SimpleNamespace(
+        CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION="pss"), raising=False)
+    monkeypatch.setattr(fake, "cuLaunchKernelEx", launch_ex, raising=False)
+    k = _kernels()
+    plugin = modules.Kernels("attn", "reflex_someplugin", None, "sass", dict(SIGS))
+    plugin._fns["reflex_add"] = {"name": "reflex_add", "sig": "PPPi"}
+    monkeypatch.setattr(modules, "pdl", True)
+    k.launch("reflex_add", (5, 2), 128, (1, 2, 3, 4), shmem=64)
+    plugin.launch("reflex_add", 1, 32, (1, 2, 3, 4))
+    monkeypatch.setattr(modules, "pdl", False)
+    k.launch("reflex_add", 1, 32, (1, 2, 3, 4))
+    assert [name for name, _ in ex] == ["reflex_add"]
+    c = ex[0][1]
+    assert (c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ,
+            c.sharedMemBytes, c.numAttrs) == (5, 2, 1, 128, 1, 1, 64, 1)
+    assert c.attrs[0].id == "pss" and c.attrs[0].value.programmaticStreamSerializationAllowed == 1
+    assert len(fake.launches) == 2  # the plugin's launch and the one after the capture: plain
+
+
 def test_launch_rejects_bad_args(fake):
     k = _kernels()
     with pytest.raises(ValueError, match="reflex_add: signature 'PPPi' has 4 parameters, got 3"):
