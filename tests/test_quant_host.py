@@ -625,6 +625,44 @@ def test_dequant_first_launches(quant_signatures):
     assert args[:3] == (S, S + 4 * 1024 * 3072, 0) and args[-2:] == (4 * 1024, 1)
 
 
+def test_xh_unpacked_launches(quant_signatures):
+    """Long prompts over XH-type weights: each weight unpacked once into scratch (256-byte
+    aligned, q then the sub-block scales), then the unpacked tile of the type's sub-block size
+    and min on the x halves."""
+    from reflex_core.cuda import quant_ops as q
+
+    k = _FakeKernels(quant_signatures)
+    W, XH, Y, S = 1 << 20, 2 << 20, 3 << 20, 1 << 32
+    p = q.plan(12, (1024, 1000), W)  # Q4_K: sub-blocks of 32 with a min
+    T = q.XH_UNPACK_MIN_T
+    assert q.xh_unpack_bytes(p, T - 1, (1000, 0, 0), False) == 0
+    assert q.xh_unpack_bytes(q.plan(3, (1024, 1000), W), 300, (1000, 0, 0), False) == 0  # Q4_1
+    assert q.xh_unpack_bytes(p, T, (1000, 0, 0), False) == 2 * 1024 * 1000 + 8 * 1000 * 32
+    q6 = q.plan(14, (1024, 1000), W)  # Q6_K: sub-blocks of 16
+    assert q.xh_unpack_bytes(q6, T, (1000, 0, 0), False) == 2 * 1024 * 1000 + 8 * 1000 * 64
+    big = q.XH_UNPACK_MAX_BYTES // (2 * 1024) + 1
+    assert q.xh_unpack_bytes(p, T, (big, 0, 0), False) == 0
+    sizes = [(2 * 1024 * n + 8 * n * 32 + 255) & ~255 for n in (2048, 1001, 7)]
+    assert q.xh_unpack_bytes(p, T, (2048, 1001, 7), False) == sum(sizes)
+    q.matmul_xh_unpacked(k, k, p, XH, 300, (W, W + 4096, W + 8192), (Y, Y + 4, Y + 8),
+                         (2048, 1001, 7), False, S)
+    offs = [S, S + sizes[0], S + sizes[0] + sizes[1]]
+    assert [c[0] for c in k.calls] == ["reflex_qi_unpack_q4_k"] * 3 + ["reflex_matmul_xhu_m32"]
+    for c, w, n, o in zip(k.calls, (W, W + 4096, W + 8192), (2048, 1001, 7), offs):
+        assert c[3] == (w, o, n, 1024, p.row_bytes)
+    name, grid, block, args = k.calls[-1]
+    assert grid == ((2048 + 63) // 64 + (1001 + 63) // 64 + 1, (300 + 63) // 64, 1)
+    assert args == (offs[0], offs[1], offs[2], XH, Y, Y + 4, Y + 8, 300, 1024, 2048, 1001, 7,
+                    2 * 1024, 0)
+    k.calls.clear()  # SwiGLU: gate and up unpacked, 32 outputs a block
+    q.matmul_xh_unpacked(k, k, q6, XH, 200, (W, W + 4096, 0), (Y, 0, 0), (3072, 0, 0), True, S)
+    up = S + ((2 * 1024 * 3072 + 8 * 3072 * 64 + 255) & ~255)
+    assert [c[3][:2] for c in k.calls[:2]] == [(W, S), (W + 4096, up)]
+    name, grid, block, args = k.calls[-1]
+    assert name == "reflex_matmul_xhu_s16" and grid == (96, 4, 1)
+    assert args[:3] == (S, up, 0) and args[-1] == 1
+
+
 def test_moe_grouped_launches(quant_signatures):
     """Long prompts: a MoE matmul groups its slots by expert (the core module's schedule, then
     the grouped tiled kernel over a grid tall enough for every tile the schedule can cut)."""

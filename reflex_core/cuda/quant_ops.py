@@ -91,8 +91,8 @@ _GEMV_R = 2  # weight rows per warp (SwiGLU: gate and up of one output row)
 _MOE_R = 4  # the MoE GEMV's rows per warp (SwiGLU: gate and up of two output rows)
 # The one-token GEMV with two warps a row group (gemv1s) takes four rows a group instead of two
 # (gemv1ws: each x load serves twice the rows, and the L1's traffic in x bounds this GEMV) when
-# a launch has at least this many weight rows; fewer
-# rows leave too few warps to cover the loads' latency. On the H200 (2026-12-02, ncu, per launch
+# a launch has at least this many weight rows; fewer rows leave too few warps to cover the
+# loads' latency. On the H200 (2026-12-02, ncu, per launch
 # of a decode token, two rows -> four): 8B-shaped Q4_K 19.1 -> 18.4 us, Q6_K 22.4 -> 20.9;
 # 0.6B-shaped Q8_0 1024 rows 5.8 -> 5.2, 3072 x 2 (gate/up) 5.5 -> 5.4, 151936 (output) 67 -> 57;
 # 30B-A3B-shaped Q4_K 2048 rows 6.16 -> 6.13, 5120 6.98 -> 6.52, but its 128-row F32 router
