@@ -320,6 +320,19 @@ def plan(ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight") 
     return MatPlan(ggml_type, tuple(int(v) for v in ne), int(w_ptr), name)
 
 
+def _tile_grid(T: int, n_outs: tuple, swiglu: bool) -> tuple[int, int]:
+    """The grid of the prefill tiles (tiled, xh, xhu) over ``T`` tokens: blocks of 64 rows of
+    each segment (SwiGLU: 32 gate and 32 up rows) by blocks of 64 tokens."""
+    if swiglu:
+        gx = (n_outs[0] + _TILE_M // 2 - 1) // (_TILE_M // 2)
+    else:
+        gx = sum((n + _TILE_M - 1) // _TILE_M for n in n_outs)
+    gy = (T + _TILE_N - 1) // _TILE_N
+    if gy > _MAX_GRID_Y:
+        raise ValueError(f"matmul: T={T} tokens is more than the tiled kernel's grid allows")
+    return gx, gy
+
+
 def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: tuple,
                    n_outs: tuple, swiglu: bool = False, gemv_w_ok: bool = True,
                    xq_ptr: int = 0) -> None:
@@ -359,14 +372,7 @@ def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: 
         name = p.gemv1s if ks == 2 else p.gemv[_TT_INDEX[T]]
         kern.launch(name, (_gemv_grid_x(ks, n_outs, swiglu), 1, 1), (_GEMV_THREADS, 1, 1), args)
         return
-    if swiglu:
-        gx = (n0 + _TILE_M // 2 - 1) // (_TILE_M // 2)
-    else:
-        m = _TILE_M
-        gx = (n0 + m - 1) // m + (n1 + m - 1) // m + (n2 + m - 1) // m
-    gy = (T + _TILE_N - 1) // _TILE_N
-    if gy > _MAX_GRID_Y:
-        raise ValueError(f"matmul: T={T} tokens is more than the tiled kernel's grid allows")
+    gx, gy = _tile_grid(T, n_outs, swiglu)
     if T > GEMV_MAX_T and xq_ptr and p.xh is not None and xq_ptr % 16 == 0:
         kern.launch(p.xh, (gx, gy, 1), (_TILE_THREADS, 1, 1), args[:3] + (xq_ptr,) + args[4:])
         return
@@ -394,7 +400,7 @@ def dequant_first_bytes(p: MatPlan, T: int, n_outs: tuple, swiglu: bool) -> int:
     :data:`DEQUANT_FIRST_MIN_T`, or scratch over :data:`DEQUANT_FIRST_MAX_BYTES`."""
     if _TYPES[p.ggml_type][2] == 1 or p.ggml_type in _DEQUANT_FIRST_SKIP or T < DEQUANT_FIRST_MIN_T:
         return 0
-    nbytes = sum(_scratch_sizes(p.n_in, n_outs, swiglu))
+    nbytes = sum(_scratch_sizes(4 * p.n_in, n_outs, swiglu))
     return nbytes if nbytes <= DEQUANT_FIRST_MAX_BYTES else 0
 
 
@@ -403,9 +409,10 @@ def _weight_rows(n_outs: tuple, swiglu: bool) -> list[int]:
     return [n_outs[0], n_outs[0]] if swiglu else [n for n in n_outs if n]
 
 
-def _scratch_sizes(n_in: int, n_outs: tuple, swiglu: bool) -> list[int]:
-    """Bytes of each weight's float32 copy, rounded up to 256 (the segments' alignment)."""
-    return [(4 * n_in * n + 255) & ~255 for n in _weight_rows(n_outs, swiglu)]
+def _scratch_sizes(row_bytes: int, n_outs: tuple, swiglu: bool) -> list[int]:
+    """Bytes of each weight's copy in scratch at ``row_bytes`` a row, rounded up to 256 (the
+    segments' alignment)."""
+    return [(row_bytes * n + 255) & ~255 for n in _weight_rows(n_outs, swiglu)]
 
 
 def matmul_dequant_first(kern, kern_f32, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple,
@@ -415,7 +422,7 @@ def matmul_dequant_first(kern, kern_f32, p: MatPlan, x_ptr: int, T: int, w_ptrs:
     module), then the float32 tiled kernel (``kern_f32``: the common module) on the copies."""
     rows = _weight_rows(n_outs, swiglu)
     ptrs, off = [], scratch_ptr
-    for w, n, size in zip(w_ptrs, rows, _scratch_sizes(p.n_in, n_outs, swiglu)):
+    for w, n, size in zip(w_ptrs, rows, _scratch_sizes(4 * p.n_in, n_outs, swiglu)):
         dequant(kern, w, p.ggml_type, p.n_in * n, off)
         ptrs.append(off)
         off += size
@@ -434,11 +441,9 @@ _XHU_KERNEL = {2: "s32", 6: "s32", 8: "s32", 23: "s32", 12: "m32", 13: "m32", 14
 _XHU_SUB = {"s32": 32, "m32": 32, "s16": 16}
 
 
-def _unpacked_sizes(ggml_type: int, n_in: int, n_outs: tuple, swiglu: bool) -> list[int]:
-    """Bytes of each weight's unpacked copy, rounded up to 256."""
-    sub = _XHU_SUB[_XHU_KERNEL[ggml_type]]
-    return [(2 * n * n_in + 8 * n * (n_in // sub) + 255) & ~255
-            for n in _weight_rows(n_outs, swiglu)]
+def _unpacked_row_bytes(ggml_type: int, n_in: int) -> int:
+    """Bytes of an unpacked weight row: its float16 integers and float2 sub-block scales."""
+    return 2 * n_in + 8 * (n_in // _XHU_SUB[_XHU_KERNEL[ggml_type]])
 
 
 def xh_unpack_bytes(p: MatPlan, T: int, n_outs: tuple, swiglu: bool) -> int:
@@ -447,7 +452,7 @@ def xh_unpack_bytes(p: MatPlan, T: int, n_outs: tuple, swiglu: bool) -> int:
     :data:`XH_UNPACK_MIN_T`, or scratch over :data:`XH_UNPACK_MAX_BYTES`)."""
     if p.ggml_type not in _XHU_KERNEL or T < XH_UNPACK_MIN_T:
         return 0
-    nbytes = sum(_unpacked_sizes(p.ggml_type, p.n_in, n_outs, swiglu))
+    nbytes = sum(_scratch_sizes(_unpacked_row_bytes(p.ggml_type, p.n_in), n_outs, swiglu))
     return nbytes if nbytes <= XH_UNPACK_MAX_BYTES else 0
 
 
@@ -459,7 +464,8 @@ def matmul_xh_unpacked(kern, kern_common, p: MatPlan, xh_ptr: int, T: int, w_ptr
     suffix = _info(p.ggml_type)[0]
     rows = _weight_rows(n_outs, swiglu)
     ptrs, off = [], scratch_ptr
-    for w, n, size in zip(w_ptrs, rows, _unpacked_sizes(p.ggml_type, p.n_in, n_outs, swiglu)):
+    sizes = _scratch_sizes(_unpacked_row_bytes(p.ggml_type, p.n_in), n_outs, swiglu)
+    for w, n, size in zip(w_ptrs, rows, sizes):
         words = n * p.n_in // 4
         grid = min((words + _DQ_THREADS - 1) // _DQ_THREADS, 65535) or 1
         kern.launch(f"reflex_qi_unpack_{suffix}", (grid, 1, 1), (_DQ_THREADS, 1, 1),
@@ -468,13 +474,7 @@ def matmul_xh_unpacked(kern, kern_common, p: MatPlan, xh_ptr: int, T: int, w_ptr
         off += size
     ptrs += [0] * (MAX_SEGMENTS - len(ptrs))
     n0, n1, n2 = n_outs
-    if swiglu:
-        gx = (n0 + _TILE_M // 2 - 1) // (_TILE_M // 2)
-    else:
-        gx = sum((n + _TILE_M - 1) // _TILE_M for n in n_outs)
-    gy = (T + _TILE_N - 1) // _TILE_N
-    if gy > _MAX_GRID_Y:
-        raise ValueError(f"matmul: T={T} tokens is more than the tiled kernel's grid allows")
+    gx, gy = _tile_grid(T, n_outs, swiglu)
     kern_common.launch(f"reflex_matmul_xhu_{_XHU_KERNEL[p.ggml_type]}", (gx, gy, 1),
                        (_TILE_THREADS, 1, 1),
                        (ptrs[0], ptrs[1], ptrs[2], xh_ptr, y_ptrs[0], y_ptrs[1], y_ptrs[2], T,

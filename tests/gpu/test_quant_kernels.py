@@ -709,7 +709,8 @@ def test_matmul_xh_unpacked(qk, name):
             for unpacked, res in ((False, want), (True, got)):
                 yps = [upload(ctx, np.full(T * n, np.nan, np.float32))[1] if n else 0 for n in outs]
                 if unpacked:
-                    nbytes = sum(quant_ops._unpacked_sizes(t, n_in, outs, swiglu))
+                    nbytes = quant_ops.xh_unpack_bytes(p, quant_ops.XH_UNPACK_MIN_T, outs,
+                                                       swiglu)
                     scratch = upload(ctx, np.full(nbytes // 4, np.nan, np.float32))[1]
                     quant_ops.matmul_xh_unpacked(kern, common, p, xq, T, w3, tuple(yps), outs,
                                                  swiglu, scratch)
