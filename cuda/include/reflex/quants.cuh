@@ -162,6 +162,12 @@ RX_HD uint32_t rx_spread4_bit4(uint32_t b) {
     return ((b & 1u) | ((b & 2u) << 7) | ((b & 4u) << 14) | ((b & 8u) << 21)) << 4;
 }
 
+// Elements e .. e+3 (e % 4 == 0) of a 32-element run of 4-bit quants at byte `at` of b (element
+// j < 16 in the low nibble of byte j, element j + 16 in its high nibble), one to a byte
+RX_HD uint32_t rx_nibbles4(const uint8_t* b, int at, int e) {
+    return (rx_ld_u32u(b + (at + (e & 15))) >> (e & 16 ? 4 : 0)) & 0x0F0F0F0Fu;
+}
+
 // ==========================================================================================
 // rx_q<T>: block size QK (elements), type size TS (bytes), exact decoders
 
@@ -204,7 +210,7 @@ struct rx_q<RX_Q4_0> {
     static constexpr int QK = 32, TS = 18;
     static RX_HD void dec4(const uint8_t* b, int e0, float* y) {
         const float d = rx_f16_to_f32(rx_ld_u16(b));
-        const uint32_t w = (rx_ld_u32u(b + 2 + (e0 & 15)) >> (e0 & 16 ? 4 : 0)) & 0x0F0F0F0Fu;
+        const uint32_t w = rx_nibbles4(b, 2, e0);
 #pragma unroll
         for (int i = 0; i < 4; ++i) y[i] = RX_FMUL(d, rx_ubyte_f(w, i, 8.0f));
     }
@@ -217,7 +223,7 @@ struct rx_q<RX_Q4_1> {
     static RX_HD void dec4(const uint8_t* b, int e0, float* y) {
         const float d = rx_f16_to_f32(rx_ld_u16(b));
         const float m = rx_f16_to_f32(rx_ld_u16(b + 2));
-        const uint32_t w = (rx_ld_u32u(b + 4 + (e0 & 15)) >> (e0 & 16 ? 4 : 0)) & 0x0F0F0F0Fu;
+        const uint32_t w = rx_nibbles4(b, 4, e0);
 #pragma unroll
         for (int i = 0; i < 4; ++i) y[i] = RX_FADD(RX_FMUL(d, rx_ubyte_f(w, i, 0.0f)), m);
     }
@@ -230,7 +236,7 @@ struct rx_q<RX_Q5_0> {
     static RX_HD void dec4(const uint8_t* b, int e0, float* y) {
         const float d = rx_f16_to_f32(rx_ld_u16(b));
         const uint32_t qh = rx_ld_u32u(b + 2);
-        uint32_t w = (rx_ld_u32u(b + 6 + (e0 & 15)) >> (e0 & 16 ? 4 : 0)) & 0x0F0F0F0Fu;
+        uint32_t w = rx_nibbles4(b, 6, e0);
         w |= rx_spread4_bit4((qh >> e0) & 15u);
 #pragma unroll
         for (int i = 0; i < 4; ++i) y[i] = RX_FMUL(d, rx_ubyte_f(w, i, 16.0f));
@@ -245,7 +251,7 @@ struct rx_q<RX_Q5_1> {
         const float d = rx_f16_to_f32(rx_ld_u16(b));
         const float m = rx_f16_to_f32(rx_ld_u16(b + 2));
         const uint32_t qh = rx_ld_u32u(b + 4);
-        uint32_t w = (rx_ld_u32u(b + 8 + (e0 & 15)) >> (e0 & 16 ? 4 : 0)) & 0x0F0F0F0Fu;
+        uint32_t w = rx_nibbles4(b, 8, e0);
         w |= rx_spread4_bit4((qh >> e0) & 15u);
 #pragma unroll
         for (int i = 0; i < 4; ++i) y[i] = RX_FADD(RX_FMUL(d, rx_ubyte_f(w, i, 0.0f)), m);
@@ -381,7 +387,7 @@ struct rx_qi<RX_Q4_0> {
     static constexpr bool MIN = false;
     static constexpr int SUB = 32;
     static RX_HD uint32_t ints(const uint8_t* b, int e0) {
-        return rx_bytes_minus((rx_ld_u32u(b + 2 + (e0 & 15)) >> (e0 & 16 ? 4 : 0)) & 0x0F0F0F0Fu, 8);
+        return rx_bytes_minus(rx_nibbles4(b, 2, e0), 8);
     }
     static RX_HD float2 scale(const uint8_t* b, int) { return make_float2(rx_f16_to_f32(rx_ld_u16(b)), 0.0f); }
 };
@@ -391,7 +397,7 @@ struct rx_qi<RX_Q5_0> {
     static constexpr bool MIN = false;
     static constexpr int SUB = 32;
     static RX_HD uint32_t ints(const uint8_t* b, int e0) {
-        uint32_t w = (rx_ld_u32u(b + 6 + (e0 & 15)) >> (e0 & 16 ? 4 : 0)) & 0x0F0F0F0Fu;
+        uint32_t w = rx_nibbles4(b, 6, e0);
         w |= rx_spread4_bit4((rx_ld_u32u(b + 2) >> e0) & 15u);
         return rx_bytes_minus(w, 16);
     }

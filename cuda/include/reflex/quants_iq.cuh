@@ -252,7 +252,7 @@ struct rx_q<RX_IQ4_NL> {
     static constexpr int QK = 32, TS = 18;
     static RX_HD void dec4(const uint8_t* b, int e0, float* y) {
         const float d = rx_f16_to_f32(rx_ld_u16(b));
-        const uint32_t q = (rx_ld_u32u(b + 2 + (e0 & 15)) >> (e0 & 16 ? 4 : 0)) & 0x0F0F0F0Fu;
+        const uint32_t q = rx_nibbles4(b, 2, e0);
         const uint32_t v = rx_lut16(RX_IQ4NL_KV0, RX_IQ4NL_KV1, RX_IQ4NL_KV2, RX_IQ4NL_KV3, q) ^ 0x80808080u;
 #pragma unroll
         for (int i = 0; i < 4; ++i) y[i] = RX_FMUL(d, rx_ubyte_f(v, i, 128.0f));
@@ -273,7 +273,7 @@ struct rx_q<RX_IQ4_XS> {
         const int ib = e0 >> 5, l = e0 & 31;
         const float d = rx_f16_to_f32(rx_ld_u16(b));
         const float a = RX_FMUL(d, (float)scale(rx_ld_u16(b + 2), rx_ld_u32u(b + 4), ib));
-        const uint32_t q = (rx_ld_u32u(b + 8 + 16 * ib + (l & 15)) >> (l & 16 ? 4 : 0)) & 0x0F0F0F0Fu;
+        const uint32_t q = rx_nibbles4(b, 8 + 16 * ib, l);
         const uint32_t v = rx_lut16(RX_IQ4NL_KV0, RX_IQ4NL_KV1, RX_IQ4NL_KV2, RX_IQ4NL_KV3, q) ^ 0x80808080u;
 #pragma unroll
         for (int i = 0; i < 4; ++i) y[i] = RX_FMUL(a, rx_ubyte_f(v, i, 128.0f));
@@ -286,7 +286,7 @@ struct rx_qi<RX_IQ4_NL> {
     static constexpr bool MIN = false;
     static constexpr int SUB = 32;
     static RX_HD uint32_t ints(const uint8_t* b, int e0) {
-        const uint32_t q = (rx_ld_u32u(b + 2 + (e0 & 15)) >> (e0 & 16 ? 4 : 0)) & 0x0F0F0F0Fu;
+        const uint32_t q = rx_nibbles4(b, 2, e0);
         return rx_lut16(RX_IQ4NL_KV0, RX_IQ4NL_KV1, RX_IQ4NL_KV2, RX_IQ4NL_KV3, q);
     }
     static RX_HD float2 scale(const uint8_t* b, int) { return make_float2(rx_f16_to_f32(rx_ld_u16(b)), 0.0f); }
@@ -297,8 +297,7 @@ struct rx_qi<RX_IQ4_XS> {
     static constexpr bool MIN = false;
     static constexpr int SUB = 32;
     static RX_HD uint32_t ints(const uint8_t* b, int e0) {
-        const int l = e0 & 31;
-        const uint32_t q = (rx_ld_u32u(b + 8 + 16 * (e0 >> 5) + (l & 15)) >> (l & 16 ? 4 : 0)) & 0x0F0F0F0Fu;
+        const uint32_t q = rx_nibbles4(b, 8 + 16 * (e0 >> 5), e0 & 31);
         return rx_lut16(RX_IQ4NL_KV0, RX_IQ4NL_KV1, RX_IQ4NL_KV2, RX_IQ4NL_KV3, q);
     }
     static RX_HD float2 scale(const uint8_t* b, int e0) {
@@ -358,7 +357,7 @@ struct rx_q<RX_MXFP4> {
     static constexpr int QK = 32, TS = 17;
     static RX_HD void dec4(const uint8_t* b, int e0, float* y) {
         const float d = rx_e8m0_half(rx_ld_u8(b));
-        const uint32_t q = (rx_ld_u32u(b + 1 + (e0 & 15)) >> (e0 & 16 ? 4 : 0)) & 0x0F0F0F0Fu;
+        const uint32_t q = rx_nibbles4(b, 1, e0);
         const uint32_t v = rx_lut16(RX_MXFP4_KV0, RX_MXFP4_KV1, RX_MXFP4_KV2, RX_MXFP4_KV3, q) ^ 0x80808080u;
 #pragma unroll
         for (int i = 0; i < 4; ++i) y[i] = RX_FMUL(d, rx_ubyte_f(v, i, 128.0f));
