@@ -95,6 +95,10 @@ def lib(tmp_path_factory):
     so.rx_host_gemv_xq.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                    ctypes.c_int, ctypes.c_longlong, ctypes.c_int]
     so.rx_host_gemv_xq.restype = ctypes.c_int
+    so.rx_host_gemv_xs.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                   ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
+                                   ctypes.c_int]
+    so.rx_host_gemv_xs.restype = ctypes.c_int
     so.rx_host_f16_table.argtypes = [ctypes.c_void_p]
     so.rx_host_f16_table.restype = None
     so.rx_host_ksigns.argtypes = [ctypes.c_void_p]
@@ -395,6 +399,33 @@ def test_gemv_on_x_limbs(lib):
         _check_matmul(y[None, :], wf, x, f"IQ4_XS limbs n_in={n_in} ks={ks}")
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
+def test_gemv_on_staged_limbs(lib, name):
+    """The K-quants' one-token GEMV on x limbs in the lanes' order (rx_x_limb_run writing every
+    lane slot's runs, then rx_gemv_rows_limbs, on the host): within the float GEMV's bound of the
+    float64 product, one and two warps a row pair, rows that end inside a chunk, runs of zeros,
+    of subnormals and of huge values; a NaN in x gives NaN."""
+    from reflex_core.cuda.quant_ops import x_staged_bytes
+
+    t = TYPES[name]
+    rng = np.random.default_rng(1600 + t)
+    for n_in, n_out, ks in ((256, 3, 1), (768, 5, 1), (2048, 4, 2), (4864, 3, 2), (12288, 2, 2)):
+        raw, wf, x = _gemv_case(rng, name, n_in, n_out, 1)
+        x[0, 16:48] = 0.0
+        x[0, 64:80] = rng.standard_normal(16) * 1e-40
+        x[0, 128:144] *= 1e30
+        staged = np.zeros(x_staged_bytes(t, n_in) // 4, np.uint32)
+        y = np.full(n_out, np.nan, np.float32)
+        raw = np.ascontiguousarray(raw)
+        assert lib.rx_host_gemv_xs(t, _ptr(raw), _ptr(x), _ptr(staged), _ptr(y), n_in, n_out,
+                                   raw.shape[1], ks) == 0
+        _check_matmul(y[None, :], wf, x, f"{name} staged limbs n_in={n_in} ks={ks}")
+    x[0, 200] = np.nan
+    assert lib.rx_host_gemv_xs(t, _ptr(raw), _ptr(x), _ptr(staged), _ptr(y), n_in, n_out,
+                               raw.shape[1], 2) == 0
+    assert np.isnan(y).all()
+
+
 # ----------------------------------------------------------------------------------------------
 # the launchers (reflex_core.cuda.quant_ops) and the module build, still without a GPU
 
@@ -406,12 +437,20 @@ class _FakeKernels:
     def __init__(self, signatures):
         self.signatures = signatures
         self.calls = []
+        self.shmem = []  # each launch's dynamic shared memory, in calls' order
+        self.allowed = {}  # allow_shmem: name -> bytes
+
+    def allow_shmem(self, name, nbytes):
+        assert name in self.signatures
+        self.allowed[name] = max(nbytes, self.allowed.get(name, 0))
 
     def launch(self, name, grid, block, args, shmem=0):
         from reflex_core.cuda.modules import packer
 
         packer(self.signatures[name]).pack(args)  # struct.error on a count or type mismatch
+        assert shmem <= self.allowed.get(name, 32 << 10), f"{name}: {shmem} bytes not allowed"
         self.calls.append((name, tuple(grid), tuple(block), tuple(args)))
+        self.shmem.append(shmem)
 
 
 @pytest.fixture(scope="module")
@@ -496,18 +535,30 @@ def test_launcher_choices(quant_signatures):
     assert name == "reflex_matmul_gemv1_q4_k" and grid == (128, 1, 1) and args[-1] == 1
     _matmul(q, k, [W, W + 16], 12, X, [Y], 1, 2048, [511, 511], swiglu=True)
     assert k.calls[-1][:2] == ("reflex_matmul_gemv1s_q4_k", (256, 1, 1))
-    # GEMV_WIDE_MIN_ROWS weight rows or more in a two-warp launch: four rows a group (gemv1ws)
+    # GEMV_WIDE_MIN_ROWS weight rows or more in a two-warp launch: four rows a group (gemv1ws);
+    # the K-quants (XS_CHUNK) on x limbs staged in shared memory, 8 warps a block (gemv1x)
     _matmul(q, k, [W, W + 16], 12, X, [Y], 1, 2048, [512, 512], swiglu=True)
     name, grid, block, args = k.calls[-1]
-    assert name == "reflex_matmul_gemv1ws_q4_k" and grid == (128, 1, 1) and args[-1] == 1
+    assert name == "reflex_matmul_gemv1x_q4_k" and grid == (64, 1, 1) and args[-1] == 1
+    assert block == (256, 1, 1) and k.shmem[-1] == 4 * 2048 == k.allowed[name]
     _matmul(q, k, [W], 12, X, [Y], 1, 2048, [1024])
+    assert k.calls[-1][:2] == ("reflex_matmul_gemv1x_q4_k", (64, 1, 1))
+    _matmul(q, k, [W], 14, X, [Y], 1, 12288 + 256, [1024])  # partial chunks: whole ones staged
+    assert k.calls[-1][0] == "reflex_matmul_gemv1x_q6_k" and k.shmem[-1] == 4 * 13312
+    _matmul(q, k, [W], 14, X, [Y], 1, 51200 + 256, [1024])  # more than XS_MAX_SHMEM
+    assert k.calls[-1][0] == "reflex_matmul_gemv1ws_q6_k" and k.shmem[-1] == 0
+    q.GEMV_XS = False  # REFLEX_GEMV_XS=0
+    try:
+        _matmul(q, k, [W], 12, X, [Y], 1, 2048, [1024])
+    finally:
+        q.GEMV_XS = True
     assert k.calls[-1][:2] == ("reflex_matmul_gemv1ws_q4_k", (128, 1, 1))
     _matmul(q, k, [W], 12, X, [Y], 1, 2048, [1023])
     assert k.calls[-1][:2] == ("reflex_matmul_gemv1s_q4_k", (256, 1, 1))
     _matmul(q, k, [W], 12, X, [Y], 1, 1024, [4096])  # rows of < 64 units: one warp, two rows
     assert k.calls[-1][:2] == ("reflex_matmul_gemv1_q4_k", (512, 1, 1))
     _matmul(q, k, [W, W + 16], 12, X, [Y], 1, 2048, [3072, 3072], swiglu=True)
-    assert k.calls[-1][:2] == ("reflex_matmul_gemv1ws_q4_k", (768, 1, 1))
+    assert k.calls[-1][:2] == ("reflex_matmul_gemv1x_q4_k", (384, 1, 1))
     _matmul(q, k, [W, W + 2, W + 4], 8, X, [Y, Y + 4, Y + 8], 1, 1024, [2048, 1024, 1024])
     assert k.calls[-1][:2] == ("reflex_matmul_gemv1ws_q8_0", (256 + 128 + 128, 1, 1))
     _matmul(q, k, [W, W + 2, W + 4], 8, X, [Y, Y + 4, Y + 8], 2, 1024, [2048, 1024, 1024])

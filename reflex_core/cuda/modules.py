@@ -40,6 +40,9 @@ from . import driver as _drv
 from .manifest import (CORE_PACKAGE, CPU_HINT, SKIP_HINT, best_cubin, coverage_error,
                        image_for, kernels_dir, read_manifest)
 
+# dynamic shared memory any kernel may launch with before allow_shmem (the driver's default
+# is 48 KB less the kernel's static shared memory: kept under it)
+_SHMEM_DEFAULT = 32 << 10
 _SLOT = {"P": "Q", "i": "i4x", "I": "I4x", "q": "q", "Q": "Q", "f": "f4x", "d": "d"}
 
 
@@ -101,6 +104,7 @@ class Kernels:
         self.signatures = signatures
         self._fns: dict[str, Any] = {}
         self._ents: dict[str, tuple[Any, ParamPacker]] = {}  # name -> (function, packer)
+        self._shmem: dict[str, int] = {}  # name -> dynamic shared memory allowed (allow_shmem)
 
     def function(self, name: str) -> Any:
         f = self._fns.get(name)
@@ -114,6 +118,17 @@ class Kernels:
                                 f"kernels ({e})") from None
             self._fns[name] = f
         return f
+
+    def allow_shmem(self, name: str, nbytes: int) -> None:
+        """Let ``name`` launch with ``nbytes`` of dynamic shared memory: past the default 48 KB a
+        kernel needs the opt-in attribute (once per kernel and size, the largest kept)."""
+        if nbytes <= self._shmem.get(name, _SHMEM_DEFAULT):
+            return
+        d = _drv._d
+        attr = d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        _drv.check(d.cuFuncSetAttribute(self.function(name), attr, int(nbytes)),
+                   f"cuFuncSetAttribute({name!r}, max dynamic shared memory {nbytes})")
+        self._shmem[name] = nbytes
 
     def _entry(self, name: str) -> tuple[Any, ParamPacker]:
         sig = self.signatures.get(name)

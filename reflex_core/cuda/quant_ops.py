@@ -38,6 +38,8 @@ launch (q/k/v), or gate/up with the SwiGLU product as the output; :func:`moe_mat
 
 from __future__ import annotations
 
+import os
+
 from ..errors import UnsupportedTensorType
 from ..gguf import GGML_TYPES
 
@@ -123,8 +125,9 @@ def gemv_split(ggml_type: int, n_in: int) -> int:
     return 2 if n_in // lane_unit_elements(ggml_type) >= 64 else 1
 
 
-def _gemv_grid_x(ks: int, n_outs: tuple, swiglu: bool, rows: int = _GEMV_R) -> int:
-    groups = _GEMV_WARPS // ks
+def _gemv_grid_x(ks: int, n_outs: tuple, swiglu: bool, rows: int = _GEMV_R,
+                 warps: int = _GEMV_WARPS) -> int:
+    groups = warps // ks
     if swiglu:
         r = groups * (rows // 2)
         return (n_outs[0] + r - 1) // r
@@ -270,6 +273,26 @@ def x_halves(core, x_ptr: int, out_ptr: int, T: int, n_in: int) -> None:
                     (x_ptr, out_ptr, out_ptr + 4 * T * n_in, T, n_in))
 
 
+# Types whose one-token GEMV of many rows runs on x limbs staged in shared memory
+# (reflex_matmul_gemv1x_<t>, reflex/quant_kernels.cuh): each block first writes x as scaled
+# integers in its lanes' load order, then sums byte products (dp4a, exact) per 16 weights where
+# the float GEMV converts every weight to a float and spends two FMA on it; the float K-quant GEMV
+# is bound by instruction issue (Nsight Compute on the H200: 70% of issue slots busy, the DRAM
+# at 37% of its peak). x to 23 bits of the largest value of each run of 16.
+# type -> elements of x a chunk of the staged order (rx_x_lanes<T>: 32 units of 32).
+XS_CHUNK = {12: 1024, 13: 1024, 14: 1024}  # Q4_K, Q5_K, Q6_K
+_GEMVX_WARPS = 8  # GEMVX_WARPS
+XS_MAX_SHMEM = 200 << 10  # the staged x of one block (the H100/H200 allow 227 KB)
+# REFLEX_GEMV_XS=0 keeps those types on the float GEMV (an A/B switch: they differ by rounding)
+GEMV_XS = os.environ.get("REFLEX_GEMV_XS", "1") != "0"
+
+
+def x_staged_bytes(ggml_type: int, n_in: int) -> int:
+    """Dynamic shared memory of reflex_matmul_gemv1x_<t> for rows of ``n_in``: x in whole chunks."""
+    c = XS_CHUNK[ggml_type]
+    return 4 * c * (-(-n_in // c))
+
+
 _TT_INDEX = (0, 0, 1, 2, 2, 3, 3, 3, 3)  # T (1 .. 8) -> index of the gemv1/2/4/8 kernel
 MAX_SEGMENTS = 3  # weights per matmul launch
 
@@ -280,7 +303,8 @@ class MatPlan:
     ``error`` is why the weight cannot be a matmul operand (None when it can)."""
 
     __slots__ = ("ggml_type", "module", "n_in", "n_out", "n_elements", "row_bytes", "gemv",
-                 "gemv1s", "gemv1ws", "gemvq", "split", "tiled", "xh", "gemv_w_ok", "error")
+                 "gemv1s", "gemv1ws", "gemv1x", "x_staged", "gemvq", "split", "tiled", "xh",
+                 "gemv_w_ok", "error")
 
     def __init__(self, ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight"):
         suffix, tname, bs, _, align = _info(ggml_type)
@@ -295,6 +319,9 @@ class MatPlan:
         self.gemv = tuple(f"reflex_matmul_gemv{tt}_{suffix}" for tt in (1, 2, 4, 8))
         self.gemv1s = f"reflex_matmul_gemv1s_{suffix}"  # T = 1, two warps a row pair
         self.gemv1ws = f"reflex_matmul_gemv1ws_{suffix}"  # T = 1, two warps a row group of 4
+        # ... with x staged in shared memory (XS_TYPES), else None; x_staged: its bytes
+        self.gemv1x: str | None = None
+        self.x_staged = 0
         # T = 1 on x limbs (XQ_TYPES): (one warp, two warps) a row pair, else None
         self.gemvq = ((f"reflex_matmul_gemvq1_{suffix}", f"reflex_matmul_gemvq1s_{suffix}")
                       if ggml_type in XQ_TYPES else None)
@@ -314,6 +341,10 @@ class MatPlan:
             self.row_bytes = self.n_in // bs * _TYPES[ggml_type][3]
         self.split = gemv_split(ggml_type, self.n_in)
         self.gemv_w_ok = w_ptr % align == 0 and (bs > 1 or self.n_in % 8 == 0)
+        if GEMV_XS and ggml_type in XS_CHUNK and self.error is None and self.split == 2:
+            nbytes = x_staged_bytes(ggml_type, self.n_in)
+            if nbytes <= XS_MAX_SHMEM:
+                self.gemv1x, self.x_staged = f"reflex_matmul_gemv1x_{suffix}", nbytes
 
 
 def plan(ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight") -> MatPlan:
@@ -364,6 +395,11 @@ def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: 
         return
     if (T == 1 and p.split == 2 and gemv_w_ok and x_ptr % 16 == 0
             and (2 * n0 if swiglu else n0 + n1 + n2) >= GEMV_WIDE_MIN_ROWS):
+        if p.gemv1x is not None:
+            kern.allow_shmem(p.gemv1x, p.x_staged)
+            kern.launch(p.gemv1x, (_gemv_grid_x(2, n_outs, swiglu, 4, _GEMVX_WARPS), 1, 1),
+                        (32 * _GEMVX_WARPS, 1, 1), args, p.x_staged)
+            return
         kern.launch(p.gemv1ws, (_gemv_grid_x(2, n_outs, swiglu, 4), 1, 1), (_GEMV_THREADS, 1, 1),
                     args)
         return
@@ -572,6 +608,8 @@ def kernel_names(module: str = COMMON_MODULE) -> list[str]:
         names += [f"reflex_matmul_gemv1s_{suffix}", f"reflex_matmul_gemv1ws_{suffix}"]
         if t in XQ_TYPES:
             names += [f"reflex_matmul_gemvq1_{suffix}", f"reflex_matmul_gemvq1s_{suffix}"]
+        if t in XS_CHUNK:
+            names.append(f"reflex_matmul_gemv1x_{suffix}")
         if t in XH_TYPES:
             names += [f"reflex_matmul_xh_{suffix}", f"reflex_moe_xh_{suffix}",
                       f"reflex_qi_unpack_{suffix}"]

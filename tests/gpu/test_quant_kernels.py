@@ -371,6 +371,56 @@ def test_gemv_wide_bit_identical(qk, name):
                 assert_bits_equal(g, w, f"{name} {wide} swiglu={swiglu} segment {i}")
 
 
+@pytest.mark.parametrize("name", [n for n in TYPES if TYPES[n] in quant_ops.XS_CHUNK])
+def test_gemv_staged_limbs(qk, name):
+    """The one-token GEMV on x limbs staged in shared memory (gemv1x) against the float64 matmul,
+    for rows of whole and partial chunks of the staged order (2048, 2304, 3328, 12288 elements),
+    three segments with odd row counts, x with a zero run, a run of subnormals and (a second x)
+    one of huge values; SwiGLU within a few ulp of silu(y) * y of its own plain launch (gate and
+    up the same weight); and the backend's launch takes it for a launch of many rows."""
+    ctx, kernels_of = qk
+    kern = kernels_of(name)
+    t = TYPES[name]
+    rng = np.random.default_rng(260 + t)
+    suffix = quant_ops._TYPES[t][0]
+    for n_in in (2048, 2304, 3328, 12288):
+        p = quant_ops.plan(t, (n_in, 1), 0)
+        assert p.gemv1x == f"reflex_matmul_gemv1x_{suffix}" and p.split == 2
+        n_outs = (1100, 45, 70)
+        pairs = [random_weights(rng, name, n, n_in) for n in n_outs]
+        rb = pairs[0][0].shape[1]
+        wps = [upload(ctx, raw)[1] for raw, _ in pairs]
+        x = rng.standard_normal((1, n_in)).astype(np.float32)
+        x[0, 16:48] = 0.0  # a zero run (and a run half zero)
+        x[0, 256:272] = rng.standard_normal(16) * 1e-40  # subnormals
+        big = x.copy()
+        big[0, 512:528] *= 1e30
+        kern.allow_shmem(p.gemv1x, p.x_staged)
+
+        def run(xv, swiglu):  # into fresh NaN outputs: a row left unwritten shows
+            _, xp = upload(ctx, xv)
+            yps = [upload(ctx, np.full(n, np.nan, np.float32))[1] for n in n_outs]
+            outs = (n_outs[0], 0, 0) if swiglu else n_outs
+            kern.launch(p.gemv1x, (quant_ops._gemv_grid_x(2, outs, swiglu, 4, 8), 1, 1), (256, 1, 1),
+                        (wps[0], wps[0] if swiglu else wps[1], wps[2], xp, *yps, 1, n_in, *outs, rb,
+                         1 if swiglu else 0), p.x_staged)
+            return xp, [download(ctx, yp, n) for yp, n in zip(yps, n_outs)]
+
+        for xv in (x, big):
+            _, ys = run(xv, False)
+            for i, ((_, wf), y) in enumerate(zip(pairs, ys)):
+                check_matmul(y.reshape(1, -1), wf, xv, f"{name} gemv1x n_in={n_in} segment {i}")
+        xp, g = run(x, True)  # gate and up both segment 0's weight: silu(y0) * y0
+        _, ys = run(x, False)
+        y0 = ys[0].astype(np.float64)
+        want = y0 / (1 + np.exp(-y0)) * y0
+        np.testing.assert_allclose(g[0], want, rtol=4e-6, atol=1e-6 * (np.abs(want).max() + 1),
+                                   err_msg=f"{name} gemv1x swiglu n_in={n_in}")
+        yp = ctx.alloc(4 * 1100)
+        matmul(ctx, wps[0], t, xp, yp, 1, n_in, 1100)
+        assert_bits_equal(download(ctx, yp, 1100), ys[0], f"{name} matmul T=1 n_in={n_in}")
+
+
 @pytest.mark.parametrize("name", FLOAT_TYPES)
 def test_matmul_float_odd_n_in(qk, name):
     """Float weights with n_in not a multiple of 8 (GEMV not applicable: tiled for every T)."""

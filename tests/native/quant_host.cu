@@ -170,6 +170,42 @@ extern "C" int rx_host_gemv_xq(const uint8_t* w, const uint32_t* xq, float* y, i
     return 0;
 }
 
+// The K-quants' one-token GEMV on staged x limbs (gemv_body's XS form) the same way: every lane
+// slot's two runs written by rx_x_limb_run into `staged` (rx_x_lanes::chunks(n_in) * SLOTS * 4
+// words), then 32 * ks lanes per row pair on them.
+template <int T>
+int gemv_xs(const uint8_t* w, const float* x, uint32_t* staged, float* y, int n_in, int n_out,
+            long long row_bytes, int ks) {
+    typedef rx_x_lanes<T> XL;
+    const int R = 2;
+    if (ks != 1 && ks != 2) return -5;
+    for (int i = 0; i < XL::chunks(n_in) * 64; ++i)
+        rx_x_limb_run<T>(x, n_in, i >> 6, i & 31, (i >> 5) & 1, staged + 4 * (i >> 6) * XL::SLOTS);
+    for (int row0 = 0; row0 < n_out; row0 += R) {
+        float tot[R] = {};
+        const uint8_t* rp[R];
+        for (int r = 0; r < R; ++r) rp[r] = w + (long long)(row0 + r < n_out ? row0 + r : n_out - 1) * row_bytes;
+        for (int lane = 0; lane < 32 * ks; ++lane) {
+            float acc[R][1];
+            rx_gemv_rows_limbs<T, R>(rp, staged, n_in, lane, 32 * ks, acc);
+            for (int r = 0; r < R; ++r) tot[r] += acc[r][0];
+        }
+        for (int r = 0; r < R; ++r)
+            if (row0 + r < n_out) y[row0 + r] = tot[r];
+    }
+    return 0;
+}
+
+extern "C" int rx_host_gemv_xs(int type, const uint8_t* w, const float* x, uint32_t* staged, float* y,
+                               int n_in, int n_out, long long row_bytes, int ks) {
+    switch (type) {
+        case RX_Q4_K: return gemv_xs<RX_Q4_K>(w, x, staged, y, n_in, n_out, row_bytes, ks);
+        case RX_Q5_K: return gemv_xs<RX_Q5_K>(w, x, staged, y, n_in, n_out, row_bytes, ks);
+        case RX_Q6_K: return gemv_xs<RX_Q6_K>(w, x, staged, y, n_in, n_out, row_bytes, ks);
+    }
+    return -1;
+}
+
 // The integer view (rx_qi<T>): every element rebuilt as a * q (+ c) in float32 from ints() and
 // scale(), for the bit-for-bit check against dequantize. -1: the type has no integer view.
 template <int T>

@@ -205,6 +205,31 @@ RX_HD void rx_ld_v4(const uint8_t* p, uint32_t (&w)[4]) {
 #endif
 }
 
+// __byte_perm: byte i of the result is byte (s >> 4i) & 7 of the 8 bytes {x, y} (x the low 4)
+RX_HD uint32_t rx_byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+#ifdef __CUDA_ARCH__
+    return __byte_perm(x, y, s);
+#else
+    const uint64_t v = ((uint64_t)y << 32) | x;
+    uint32_t r = 0;
+    for (int i = 0; i < 4; ++i) r |= (uint32_t)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xffu) << (8 * i);
+    return r;
+#endif
+}
+
+// 4 words from a 16-byte aligned address that may be shared memory (a generic load, not __ldg)
+RX_HD void rx_ld_v4_any(const uint32_t* p, uint32_t (&w)[4]) {
+#ifdef __CUDA_ARCH__
+    const uint4 v = *(const uint4*)p;
+    w[0] = v.x;
+    w[1] = v.y;
+    w[2] = v.z;
+    w[3] = v.w;
+#else
+    memcpy(w, p, 16);
+#endif
+}
+
 // 4 floats from a 16-byte aligned address
 RX_HD void rx_ld_f4(const float* p, float* v) {
 #ifdef __CUDA_ARCH__

@@ -184,7 +184,7 @@ __device__ __forceinline__ float rx_silu_mul(float g, float u) { return g / (1.0
 // every sum), then, when KS > 1 warps split the rows' units, the other slices' sums added to
 // slice 0's in slice order through shared memory (every thread of the block calls it then: it
 // synchronizes the block). Afterwards slice 0's lanes hold the totals.
-template <int TT, int KS, int R>
+template <int TT, int KS, int R, int WARPS = GEMV_WARPS>
 __device__ __forceinline__ void gemv_sums(float (&acc)[R][TT]) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -192,7 +192,7 @@ __device__ __forceinline__ void gemv_sums(float (&acc)[R][TT]) {
         for (int t = 0; t < TT; ++t) acc[r][t] = rx_warp_sum(acc[r][t]);
     }
     if constexpr (KS > 1) {
-        __shared__ float part[GEMV_WARPS][R * TT];
+        __shared__ float part[WARPS][R * TT];
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % KS;
         if (slice > 0 && lane < R * TT) {
 #pragma unroll
@@ -267,17 +267,24 @@ __device__ __forceinline__ void seg_select(const uint8_t* w0, const uint8_t* w1,
     }
 }
 
-// A block's 4 warps form GEMV_WARPS / KS row groups of KS warps each; the KS warps ("slices")
+// A block's WARPS warps form WARPS / KS row groups of KS warps each; the KS warps ("slices")
 // of a group split its R rows' units (rx_gemv_rows' first / stride). Mode 0: the group's rows
 // are R consecutive rows of one segment; mode 1: gate and up rows of R / 2 consecutive outputs.
-template <int TYPE, int TT, int KS, bool XQ = false, int R = GEMV_R>
+// XQ: x is the x limbs (T = 1). XS (T = 1, the K-quants): the block first writes x's limbs in
+// the lanes' load order to shared memory (rx_x_limb_run; the launch gives
+// rx_x_lanes<TYPE>::chunks(n_in) * SLOTS * 16 bytes of dynamic shared memory), one copy for its
+// WARPS / KS * R rows, then the lane loop runs on them (rx_gemv_rows_limbs: byte dot products
+// instead of a float conversion and two FMA per weight).
+template <int TYPE, int TT, int KS, bool XQ = false, int R = GEMV_R, bool XS = false,
+          int WARPS = GEMV_WARPS>
 __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,
                                           const uint8_t* __restrict__ w2, const float* __restrict__ x,
                                           float* __restrict__ y0, float* __restrict__ y1,
                                           float* __restrict__ y2, int T, int n_in, int n0, int n1,
                                           int n2, long long row_bytes, int mode) {
     static_assert(R % 2 == 0 && R * TT <= 32, "row pairs; a lane an output");
-    constexpr int GROUPS = GEMV_WARPS / KS;
+    static_assert(!(XQ && XS) && (!XS || TT == 1), "one x form; staged x: one token");
+    constexpr int GROUPS = WARPS / KS;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int group = warp / KS, slice = warp % KS;
     const bool swiglu = mode == 1;
@@ -292,8 +299,9 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
         seg_select(w0, w1, w2, y0, y1, y2, n0, n1, n2, GROUPS * R, w, y, n, b);
         row0 = (b * GROUPS + group) * R;
     }
-    const bool live = row0 < n;  // with KS > 1, a group past n still joins gemv_sums' barrier
-    if (KS == 1 && !live) return;
+    // with KS > 1 or XS, a group past n still joins the block's barriers
+    const bool live = row0 < n;
+    if (KS == 1 && !XS && !live) return;
     // rows past n read row n - 1 (not stored): one copy of the main loop for both modes
     const uint8_t* rp[R];
 #pragma unroll
@@ -320,10 +328,19 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
     if constexpr (XQ) {  // x is the x limbs (rx_gemv_rows_xq), T = 1
         rx_gemv_rows_xq<TYPE, R>(rp, (const uint32_t*)x, live ? n_in : 0, 32 * slice + lane,
                                  32 * KS, acc);
+    } else if constexpr (XS) {  // x as limbs in the lanes' order (rx_x_limb_run), in shared memory
+        typedef rx_x_lanes<TYPE> XL;
+        extern __shared__ uint4 rx_x_staged[];
+        uint32_t* xl = (uint32_t*)rx_x_staged;
+        const int n_runs = XL::chunks(n_in) * 64;  // a thread a run: (chunk, h, lane slot)
+        for (int i = threadIdx.x; i < n_runs; i += WARPS * 32)
+            rx_x_limb_run<TYPE>(x, n_in, i >> 6, i & 31, (i >> 5) & 1, xl + 4 * (i >> 6) * XL::SLOTS);
+        __syncthreads();
+        rx_gemv_rows_limbs<TYPE, R>(rp, xl, live ? n_in : 0, 32 * slice + lane, 32 * KS, acc);
     } else {
         rx_gemv_rows<TYPE, TT, R>(rp, x, T, live ? n_in : 0, 32 * slice + lane, 32 * KS, acc);
     }
-    gemv_sums<TT, KS>(acc);
+    gemv_sums<TT, KS, R, WARPS>(acc);
     if (slice == 0 && live) gemv_store<TT>(acc, swiglu, y, T, n, row0);
 }
 
@@ -1158,6 +1175,18 @@ __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const u
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
         reflex_matmul_gemvq1s_##name(RX_MM_PARAMS) {                                                 \
         gemv_body<TYPE, 1, 2, true>(RX_MM_ARGS);                                                      \
+    }
+
+// The one-token GEMV on x limbs staged in shared memory (gemv_body's XS form), for the K-quants
+// with an integer view (cuda/quant.cu: Q4_K, Q5_K, Q6_K): GEMVX_WARPS warps a block, two a row
+// group of 4 rows, so one staged copy serves 16 rows. Launch with rx_x_lanes<TYPE>::chunks(n_in)
+// * SLOTS * 16 bytes of dynamic shared memory; otherwise as gemv1ws (not the same bits: x to 23
+// bits of its run's largest value, the products exact).
+#define GEMVX_WARPS 8
+#define RX_QUANT_XS_KERNEL(name, TYPE)                                                                \
+    extern "C" __global__ void __launch_bounds__(GEMVX_WARPS * 32)                                    \
+        reflex_matmul_gemv1x_##name(RX_MM_PARAMS) {                                                  \
+        gemv_body<TYPE, 1, 2, false, 4, true, GEMVX_WARPS>(RX_MM_ARGS);                               \
     }
 
 // The prefill tiles on x halves from unpacked weights (xhu_body), one per (SUB, MIN) of the

@@ -735,6 +735,14 @@ struct rx_lu<RX_Q4_K> {
     }
     static RX_HD int e0(int j, int s) { return 64 * (j >> 1) + 16 * (j & 1) + 4 * s; }
     static RX_HD int e1(int j, int s) { return 64 * (j >> 1) + 16 * (j & 1) + 4 * s + 32; }
+    RX_HD void ints(int, int s, uint32_t& lo, uint32_t& hi) const {
+        lo = q[s] & 0x0F0F0F0Fu;
+        hi = (q[s] >> 4) & 0x0F0F0F0Fu;
+    }
+    RX_HD void affine(int h, float& mul, float& sub) const {
+        mul = h ? a1 : a0;
+        sub = h ? c1 : c0;
+    }
     template <bool EXACT>
     RX_HD void dec(int, int s, float* w) const {
         const uint32_t lo = q[s] & 0x0F0F0F0Fu, hi = (q[s] >> 4) & 0x0F0F0F0Fu;
@@ -771,6 +779,15 @@ struct rx_lu<RX_Q5_K> {
     }
     static RX_HD int e0(int j, int s) { return 64 * (j >> 1) + 16 * (j & 1) + 4 * s; }
     static RX_HD int e1(int j, int s) { return 64 * (j >> 1) + 16 * (j & 1) + 4 * s + 32; }
+    RX_HD void ints(int j, int s, uint32_t& lo, uint32_t& hi) const {
+        const int t2 = 2 * (j >> 1);
+        lo = (q[s] & 0x0F0F0F0Fu) | (((qh[s] >> t2) & 0x01010101u) << 4);
+        hi = ((q[s] >> 4) & 0x0F0F0F0Fu) | (((qh[s] >> (t2 + 1)) & 0x01010101u) << 4);
+    }
+    RX_HD void affine(int h, float& mul, float& sub) const {
+        mul = h ? a1 : a0;
+        sub = h ? c1 : c0;
+    }
     template <bool EXACT>
     RX_HD void dec(int j, int s, float* w) const {
         const int t2 = 2 * (j >> 1);
@@ -810,6 +827,16 @@ struct rx_lu<RX_Q6_K> {
     }
     static RX_HD int e0(int j, int s) { return 128 * (j >> 2) + 16 * (j & 3) + 4 * s; }
     static RX_HD int e1(int j, int s) { return 128 * (j >> 2) + 16 * (j & 3) + 4 * s + 64; }
+    // the unsigned 6-bit values b (the weight is a * (b - 32): affine's sub = 32 a, exact)
+    RX_HD void ints(int j, int s, uint32_t& lo, uint32_t& hi) const {
+        const int sh = 2 * ((j & 3) >> 1);
+        lo = (ql[s] & 0x0F0F0F0Fu) | (((qh[s] >> sh) & 0x03030303u) << 4);
+        hi = ((ql[s] >> 4) & 0x0F0F0F0Fu) | (((qh[s] >> (sh + 4)) & 0x03030303u) << 4);
+    }
+    RX_HD void affine(int h, float& mul, float& sub) const {
+        mul = h ? a1 : a0;
+        sub = RX_FMUL(32.0f, mul);
+    }
     template <bool EXACT>
     RX_HD void dec(int j, int s, float* w) const {
         const int sh = 2 * ((j & 3) >> 1);
@@ -960,71 +987,85 @@ RX_HD void rx_gemv_units(const uint8_t* const (&rp)[R], const XT* __restrict__ x
 // sum v_i * x_i per unit and add a * that sum: one multiply per unit and token instead of one
 // per element (the GEMV is not bit-exact with the dequantization anyway; tests bound it).
 
+// One lane unit of the lane loop: the unit's R blocks at bp, place j, the lane's part my_part;
+// xget(t, k, h, v) puts in v the 4 x values of token t that the lane's step k pairs with its
+// weights at e0 (h = 0) or e1 (h = 1). Adds the unit's products to acc in a fixed order, so every
+// x source gives the same bits.
+template <int TYPE, int TT, int R, bool EXACT, int P, typename XG>
+RX_HD void rx_gemv_unit(const uint8_t* const (&bp)[R], int j, int my_part, int T, XG&& xget,
+                        float (&acc)[R][TT]) {
+    typedef rx_lu<TYPE> L;
+    constexpr bool SCALED = rx_unit_scaled<TYPE>::value;
+    constexpr int STEPS = L::SUB / P;  // steps a lane takes of each unit
+    L u[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) rx_lu_load<P>(u[r], bp[r], j, my_part);
+#pragma unroll
+    for (int r = 0; r < R; ++r) u[r].prep(j);
+    float part[R][TT];  // SCALED: this unit's sums of v_i * x_i
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int t = 0; t < TT; ++t) part[r][t] = 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < STEPS; ++k) {
+        float xv[TT][8];
+#pragma unroll
+        for (int t = 0; t < TT; ++t) {
+            if (t < T) {
+                xget(t, k, 0, &xv[t][0]);
+                xget(t, k, 1, &xv[t][4]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) xv[t][i] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            float wv[8];
+            if constexpr (SCALED) {
+                u[r].unscaled(k, wv);
+            } else {
+                u[r].template dec<EXACT>(j, k, wv);
+            }
+#pragma unroll
+            for (int t = 0; t < TT; ++t) {
+                float& a = SCALED ? part[r][t] : acc[r][t];
+#pragma unroll
+                for (int i = 0; i < 8; ++i) a = fmaf(wv[i], xv[t][i], a);
+            }
+        }
+    }
+    if constexpr (SCALED) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+            for (int t = 0; t < TT; ++t) acc[r][t] = fmaf(u[r].scale(), part[r][t], acc[r][t]);
+        }
+    }
+}
+
 template <int TYPE, int TT, int R, bool EXACT = false>
 RX_HD void rx_gemv_rows(const uint8_t* const (&rp)[R], const float* __restrict__ x, int T, int n_in,
                         int first, int stride, float (&acc)[R][TT]) {
     typedef rx_lu<TYPE> L;
-    constexpr bool SCALED = rx_unit_scaled<TYPE>::value;
     constexpr int P = rx_unit_lanes<TYPE, TT>::value;
     static_assert(P == 1 || P == 2 || P == 4, "lanes a unit: 1, 2 or 4");
     static_assert(L::SUB % P == 0, "every lane of a unit takes as many steps");
+    constexpr int STEPS = L::SUB / P;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
 #pragma unroll
         for (int t = 0; t < TT; ++t) acc[r][t] = 0.0f;
     }
-    constexpr int STEPS = L::SUB / P;  // steps a lane takes of each unit
     // One unit (block pointers bp, its x at xb, place j in the block, the lane's part of it)
     auto unit = [&](const uint8_t* const (&bp)[R], const float* xb, int j, int my_part) {
-        L u[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) rx_lu_load<P>(u[r], bp[r], j, my_part);
-#pragma unroll
-        for (int r = 0; r < R; ++r) u[r].prep(j);
-        float part[R][TT];  // SCALED: this unit's sums of v_i * x_i
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-#pragma unroll
-            for (int t = 0; t < TT; ++t) part[r][t] = 0.0f;
-        }
-#pragma unroll
-        for (int k = 0; k < STEPS; ++k) {
+        auto xget = [&](int t, int k, int h, float* v) {
             const int s = my_part * STEPS + k;
-            const int e0 = L::e0(j, s), e1 = L::e1(j, s);
-            float xv[TT][8];
-#pragma unroll
-            for (int t = 0; t < TT; ++t) {
-                if (t < T) {
-                    rx_ld_f4(xb + (long long)t * n_in + e0, &xv[t][0]);
-                    rx_ld_f4(xb + (long long)t * n_in + e1, &xv[t][4]);
-                } else {
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) xv[t][i] = 0.0f;
-                }
-            }
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                float wv[8];
-                if constexpr (SCALED) {
-                    u[r].unscaled(k, wv);
-                } else {
-                    u[r].template dec<EXACT>(j, k, wv);
-                }
-#pragma unroll
-                for (int t = 0; t < TT; ++t) {
-                    float& a = SCALED ? part[r][t] : acc[r][t];
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) a = fmaf(wv[i], xv[t][i], a);
-                }
-            }
-        }
-        if constexpr (SCALED) {
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-#pragma unroll
-                for (int t = 0; t < TT; ++t) acc[r][t] = fmaf(u[r].scale(), part[r][t], acc[r][t]);
-            }
-        }
+            rx_ld_f4(xb + (long long)t * n_in + (h ? L::e1(j, s) : L::e0(j, s)), v);
+        };
+        rx_gemv_unit<TYPE, TT, R, EXACT, P>(bp, j, my_part, T, xget, acc);
     };
     rx_gemv_units<L, P, R>(rp, x, n_in, first, stride, unit);
 }
@@ -1068,6 +1109,162 @@ RX_HD float rx_small_int_f(int v) {
 #else
     return (float)v;
 #endif
+}
+
+// x in the lanes' load order: the one-token GEMV of the K-quants stages x in shared memory
+// (gemv_body's XS form, reflex/quant_kernels.cuh) so that each of a warp's x loads reads 512
+// contiguous bytes. A chunk is the UNITS lane units that a warp's 32 lane slots take at a time;
+// its slot q = 32 (2k + h) + l holds the 4 values that slot l's step k pairs with its weights at
+// e0 (h = 0) or e1 (h = 1).
+template <int TYPE>
+struct rx_x_lanes {
+    typedef rx_lu<TYPE> L;
+    static constexpr int P = rx_unit_lanes<TYPE, 1>::value;
+    static constexpr int STEPS = L::SUB / P;
+    static constexpr int UNITS = 32 / P;          // lane units a chunk
+    static constexpr int SLOTS = 2 * STEPS * 32;  // 4-value slots a chunk
+    static RX_HD int chunks(int n_in) { return (n_in / L::QK * L::LPB + UNITS - 1) / UNITS; }
+    // the first of the 4 elements of x that slot q of chunk c holds (n_in or more: none)
+    static RX_HD int elem(int c, int q) {
+        const int k = q >> 6, h = (q >> 5) & 1, l = q & 31;
+        const int unit = c * UNITS + l / P, s = (l % P) * STEPS + k;
+        const int blk = unit / L::LPB, j = unit % L::LPB;
+        return blk * L::QK + (h ? L::e1(j, s) : L::e0(j, s));
+    }
+};
+
+// The staged x of the K-quants' one-token GEMV are limbs in that order: each lane run (the 16
+// elements a lane unit pairs with its e0 weights, or with its e1 weights: 4 slots of one lane)
+// has a power-of-two scale s and integers X_i = rint(x_i / s), |X_i| <= 2^22, s from the run's
+// largest |x| as in reflex_x_limbs (cuda/core.cu): M < 2^e, s = 2^(e-22); M = 0: s = 1, X = 0; a
+// NaN or inf in the run: s = NaN, X = 0. A slot is 4 words: bytes 0, 1 and 2 of its four X
+// (the last signed), then in the run's first slot s and in its second the run's sum of X (an
+// int32; the weights' min term takes it). rx_x_limb_run writes run h of lane l of chunk c (x has
+// n_in elements, out is the chunk's first word); a run past the row's end is zeros.
+template <int TYPE>
+RX_HD void rx_x_limb_run(const float* __restrict__ x, int n_in, int c, int l, int h, uint32_t* out) {
+    typedef rx_x_lanes<TYPE> XL;
+    static_assert(XL::P == 1 && XL::STEPS == 4, "a lane run is its unit's 4 steps");
+    const int e = XL::elem(c, 32 * h + l);  // the run's first element; its steps follow on
+    float v[16];
+    uint32_t mb = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        if (e < n_in) {
+            rx_ld_f4(x + e + 4 * k, v + 4 * k);
+        } else {
+            v[4 * k] = v[4 * k + 1] = v[4 * k + 2] = v[4 * k + 3] = 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t b = rx_as_uint(v[4 * k + i]) & 0x7fffffffu;
+            mb = b > mb ? b : mb;
+        }
+    }
+    // M < 2^ex: ex = the exponent field - 126 (frexp's) for a normal M; for a subnormal one -126,
+    // or -127 below 2^-127 (then s = 2^-149 and X = x exactly)
+    const bool bad = mb >= 0x7f800000u, zero = mb == 0;
+    const int ex = mb >= 0x00800000u ? (int)(mb >> 23) - 126 : mb >= 0x00400000u ? -126 : -127;
+    // x * 2^(22-ex) and s = 2^(ex-22) through two power-of-two factors each (22 - ex is
+    // -106 .. 149: each factor a normal float, the products exact)
+    const int p = 22 - ex, p1 = p >> 1, p2 = p - p1;
+    const float f1 = rx_as_float((uint32_t)(p1 + 127) << 23), f2 = rx_as_float((uint32_t)(p2 + 127) << 23);
+    const float s = bad ? rx_nan()
+                        : zero ? 1.0f
+                               : RX_FMUL(rx_as_float((uint32_t)(127 - p1) << 23),
+                                         rx_as_float((uint32_t)(127 - p2) << 23));
+    int sum = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        int X[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            // rint by the 1.5 * 2^23 bias (|x * 2^(22-ex)| <= 2^22)
+            const float r = RX_FADD(RX_FMUL(RX_FMUL(v[4 * k + i], f1), f2), 12582912.0f);
+            X[i] = (bad || zero) ? 0 : (int)rx_as_uint(r) - 0x4B400000;
+            sum += X[i];
+        }
+        uint32_t* w = out + 4 * (32 * (2 * k + h) + l);
+        // bytes 0, 1, 2 of X[0..3] -> words 0, 1, 2
+        const uint32_t lo01 = rx_byte_perm((uint32_t)X[0], (uint32_t)X[1], 0x5140u);  // b0 b0' b1 b1'
+        const uint32_t lo23 = rx_byte_perm((uint32_t)X[2], (uint32_t)X[3], 0x5140u);
+        const uint32_t hi01 = rx_byte_perm((uint32_t)X[0], (uint32_t)X[1], 0x0062u);  // b2 b2'
+        const uint32_t hi23 = rx_byte_perm((uint32_t)X[2], (uint32_t)X[3], 0x0062u);
+        w[0] = rx_byte_perm(lo01, lo23, 0x5410u);
+        w[1] = rx_byte_perm(lo01, lo23, 0x7632u);
+        w[2] = rx_byte_perm(hi01, hi23, 0x5410u);
+        w[3] = k == 0 ? rx_as_uint(s) : 0u;
+    }
+    out[4 * (32 * (2 + h) + l) + 3] = (uint32_t)sum;  // step 1's slot
+}
+
+// The one-token GEMV of rx_gemv_rows (the same lane slots) on the staged limbs xl (the chunks
+// rx_x_limb_run wrote) for the K-quants with an integer view (rx_lu's ints / affine: the weight
+// is mul * b - sub for the unsigned bytes b): per lane run, sum b_i X_i in three int32 limb sums
+// (dp4a, exact: |S| < 2^22; S = 65536 S2 + 256 S1 + S0 rounded once to a float), then
+// acc += (mul * s) * S - (sub * s) * sum X.
+template <int TYPE, int R>
+RX_HD void rx_gemv_rows_limbs(const uint8_t* const (&rp)[R], const uint32_t* xl, int n_in, int first,
+                              int stride, float (&acc)[R][1]) {
+    typedef rx_lu<TYPE> L;
+    typedef rx_x_lanes<TYPE> XL;
+    static_assert(XL::P == 1 && XL::STEPS == 4, "the limb runs' lane order");
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
+    const unsigned n_units = (unsigned)(n_in / L::QK) * (unsigned)L::LPB;
+    const int l = first & 31;  // the stride is a multiple of 32: the lane's slot in every chunk
+    for (unsigned U = (unsigned)first; U < n_units; U += (unsigned)stride) {
+        const unsigned blk = U / (unsigned)L::LPB;
+        const int j = (int)(U % (unsigned)L::LPB);
+        L u[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) u[r].load(rp[r] + (long long)blk * L::TS, j);
+#pragma unroll
+        for (int r = 0; r < R; ++r) u[r].prep(j);
+        const uint32_t* xc = xl + 4 * ((long long)(U >> 5) * XL::SLOTS + l);
+        int s0[R][2], s1[R][2], s2[R][2];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            s0[r][0] = s1[r][0] = s2[r][0] = s0[r][1] = s1[r][1] = s2[r][1] = 0;
+        }
+        float xs[2], xsum[2];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            uint32_t g0[4], g1[4];  // xl is shared memory in the kernels
+            rx_ld_v4_any(xc + 128 * (2 * k), g0);
+            rx_ld_v4_any(xc + 128 * (2 * k + 1), g1);
+            if (k == 0) {
+                xs[0] = rx_as_float(g0[3]);
+                xs[1] = rx_as_float(g1[3]);
+            } else if (k == 1) {
+                xsum[0] = (float)(int)g0[3];
+                xsum[1] = (float)(int)g1[3];
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                uint32_t lo, hi;
+                u[r].ints(j, k, lo, hi);
+                s0[r][0] = rx_dp4a<false>(lo, g0[0], s0[r][0]);
+                s1[r][0] = rx_dp4a<false>(lo, g0[1], s1[r][0]);
+                s2[r][0] = rx_dp4a<true>(lo, g0[2], s2[r][0]);
+                s0[r][1] = rx_dp4a<false>(hi, g1[0], s0[r][1]);
+                s1[r][1] = rx_dp4a<false>(hi, g1[1], s1[r][1]);
+                s2[r][1] = rx_dp4a<true>(hi, g1[2], s2[r][1]);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float mul, sub;
+                u[r].affine(h, mul, sub);
+                // 256 S2 + S1 is below 2^24 (b <= 63: 16 * 63 * (64 * 256 + 255)): exact as a float
+                const float v = fmaf((float)(s2[r][h] * 256 + s1[r][h]), 256.0f, rx_small_int_f(s0[r][h]));
+                acc[r][0] = fmaf(mul * xs[h], v, acc[r][0]);
+                acc[r][0] = fmaf(-sub * xs[h], xsum[h], acc[r][0]);
+            }
+        }
+    }
 }
 
 // The one-token GEMV of rx_gemv_rows (TT = 1, the same lane slots and unit loop) on x limbs xq

@@ -1,0 +1,124 @@
+"""One-token GEMV forms side by side on the GPU (a benchmark, not a test): the module's
+gemv1ws (float x from global memory) and gemv1x (x limbs staged in shared memory, 8 warps a
+block) against the block shapes of bench/gemv_lab.cu (compiled here with nvcc), on random K-quant
+weights of the Qwen3 shapes. Each launch cycles through copies of the weights that together exceed the L2, so
+every byte comes from HBM; microseconds a launch are the median of 3 timings of 40 launches.
+Each form's outputs are compared with gemv1ws's: bits equal, or the largest relative
+difference.
+
+usage: python bench/gemv_lab.py [--ncu]   (--ncu: one shape, two launches of each form, for
+Nsight Compute's sections)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+SIG = "PPPPPPPiiiiiqi"
+TYPES = {"q4_k": (12, 256, 144, (0, 2)), "q6_k": (14, 256, 210, (208,))}  # id, QK, bytes, f16
+# (label, n_in, n_out, swiglu)
+SHAPES = [("8B o", 4096, 4096, False), ("8B qk", 4096, 5120, False),
+          ("8B gate/up", 4096, 12288, True), ("8B down", 12288, 4096, False),
+          ("30B qkv", 2048, 5120, False), ("30B o", 4096, 2048, False)]
+# form -> (KS, R, WARPS); "ws" and "x" are the module's kernels
+FORMS = {"ws": (2, 4, 4), "x": (2, 4, 8), "x4": (2, 4, 4), "x16": (2, 4, 16), "x8k1": (1, 4, 8),
+         "x8k4": (4, 4, 8), "x16k4": (4, 4, 16), "x8r2": (2, 2, 8)}
+
+
+def main() -> int:
+    ncu = "--ncu" in sys.argv
+    from reflex_core.cuda import driver, memory, modules, quant_ops
+    from reflex_core.cuda.start import start
+
+    start().wait()
+    d = driver._d
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "lab.cubin"
+        subprocess.run(["nvcc", "-cubin", "-std=c++17", "-O3", "-arch=sm_90", "-I",
+                        str(ROOT / "cuda" / "include"), str(ROOT / "bench" / "gemv_lab.cu"), "-o",
+                        str(cubin)], check=True)
+        handle = driver.check(d.cuModuleLoadData(cubin.read_bytes()), "cuModuleLoadData")
+    names = [f"lab_{f}_{t}" for f in FORMS if f not in ("ws", "x") for t in TYPES]
+    lab = modules.Kernels("lab", "lab", handle, "sass", {n: SIG for n in names})
+    core = modules.get_kernels(quant_ops.COMMON_MODULE)
+    rng = np.random.default_rng(7)
+    shapes = SHAPES[2:3] if ncu else SHAPES
+    for tname, (t, qk, ts, f16) in TYPES.items():
+        for label, n_in, n_out, swiglu in shapes:
+            nb = n_in // qk
+            rows = 2 * n_out if swiglu else n_out
+            blocks = rng.integers(0, 256, size=(rows * nb, ts), dtype=np.uint8)
+            for off in f16:  # scales 2^-10 .. 2^-6, either sign
+                v = (rng.uniform(2**-10, 2**-6, rows * nb) * rng.choice([-1, 1], rows * nb))
+                blocks[:, off:off + 2] = v.astype(np.float16).view(np.uint8).reshape(-1, 2)
+            wbytes = blocks.tobytes()
+            copies = 1 if ncu else max(2, -(-(256 << 20) // len(wbytes)))
+            wps = []
+            for _ in range(copies):
+                p = memory.alloc(len(wbytes))
+                memory.htod(p, wbytes)
+                wps.append(p)
+            x = rng.standard_normal(n_in).astype(np.float32)
+            xp = memory.alloc(4 * n_in)
+            memory.htod(xp, x.tobytes())
+            yp = memory.alloc(4 * rows)
+            rb = nb * ts
+            half = n_out * rb
+            ref = None
+            line = []
+            for form, (ks, r, warps) in FORMS.items():
+                if form == "ws":
+                    kern, name, smem = core, f"reflex_matmul_gemv1ws_{tname}", 0
+                elif form == "x":
+                    kern, name = core, f"reflex_matmul_gemv1x_{tname}"
+                    smem = quant_ops.x_staged_bytes(t, n_in)
+                else:
+                    kern, name = lab, f"lab_{form}_{tname}"
+                    smem = quant_ops.x_staged_bytes(t, n_in)
+                if smem:
+                    kern.allow_shmem(name, smem)
+                per_block = warps // ks * (r // 2 if swiglu else r)
+                grid = -(-n_out // per_block)
+
+                def launch(w):
+                    args = ((w, w + half, 0, xp, yp, 0, 0, 1, n_in, n_out, 0, 0, rb, 1) if swiglu
+                            else (w, 0, 0, xp, yp, 0, 0, 1, n_in, n_out, 0, 0, rb, 0))
+                    kern.launch(name, (grid, 1, 1), (32 * warps, 1, 1), args, smem)
+
+                launch(wps[0])
+                driver.synchronize()
+                y = np.frombuffer(bytes(memory.dtoh(yp, 4 * n_out)), np.float32).copy()
+                if ref is None:
+                    ref, same = y, "ref"
+                elif np.array_equal(y.view(np.uint32), ref.view(np.uint32)):
+                    same = "bits="
+                else:
+                    same = f"rel {np.max(np.abs(y - ref)) / np.max(np.abs(ref)):.1e}"
+                if ncu:
+                    launch(wps[0])
+                    driver.synchronize()
+                    continue
+                times = []
+                for _ in range(3):
+                    e0, e1 = memory.Event(), memory.Event()
+                    e0.record()
+                    for i in range(40):
+                        launch(wps[i % copies])
+                    e1.record()
+                    times.append(memory.elapsed_ms(e0, e1) * 1e3 / 40)
+                us = sorted(times)[1]
+                line.append(f"{form} {us:6.1f} us {len(wbytes) / us / 1e3:5.0f} GB/s ({same})")
+            if line:
+                print(f"{tname} {label:11s} {n_in}x{rows}: " + " | ".join(line), flush=True)
+            for p in wps + [xp, yp]:
+                memory.free(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
