@@ -521,6 +521,17 @@ def test_launcher_choices(quant_signatures):
     q.moe_matmul(k, W, 8, X, 4 << 20, Y, 3, 8, 2048, 768, 128, up_ptr=W + 4096)  # SwiGLU
     name, grid, block, args = k.calls[-1]
     assert grid == (96, 24, 1) and args[1] == W + 4096 and args[-1] == 1  # 8 outputs a block
+    # one token of a K-quant: on x limbs staged in shared memory (reflex_moe_matmulx_<t>)
+    q.moe_matmul(k, W, 12, X, 4 << 20, Y, 1, 8, 2048, 768, 128, up_ptr=W + 4096)
+    name, grid, block, args = k.calls[-1]
+    assert name == "reflex_moe_matmulx_q4_k" and grid == (96, 8, 1) and k.shmem[-1] == 4 * 2048
+    q.moe_matmul(k, W, 14, X, 4 << 20, Y, 1, 8, 768, 2048, 128, x_per_expert=True)
+    assert k.calls[-1][0] == "reflex_moe_matmulx_q6_k" and k.shmem[-1] == 4 * 1024
+    q.moe_matmul(k, W, 12, X, 4 << 20, Y, 2, 8, 2048, 768, 128)
+    assert k.calls[-1][0] == "reflex_moe_matmul_q4_k" and k.shmem[-1] == 0
+    q.moe_matmul(k, W, 8, X, 4 << 20, Y, 3, 8, 2048, 768, 128, up_ptr=W + 4096)
+    name, grid, block, args = k.calls[-1]
+    assert grid == (96, 24, 1) and args[1] == W + 4096 and args[-1] == 1  # 8 outputs a block
     # several weights per launch: GEMV blocks of 8 rows per segment, tiled blocks of 64
     _matmul(q, k, [W, W + 2, W + 4], 8, X, [Y, Y + 4, Y + 8], 5, 1024, [2048, 1024, 1000])
     name, grid, block, args = k.calls[-1]

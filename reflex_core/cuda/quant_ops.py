@@ -539,9 +539,16 @@ def moe_matmul(kern, w_ptr: int, ggml_type: int, x_ptr: int, ids_ptr: int, y_ptr
                          f"are not aligned as the kernel needs (see reflex_core.cuda.quant_ops), "
                          f"or n_in={n_in} is not a multiple of 8")
     grid = (_gemv_grid_x(1, (n_out,), bool(up_ptr), _MOE_R), min(T * k, _MAX_GRID_Y), 1)
-    kern.launch(f"reflex_moe_matmul_{suffix}", grid, (_GEMV_THREADS, 1, 1),
-                (w_ptr, up_ptr, x_ptr, ids_ptr, y_ptr, T, k, n_in, n_out, rb, n_out * rb,
-                 1 if x_per_expert else 0, n_expert, 1 if up_ptr else 0))
+    args = (w_ptr, up_ptr, x_ptr, ids_ptr, y_ptr, T, k, n_in, n_out, rb, n_out * rb,
+            1 if x_per_expert else 0, n_expert, 1 if up_ptr else 0)
+    if T == 1 and GEMV_XS and ggml_type in XS_CHUNK:  # on x limbs, as the dense gemv1x
+        nbytes = x_staged_bytes(ggml_type, n_in)
+        if nbytes <= XS_MAX_SHMEM:
+            name_x = f"reflex_moe_matmulx_{suffix}"
+            kern.allow_shmem(name_x, nbytes)
+            kern.launch(name_x, grid, (_GEMV_THREADS, 1, 1), args, nbytes)
+            return
+    kern.launch(f"reflex_moe_matmul_{suffix}", grid, (_GEMV_THREADS, 1, 1), args)
 
 
 # MoE matmuls of this many tokens or more group their slots by expert (reflex_moe_schedule, then
@@ -609,7 +616,7 @@ def kernel_names(module: str = COMMON_MODULE) -> list[str]:
         if t in XQ_TYPES:
             names += [f"reflex_matmul_gemvq1_{suffix}", f"reflex_matmul_gemvq1s_{suffix}"]
         if t in XS_CHUNK:
-            names.append(f"reflex_matmul_gemv1x_{suffix}")
+            names += [f"reflex_matmul_gemv1x_{suffix}", f"reflex_moe_matmulx_{suffix}"]
         if t in XH_TYPES:
             names += [f"reflex_matmul_xh_{suffix}", f"reflex_moe_xh_{suffix}",
                       f"reflex_qi_unpack_{suffix}"]

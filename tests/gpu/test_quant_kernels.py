@@ -809,26 +809,29 @@ def test_moe_matmul(qk, name):
     raw_u, wf_u = random_weights(rng, name, E * n_out, n_in)
     wf_u = wf_u.reshape(E, n_out, n_in)
     _, up = upload(ctx, raw_u)
-    T = 6
-    ids = rng.integers(0, E, size=(T, k)).astype(np.int32)
-    ids[1, 0] = E  # invalid: a NaN row
-    _, ip = upload(ctx, ids)
-    for per_expert in (False, True):
-        x = rng.standard_normal((T, k, n_in) if per_expert else (T, n_in)).astype(np.float32)
-        _, xp = upload(ctx, x)
-        outs = []
-        for wptr, upp in ((wp, 0), (up, 0), (wp, up)):
-            yp = ctx.alloc(4 * T * k * n_out)
-            quant_ops.moe_matmul(kern, wptr, TYPES[name], xp, ip, yp, T, k, n_in, n_out, E,
-                                 x_per_expert=per_expert, up_ptr=upp)
-            outs.append(download(ctx, yp, T * k * n_out).reshape(T, k, n_out))
-        g, u, y = outs
-        assert np.isnan(y[1, 0]).all() and not np.isnan(np.delete(y.reshape(T * k, -1), k, 0)).any()
-        ok = ~np.isnan(g)
-        want = _silu_mul(g, u)
-        np.testing.assert_allclose(y[ok], want[ok], rtol=4e-6,
-                                   atol=1e-6 * (np.abs(want[ok]).max() + 1),
-                                   err_msg=f"{name} moe swiglu per_expert={per_expert}")
+    # (T = 1 of the XS_CHUNK types: the GEMV on staged x limbs, reflex_moe_matmulx_<t>)
+    for T, (bt, bj) in ((6, (1, 0)), (1, (0, 1))):
+        ids = rng.integers(0, E, size=(T, k)).astype(np.int32)
+        ids[bt, bj] = E  # invalid: a NaN row
+        _, ip = upload(ctx, ids)
+        for per_expert in (False, True):
+            x = rng.standard_normal((T, k, n_in) if per_expert else (T, n_in)).astype(np.float32)
+            _, xp = upload(ctx, x)
+            outs = []
+            for wptr, upp in ((wp, 0), (up, 0), (wp, up)):
+                yp = ctx.alloc(4 * T * k * n_out)
+                quant_ops.moe_matmul(kern, wptr, TYPES[name], xp, ip, yp, T, k, n_in, n_out, E,
+                                     x_per_expert=per_expert, up_ptr=upp)
+                outs.append(download(ctx, yp, T * k * n_out).reshape(T, k, n_out))
+            g, u, y = outs
+            bad = bt * k + bj
+            assert np.isnan(y[bt, bj]).all()
+            assert not np.isnan(np.delete(y.reshape(T * k, -1), bad, 0)).any()
+            ok = ~np.isnan(g)
+            want = _silu_mul(g, u)
+            np.testing.assert_allclose(y[ok], want[ok], rtol=4e-6,
+                                       atol=1e-6 * (np.abs(want[ok]).max() + 1),
+                                       err_msg=f"{name} moe swiglu T={T} per_expert={per_expert}")
     # an invalid id: NaN for that slot only
     ids = np.array([[1, E, 0]], dtype=np.int32)[:, :k]
     _, ip = upload(ctx, ids)

@@ -344,7 +344,9 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
     if (slice == 0 && live) gemv_store<TT>(acc, swiglu, y, T, n, row0);
 }
 
-template <int TYPE, int R = GEMV_R>
+// XS (one token, the K-quants of XS_CHUNK): x as limbs staged in shared memory, as gemv_body's
+// XS form (the block's warps write them for each slot whose x differs from the last one's).
+template <int TYPE, int R = GEMV_R, bool XS = false>
 __device__ __forceinline__ void moe_body(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_up,
                                          const float* __restrict__ x, const int* __restrict__ ids,
                                          float* __restrict__ y, int T, int k, int n_in, int n_out,
@@ -354,16 +356,19 @@ __device__ __forceinline__ void moe_body(const uint8_t* __restrict__ w, const ui
     // mode 0: rows row0 .. row0 + R - 1 of W_e; mode 1: gate_e and up_e rows row0 .. + R/2 - 1
     const int nr = mode == 1 ? R / 2 : R;  // output rows a warp
     const int row0 = (blockIdx.x * GEMV_WARPS + warp) * nr;
-    if (row0 >= n_out) return;  // warp-uniform; no block-level sync below
+    const bool live = row0 < n_out;  // XS: a warp past n_out still joins the block's barriers
+    if (!XS && !live) return;  // warp-uniform; no block-level sync below
     const int n_slots = T * k;
+    int staged = -1;  // XS: the x row whose limbs are in shared memory
     for (int slot = blockIdx.y; slot < n_slots; slot += gridDim.y) {
-        const int e = __ldg(ids + slot);  // same for the whole warp
+        const int e = __ldg(ids + slot);  // same for the whole block
         float* ys = y + (long long)slot * n_out;
         if (e < 0 || e >= n_expert) {
-            if (lane < nr && row0 + lane < n_out) ys[row0 + lane] = rx_nan();
+            if (live && lane < nr && row0 + lane < n_out) ys[row0 + lane] = rx_nan();
             continue;
         }
-        const float* xs = x + (long long)(x_per_expert ? slot : slot / k) * n_in;
+        const int xrow = x_per_expert ? slot : slot / k;
+        const float* xs = x + (long long)xrow * n_in;
         const long long eo = (long long)e * expert_bytes;
         const uint8_t* rp[R];
 #pragma unroll
@@ -375,9 +380,23 @@ __device__ __forceinline__ void moe_body(const uint8_t* __restrict__ w, const ui
             }
         }
         float acc[R][1];
-        rx_gemv_rows<TYPE, 1, R>(rp, xs, 1, n_in, lane, 32, acc);
+        if constexpr (XS) {
+            typedef rx_x_lanes<TYPE> XL;
+            extern __shared__ uint4 rx_x_staged[];
+            uint32_t* xl = (uint32_t*)rx_x_staged;
+            if (xrow != staged) {
+                __syncthreads();  // the last slot's readers are done
+                for (int i = threadIdx.x; i < XL::chunks(n_in) * 64; i += GEMV_WARPS * 32)
+                    rx_x_limb_run<TYPE>(xs, n_in, i >> 6, i & 31, (i >> 5) & 1, xl + 4 * (i >> 6) * XL::SLOTS);
+                __syncthreads();
+                staged = xrow;
+            }
+            rx_gemv_rows_limbs<TYPE, R>(rp, xl, live ? n_in : 0, lane, 32, acc);
+        } else {
+            rx_gemv_rows<TYPE, 1, R>(rp, xs, 1, n_in, lane, 32, acc);
+        }
         gemv_sums<1, 1>(acc);
-        gemv_store<1>(acc, mode == 1, ys, 1, n_out, row0);
+        if (live) gemv_store<1>(acc, mode == 1, ys, 1, n_out, row0);
     }
 }
 
@@ -1181,12 +1200,23 @@ __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const u
 // with an integer view (cuda/quant.cu: Q4_K, Q5_K, Q6_K): GEMVX_WARPS warps a block, two a row
 // group of 4 rows, so one staged copy serves 16 rows. Launch with rx_x_lanes<TYPE>::chunks(n_in)
 // * SLOTS * 16 bytes of dynamic shared memory; otherwise as gemv1ws (not the same bits: x to 23
-// bits of its run's largest value, the products exact).
+// bits of its run's largest value, the products exact). reflex_moe_matmulx_<t>: the MoE gather
+// GEMV the same way (moe_body's XS form; as reflex_moe_matmul_<t>, for one token).
 #define GEMVX_WARPS 8
 #define RX_QUANT_XS_KERNEL(name, TYPE)                                                                \
     extern "C" __global__ void __launch_bounds__(GEMVX_WARPS * 32)                                    \
         reflex_matmul_gemv1x_##name(RX_MM_PARAMS) {                                                  \
         gemv_body<TYPE, 1, 2, false, 4, true, GEMVX_WARPS>(RX_MM_ARGS);                               \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 4)                                  \
+        reflex_moe_matmulx_##name(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_up,    \
+                                  const float* __restrict__ x, const int* __restrict__ ids,           \
+                                  float* __restrict__ y, int T, int k, int n_in, int n_out,           \
+                                  long long row_bytes, long long expert_bytes, int x_per_expert,      \
+                                  int n_expert, int mode) {                                          \
+        RX_PDL_ENTRY();                                                                              \
+        moe_body<TYPE, 4, true>(w, w_up, x, ids, y, T, k, n_in, n_out, row_bytes, expert_bytes,       \
+                                x_per_expert, n_expert, mode);                                        \
     }
 
 // The prefill tiles on x halves from unpacked weights (xhu_body), one per (SUB, MIN) of the
