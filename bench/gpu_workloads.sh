@@ -6,10 +6,12 @@
 #   2. the GPU tests while it builds (TESTS: pytest paths in order, default tests/gpu; not the slow
 #      ones; at most TEST_S seconds, default 170);
 #   3. the warm 1518-token prefill of the 0.6B and 8B files with REFLEX_XH=0 and 1
-#      (bench/warm_long.py, the median of its 3 repetitions);
+#      (bench/warm_long.py, the median of its 3 repetitions; PREFILL_AB=0 leaves it out);
 #   4. W1-W4 (bench/coldstart.py --workloads) on the three files, reflex and llama-simple, 3 runs
 #      each, alternating;
-#   5. llama-simple's prompt-eval time of the 1518-token prompt and the 30B file's warm prefill.
+#   5. llama-simple's prompt-eval time of the 1518-token prompt and the 30B file's warm prefill;
+#   6. warm decode of each file: reflex bench (graphs, two rounds, while llama-simple builds)
+#      and, after the workloads, llama-simple's eval time over 32 tokens.
 # usage: bash bench/gpu_workloads.sh OUT   (carry .whl-new, .peer, .models); OUT gets
 # workloads.log (every summary), gpu-tests.log and coldstart's table.
 set -uo pipefail
@@ -39,12 +41,22 @@ say "tests exit $?"
 grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -20 | tee -a "$LOG"; tail -1 "$OUT/gpu-tests.log" | tee -a "$LOG"
 
 while pgrep -f "make_models.py" > /dev/null && [ ! -s "$M8" ]; do sleep 2; done
-say "warm 1518-token prefill, REFLEX_XH=0 and 1"
+[ "${PREFILL_AB:-1}" = 1 ] && say "warm 1518-token prefill, REFLEX_XH=0 and 1"
 for m in "$M06" "$M8"; do
+  [ "${PREFILL_AB:-1}" = 1 ] || break
   warm_long "$m" "$(basename $m) XH=0" REFLEX_XH=0
   warm_long "$m" "$(basename $m) XH=1"
 done
 
+while pgrep -f "make_models.py" > /dev/null && [ $SECONDS -lt 360 ]; do sleep 2; done
+say "warm decode (reflex bench, graphs; llama-simple's after the workloads), 2 rounds"
+for r in 1 2; do
+  for m in "$M06" "$M8" "$M30"; do
+    timeout 120 reflex bench "$m" -r 5 --decode 32 --json 2> "$W/bench.err" | python3 -c "import json,sys; \
+d=json.load(sys.stdin); print('reflex bench $(basename $m): decode ms/token median %.3f' \
+% d['decode_ms_per_token']['median'])" 2>&1 | tee -a "$LOG"
+  done
+done
 say "waiting for llama-simple and the 30B file"
 while [ ! -x $LS ] && pgrep -f "build.sh" > /dev/null && [ $SECONDS -lt 360 ]; do sleep 3; done
 while pgrep -f "make_models.py" > /dev/null && [ $SECONDS -lt 360 ]; do sleep 2; done
@@ -60,5 +72,9 @@ for m in "$M06" "$M8" "$M30"; do
     | grep -E "prompt eval time" | tr -s ' ')" | tee -a "$LOG"
 done
 warm_long "$M30" "$(basename $M30) XH=1"
-warm_long "$M30" "$(basename $M30) XH=0" REFLEX_XH=0
+[ "${PREFILL_AB:-1}" = 1 ] && warm_long "$M30" "$(basename $M30) XH=0" REFLEX_XH=0
+for m in "$M06" "$M8" "$M30"; do
+  echo "llama-simple $(basename $m), warm decode: $(timeout 60 $LS -m "$m" -n 33 "The capital of France is" 2>&1 \
+    | grep -E " eval time" | grep -v prompt | tr -s ' ')" | tee -a "$LOG"
+done
 say "done"
