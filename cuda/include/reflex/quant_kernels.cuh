@@ -59,6 +59,14 @@
 //   x's limbs (reflex_x_limbs in cuda/core.cu writes them; layout and numerics in
 //   reflex/quants.cuh, before rx_gemv_rows_xq). The CUDA backend launches both for one token.
 //
+// reflex_matmul_gemv1x_<t>(as gemv1ws; dynamic shared memory: rx_x_lanes<t>::chunks(n_in) *
+//   SLOTS * 16 bytes)                                                           (T = 1)
+//   Q4_K, Q5_K, Q6_K (RX_QUANT_XS_KERNEL): 8 warps a block, two a row group of 4 rows. The block
+//   writes x's limbs in its lanes' load order to shared memory (rx_x_limb_run, a thread a run of
+//   16), then each lane sums byte products on them (rx_gemv_rows_limbs). Grid as gemv1ws with
+//   16 rows a block (mode 1: 8 outputs). reflex_moe_matmulx_<t>: reflex_moe_matmul_<t> (below)
+//   the same way, for one token.
+//
 // reflex_matmul_tiled_<t>(w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, n2, row_bytes, mode)
 //   (any T; prefill) Shared-memory GEMM tile: a 256-thread block computes 64 weight rows x 64
 //   tokens; per K slice it dequantizes the weight tile (rx_q<t>::dec4, groups of 4 elements,
