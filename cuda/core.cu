@@ -221,12 +221,44 @@ extern "C" __global__ void reflex_rmsnorm(const float* __restrict__ x, const flo
 // s = a + b (stored), then n = s * (1 / sqrt(mean(s^2) + eps)) * w (w == NULL: no weight) --
 // the same arithmetic and reduction order as reflex_add followed by reflex_rmsnorm (same block
 // size), so bit-identical to them. Each thread re-reads only the s elements it wrote itself.
+// Rows of at most ADD_RMSNORM_REG elements a thread keep them in registers, and read their
+// weights (which no kernel writes) before the wait for the kernel ahead (RX_PDL_ENTRY): one
+// memory round trip less on the decode path, where this runs once or twice a layer.
+#define ADD_RMSNORM_REG 8
 
 extern "C" __global__ void reflex_add_rmsnorm(const float* __restrict__ a, const float* __restrict__ b,
                                               const float* __restrict__ w, float* __restrict__ s,
                                               float* __restrict__ y, int n, float eps) {
-    RX_PDL_ENTRY();
     __shared__ float red[32];
+    if (n <= ADD_RMSNORM_REG * (int)blockDim.x) {
+        const size_t off = (size_t)blockIdx.x * n;
+        float wv[ADD_RMSNORM_REG], v[ADD_RMSNORM_REG];
+#pragma unroll
+        for (int u = 0; u < ADD_RMSNORM_REG; u++) {
+            const int i = threadIdx.x + u * blockDim.x;
+            wv[u] = (w != nullptr && i < n) ? __ldg(w + i) : 1.0f;
+        }
+        RX_PDL_ENTRY();
+        float ss = 0.f;
+#pragma unroll
+        for (int u = 0; u < ADD_RMSNORM_REG; u++) {
+            const int i = threadIdx.x + u * blockDim.x;
+            if (i < n) {
+                v[u] = a[off + i] + b[off + i];
+                s[off + i] = v[u];
+                ss += v[u] * v[u];
+            }
+        }
+        ss = block_sum_f(ss, red);
+        const float r = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma unroll
+        for (int u = 0; u < ADD_RMSNORM_REG; u++) {
+            const int i = threadIdx.x + u * blockDim.x;
+            if (i < n) y[off + i] = w != nullptr ? v[u] * r * wv[u] : v[u] * r;
+        }
+        return;
+    }
+    RX_PDL_ENTRY();
     const size_t off = (size_t)blockIdx.x * n;
     const float* ar = a + off;
     const float* br = b + off;
@@ -988,6 +1020,10 @@ extern "C" __global__ void reflex_take_rows(const float* __restrict__ x, const i
 // ------------------------------------------------------------------------------------------
 // argmax: one block per row; per-thread strided scan keeps the first maximum, then a block
 // (value desc, index asc) reduction -> the lowest index among equal maxima (NumPy's argmax).
+// The scan loads ARGMAX_UNROLL of its elements before comparing them (in the same order): with a
+// compare after each load, one block over a 151936-token row waited on every load in turn
+// (60 us on the H200).
+#define ARGMAX_UNROLL 16
 
 extern "C" __global__ void reflex_argmax(const float* __restrict__ x, int* __restrict__ out, int n) {
     RX_PDL_ENTRY();
@@ -996,7 +1032,17 @@ extern "C" __global__ void reflex_argmax(const float* __restrict__ x, int* __res
     const float* xr = x + (size_t)blockIdx.x * n;
     float best = -INFINITY;
     int bi = -1;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int step = blockDim.x;
+    int i = threadIdx.x;
+    for (; i + (ARGMAX_UNROLL - 1) * step < n; i += ARGMAX_UNROLL * step) {
+        float v[ARGMAX_UNROLL];
+#pragma unroll
+        for (int u = 0; u < ARGMAX_UNROLL; u++) v[u] = xr[i + u * step];
+#pragma unroll
+        for (int u = 0; u < ARGMAX_UNROLL; u++)
+            if (bi < 0 || v[u] > best) { best = v[u]; bi = i + u * step; }
+    }
+    for (; i < n; i += step) {
         const float v = xr[i];
         if (bi < 0 || v > best) { best = v; bi = i; }
     }
@@ -1264,8 +1310,8 @@ reflex_sample(const float* __restrict__ x, int V, double temp, int top_k, double
 // group-limited routing): each of the n_group consecutive groups of E / n_group (>= 2) experts
 // scores the sum of its two largest sel, a group is kept when fewer than n_group_used groups
 // beat it (a higher score, or an equal one at a lower index), the sel of the others become
-// -inf. k rounds of block argmax over sel (largest, lowest index on ties; taken experts
-// flagged) pick the experts in descending order; weights = their unbiased probs (gating 3:
+// -inf. k rounds of argmax over sel (largest, lowest index on ties; taken experts flagged; in
+// the first warp) pick the experts in descending order; weights = their unbiased probs (gating 3:
 // softmax over the k picked), / max(sum, 6.103515625e-5) when norm, * scale when scale is
 // neither 0 nor 1 (spec section 4.5). ids [T, k] int32, w [T, k] float32.
 // E <= REFLEX_MOE_MAX_E, k <= REFLEX_MOE_MAX_K; the launcher validates the groups.
@@ -1284,8 +1330,6 @@ extern "C" __global__ void reflex_moe_route(const float* __restrict__ logits,
     __shared__ unsigned char gkept[REFLEX_MOE_MAX_E / 2];
     __shared__ unsigned char taken[REFLEX_MOE_MAX_E];
     __shared__ float red[32];
-    __shared__ float rv[32];
-    __shared__ int ri[32];
     __shared__ float selp[REFLEX_MOE_MAX_K];
     __shared__ int seli[REFLEX_MOE_MAX_K];
     const float* lr = logits + (size_t)blockIdx.x * E;
@@ -1341,21 +1385,32 @@ extern "C" __global__ void reflex_moe_route(const float* __restrict__ logits,
             if (!gkept[e / per]) ss[e] = -INFINITY;
         __syncthreads();
     }
-    for (int j = 0; j < k; j++) {
-        float bv = -INFINITY;
-        int bi = -1;
-        for (int e = threadIdx.x; e < E; e += blockDim.x) {
-            const float v = ss[e];
-            if (!taken[e] && (bi < 0 || v > bv)) { bv = v; bi = e; }
+    // The k rounds in the first warp alone (shuffles, no block barriers): lane l scans experts
+    // l, l + 32, ... in order, then the warp's (value desc, index asc) merge -- the same pick as a
+    // block argmax over the untaken experts.
+    if (threadIdx.x < 32) {
+        for (int j = 0; j < k; j++) {
+            float bv = -INFINITY;
+            int bi = -1;
+            for (int e = threadIdx.x; e < E; e += 32) {
+                const float v = ss[e];
+                if (!taken[e] && (bi < 0 || v > bv)) { bv = v; bi = e; }
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const float ov = __shfl_xor_sync(FULL_MASK, bv, o);
+                const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
+                argmax_merge(bv, bi, ov, oi);
+            }
+            if (threadIdx.x == 0) {
+                seli[j] = bi;
+                selp[j] = bi < 0 ? 0.f : sp[bi];
+                if (bi >= 0) taken[bi] = 1;
+            }
+            __syncwarp();
         }
-        block_argmax(bv, bi, rv, ri);
-        if (threadIdx.x == 0) {
-            seli[j] = bi;
-            selp[j] = bi < 0 ? 0.f : sp[bi];
-            if (bi >= 0) taken[bi] = 1;
-        }
-        __syncthreads();
     }
+    __syncthreads();
     if (threadIdx.x == 0) {
         if (gating == 3) {
             float m = -INFINITY;

@@ -102,11 +102,13 @@ def test_rmsnorm_heads(cuda_ops, ref_ops, rng):
     close(cuda_ops.to_numpy(y), ref_ops.rmsnorm(x, None, 1e-6), 1e-5, 1e-6, "rmsnorm heads")
 
 
-@pytest.mark.parametrize("rows,n", [(1, 7), (7, 128), (5, 1000), (3, 5000), (64, 4096)],
-                         ids=["1x7", "7x128", "5x1000", "3x5000", "big-64x4096"])
+@pytest.mark.parametrize("rows,n", [(1, 7), (7, 128), (5, 1000), (2, 3000), (3, 5000), (1, 9000),
+                                   (64, 4096)],
+                         ids=["1x7", "7x128", "5x1000", "2x3000", "3x5000", "1x9000", "big-64x4096"])
 def test_add_rmsnorm(attach_both, rows, n, rng):
     """Fused residual add + RMSNorm: vs the NumPy twin, and bit-identical to the CUDA add then
-    rmsnorm (same arithmetic, same reduction order)."""
+    rmsnorm (same arithmetic, same reduction order); rows held in registers (up to 8 elements a
+    thread) and longer ones (2x3000 on 256 threads, 1x9000 on 1024)."""
     a = (rng.standard_normal((rows, n)) * 3).astype(np.float32)
     b = rng.standard_normal((rows, n)).astype(np.float32)
     g = (1.0 + 0.3 * rng.standard_normal(n)).astype(np.float32)
