@@ -150,9 +150,10 @@ extern "C" int rx_host_gemv(int type, int tt, const uint8_t* w, const float* x, 
 #undef RX_CALL
 }
 
-// The one-token IQ4_XS GEMV on x limbs (rx_gemv_rows_xq) the same way: 32 * ks lanes per row pair.
-extern "C" int rx_host_gemv_xq(const uint8_t* w, const uint32_t* xq, float* y, int n_in, int n_out,
-                               long long row_bytes, int ks) {
+// A one-token GEMV by row pairs as the kernels split it: lane(rp, lane, acc) gives lane `lane`'s
+// partial sums of the rows at rp[0], rp[1] (the last row repeated past n_out), 32 * ks lanes.
+template <typename F>
+int row_pairs(const uint8_t* w, float* y, int n_out, long long row_bytes, int ks, F&& lane_sums) {
     const int R = 2;
     if (ks != 1 && ks != 2) return -5;
     for (int row0 = 0; row0 < n_out; row0 += R) {
@@ -161,7 +162,7 @@ extern "C" int rx_host_gemv_xq(const uint8_t* w, const uint32_t* xq, float* y, i
         for (int r = 0; r < R; ++r) rp[r] = w + (long long)(row0 + r < n_out ? row0 + r : n_out - 1) * row_bytes;
         for (int lane = 0; lane < 32 * ks; ++lane) {
             float acc[R][1];
-            rx_gemv_rows_xq<RX_IQ4_XS, R>(rp, xq, n_in, lane, 32 * ks, acc);
+            lane_sums(rp, lane, acc);
             for (int r = 0; r < R; ++r) tot[r] += acc[r][0];
         }
         for (int r = 0; r < R; ++r)
@@ -170,30 +171,26 @@ extern "C" int rx_host_gemv_xq(const uint8_t* w, const uint32_t* xq, float* y, i
     return 0;
 }
 
+// The one-token IQ4_XS GEMV on x limbs (rx_gemv_rows_xq) the same way.
+extern "C" int rx_host_gemv_xq(const uint8_t* w, const uint32_t* xq, float* y, int n_in, int n_out,
+                               long long row_bytes, int ks) {
+    return row_pairs(w, y, n_out, row_bytes, ks, [&](const uint8_t* const (&rp)[2], int lane, float (&acc)[2][1]) {
+        rx_gemv_rows_xq<RX_IQ4_XS, 2>(rp, xq, n_in, lane, 32 * ks, acc);
+    });
+}
+
 // The K-quants' one-token GEMV on staged x limbs (gemv_body's XS form) the same way: every lane
 // slot's two runs written by rx_x_limb_run into `staged` (rx_x_lanes::chunks(n_in) * SLOTS * 4
-// words), then 32 * ks lanes per row pair on them.
+// words), then the row pairs on them.
 template <int T>
 int gemv_xs(const uint8_t* w, const float* x, uint32_t* staged, float* y, int n_in, int n_out,
             long long row_bytes, int ks) {
     typedef rx_x_lanes<T> XL;
-    const int R = 2;
-    if (ks != 1 && ks != 2) return -5;
     for (int i = 0; i < XL::chunks(n_in) * 64; ++i)
         rx_x_limb_run<T>(x, n_in, i >> 6, i & 31, (i >> 5) & 1, staged + 4 * (i >> 6) * XL::SLOTS);
-    for (int row0 = 0; row0 < n_out; row0 += R) {
-        float tot[R] = {};
-        const uint8_t* rp[R];
-        for (int r = 0; r < R; ++r) rp[r] = w + (long long)(row0 + r < n_out ? row0 + r : n_out - 1) * row_bytes;
-        for (int lane = 0; lane < 32 * ks; ++lane) {
-            float acc[R][1];
-            rx_gemv_rows_limbs<T, R>(rp, staged, n_in, lane, 32 * ks, acc);
-            for (int r = 0; r < R; ++r) tot[r] += acc[r][0];
-        }
-        for (int r = 0; r < R; ++r)
-            if (row0 + r < n_out) y[row0 + r] = tot[r];
-    }
-    return 0;
+    return row_pairs(w, y, n_out, row_bytes, ks, [&](const uint8_t* const (&rp)[2], int lane, float (&acc)[2][1]) {
+        rx_gemv_rows_limbs<T, 2>(rp, staged, n_in, lane, 32 * ks, acc);
+    });
 }
 
 extern "C" int rx_host_gemv_xs(int type, const uint8_t* w, const float* x, uint32_t* staged, float* y,

@@ -1093,6 +1093,11 @@ __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const u
         const float *__restrict__ x, float *__restrict__ y0, float *__restrict__ y1,                  \
         float *__restrict__ y2, int T, int n_in, int n0, int n1, int n2, long long row_bytes, int mode
 #define RX_MM_ARGS w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, n2, row_bytes, mode
+#define RX_MOE_PARAMS                                                                                 \
+    const uint8_t *__restrict__ w, const uint8_t *__restrict__ w_up, const float *__restrict__ x,     \
+        const int *__restrict__ ids, float *__restrict__ y, int T, int k, int n_in, int n_out,        \
+        long long row_bytes, long long expert_bytes, int x_per_expert, int n_expert, int mode
+#define RX_MOE_ARGS w, w_up, x, ids, y, T, k, n_in, n_out, row_bytes, expert_bytes, x_per_expert, n_expert, mode
 
 #define RX_QUANT_KERNELS(name, TYPE)                                                                  \
     extern "C" __global__ void __launch_bounds__(DQ_THREADS)                                          \
@@ -1137,14 +1142,9 @@ __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const u
         tiled_body<TYPE>(RX_MM_ARGS);                                                               \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 4)                                  \
-        reflex_moe_matmul_##name(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_up,     \
-                                 const float* __restrict__ x, const int* __restrict__ ids,            \
-                                 float* __restrict__ y, int T, int k, int n_in, int n_out,            \
-                                 long long row_bytes, long long expert_bytes, int x_per_expert,       \
-                                 int n_expert, int mode) {                                           \
+        reflex_moe_matmul_##name(RX_MOE_PARAMS) {                                                    \
         RX_PDL_ENTRY();                                                                              \
-        moe_body<TYPE, 4>(w, w_up, x, ids, y, T, k, n_in, n_out, row_bytes, expert_bytes,             \
-                          x_per_expert, n_expert, mode);                                              \
+        moe_body<TYPE, 4>(RX_MOE_ARGS);                                                               \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(TILE_THREADS, 2)                                     \
         reflex_moe_tiled_##name(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_up,      \
@@ -1217,14 +1217,9 @@ __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const u
         gemv_body<TYPE, 1, 2, false, 4, true, GEMVX_WARPS>(RX_MM_ARGS);                               \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 4)                                  \
-        reflex_moe_matmulx_##name(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_up,    \
-                                  const float* __restrict__ x, const int* __restrict__ ids,           \
-                                  float* __restrict__ y, int T, int k, int n_in, int n_out,           \
-                                  long long row_bytes, long long expert_bytes, int x_per_expert,      \
-                                  int n_expert, int mode) {                                          \
+        reflex_moe_matmulx_##name(RX_MOE_PARAMS) {                                                   \
         RX_PDL_ENTRY();                                                                              \
-        moe_body<TYPE, 4, true>(w, w_up, x, ids, y, T, k, n_in, n_out, row_bytes, expert_bytes,       \
-                                x_per_expert, n_expert, mode);                                        \
+        moe_body<TYPE, 4, true>(RX_MOE_ARGS);                                                         \
     }
 
 // The prefill tiles on x halves from unpacked weights (xhu_body), one per (SUB, MIN) of the
