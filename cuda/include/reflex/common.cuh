@@ -192,10 +192,11 @@ RX_HD uint32_t rx_ld_u32u(const uint8_t* p) {
     return w[0];
 }
 
-// 16 bytes from a 16-byte aligned address (device: one 128-bit load)
-RX_HD void rx_ld_v4(const uint8_t* p, uint32_t (&w)[4]) {
+// 16 bytes from a 16-byte aligned address (device: one 128-bit load; NC: read-only, __ldg)
+template <bool NC>
+RX_HD void rx_ld_16(const void* p, uint32_t (&w)[4]) {
 #ifdef __CUDA_ARCH__
-    const uint4 v = __ldg((const uint4*)p);
+    const uint4 v = NC ? __ldg((const uint4*)p) : *(const uint4*)p;
     w[0] = v.x;
     w[1] = v.y;
     w[2] = v.z;
@@ -204,6 +205,7 @@ RX_HD void rx_ld_v4(const uint8_t* p, uint32_t (&w)[4]) {
     memcpy(w, p, 16);
 #endif
 }
+RX_HD void rx_ld_v4(const uint8_t* p, uint32_t (&w)[4]) { rx_ld_16<true>(p, w); }
 
 // __byte_perm: byte i of the result is byte (s >> 4i) & 7 of the 8 bytes {x, y} (x the low 4)
 RX_HD uint32_t rx_byte_perm(uint32_t x, uint32_t y, uint32_t s) {
@@ -218,17 +220,7 @@ RX_HD uint32_t rx_byte_perm(uint32_t x, uint32_t y, uint32_t s) {
 }
 
 // 4 words from a 16-byte aligned address that may be shared memory (a generic load, not __ldg)
-RX_HD void rx_ld_v4_any(const uint32_t* p, uint32_t (&w)[4]) {
-#ifdef __CUDA_ARCH__
-    const uint4 v = *(const uint4*)p;
-    w[0] = v.x;
-    w[1] = v.y;
-    w[2] = v.z;
-    w[3] = v.w;
-#else
-    memcpy(w, p, 16);
-#endif
-}
+RX_HD void rx_ld_v4_any(const uint32_t* p, uint32_t (&w)[4]) { rx_ld_16<false>(p, w); }
 
 // 4 floats from a 16-byte aligned address
 RX_HD void rx_ld_f4(const float* p, float* v) {
