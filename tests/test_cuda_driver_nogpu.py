@@ -533,6 +533,41 @@ def test_pdl_launches_the_core_kernels_with_programmatic_serialization(fake, mon
     assert len(fake.launches) == 2  # the plugin's launch and the one after the capture: plain
 
 
+def test_allow_shmem_opts_in_once_within_the_device_limit(fake, monkeypatch):
+    """Kernels.allow_shmem: up to 32 KB nothing to do; past it the kernel's dynamic shared memory
+    attribute is set once per size (the largest kept), after asking the device's opt-in limit
+    once; a size over that limit is refused (False, nothing set) so the caller takes another
+    kernel."""
+    import types
+
+    asked, attrs = [], []
+
+    def get_attr(attr, dev):
+        asked.append((attr, dev))
+        return (0, 99 << 10)
+
+    def set_attr(f, attr, value):
+        attrs.append((f["name"], attr, value))
+        return (0,)
+
+    monkeypatch.setattr(fake, "CUdevice_attribute", types.SimpleNamespace(
+        CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN="optin"), raising=False)
+    monkeypatch.setattr(fake, "CUfunction_attribute", types.SimpleNamespace(
+        CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES="maxdyn"), raising=False)
+    monkeypatch.setattr(fake, "cuDeviceGetAttribute", get_attr, raising=False)
+    monkeypatch.setattr(fake, "cuFuncSetAttribute", set_attr, raising=False)
+    monkeypatch.setattr(driver, "current_device", lambda: types.SimpleNamespace(handle="dev0"))
+    monkeypatch.setattr(modules, "_optin", None)
+    k = _kernels()
+    assert k.allow_shmem("reflex_add", 32 << 10) and asked == [] and attrs == []
+    assert k.allow_shmem("reflex_add", 48 << 10)
+    assert k.allow_shmem("reflex_add", 40 << 10)  # under the size already allowed
+    assert k.allow_shmem("reflex_add", 64 << 10)
+    assert not k.allow_shmem("reflex_add", 99 << 10)  # no room left for static shared memory
+    assert asked == [("optin", "dev0")]
+    assert attrs == [("reflex_add", "maxdyn", 48 << 10), ("reflex_add", "maxdyn", 64 << 10)]
+
+
 def test_launch_rejects_bad_args(fake):
     k = _kernels()
     with pytest.raises(ValueError, match="reflex_add: signature 'PPPi' has 4 parameters, got 3"):

@@ -439,10 +439,14 @@ class _FakeKernels:
         self.calls = []
         self.shmem = []  # each launch's dynamic shared memory, in calls' order
         self.allowed = {}  # allow_shmem: name -> bytes
+        self.optin = 227 << 10  # the device's opt-in limit (an H100 / H200's)
 
     def allow_shmem(self, name, nbytes):
         assert name in self.signatures
+        if nbytes > self.optin:
+            return False
         self.allowed[name] = max(nbytes, self.allowed.get(name, 0))
+        return True
 
     def launch(self, name, grid, block, args, shmem=0):
         from reflex_core.cuda.modules import packer
@@ -558,6 +562,10 @@ def test_launcher_choices(quant_signatures):
     assert k.calls[-1][0] == "reflex_matmul_gemv1x_q6_k" and k.shmem[-1] == 4 * 13312
     _matmul(q, k, [W], 14, X, [Y], 1, 51200 + 256, [1024])  # more than XS_MAX_SHMEM
     assert k.calls[-1][0] == "reflex_matmul_gemv1ws_q6_k" and k.shmem[-1] == 0
+    k.optin = 99 << 10  # a device that allows less (sm_86 / sm_89): the float GEMV
+    _matmul(q, k, [W], 14, X, [Y], 1, 25600, [1024])
+    assert k.calls[-1][0] == "reflex_matmul_gemv1ws_q6_k" and k.shmem[-1] == 0
+    k.optin = 227 << 10
     q.GEMV_XS = False  # REFLEX_GEMV_XS=0
     try:
         _matmul(q, k, [W], 12, X, [Y], 1, 2048, [1024])

@@ -43,6 +43,18 @@ from .manifest import (CORE_PACKAGE, CPU_HINT, SKIP_HINT, best_cubin, coverage_e
 # dynamic shared memory any kernel may launch with before allow_shmem (the driver's default
 # is 48 KB less the kernel's static shared memory: kept under it)
 _SHMEM_DEFAULT = 32 << 10
+_SHMEM_STATIC_MARGIN = 1 << 10  # room left for a kernel's own static shared memory
+_optin: int | None = None  # the device's largest shared memory a block may opt in to
+
+
+def _shmem_optin() -> int:
+    global _optin
+    if _optin is None:
+        d = _drv._d
+        _optin = int(_drv.check(d.cuDeviceGetAttribute(
+            d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            _drv.current_device().handle), "cuDeviceGetAttribute(shared memory per block, opt-in)"))
+    return _optin
 _SLOT = {"P": "Q", "i": "i4x", "I": "I4x", "q": "q", "Q": "Q", "f": "f4x", "d": "d"}
 
 
@@ -119,16 +131,21 @@ class Kernels:
             self._fns[name] = f
         return f
 
-    def allow_shmem(self, name: str, nbytes: int) -> None:
+    def allow_shmem(self, name: str, nbytes: int) -> bool:
         """Let ``name`` launch with ``nbytes`` of dynamic shared memory: past the default 48 KB a
-        kernel needs the opt-in attribute (once per kernel and size, the largest kept)."""
+        kernel needs the opt-in attribute (once per kernel and size, the largest kept). False,
+        and nothing set, when the device allows less than that (the caller launches another
+        kernel)."""
         if nbytes <= self._shmem.get(name, _SHMEM_DEFAULT):
-            return
+            return True
+        if nbytes + _SHMEM_STATIC_MARGIN > _shmem_optin():
+            return False
         d = _drv._d
         attr = d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         _drv.check(d.cuFuncSetAttribute(self.function(name), attr, int(nbytes)),
                    f"cuFuncSetAttribute({name!r}, max dynamic shared memory {nbytes})")
         self._shmem[name] = nbytes
+        return True
 
     def _entry(self, name: str) -> tuple[Any, ParamPacker]:
         sig = self.signatures.get(name)

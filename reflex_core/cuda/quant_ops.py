@@ -282,7 +282,8 @@ def x_halves(core, x_ptr: int, out_ptr: int, T: int, n_in: int) -> None:
 # type -> elements of x a chunk of the staged order (rx_x_lanes<T>: 32 units of 32).
 XS_CHUNK = {12: 1024, 13: 1024, 14: 1024}  # Q4_K, Q5_K, Q6_K
 _GEMVX_WARPS = 8  # GEMVX_WARPS
-XS_MAX_SHMEM = 200 << 10  # the staged x of one block (the H100/H200 allow 227 KB)
+XS_MAX_SHMEM = 200 << 10  # the staged x of one block (the H100/H200 allow 227 KB; a device that
+# allows less than a launch needs gets the float GEMV: Kernels.allow_shmem says so)
 # REFLEX_GEMV_XS=0 keeps those types on the float GEMV (an A/B switch: they differ by rounding)
 GEMV_XS = os.environ.get("REFLEX_GEMV_XS", "1") != "0"
 
@@ -395,8 +396,7 @@ def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: 
         return
     if (T == 1 and p.split == 2 and gemv_w_ok and x_ptr % 16 == 0
             and (2 * n0 if swiglu else n0 + n1 + n2) >= GEMV_WIDE_MIN_ROWS):
-        if p.gemv1x is not None:
-            kern.allow_shmem(p.gemv1x, p.x_staged)
+        if p.gemv1x is not None and kern.allow_shmem(p.gemv1x, p.x_staged):
             kern.launch(p.gemv1x, (_gemv_grid_x(2, n_outs, swiglu, 4, _GEMVX_WARPS), 1, 1),
                         (32 * _GEMVX_WARPS, 1, 1), args, p.x_staged)
             return
@@ -543,9 +543,8 @@ def moe_matmul(kern, w_ptr: int, ggml_type: int, x_ptr: int, ids_ptr: int, y_ptr
             1 if x_per_expert else 0, n_expert, 1 if up_ptr else 0)
     if T == 1 and GEMV_XS and ggml_type in XS_CHUNK:  # on x limbs, as the dense gemv1x
         nbytes = x_staged_bytes(ggml_type, n_in)
-        if nbytes <= XS_MAX_SHMEM:
-            name_x = f"reflex_moe_matmulx_{suffix}"
-            kern.allow_shmem(name_x, nbytes)
+        name_x = f"reflex_moe_matmulx_{suffix}"
+        if nbytes <= XS_MAX_SHMEM and kern.allow_shmem(name_x, nbytes):
             kern.launch(name_x, grid, (_GEMV_THREADS, 1, 1), args, nbytes)
             return
     kern.launch(f"reflex_moe_matmul_{suffix}", grid, (_GEMV_THREADS, 1, 1), args)
