@@ -55,6 +55,8 @@ def _shmem_optin() -> int:
             d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             _drv.current_device().handle), "cuDeviceGetAttribute(shared memory per block, opt-in)"))
     return _optin
+
+
 _SLOT = {"P": "Q", "i": "i4x", "I": "I4x", "q": "q", "Q": "Q", "f": "f4x", "d": "d"}
 
 

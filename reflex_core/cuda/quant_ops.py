@@ -320,7 +320,7 @@ class MatPlan:
         self.gemv = tuple(f"reflex_matmul_gemv{tt}_{suffix}" for tt in (1, 2, 4, 8))
         self.gemv1s = f"reflex_matmul_gemv1s_{suffix}"  # T = 1, two warps a row pair
         self.gemv1ws = f"reflex_matmul_gemv1ws_{suffix}"  # T = 1, two warps a row group of 4
-        # ... with x staged in shared memory (XS_TYPES), else None; x_staged: its bytes
+        # ... on x limbs staged in shared memory (XS_CHUNK types), else None; x_staged: its bytes
         self.gemv1x: str | None = None
         self.x_staged = 0
         # T = 1 on x limbs (XQ_TYPES): (one warp, two warps) a row pair, else None

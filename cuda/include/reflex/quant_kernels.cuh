@@ -188,6 +188,23 @@ __device__ __forceinline__ void embed_body(const uint8_t* __restrict__ w, const 
 
 __device__ __forceinline__ float rx_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
+// The one-token GEMVs' XS form (gemv_body, moe_body): the block's threads write x's limbs in the
+// lanes' load order to the dynamic shared memory (rx_x_limb_run, a thread a run; THREADS the
+// block's), then the block synchronizes. Returns the staged words.
+__device__ __forceinline__ uint32_t* rx_x_staged_words() {
+    extern __shared__ uint4 rx_x_staged[];
+    return (uint32_t*)rx_x_staged;
+}
+template <int TYPE, int THREADS>
+__device__ __forceinline__ const uint32_t* rx_stage_x_limbs(const float* __restrict__ x, int n_in) {
+    typedef rx_x_lanes<TYPE> XL;
+    uint32_t* xl = rx_x_staged_words();
+    for (int i = threadIdx.x; i < XL::chunks(n_in) * 64; i += THREADS)  // i: (chunk, h, lane slot)
+        rx_x_limb_run<TYPE>(x, n_in, i >> 6, i & 31, (i >> 5) & 1, xl + 4 * (i >> 6) * XL::SLOTS);
+    __syncthreads();
+    return xl;
+}
+
 // The sums of a row group's partial dot products: each warp's lanes (butterfly: every lane gets
 // every sum), then, when KS > 1 warps split the rows' units, the other slices' sums added to
 // slice 0's in slice order through shared memory (every thread of the block calls it then: it
@@ -336,15 +353,9 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
     if constexpr (XQ) {  // x is the x limbs (rx_gemv_rows_xq), T = 1
         rx_gemv_rows_xq<TYPE, R>(rp, (const uint32_t*)x, live ? n_in : 0, 32 * slice + lane,
                                  32 * KS, acc);
-    } else if constexpr (XS) {  // x as limbs in the lanes' order (rx_x_limb_run), in shared memory
-        typedef rx_x_lanes<TYPE> XL;
-        extern __shared__ uint4 rx_x_staged[];
-        uint32_t* xl = (uint32_t*)rx_x_staged;
-        const int n_runs = XL::chunks(n_in) * 64;  // a thread a run: (chunk, h, lane slot)
-        for (int i = threadIdx.x; i < n_runs; i += WARPS * 32)
-            rx_x_limb_run<TYPE>(x, n_in, i >> 6, i & 31, (i >> 5) & 1, xl + 4 * (i >> 6) * XL::SLOTS);
-        __syncthreads();
-        rx_gemv_rows_limbs<TYPE, R>(rp, xl, live ? n_in : 0, 32 * slice + lane, 32 * KS, acc);
+    } else if constexpr (XS) {  // x as limbs in the lanes' order, in shared memory
+        rx_gemv_rows_limbs<TYPE, R>(rp, rx_stage_x_limbs<TYPE, WARPS * 32>(x, n_in), live ? n_in : 0,
+                                    32 * slice + lane, 32 * KS, acc);
     } else {
         rx_gemv_rows<TYPE, TT, R>(rp, x, T, live ? n_in : 0, 32 * slice + lane, 32 * KS, acc);
     }
@@ -389,17 +400,12 @@ __device__ __forceinline__ void moe_body(const uint8_t* __restrict__ w, const ui
         }
         float acc[R][1];
         if constexpr (XS) {
-            typedef rx_x_lanes<TYPE> XL;
-            extern __shared__ uint4 rx_x_staged[];
-            uint32_t* xl = (uint32_t*)rx_x_staged;
             if (xrow != staged) {
                 __syncthreads();  // the last slot's readers are done
-                for (int i = threadIdx.x; i < XL::chunks(n_in) * 64; i += GEMV_WARPS * 32)
-                    rx_x_limb_run<TYPE>(xs, n_in, i >> 6, i & 31, (i >> 5) & 1, xl + 4 * (i >> 6) * XL::SLOTS);
-                __syncthreads();
+                rx_stage_x_limbs<TYPE, GEMV_WARPS * 32>(xs, n_in);
                 staged = xrow;
             }
-            rx_gemv_rows_limbs<TYPE, R>(rp, xl, live ? n_in : 0, lane, 32, acc);
+            rx_gemv_rows_limbs<TYPE, R>(rp, rx_x_staged_words(), live ? n_in : 0, lane, 32, acc);
         } else {
             rx_gemv_rows<TYPE, 1, R>(rp, xs, 1, n_in, lane, 32, acc);
         }

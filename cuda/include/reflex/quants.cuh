@@ -987,85 +987,71 @@ RX_HD void rx_gemv_units(const uint8_t* const (&rp)[R], const XT* __restrict__ x
 // sum v_i * x_i per unit and add a * that sum: one multiply per unit and token instead of one
 // per element (the GEMV is not bit-exact with the dequantization anyway; tests bound it).
 
-// One lane unit of the lane loop: the unit's R blocks at bp, place j, the lane's part my_part;
-// xget(t, k, h, v) puts in v the 4 x values of token t that the lane's step k pairs with its
-// weights at e0 (h = 0) or e1 (h = 1). Adds the unit's products to acc in a fixed order, so every
-// x source gives the same bits.
-template <int TYPE, int TT, int R, bool EXACT, int P, typename XG>
-RX_HD void rx_gemv_unit(const uint8_t* const (&bp)[R], int j, int my_part, int T, XG&& xget,
-                        float (&acc)[R][TT]) {
-    typedef rx_lu<TYPE> L;
-    constexpr bool SCALED = rx_unit_scaled<TYPE>::value;
-    constexpr int STEPS = L::SUB / P;  // steps a lane takes of each unit
-    L u[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) rx_lu_load<P>(u[r], bp[r], j, my_part);
-#pragma unroll
-    for (int r = 0; r < R; ++r) u[r].prep(j);
-    float part[R][TT];  // SCALED: this unit's sums of v_i * x_i
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-#pragma unroll
-        for (int t = 0; t < TT; ++t) part[r][t] = 0.0f;
-    }
-#pragma unroll
-    for (int k = 0; k < STEPS; ++k) {
-        float xv[TT][8];
-#pragma unroll
-        for (int t = 0; t < TT; ++t) {
-            if (t < T) {
-                xget(t, k, 0, &xv[t][0]);
-                xget(t, k, 1, &xv[t][4]);
-            } else {
-#pragma unroll
-                for (int i = 0; i < 8; ++i) xv[t][i] = 0.0f;
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            float wv[8];
-            if constexpr (SCALED) {
-                u[r].unscaled(k, wv);
-            } else {
-                u[r].template dec<EXACT>(j, k, wv);
-            }
-#pragma unroll
-            for (int t = 0; t < TT; ++t) {
-                float& a = SCALED ? part[r][t] : acc[r][t];
-#pragma unroll
-                for (int i = 0; i < 8; ++i) a = fmaf(wv[i], xv[t][i], a);
-            }
-        }
-    }
-    if constexpr (SCALED) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-#pragma unroll
-            for (int t = 0; t < TT; ++t) acc[r][t] = fmaf(u[r].scale(), part[r][t], acc[r][t]);
-        }
-    }
-}
-
 template <int TYPE, int TT, int R, bool EXACT = false>
 RX_HD void rx_gemv_rows(const uint8_t* const (&rp)[R], const float* __restrict__ x, int T, int n_in,
                         int first, int stride, float (&acc)[R][TT]) {
     typedef rx_lu<TYPE> L;
+    constexpr bool SCALED = rx_unit_scaled<TYPE>::value;
     constexpr int P = rx_unit_lanes<TYPE, TT>::value;
     static_assert(P == 1 || P == 2 || P == 4, "lanes a unit: 1, 2 or 4");
     static_assert(L::SUB % P == 0, "every lane of a unit takes as many steps");
-    constexpr int STEPS = L::SUB / P;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
 #pragma unroll
         for (int t = 0; t < TT; ++t) acc[r][t] = 0.0f;
     }
+    constexpr int STEPS = L::SUB / P;  // steps a lane takes of each unit
     // One unit (block pointers bp, its x at xb, place j in the block, the lane's part of it)
     auto unit = [&](const uint8_t* const (&bp)[R], const float* xb, int j, int my_part) {
-        auto xget = [&](int t, int k, int h, float* v) {
+        L u[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) rx_lu_load<P>(u[r], bp[r], j, my_part);
+#pragma unroll
+        for (int r = 0; r < R; ++r) u[r].prep(j);
+        float part[R][TT];  // SCALED: this unit's sums of v_i * x_i
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+            for (int t = 0; t < TT; ++t) part[r][t] = 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < STEPS; ++k) {
             const int s = my_part * STEPS + k;
-            rx_ld_f4(xb + (long long)t * n_in + (h ? L::e1(j, s) : L::e0(j, s)), v);
-        };
-        rx_gemv_unit<TYPE, TT, R, EXACT, P>(bp, j, my_part, T, xget, acc);
+            const int e0 = L::e0(j, s), e1 = L::e1(j, s);
+            float xv[TT][8];
+#pragma unroll
+            for (int t = 0; t < TT; ++t) {
+                if (t < T) {
+                    rx_ld_f4(xb + (long long)t * n_in + e0, &xv[t][0]);
+                    rx_ld_f4(xb + (long long)t * n_in + e1, &xv[t][4]);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) xv[t][i] = 0.0f;
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float wv[8];
+                if constexpr (SCALED) {
+                    u[r].unscaled(k, wv);
+                } else {
+                    u[r].template dec<EXACT>(j, k, wv);
+                }
+#pragma unroll
+                for (int t = 0; t < TT; ++t) {
+                    float& a = SCALED ? part[r][t] : acc[r][t];
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) a = fmaf(wv[i], xv[t][i], a);
+                }
+            }
+        }
+        if constexpr (SCALED) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+#pragma unroll
+                for (int t = 0; t < TT; ++t) acc[r][t] = fmaf(u[r].scale(), part[r][t], acc[r][t]);
+            }
+        }
     };
     rx_gemv_units<L, P, R>(rp, x, n_in, first, stride, unit);
 }
