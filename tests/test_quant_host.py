@@ -717,20 +717,37 @@ def test_xh_unpacked_launches(quant_signatures):
     q.matmul_xh_unpacked(k, k, p, XH, 300, (W, W + 4096, W + 8192), (Y, Y + 4, Y + 8),
                          (2048, 1001, 7), False, S)
     offs = [S, S + sizes[0], S + sizes[0] + sizes[1]]
-    assert [c[0] for c in k.calls] == ["reflex_qi_unpack_q4_k"] * 3 + ["reflex_matmul_xhu_m32"]
+    assert [c[0] for c in k.calls] == ["reflex_qi_unpack_q4_k"] * 3 + ["reflex_matmul_xhu64_m32"]
     for c, w, n, o in zip(k.calls, (W, W + 4096, W + 8192), (2048, 1001, 7), offs):
         assert c[3] == (w, o, n, 1024, p.row_bytes)
+    # 25 row tiles of 128 x 3 token tiles are too few wide tiles: 64 x 64 ones, a dimension
     name, grid, block, args = k.calls[-1]
-    assert grid == ((2048 + 63) // 64 + (1001 + 63) // 64 + 1, (300 + 63) // 64, 1)
+    assert grid == ((2048 // 64 + (1001 + 63) // 64 + 1) * ((300 + 63) // 64), 1, 1)
+    assert block == (128, 1, 1) and k.shmem[-1] == q.xhu_smem_bytes("64", 32) <= 48 << 10
     assert args == (offs[0], offs[1], offs[2], XH, Y, Y + 4, Y + 8, 300, 1024, 2048, 1001, 7,
                     2 * 1024, 0)
-    k.calls.clear()  # SwiGLU: gate and up unpacked, 32 outputs a block
+    k.calls.clear()  # a 1518-token prompt over 4096 rows: 32 x 12 wide tiles
+    q.matmul_xh_unpacked(k, k, p, XH, 1518, (W, 0, 0), (Y, 0, 0), (4096, 0, 0), False, S)
+    name, grid, block, args = k.calls[-1]
+    assert (name, grid, block) == ("reflex_matmul_xhu_m32", (32 * 12, 1, 1), (256, 1, 1))
+    assert k.shmem[-1] == q.xhu_smem_bytes("", 32) == 3 * (64 + 8 + 128 + 4) * 128
+    k.optin = 64 << 10  # a device that cannot give a block the wide tile's shared memory
+    q.matmul_xh_unpacked(k, k, p, XH, 1518, (W, 0, 0), (Y, 0, 0), (4096, 0, 0), False, S)
+    assert k.calls[-1][:3] == ("reflex_matmul_xhu64_m32", (64 * 24, 1, 1), (128, 1, 1))
+    k.optin = 227 << 10
+    q.matmul_xh_unpacked(k, k, p, XH, 300, (W, 0, 0), (Y, 0, 0), (4096, 0, 0), False, S, form="")
+    assert k.calls[-1][:3] == ("reflex_matmul_xhu_m32", (32 * 3, 1, 1), (256, 1, 1))
+    k.calls.clear()  # SwiGLU: gate and up unpacked, half a tile's rows each
     q.matmul_xh_unpacked(k, k, q6, XH, 200, (W, W + 4096, 0), (Y, 0, 0), (3072, 0, 0), True, S)
     up = S + ((2 * 1024 * 3072 + 8 * 3072 * 64 + 255) & ~255)
     assert [c[3][:2] for c in k.calls[:2]] == [(W, S), (W + 4096, up)]
     name, grid, block, args = k.calls[-1]
-    assert name == "reflex_matmul_xhu_s16" and grid == (96, 4, 1)
+    assert name == "reflex_matmul_xhu64_s16" and grid == (96 * 4, 1, 1)
     assert args[:3] == (S, up, 0) and args[-1] == 1
+    q.matmul_xh_unpacked(k, k, q6, XH, 200, (W, W + 4096, 0), (Y, 0, 0), (3072, 0, 0), True, S,
+                         form="")
+    assert k.calls[-1][:2] == ("reflex_matmul_xhu_s16", (48 * 2, 1, 1))
+    assert k.shmem[-1] == q.xhu_smem_bytes("", 16) == 3 * (64 + 16 + 128 + 4) * 128
 
 
 def test_moe_grouped_launches(quant_signatures):

@@ -353,7 +353,7 @@ def plan(ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight") 
 
 
 def _tile_grid(T: int, n_outs: tuple, swiglu: bool) -> tuple[int, int]:
-    """The grid of the prefill tiles (tiled, xh, xhu) over ``T`` tokens: blocks of 64 rows of
+    """The grid of the prefill tiles (tiled, xh) over ``T`` tokens: blocks of 64 rows of
     each segment (SwiGLU: 32 gate and 32 up rows) by blocks of 64 tokens."""
     if swiglu:
         gx = (n_outs[0] + _TILE_M // 2 - 1) // (_TILE_M // 2)
@@ -492,11 +492,37 @@ def xh_unpack_bytes(p: MatPlan, T: int, n_outs: tuple, swiglu: bool) -> int:
     return nbytes if nbytes <= XH_UNPACK_MAX_BYTES else 0
 
 
+# The xhu tiles (reflex/quant_kernels.cuh's RX_QUANT_XHU_KERNEL): kernel suffix -> rows and
+# tokens a block, threads, stages. The wide tile takes one block an SM; a launch of fewer than
+# XHU_WIDE_MIN_BLOCKS of them takes the 64 x 64 tile, whose smaller blocks spread over the SMs
+# (the H200, 132 SMs: the 0.6B-shaped down projection, 8 x 12 wide blocks, runs in 0.09 ms on
+# the small tile and 0.12 ms on the wide one; BENCHMARKS.md).
+_XHU_FORMS = {"": (128, 128, 256, 3), "64": (64, 64, 128, 3)}
+XHU_WIDE_MIN_BLOCKS = 264
+
+
+def xhu_smem_bytes(form: str, sub: int) -> int:
+    """Dynamic shared memory of an xhu tile: its stages' weight rows (64 bytes a row and
+    32-element block), sub-block scales (8 bytes each), x halves (128 bytes a token) and x block
+    sums, or the epilogue's float rows of BM + 4, whichever is larger."""
+    bm, bn, _, st = _XHU_FORMS[form]
+    return max(st * (64 * bm + 8 * (32 // sub) * bm + 128 * bn + 4 * bn), 4 * bn * (bm + 4))
+
+
+def _xhu_blocks(form: str, T: int, n_outs: tuple, swiglu: bool) -> int:
+    bm, bn = _XHU_FORMS[form][:2]
+    rows = -(-n_outs[0] // (bm // 2)) if swiglu else sum(-(-n // bm) for n in n_outs)
+    return rows * -(-T // bn)
+
+
 def matmul_xh_unpacked(kern, kern_common, p: MatPlan, xh_ptr: int, T: int, w_ptrs: tuple,
-                       y_ptrs: tuple, n_outs: tuple, swiglu: bool, scratch_ptr: int) -> None:
+                       y_ptrs: tuple, n_outs: tuple, swiglu: bool, scratch_ptr: int,
+                       form: str | None = None) -> None:
     """:func:`matmul_planned`'s x-halves product (``xh_ptr``: :func:`x_halves` of the T rows)
     through unpacked weights: each weight unpacked into ``scratch_ptr`` (``xh_unpack_bytes``
-    bytes; ``kern`` the weights' module), then ``reflex_matmul_xhu_*`` (``kern_common``)."""
+    bytes; ``kern`` the weights' module), then ``reflex_matmul_xhu{form}_*`` (``kern_common``;
+    ``form`` a key of ``_XHU_FORMS``, None: the wide tile when the launch has
+    :data:`XHU_WIDE_MIN_BLOCKS` of them and the device gives it the shared memory)."""
     suffix = _info(p.ggml_type)[0]
     rows = _weight_rows(n_outs, swiglu)
     ptrs, off = [], scratch_ptr
@@ -510,11 +536,19 @@ def matmul_xh_unpacked(kern, kern_common, p: MatPlan, xh_ptr: int, T: int, w_ptr
         off += size
     ptrs += [0] * (MAX_SEGMENTS - len(ptrs))
     n0, n1, n2 = n_outs
-    gx, gy = _tile_grid(T, n_outs, swiglu)
-    kern_common.launch(f"reflex_matmul_xhu_{_XHU_KERNEL[p.ggml_type]}", (gx, gy, 1),
-                       (_TILE_THREADS, 1, 1),
+    v = _XHU_KERNEL[p.ggml_type]
+    if form is None:
+        form = "" if _xhu_blocks("", T, n_outs, swiglu) >= XHU_WIDE_MIN_BLOCKS else "64"
+    name = f"reflex_matmul_xhu{form}_{v}"
+    smem = xhu_smem_bytes(form, _XHU_SUB[v])
+    if not kern_common.allow_shmem(name, smem):  # the wide tile's; the small one's is under 48 KB
+        form, name = "64", f"reflex_matmul_xhu64_{v}"
+        smem = xhu_smem_bytes(form, _XHU_SUB[v])
+        kern_common.allow_shmem(name, smem)
+    kern_common.launch(name, (_xhu_blocks(form, T, n_outs, swiglu), 1, 1),
+                       (_XHU_FORMS[form][2], 1, 1),
                        (ptrs[0], ptrs[1], ptrs[2], xh_ptr, y_ptrs[0], y_ptrs[1], y_ptrs[2], T,
-                        p.n_in, n0, n1, n2, 2 * p.n_in, 1 if swiglu else 0))
+                        p.n_in, n0, n1, n2, 2 * p.n_in, 1 if swiglu else 0), smem)
 
 
 def moe_matmul(kern, w_ptr: int, ggml_type: int, x_ptr: int, ids_ptr: int, y_ptr: int, T: int,
@@ -620,5 +654,5 @@ def kernel_names(module: str = COMMON_MODULE) -> list[str]:
             names += [f"reflex_matmul_xh_{suffix}", f"reflex_moe_xh_{suffix}",
                       f"reflex_qi_unpack_{suffix}"]
     if module == COMMON_MODULE:
-        names += [f"reflex_matmul_xhu_{v}" for v in _XHU_SUB]
+        names += [f"reflex_matmul_xhu{f}_{v}" for f in _XHU_FORMS for v in _XHU_SUB]
     return names

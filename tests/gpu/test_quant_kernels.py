@@ -732,19 +732,18 @@ def test_matmul_xh(qk, name):
 
 @pytest.mark.parametrize("name", sorted(n for n, t in TYPES.items() if t in quant_ops.XH_TYPES))
 def test_matmul_xh_unpacked(qk, name):
-    """The x-halves tile from weights unpacked first (reflex_qi_unpack_<t> +
-    reflex_matmul_xhu_*): bit-identical to the xh tile decoding them (the same products in the
-    same order), for 1-3 segments and SwiGLU, partial token and row tiles, odd block counts; every
-    unpacked row and scale written (the scratch starts as NaN)."""
-    from reflex_core.testing.x_halves import x_halves
-
+    """The x-halves tiles from weights unpacked first (reflex_qi_unpack_<t> +
+    reflex_matmul_xhu{,64}_*, each form forced): bit-identical to the xh tile decoding them (the
+    same products in the same order), for 1-3 segments and SwiGLU, partial token and row tiles,
+    odd block counts, more row tiles than a raster group; every unpacked row and scale written
+    (the scratch starts as NaN)."""
     ctx, kernels_of = qk
     kern, core, common = kernels_of(name), ctx.kernels("core"), ctx.kernels("quant")
     t = TYPES[name]
     rng = np.random.default_rng(1500 + t)
     bs = qinfo(name)[0]
-    for n_in, T in ((bs, 9), (3 * bs, 64), (4096 + 3 * bs, 130)):
-        n_outs = (33, 1, 130)
+    for n_in, T, n_outs in ((bs, 9, (33, 1, 130)), (3 * bs, 64, (33, 1, 130)),
+                            (4096 + 3 * bs, 130, (33, 1, 130)), (2 * bs, 300, (1100, 1, 130))):
         ws = [random_weights(rng, name, n, n_in)[0] for n in n_outs]
         wps = [upload(ctx, raw)[1] for raw in ws]
         x = _xh_x(rng, T, n_in)
@@ -752,25 +751,29 @@ def test_matmul_xh_unpacked(qk, name):
         xq = ctx.alloc(quant_ops.x_halves_bytes(T, n_in))
         quant_ops.x_halves(core, xp, xq, T, n_in)
         p = quant_ops.plan(t, (n_in, n_outs[0]), wps[0])
+        n_sw = min(n_outs[0], n_outs[2])
         for segs, swiglu in (((0,), False), ((0, 1, 2), False), ((2, 0), False), ((0, 2), True)):
             w3 = tuple(wps[i] for i in segs) + (0,) * (3 - len(segs))
-            outs = (33, 0, 0) if swiglu else tuple(n_outs[i] for i in segs) + (0,) * (3 - len(segs))
-            got, want = [], []
-            for unpacked, res in ((False, want), (True, got)):
+            outs = (n_sw, 0, 0) if swiglu else tuple(n_outs[i] for i in segs) + (0,) * (3 - len(segs))
+            want = []
+            for form in (None, "", "64"):  # None: the xh tile
                 yps = [upload(ctx, np.full(T * n, np.nan, np.float32))[1] if n else 0 for n in outs]
-                if unpacked:
+                if form is not None:
                     nbytes = quant_ops.xh_unpack_bytes(p, quant_ops.XH_UNPACK_MIN_T, outs,
                                                        swiglu)
                     scratch = upload(ctx, np.full(nbytes // 4, np.nan, np.float32))[1]
                     quant_ops.matmul_xh_unpacked(kern, common, p, xq, T, w3, tuple(yps), outs,
-                                                 swiglu, scratch)
+                                                 swiglu, scratch, form=form)
                 else:
                     quant_ops.matmul_planned(kern, p, xp, T, w3, tuple(yps), outs, swiglu, True, xq)
-                res += [download(ctx, yp, T * n) for yp, n in zip(yps, outs) if n]
-            for i, (g, w) in enumerate(zip(got, want)):
-                assert not np.isnan(w).any(), f"{name} xh left outputs unwritten"
-                assert_bits_equal(g, w, f"{name} unpacked T={T} n_in={n_in} segs={segs} "
-                                        f"swiglu={swiglu} out {i}")
+                got = [download(ctx, yp, T * n) for yp, n in zip(yps, outs) if n]
+                if form is None:
+                    want = got
+                    assert not any(np.isnan(w).any() for w in want), f"{name} xh left outputs unwritten"
+                    continue
+                for i, (g, w) in enumerate(zip(got, want)):
+                    assert_bits_equal(g, w, f"{name} unpacked form={form!r} T={T} n_in={n_in} "
+                                            f"segs={segs} swiglu={swiglu} out {i}")
     assert quant_ops.xh_unpack_bytes(p, quant_ops.XH_UNPACK_MIN_T, (33, 0, 0), False) > 0
     assert quant_ops.xh_unpack_bytes(p, quant_ops.XH_UNPACK_MIN_T - 1, (33, 0, 0), False) == 0
 

@@ -274,13 +274,13 @@ __device__ __forceinline__ void gemv_store(const float (&acc)[R][TT], bool swigl
     }
 }
 
-// Which segment a block of a multi-segment launch works on (blocks_i = ceil(n_i / rows per
-// block)): its weight, output, row count, and the block index within the segment.
+// Which segment block blk of a multi-segment launch works on (blocks_i = ceil(n_i / rows per
+// block)): its weight, output, row count, and the block index b within the segment.
 __device__ __forceinline__ void seg_select(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2,
                                            float* y0, float* y1, float* y2, int n0, int n1, int n2,
                                            int rows_per_block, const uint8_t*& w, float*& y, int& n,
-                                           int& b) {
-    b = blockIdx.x;
+                                           int& b, int blk) {
+    b = blk;
     const int b0 = (n0 + rows_per_block - 1) / rows_per_block;
     const int b1 = (n1 + rows_per_block - 1) / rows_per_block;
     if (b < b0) {
@@ -321,7 +321,7 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
         row0 = (blockIdx.x * GROUPS + group) * (R / 2);
     } else {
         int b;
-        seg_select(w0, w1, w2, y0, y1, y2, n0, n1, n2, GROUPS * R, w, y, n, b);
+        seg_select(w0, w1, w2, y0, y1, y2, n0, n1, n2, GROUPS * R, w, y, n, b, blockIdx.x);
         row0 = (b * GROUPS + group) * R;
     }
     // with KS > 1 or XS, a group past n still joins the block's barriers
@@ -451,7 +451,7 @@ __device__ __forceinline__ void tile_rows(const uint8_t* w0, const uint8_t* w1, 
         m0 = blockIdx.x * (TILE_M / 2);
     } else {
         int b;
-        seg_select(w0, w1, w2, y0, y1, y2, n0, n1, n2, TILE_M, w, y, n, b);
+        seg_select(w0, w1, w2, y0, y1, y2, n0, n1, n2, TILE_M, w, y, n, b, blockIdx.x);
         m0 = b * TILE_M;
     }
 }
@@ -993,79 +993,128 @@ __device__ __forceinline__ void rx_cp_async8(void* dst, const void* src, bool ok
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 8 : 0));
 }
 
-// xh_body's products (same segments, modes, tile, warps, arithmetic and epilogue, so the same
-// bits) from weights unpacked by reflex_qi_unpack_<t>: w0..w2 point at unpacked weights (of n0,
-// n1, n2 rows; SwiGLU: gate and up, n0 rows each), SUB and MIN those of the weights' type. With
-// no decoding left in the loop, every tile load is a cp.async, and each 32-element K slice is
-// copied in three stages ahead of the math.
-template <int SUB, bool MIN>
+// xh_body's products (the same arithmetic, so the same bits) from weights unpacked by
+// reflex_qi_unpack_<t>: w0..w2 point at unpacked weights of n0, n1, n2 rows (SwiGLU: gate and up,
+// n0 rows each; tile rows below BM / 2 are gate rows), SUB and MIN those of the weights' type.
+// With no decoding left in the loop, every tile load is a cp.async, ST stages of one 32-element
+// block ahead of the math. A block takes BM rows x BN tokens, with WM x WN warps of BM / WM rows
+// x BN / WN tokens: a warp's MT x NT m16n8 fragments reuse each weight fragment for NT token
+// fragments and each x fragment for MT row fragments (xh_body's 16 x 32 warp tile loads 320
+// bytes of shared memory a mma, more than the SM's shared memory bandwidth allows at the tensor
+// cores' rate). The grid is one-dimensional: block L takes its row tile and token tile in groups
+// of GROUP row tiles (the row tile varying fastest), so the blocks running together share their
+// weight tiles and read x once a group. Dynamic shared memory: the larger of the ST stages' tiles
+// and the epilogue's E (quant_ops.xhu_smem_bytes).
+template <int SUB, bool MIN, int BM, int BN, int WM, int WN, int ST, int GROUP>
 __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,
                                          const uint8_t* __restrict__ w2, const uint32_t* __restrict__ H,
                                          float* __restrict__ y0, float* __restrict__ y1,
                                          float* __restrict__ y2, int T, int n_in, int n0, int n1,
                                          int n2, int mode) {
 #if RX_TILED_MMA
-    constexpr int ST = 3;          // stages
-    constexpr int NS = 32 / SUB;   // sub-blocks per block
+    constexpr int THREADS = 32 * WM * WN;
+    constexpr int NS = 32 / SUB;
+    constexpr int MT = BM / WM / 16, NT = BN / WN / 8;
+    constexpr int PW = BM * 4 / THREADS, PX = BN * 8 / THREADS;  // 16-byte copies a thread
+    static_assert(MT * 16 * WM == BM && NT * 8 * WN == BN, "whole fragments");
+    static_assert(PW * THREADS == BM * 4 && PX * THREADS == BN * 8, "whole copies");
+    constexpr int PS = (BM * NS + THREADS - 1) / THREADS, PXS = (BN + THREADS - 1) / THREADS;
     struct Tiles {
-        uint32_t w[ST][TILE_M][16];
-        float2 ws[ST][NS][TILE_M];
-        uint32_t x[ST][TILE_N][32];
-        float xs[ST][TILE_N];
+        uint32_t w[ST][BM][16];
+        float2 ws[ST][NS][BM];
+        uint32_t x[ST][BN][32];
+        float xs[ST][BN];
     };
-    constexpr size_t E_BYTES = sizeof(float) * TILE_N * (TILE_M + 4);
-    __shared__ __align__(16) unsigned char smem[sizeof(Tiles) > E_BYTES ? sizeof(Tiles) : E_BYTES];
-    Tiles& sm = *reinterpret_cast<Tiles*>(smem);
-    static_assert(TILE_M * 4 == TILE_THREADS && TILE_N * 8 == 2 * TILE_THREADS, "copies a thread");
+    extern __shared__ uint4 rx_xhu_smem[];
+    Tiles& sm = *reinterpret_cast<Tiles*>(rx_xhu_smem);
 
     const int tid = threadIdx.x;
+    const int n_rt = mode == 1 ? (n0 + BM / 2 - 1) / (BM / 2)
+                               : (n0 + BM - 1) / BM + (n1 + BM - 1) / BM + (n2 + BM - 1) / BM;
+    const int n_tt = (T + BN - 1) / BN;
+    const int grp = blockIdx.x / (GROUP * n_tt), first = grp * GROUP;
+    const int gsz = min(GROUP, n_rt - first), idx = blockIdx.x - grp * GROUP * n_tt;
+    const int rt = first + idx % gsz, n0t = (idx / gsz) * BN;
     const uint8_t* w;
     float* y;
     int n, m0;
-    tile_rows(w0, w1, w2, y0, y1, y2, n0, n1, n2, mode, w, y, n, m0);
-    const int n0t = blockIdx.y * TILE_N;
+    if (mode == 1) {
+        w = w0; y = y0; n = n0;
+        m0 = rt * (BM / 2);
+    } else {
+        int b;
+        seg_select(w0, w1, w2, y0, y1, y2, n0, n1, n2, BM, w, y, n, b, rt);
+        m0 = b * BM;
+    }
     const int nb = n_in >> 5;
     const long long q_bytes = 2LL * n * n_in;  // the scales follow a weight's q (n rows)
     const float* __restrict__ S = reinterpret_cast<const float*>(H + (long long)T * n_in);
     const float* __restrict__ XS = S + T;
-    const int lane = tid & 31, wg = lane >> 2, wq = lane & 3;
-    const int wr = 16 * ((tid >> 5) & 3), wt = 32 * (tid >> 7);
-    const bool active = n0t + wt < T;
-    float acc[4][4] = {};
+    auto row_of = [&](int m, const uint8_t*& base) -> int {  // tile row m: its weight and row
+        base = mode == 1 && m >= BM / 2 ? w1 : w;
+        return mode == 1 ? m0 + (m & (BM / 2 - 1)) : m0 + m;
+    };
 
-    // This thread's copies: weight row wm's 16-byte piece wc, scale (row tid % 64, sub-block
-    // tid / 64), x pieces of tokens xn and xn + 32, x block sum of token tid.
-    const int wm = tid >> 2, wc = tid & 3;
-    const int wrow = mode == 1 ? m0 + (wm & (TILE_M / 2 - 1)) : m0 + wm;
-    const uint8_t* wp = (mode == 1 && wm >= TILE_M / 2 ? w1 : w) + 2LL * wrow * n_in;
-    const bool w_ok = wrow < n;
-    const int sm_m = tid % TILE_M, sm_h = tid / TILE_M;
-    const int srow = mode == 1 ? m0 + (sm_m & (TILE_M / 2 - 1)) : m0 + sm_m;
-    const uint8_t* sp = (mode == 1 && sm_m >= TILE_M / 2 ? w1 : w) + q_bytes + 8LL * srow * (n_in / SUB);
-    const bool s_ok = srow < n && sm_h < NS;
-    const int xn = tid >> 3, xi = tid & 7;
+    // This thread's copies, for i = tid + THREADS p: weight pieces (row i / 4, piece i % 4),
+    // scales (row i % BM, sub-block i / BM), x pieces (token i / 8, piece i % 8), x block sums
+    // (token i).
+    const uint8_t* wp[PW];
+    bool w_ok[PW];
+#pragma unroll
+    for (int p = 0; p < PW; ++p) {
+        const int i = tid + THREADS * p, m = i >> 2;
+        const uint8_t* base;
+        const int row = row_of(m, base);
+        w_ok[p] = row < n;
+        wp[p] = base + 2LL * (w_ok[p] ? row : 0) * n_in + 16 * (i & 3);
+    }
+    const uint8_t* sp[PS];
+    bool s_ok[PS];
+#pragma unroll
+    for (int p = 0; p < PS; ++p) {
+        const int i = tid + THREADS * p, m = i % BM, h = i / BM;
+        const uint8_t* base;
+        const int row = row_of(m, base);
+        s_ok[p] = row < n && h < NS;
+        sp[p] = base + q_bytes + 8LL * ((s_ok[p] ? row : 0) * (long long)(n_in / SUB) + (s_ok[p] ? h : 0));
+    }
     auto load = [&](int kb, int st) {
         const bool k_ok = kb < nb;
-        rx_cp_async16(&sm.w[st][wm][8 * ((wc >> 1) ^ ((wm >> 1) & 1)) + 4 * (wc & 1)],
-                      w_ok && k_ok ? (const void*)(wp + 64LL * kb + 16 * wc) : (const void*)w,
-                      w_ok && k_ok);
-        if (sm_h < NS)
-            rx_cp_async8(&sm.ws[st][sm_h][sm_m], s_ok && k_ok ? (const void*)(sp + 8LL * (kb * NS + sm_h)) : (const void*)w,
-                         s_ok && k_ok);
 #pragma unroll
-        for (int p = 0; p < 2; ++p) {
-            const int nn = xn + 32 * p;
+        for (int p = 0; p < PW; ++p) {
+            const int i = tid + THREADS * p, m = i >> 2, c = i & 3;
+            rx_cp_async16(&sm.w[st][m][8 * ((c >> 1) ^ ((m >> 1) & 1)) + 4 * (c & 1)],
+                          w_ok[p] && k_ok ? (const void*)(wp[p] + 64LL * kb) : (const void*)w,
+                          w_ok[p] && k_ok);
+        }
+#pragma unroll
+        for (int p = 0; p < PS; ++p) {
+            const int i = tid + THREADS * p;
+            if (i < BM * NS)
+                rx_cp_async8(&sm.ws[st][i / BM][i % BM], s_ok[p] && k_ok ? (const void*)(sp[p] + 8LL * NS * kb) : (const void*)w,
+                             s_ok[p] && k_ok);
+        }
+#pragma unroll
+        for (int p = 0; p < PX; ++p) {
+            const int i = tid + THREADS * p, nn = i >> 3, xi = i & 7;
             const bool ok = n0t + nn < T && k_ok;
             rx_cp_async16(&sm.x[st][nn][16 * ((xi >> 2) ^ (nn & 1)) + 4 * (xi & 3)],
                           ok ? (const void*)(H + ((long long)(n0t + nn) * nb + kb) * 32 + 4 * xi) : (const void*)H, ok);
         }
-        if (MIN && tid < TILE_N) {
-            const bool ok = n0t + tid < T && k_ok;
-            rx_cp_async4(&sm.xs[st][tid], ok ? (const void*)(XS + (long long)(n0t + tid) * nb + kb) : (const void*)XS, ok);
+#pragma unroll
+        for (int p = 0; p < PXS; ++p) {
+            const int i = tid + THREADS * p;
+            const bool ok = n0t + i < T && k_ok;
+            if (MIN && i < BN)
+                rx_cp_async4(&sm.xs[st][i], ok ? (const void*)(XS + (long long)(n0t + i) * nb + kb) : (const void*)XS, ok);
         }
         rx_cp_async_commit();
     };
 
+    const int lane = tid & 31, wg = lane >> 2, wq = lane & 3, warp = tid >> 5;
+    const int wr = (warp % WM) * (BM / WM), wt = (warp / WM) * (BN / WN);
+    const bool active = n0t + wt < T;
+    float acc[MT][NT][4] = {};
 #pragma unroll
     for (int st = 0; st < ST - 1; ++st) load(st, st);
     for (int kb = 0; kb < nb; ++kb) {
@@ -1073,21 +1122,88 @@ __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const u
         asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 2));  // this thread's copies of kb
         __syncthreads();  // everyone's; and stage (kb - 1) % ST is free again
         load(kb + ST - 1, (kb + ST - 1) % ST);
-        if (active) xh_block_products<NS, MIN>(sm.w[st], sm.ws[st], sm.x[st], sm.xs[st], wr, wt, wg, wq, acc);
+        if (!active) continue;
+        const uint32_t (*W)[16] = sm.w[st];
+        const uint32_t (*X)[32] = sm.x[st];
+        uint4 b[NT][2];  // per token fragment and half: b0, b1 of hi, then of lo
+        float xs[NT][2];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const int tk = wt + 8 * j + wg;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) b[j][h] = *reinterpret_cast<const uint4*>(&X[tk][16 * (h ^ (tk & 1)) + 4 * wq]);
+            if constexpr (MIN) {
+                const float2 v = *reinterpret_cast<const float2*>(&sm.xs[st][wt + 8 * j + 2 * wq]);
+                xs[j][0] = v.x;
+                xs[j][1] = v.y;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+            const int r0 = wr + 16 * i + wg, r1 = r0 + 8;
+            uint32_t a[2][4];  // per half: rows g, g + 8 x k 2q.., 2q + 8..
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const uint2 lo = *reinterpret_cast<const uint2*>(&W[r0][8 * (h ^ ((r0 >> 1) & 1)) + 2 * wq]);
+                const uint2 hi = *reinterpret_cast<const uint2*>(&W[r1][8 * (h ^ ((r1 >> 1) & 1)) + 2 * wq]);
+                a[h][0] = lo.x;
+                a[h][1] = hi.x;
+                a[h][2] = lo.y;
+                a[h][3] = hi.y;
+            }
+            float2 ws[NS][2];
+#pragma unroll
+            for (int h = 0; h < NS; ++h) {
+                ws[h][0] = sm.ws[st][h][r0];
+                ws[h][1] = sm.ws[st][h][r1];
+            }
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+#pragma unroll
+                for (int sb = 0; sb < NS; ++sb) {
+                    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                    for (int h = sb * 2 / NS; h < (sb + 1) * 2 / NS; ++h) {
+                        rx_mma_f16(d, a[h], b[j][h].x, b[j][h].y);
+                        rx_mma_f16(d, a[h], b[j][h].z, b[j][h].w);
+                    }
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {  // rows g (e < 2), g + 8; tokens 2q + e % 2
+                        acc[i][j][e] = fmaf(ws[sb][e >> 1].x, d[e], acc[i][j][e]);
+                        if constexpr (MIN) acc[i][j][e] = fmaf(ws[sb][e >> 1].y, xs[j][e & 1], acc[i][j][e]);
+                    }
+                }
+            }
+        }
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
     __syncthreads();  // the tiles' memory becomes the epilogue's
-    float (*E)[TILE_M + 4] = reinterpret_cast<float (*)[TILE_M + 4]>(smem);
+    float (*E)[BM + 4] = reinterpret_cast<float (*)[BM + 4]>(rx_xhu_smem);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int t0 = wt + 8 * i + 2 * wq;
+    for (int j = 0; j < NT; ++j) {
+        const int t0 = wt + 8 * j + 2 * wq;
         const float s0 = n0t + t0 < T ? __ldg(S + n0t + t0) : 0.0f;
         const float s1 = n0t + t0 + 1 < T ? __ldg(S + n0t + t0 + 1) : 0.0f;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) E[t0 + (j & 1)][wr + wg + 8 * (j >> 1)] = acc[i][j] * (j & 1 ? s1 : s0);
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                E[t0 + (e & 1)][wr + 16 * i + wg + 8 * (e >> 1)] = acc[i][j][e] * (e & 1 ? s1 : s0);
     }
     __syncthreads();
-    tile_store<false>(E, y, T, n, m0, n0t, mode, nullptr);
+    if (mode == 1) {  // output (token nn, row r < BM / 2) = silu(E[nn][r]) * E[nn][r + BM / 2]
+#pragma unroll 1
+        for (int g = tid; g < (BM / 2) * BN; g += THREADS) {
+            const int r = g % (BM / 2), nn = g / (BM / 2), row = m0 + r, tok = n0t + nn;
+            if (row < n && tok < T) y[(long long)tok * n + row] = rx_silu_mul(E[nn][r], E[nn][r + BM / 2]);
+        }
+        return;
+    }
+#pragma unroll 1
+    for (int g = tid; g < BM * BN; g += THREADS) {
+        const int r = g % BM, nn = g / BM, row = m0 + r, tok = n0t + nn;
+        if (row < n && tok < T) y[(long long)tok * n + row] = E[nn][r];
+    }
 #endif
 }
 
@@ -1228,13 +1344,21 @@ __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const u
         moe_body<TYPE, 4, true>(RX_MOE_ARGS);                                                         \
     }
 
-// The prefill tiles on x halves from unpacked weights (xhu_body), one per (SUB, MIN) of the
+// The prefill tiles on x halves from unpacked weights (xhu_body), one pair per (SUB, MIN) of the
 // integer view: s32 (Q4_0, Q5_0, Q8_0, IQ4_XS), m32 (Q4_K, Q5_K), s16 (Q6_K). cuda/quant.cu
 // instantiates them; x, y, segments and modes as reflex_matmul_xh_<t>, the w_i unpacked.
+// reflex_matmul_xhu_<v>: 128 x 128 tiles, 8 warps of 64 rows x 32 tokens, one block an SM (its
+// registers); reflex_matmul_xhu64_<v>: 64 x 64 tiles, 4 warps of 32 x 32, for launches of too few
+// wide tiles to fill the GPU (and a device that cannot give a block the wide tile's shared
+// memory). Their shapes are quant_ops._XHU_FORMS.
 #define RX_QUANT_XHU_KERNEL(name, SUB, MIN)                                                           \
-    extern "C" __global__ void __launch_bounds__(TILE_THREADS, 2)                                     \
-        reflex_matmul_xhu_##name(RX_MM_PARAMS) {                                                     \
+    extern "C" __global__ void __launch_bounds__(256, 1) reflex_matmul_xhu_##name(RX_MM_PARAMS) {     \
         RX_PDL_ENTRY();                                                                              \
-        xhu_body<SUB, MIN>(w0, w1, w2, reinterpret_cast<const uint32_t*>(x), y0, y1, y2, T, n_in, n0, \
-                           n1, n2, mode);                                                            \
+        xhu_body<SUB, MIN, 128, 128, 2, 4, 3, 8>(w0, w1, w2, reinterpret_cast<const uint32_t*>(x), y0, \
+                                                 y1, y2, T, n_in, n0, n1, n2, mode);                 \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(128) reflex_matmul_xhu64_##name(RX_MM_PARAMS) {      \
+        RX_PDL_ENTRY();                                                                              \
+        xhu_body<SUB, MIN, 64, 64, 2, 2, 3, 8>(w0, w1, w2, reinterpret_cast<const uint32_t*>(x), y0,   \
+                                               y1, y2, T, n_in, n0, n1, n2, mode);                   \
     }
