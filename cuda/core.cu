@@ -24,6 +24,8 @@ Kernels (launch shape)
   reflex_attention_combine  merges reflex_attention's S slices  grid (H, T), 256        [PPiii]
   reflex_attention_tiled128 / _tiled256  the same for many tokens, query tiles x cell tiles in
                         shared memory                     grid (H, ceil(T/32|16)), 256  [PPPPPPPiiiiif]
+  reflex_attention_mma128 / _mma256  the same on the tensor cores (float16 hi/lo pairs, sm_80+)
+                                                          grid (H, ceil(T/128|64)), 256|128 [PPPPPPPiiiiif]
   reflex_take_rows      y[r] = x[rows[r]]                 grid (ceil(n/256), R), 256    [PPPi]
   reflex_x_limbs        x as 32-element blocks of scaled integers (the one-token GEMV's input
                         for the integer weight types)   grid ceil(n/256), block 256   [PPi]
@@ -906,6 +908,254 @@ __device__ __forceinline__ void attention_tiled_body(
     }
 RX_ATT_TILED(reflex_attention_tiled128, 32, 32, 128)
 RX_ATT_TILED(reflex_attention_tiled256, 16, 16, 256)
+
+// ------------------------------------------------------------------------------------------
+// attention_mma: the prefill's attention on the tensor cores (sm_80+), same inputs, cells and
+// result as attention_tiled to about f32 accuracy. Block (h, query tile of 16 W tokens), W warps
+// of 16 tokens; cells in tiles of BK over the same [c_lo, c_hi) with the same visibility, unseen
+// cells staged as zeros. Every value enters the tensor cores as a float16 pair (hi, lo), hi =
+// f16(v), lo = f16(v - hi) (about 22 bits; values must stay within float16's range, 65504, as
+// llama.cpp's float16 cache also needs): scores S = Qh.Kh + Qh.Kl + Ql.Kh and outputs
+// O += Ph.Vh + Ph.Vl + Pl.Vh with m16n8k16 products in f32 (the dropped lo.lo terms are ~2^-22 of
+// each product). Q, K and V are staged once per tile as pairs in shared memory (rows DMAX + 8
+// halves apart, so ldmatrix's 8 rows hit distinct banks); a warp's scores stay in registers, the
+// online softmax runs on them (a row's 4 lanes combine by shuffles) and they become the A
+// fragments of P . V directly. Needs d_k, d_v <= DMAX, multiples of 4, 16-byte aligned q,
+// caches, out (the launcher checks). grid (H, ceil(T / 16W)), block 32 W, dynamic shared memory
+// (16 W + 2 BK) * 2 * (DMAX + 8) * 2 bytes.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+__device__ __forceinline__ uint32_t rx_f16x2(float lo, float hi) {  // lo in the low half
+    uint32_t r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ float2 rx_f16x2_to_f32(uint32_t v) {
+    float lo, hi;
+    asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}"
+        : "=f"(lo), "=f"(hi) : "r"(v));
+    return make_float2(lo, hi);
+}
+// (a, b) as the float16 pairs hi = (f16(a), f16(b)) and lo = the rest of each
+__device__ __forceinline__ void rx_split_f16x2(float a, float b, uint32_t& hi, uint32_t& lo) {
+    hi = rx_f16x2(a, b);
+    const float2 h = rx_f16x2_to_f32(hi);
+    lo = rx_f16x2(a - h.x, b - h.y);
+}
+__device__ __forceinline__ void rx_ldsm_x4(uint32_t (&r)[4], const uint16_t* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((uint32_t)__cvta_generic_to_shared(p)));
+}
+__device__ __forceinline__ void rx_ldsm_x4_t(uint32_t (&r)[4], const uint16_t* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((uint32_t)__cvta_generic_to_shared(p)));
+}
+#endif
+
+template <int DMAX, int W, int BK>
+__device__ __forceinline__ void attention_mma_body(
+    const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
+    float* __restrict__ out, const int* __restrict__ prefix_end, const int* __restrict__ own_start,
+    const int* __restrict__ own_end, int T, int H, int H_kv, int dk, int dv, float scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    constexpr int BQ = 16 * W, THREADS = 32 * W, LDH = DMAX + 8, NKS = DMAX / 16, NST = BK / 8;
+    constexpr int NOT = DMAX / 8;
+    static_assert(DMAX % 16 == 0 && BK % 16 == 0 && BK <= THREADS && BQ <= THREADS, "tile shapes");
+    extern __shared__ uint4 rx_att_smem[];
+    uint16_t* Qh = reinterpret_cast<uint16_t*>(rx_att_smem);  // [BQ][LDH] each
+    uint16_t* Ql = Qh + BQ * LDH;
+    uint16_t* Kh = Ql + BQ * LDH;  // [BK][LDH] each
+    uint16_t* Kl = Kh + BK * LDH;
+    uint16_t* Vh = Kl + BK * LDH;
+    uint16_t* Vl = Vh + BK * LDH;
+    __shared__ int s_pe[BQ], s_vs[BQ], s_oe[BQ], s_seen[BK];
+    __shared__ int s_lo, s_hi;
+    const int tid = threadIdx.x, h = blockIdx.x, t0 = blockIdx.y * BQ;
+    const int g = h / (H / H_kv);
+    if (tid == 0) { s_lo = 0x7fffffff; s_hi = 0; }
+    __syncthreads();
+    if (tid < BQ) {
+        int pe = 0, vs = 0, oe = 0;  // token sees [0, pe) and [vs, oe)
+        if (t0 + tid < T) {
+            pe = prefix_end[t0 + tid];
+            vs = max(own_start[t0 + tid], pe);
+            oe = max(own_end[t0 + tid], vs);
+            const int first = pe > 0 ? 0 : vs, last = oe > vs ? oe : pe;
+            if (last > first) { atomicMin(&s_lo, first); atomicMax(&s_hi, last); }
+        }
+        s_pe[tid] = pe; s_vs[tid] = vs; s_oe[tid] = oe;
+    }
+    // rows [0, n) of src (row stride `stride` floats, d of them) as pairs into hi / lo; zeros
+    // past d and in the rows ok() refuses
+    auto stage = [&](uint16_t* hi, uint16_t* lo, const float* src, size_t stride, int n, int d, auto ok) {
+        for (int e = tid; e < n * (DMAX / 4); e += THREADS) {
+            const int r = e / (DMAX / 4), c4 = 4 * (e % (DMAX / 4));
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (c4 < d && ok(r)) v = *reinterpret_cast<const float4*>(src + (size_t)r * stride + c4);
+            uint2 vh, vl;
+            rx_split_f16x2(v.x, v.y, vh.x, vl.x);
+            rx_split_f16x2(v.z, v.w, vh.y, vl.y);
+            *reinterpret_cast<uint2*>(hi + r * LDH + c4) = vh;
+            *reinterpret_cast<uint2*>(lo + r * LDH + c4) = vl;
+        }
+    };
+    stage(Qh, Ql, q + ((size_t)t0 * H + h) * dk, (size_t)H * dk, BQ, dk, [&](int r) { return t0 + r < T; });
+    __syncthreads();
+    const int c_lo = s_lo, c_hi = s_hi;
+    const int warp = tid >> 5, lane = tid & 31, wg = lane >> 2, wq = lane & 3;
+    const int ra = 16 * warp + wg, rb = ra + 8;  // this thread's two token rows of the tile
+    const int pe_a = s_pe[ra], vs_a = s_vs[ra], oe_a = s_oe[ra];
+    const int pe_b = s_pe[rb], vs_b = s_vs[rb], oe_b = s_oe[rb];
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
+    float o[NOT][4];
+#pragma unroll
+    for (int n = 0; n < NOT; n++)
+#pragma unroll
+        for (int x = 0; x < 4; x++) o[n][x] = 0.f;
+    // ldmatrix row addresses: lane l gives row l % 8 of matrix l / 8
+    const int lr = lane & 7, lm = lane >> 3;
+    const uint16_t* qa_h = Qh + (16 * warp + lr + 8 * (lm & 1)) * LDH + 8 * (lm >> 1);
+    const uint16_t* qa_l = Ql + (16 * warp + lr + 8 * (lm & 1)) * LDH + 8 * (lm >> 1);
+    const int k_off = (lr + 8 * (lm >> 1)) * LDH + 8 * (lm & 1);  // + 16 LDH np + 16 ks
+    const int v_off = (lr + 8 * (lm & 1)) * LDH + 8 * (lm >> 1);  // + 16 LDH ks + 16 np
+    const size_t kv_stride = (size_t)H_kv * dk, vv_stride = (size_t)H_kv * dv;
+    for (int c0 = c_lo; c0 < c_hi; c0 += BK) {
+        if (tid < BK) {  // which of the tile's cells some token sees
+            const int cell = c0 + tid;
+            int seen = 0;
+            for (int r = 0; r < BQ; r++)
+                seen |= cell < s_pe[r] || (cell >= s_vs[r] && cell < s_oe[r]);
+            s_seen[tid] = seen && cell < c_hi;
+        }
+        __syncthreads();
+        auto seen = [&](int r) { return s_seen[r] != 0; };
+        stage(Kh, Kl, kc + (size_t)c0 * kv_stride + (size_t)g * dk, kv_stride, BK, dk, seen);
+        stage(Vh, Vl, vc + (size_t)c0 * vv_stride + (size_t)g * dv, vv_stride, BK, dv, seen);
+        __syncthreads();
+        float sc[NST][4];
+#pragma unroll
+        for (int j = 0; j < NST; j++)
+#pragma unroll
+            for (int x = 0; x < 4; x++) sc[j][x] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < NKS; ks++) {
+            if (16 * ks >= dk) break;
+            uint32_t ah[4], al[4];
+            rx_ldsm_x4(ah, qa_h + 16 * ks);
+            rx_ldsm_x4(al, qa_l + 16 * ks);
+#pragma unroll
+            for (int np = 0; np < NST / 2; np++) {
+                uint32_t bh[4], bl[4];
+                rx_ldsm_x4(bh, Kh + k_off + 16 * LDH * np + 16 * ks);
+                rx_ldsm_x4(bl, Kl + k_off + 16 * LDH * np + 16 * ks);
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    rx_mma_f16(sc[2 * np + u], ah, bh[2 * u], bh[2 * u + 1]);
+                    rx_mma_f16(sc[2 * np + u], ah, bl[2 * u], bl[2 * u + 1]);
+                    rx_mma_f16(sc[2 * np + u], al, bh[2 * u], bh[2 * u + 1]);
+                }
+            }
+        }
+        // scale and mask (rows ra: x < 2, rb: x >= 2; cell c0 + 8 j + 2 wq + x % 2), then the
+        // online softmax of both rows
+        float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < NST; j++)
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                const int cell = c0 + 8 * j + 2 * wq + (x & 1);
+                const bool vis = x < 2 ? cell < pe_a || (cell >= vs_a && cell < oe_a)
+                                       : cell < pe_b || (cell >= vs_b && cell < oe_b);
+                sc[j][x] = vis ? sc[j][x] * scale : -INFINITY;
+                if (x < 2) mx_a = fmaxf(mx_a, sc[j][x]); else mx_b = fmaxf(mx_b, sc[j][x]);
+            }
+#pragma unroll
+        for (int o2 = 1; o2 < 4; o2 <<= 1) {
+            mx_a = fmaxf(mx_a, __shfl_xor_sync(FULL_MASK, mx_a, o2));
+            mx_b = fmaxf(mx_b, __shfl_xor_sync(FULL_MASK, mx_b, o2));
+        }
+        const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+        const float corr_a = m_a == -INFINITY ? 0.f : expf(m_a - mn_a);
+        const float corr_b = m_b == -INFINITY ? 0.f : expf(m_b - mn_b);
+        float sum_a = 0.f, sum_b = 0.f;
+#pragma unroll
+        for (int j = 0; j < NST; j++)
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                const float mn = x < 2 ? mn_a : mn_b;
+                const float p = mn == -INFINITY ? 0.f : expf(sc[j][x] - mn);
+                sc[j][x] = p;
+                if (x < 2) sum_a += p; else sum_b += p;
+            }
+#pragma unroll
+        for (int o2 = 1; o2 < 4; o2 <<= 1) {
+            sum_a += __shfl_xor_sync(FULL_MASK, sum_a, o2);
+            sum_b += __shfl_xor_sync(FULL_MASK, sum_b, o2);
+        }
+        l_a = l_a * corr_a + sum_a;
+        l_b = l_b * corr_b + sum_b;
+        m_a = mn_a;
+        m_b = mn_b;
+#pragma unroll
+        for (int n = 0; n < NOT; n++) {
+            o[n][0] *= corr_a; o[n][1] *= corr_a;
+            o[n][2] *= corr_b; o[n][3] *= corr_b;
+        }
+        // O += P . V: the score fragments of cells 16 ks .. + 15 are P's A fragment
+#pragma unroll
+        for (int ks = 0; ks < BK / 16; ks++) {
+            uint32_t ph[4], pl[4];
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                rx_split_f16x2(sc[2 * ks + u][0], sc[2 * ks + u][1], ph[2 * u], pl[2 * u]);
+                rx_split_f16x2(sc[2 * ks + u][2], sc[2 * ks + u][3], ph[2 * u + 1], pl[2 * u + 1]);
+            }
+#pragma unroll
+            for (int np = 0; np < NOT / 2; np++) {
+                if (16 * np >= dv) break;
+                uint32_t bh[4], bl[4];
+                rx_ldsm_x4_t(bh, Vh + v_off + 16 * LDH * ks + 16 * np);
+                rx_ldsm_x4_t(bl, Vl + v_off + 16 * LDH * ks + 16 * np);
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    rx_mma_f16(o[2 * np + u], ph, bh[2 * u], bh[2 * u + 1]);
+                    rx_mma_f16(o[2 * np + u], ph, bl[2 * u], bl[2 * u + 1]);
+                    rx_mma_f16(o[2 * np + u], pl, bh[2 * u], bh[2 * u + 1]);
+                }
+            }
+        }
+        __syncthreads();  // K, V and s_seen are rewritten by the next tile
+    }
+    const float inv_a = l_a > 0.f ? 1.0f / l_a : 0.f, inv_b = l_b > 0.f ? 1.0f / l_b : 0.f;
+#pragma unroll
+    for (int n = 0; n < NOT; n++) {
+        const int col = 8 * n + 2 * wq;
+        if (col >= dv) break;
+        if (t0 + ra < T)
+            *reinterpret_cast<float2*>(out + ((size_t)(t0 + ra) * H + h) * dv + col) =
+                make_float2(o[n][0] * inv_a, o[n][1] * inv_a);
+        if (t0 + rb < T)
+            *reinterpret_cast<float2*>(out + ((size_t)(t0 + rb) * H + h) * dv + col) =
+                make_float2(o[n][2] * inv_b, o[n][3] * inv_b);
+    }
+#endif
+}
+
+// d_k, d_v <= 128: 128 tokens (8 warps) x 32 cells a tile, 104 KB of shared memory; <= 256: 64
+// tokens (4 warps) x 16 cells, 101 KB
+#define RX_ATT_MMA(NAME, DMAX, W, BK)                                                               \
+    extern "C" __global__ void __launch_bounds__(32 * W, 2)                                        \
+    NAME(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,  \
+         float* __restrict__ out, const int* __restrict__ prefix_end,                              \
+         const int* __restrict__ own_start, const int* __restrict__ own_end, int T, int H,          \
+         int H_kv, int dk, int dv, float scale) {                                                  \
+        RX_PDL_ENTRY();                                                                            \
+        attention_mma_body<DMAX, W, BK>(q, kc, vc, out, prefix_end, own_start, own_end, T, H,      \
+                                        H_kv, dk, dv, scale);                                      \
+    }
+RX_ATT_MMA(reflex_attention_mma128, 128, 8, 32)
+RX_ATT_MMA(reflex_attention_mma256, 256, 4, 16)
 
 // ------------------------------------------------------------------------------------------
 // x_limbs: x (n floats, n % 32 == 0, any number of rows back to back) -> the x limbs the GEMV on

@@ -753,7 +753,15 @@ def test_no_decode_graph_off_the_gpu(model_files, monkeypatch):
     (20, 128, 128, 8, None),  # a buffer not 16-byte aligned
 ])
 def test_attention_kernel_choice(T, dk, dv, ptr, want):
-    """Which attention kernel a forward of T tokens launches (the GPU tests run each one)."""
-    from reflex_core.backends.cuda_backend import _attention_tiled_kernel
+    """Which attention kernel a forward of T tokens launches (the GPU tests run each one): the
+    tensor-core tiles where the float32 query tiles would serve, with the same bounds."""
+    from reflex_core.backends.cuda_backend import _attention_mma_kernel, _attention_tiled_kernel
 
     assert _attention_tiled_kernel(T, dk, dv, 0, ptr) == want
+    mma = _attention_mma_kernel(T, dk, dv, 0, ptr)
+    if want is None:
+        assert mma is None
+    elif max(dk, dv) <= 128:  # 128 tokens (8 warps) x 32 cells, 16-bit pairs of rows of 136
+        assert mma == ("reflex_attention_mma128", 128, 256, (128 + 2 * 32) * 2 * 2 * 136)
+    else:  # 64 tokens (4 warps) x 16 cells, rows of 264
+        assert mma == ("reflex_attention_mma256", 64, 128, (64 + 2 * 16) * 2 * 2 * 264)

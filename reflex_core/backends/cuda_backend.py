@@ -48,6 +48,9 @@ _XH = os.environ.get("REFLEX_XH", "1") != "0"
 # ... from weights unpacked once per launch for long prompts (quant_ops.xh_unpack_bytes);
 # REFLEX_XH_UNPACK=0 keeps the tile decoding them (an A/B switch)
 _XH_UNPACK = os.environ.get("REFLEX_XH_UNPACK", "1") != "0"
+# The prefill's attention runs on the tensor cores (reflex_attention_mma128/256); REFLEX_ATT_MMA=0
+# keeps the float32 query tiles (an A/B switch: the two differ by rounding only).
+ATT_MMA = os.environ.get("REFLEX_ATT_MMA", "1") != "0"
 _GATING = {"softmax": 1, "sigmoid": 2, "softmax_weight": 3, "sqrt_softplus": 4}
 
 
@@ -120,6 +123,21 @@ def _attention_tiled_kernel(T: int, dk: int, dv: int, *ptrs: int) -> tuple[str, 
     if max(dk, dv) <= 128:
         return "reflex_attention_tiled128", 32
     return "reflex_attention_tiled256", 16
+
+
+# reflex_attention_mma<DMAX> (cuda/core.cu): largest head size -> tokens a block, cells a tile
+_ATT_MMA_TILES = {128: (128, 32), 256: (64, 16)}
+
+
+def _attention_mma_kernel(T: int, dk: int, dv: int, *ptrs: int) -> tuple[str, int, int, int] | None:
+    """The tensor-core attention kernel for T tokens of head sizes dk / dv: (name, tokens a
+    block, threads, dynamic shared memory), or None where it does not serve (the same bounds as
+    :func:`_attention_tiled_kernel`)."""
+    if not _attention_tiled_kernel(T, dk, dv, *ptrs):
+        return None
+    dmax = 128 if max(dk, dv) <= 128 else 256
+    bq, bk = _ATT_MMA_TILES[dmax]
+    return f"reflex_attention_mma{dmax}", bq, 2 * bq, (bq + 2 * bk) * 4 * (dmax + 8)
 
 
 def _attention_kernel(dk: int, dv: int, *ptrs: int) -> str:
@@ -797,12 +815,17 @@ class CudaOps(Ops):
             raise ReflexError(f"attention over {pb.n_kv} cells, the cache has {n_cells}")
         out = empty_f32((T, H * dv), T * H * dv)
         if T and H:
-            tiled = _attention_tiled_kernel(T, dk, dv, q.ptr, k_cache.ptr, v_cache.ptr, out.ptr)
+            ptrs = (q.ptr, k_cache.ptr, v_cache.ptr, out.ptr)
+            args = ptrs + (pb.prefix_end, pb.own_start, pb.own_end, T, H, Hkv, dk, dv, scale)
+            mma = _attention_mma_kernel(T, dk, dv, *ptrs) if ATT_MMA else None
+            if mma and self.k.allow_shmem(mma[0], mma[3]):
+                kernel, per_block, threads, smem = mma
+                self.k.launch(kernel, (H, -(-T // per_block)), threads, args, smem)
+                return out
+            tiled = _attention_tiled_kernel(T, dk, dv, *ptrs)
             if tiled:
                 kernel, per_block = tiled
-                self.k.launch(kernel, (H, -(-T // per_block)), 256,
-                              (q.ptr, k_cache.ptr, v_cache.ptr, out.ptr, pb.prefix_end,
-                               pb.own_start, pb.own_end, T, H, Hkv, dk, dv, scale))
+                self.k.launch(kernel, (H, -(-T // per_block)), 256, args)
                 return out
             S = attention_splits(T, H, n_cells, self.replaying)
             part = empty_f32((T, H, S, 2 + dv), T * H * S * (2 + dv)) if S > 1 else None

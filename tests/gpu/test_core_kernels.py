@@ -294,14 +294,24 @@ ATT_CASES = [  # (T, cell0, H, Hkv, dk, dv)
     (20, 2, 2, 1, 40, 72),
     (17, 3, 6, 3, 192, 128),  # d_k != d_v, the 256 kernel
     (40, 0, 4, 1, 256, 256),
+    (130, 7, 4, 2, 256, 256),  # several query tiles of the 256 kernels
     (18, 1, 2, 1, 42, 42),  # head size not a multiple of 4: reflex_attention
 ]
 ATT_IDS = [f"{'big-' if c[0] * c[2] * (c[0] + c[1]) > 10**6 else ''}T{c[0]}-c{c[1]}-H{c[2]}/{c[3]}"
            f"-d{c[4]}/{c[5]}" for c in ATT_CASES]
 
 
+@pytest.fixture(params=[True, False], ids=["mma", "f32tiles"])
+def att_mma(request, monkeypatch):
+    """Both prefill attention kernels: the tensor-core tiles and the float32 query tiles."""
+    from reflex_core.backends import cuda_backend
+
+    monkeypatch.setattr(cuda_backend, "ATT_MMA", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("T,cell0,H,Hkv,dk,dv", ATT_CASES, ids=ATT_IDS)
-def test_attention_causal(cuda_ops, ref_ops, T, cell0, H, Hkv, dk, dv, rng):
+def test_attention_causal(cuda_ops, ref_ops, T, cell0, H, Hkv, dk, dv, rng, att_mma):
     n_kv = cell0 + T
     cc, cr = _cache_pair(cuda_ops, ref_ops, n_kv + 3, Hkv, dk, dv, rng, n_kv)
     q = rng.standard_normal((T, H, dk)).astype(np.float32)
@@ -317,7 +327,7 @@ def test_attention_causal(cuda_ops, ref_ops, T, cell0, H, Hkv, dk, dv, rng):
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
-def test_attention_tiled_skips_unseen_cells(cuda_ops, ref_ops, d, rng):
+def test_attention_tiled_skips_unseen_cells(cuda_ops, ref_ops, d, rng, att_mma):
     """Two sequences' prompts in one cache, a gap of cells no token sees between them filled with
     NaN, and a token that sees nothing: the query-tiled kernel must stage the unseen cells as
     zeros (0 * NaN would poison a tile's sum) and give the empty token zeros, as the reference."""

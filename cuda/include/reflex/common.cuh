@@ -12,6 +12,7 @@
 //   rx_ld_*               read-only loads: __ldg on the device, memcpy on the host; the
 //                         `words` / `u32u` forms accept any address (aligned loads + funnel shift)
 //   rx_warp_sum           butterfly sum over a full warp (device)
+//   rx_mma_f16            one m16n8k16 float16 tensor-core product, f32 accumulation (sm_80+)
 //   RX_PDL_ENTRY()        first statement of a core kernel: programmatic dependent launch
 //
 // Host builds that use the bit-exact helpers must compile with -ffp-contract=off (GCC contracts
@@ -251,6 +252,16 @@ __device__ __forceinline__ float rx_warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
+}
+#endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+// d (16x8, f32) += a (16x16, f16, row-major fragment) * b (16x8, f16, column fragment)
+__device__ __forceinline__ void rx_mma_f16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 #endif
 

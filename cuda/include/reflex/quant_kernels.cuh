@@ -708,16 +708,6 @@ __device__ __forceinline__ void moe_tiled_body(const uint8_t* __restrict__ w, co
 // ------------------------------------------------------------------------------------------
 // the prefill matmul of the integer weight types on x halves (xh): float16 tensor-core products
 
-#if RX_TILED_MMA
-// d (16x8, f32) += a (16x16, f16, row-major fragment) * b (16x8, f16, column fragment)
-__device__ __forceinline__ void rx_mma_f16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-#endif
-
 // Asynchronous global -> shared copies (sm_80+) of 16 or 4 bytes; `ok` false writes zeros
 // instead (the source is not read).
 __device__ __forceinline__ void rx_cp_async16(void* dst, const void* src, bool ok) {
