@@ -911,18 +911,21 @@ RX_ATT_TILED(reflex_attention_tiled256, 16, 16, 256)
 
 // ------------------------------------------------------------------------------------------
 // attention_mma: the prefill's attention on the tensor cores (sm_80+), same inputs, cells and
-// result as attention_tiled to about f32 accuracy. Block (h, query tile of 16 W tokens), W warps
-// of 16 tokens; cells in tiles of BK over the same [c_lo, c_hi) with the same visibility, unseen
-// cells staged as zeros. Every value enters the tensor cores as a float16 pair (hi, lo), hi =
-// f16(v), lo = f16(v - hi) (about 22 bits; values must stay within float16's range, 65504, as
-// llama.cpp's float16 cache also needs): scores S = Qh.Kh + Qh.Kl + Ql.Kh and outputs
-// O += Ph.Vh + Ph.Vl + Pl.Vh with m16n8k16 products in f32 (the dropped lo.lo terms are ~2^-22 of
-// each product). Q, K and V are staged once per tile as pairs in shared memory (rows DMAX + 8
-// halves apart, so ldmatrix's 8 rows hit distinct banks); a warp's scores stay in registers, the
-// online softmax runs on them (a row's 4 lanes combine by shuffles) and they become the A
-// fragments of P . V directly. Needs d_k, d_v <= DMAX, multiples of 4, 16-byte aligned q,
-// caches, out (the launcher checks). grid (H, ceil(T / 16W)), block 32 W, dynamic shared memory
-// (16 W + 2 BK) * 2 * (DMAX + 8) * 2 bytes.
+// result as attention_tiled to about f32 accuracy. Every value enters the tensor cores as a
+// float16 pair (hi, lo), hi = f16(v), lo = f16(v - hi) (about 22 bits; values must stay within
+// float16's range, 65504, as llama.cpp's float16 cache also needs): scores S = Qh.Kh + Qh.Kl +
+// Ql.Kh and outputs O += Ph.Vh + Ph.Vl + Pl.Vh with m16n8k16 products in f32 (the dropped lo.lo
+// terms are ~2^-22 of each product). reflex_kv_halves first writes the cache's visible cells as
+// such pairs, once per layer; then block (h, query tile of 16 W tokens), W warps of 16 tokens,
+// runs over the cells in tiles of BK, over the same [c_lo, c_hi) with the same visibility as
+// attention_tiled. A tile's K and V pairs are copied into shared memory with cp.async one tile
+// ahead of the math (a cell no token of the block sees is filled with zeros: its cache row may
+// be uninitialised, and 0 * NaN would poison the sum); rows are DMAX + 8 halves apart, so
+// ldmatrix's 8 rows hit distinct banks. A warp's scores stay in registers, the online softmax
+// runs on them (a row's 4 lanes combine by shuffles) and they become the A fragments of P . V
+// directly; a warp skips the tiles none of its tokens sees. Needs d_k, d_v <= DMAX, multiples
+// of 4, 16-byte aligned q and out (the launcher checks). grid (H, ceil(T / 16W)), block 32 W,
+// dynamic shared memory (16 W + 4 BK) * 2 * (DMAX + 8) * 2 bytes.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 __device__ __forceinline__ uint32_t rx_f16x2(float lo, float hi) {  // lo in the low half
     uint32_t r;
@@ -953,27 +956,58 @@ __device__ __forceinline__ void rx_ldsm_x4_t(uint32_t (&r)[4], const uint16_t* p
 }
 #endif
 
+
+// reflex_kv_halves: cells [0, n) of the K and V caches (rows of H_kv heads of d_k / d_v floats)
+// as float16 pairs, zeros past d: head g of cell c at kh + ((c H_kv + g) 2 + {0: hi, 1: lo}) DMAX
+// halves (vh the same for V). grid-stride over float4s, block 256.
+extern "C" __global__ void __launch_bounds__(256)
+reflex_kv_halves(const float* __restrict__ kc, const float* __restrict__ vc, uint16_t* __restrict__ kh,
+                 uint16_t* __restrict__ vh, int n, int H_kv, int dk, int dv, int dmax) {
+    RX_PDL_ENTRY();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const long long per = (long long)n * H_kv * (dmax / 4);  // float4s of one cache
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < 2 * per;
+         i += (long long)gridDim.x * blockDim.x) {
+        const bool v_side = i >= per;
+        const long long j = v_side ? i - per : i, row = j / (dmax / 4);  // row = c H_kv + g
+        const int c4 = 4 * (int)(j % (dmax / 4)), d = v_side ? dv : dk;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (c4 < d) x = __ldg(reinterpret_cast<const float4*>((v_side ? vc : kc) + row * d + c4));
+        uint2 hi, lo;
+        rx_split_f16x2(x.x, x.y, hi.x, lo.x);
+        rx_split_f16x2(x.z, x.w, hi.y, lo.y);
+        uint16_t* o = (v_side ? vh : kh) + row * 2 * dmax + c4;
+        *reinterpret_cast<uint2*>(o) = hi;
+        *reinterpret_cast<uint2*>(o + dmax) = lo;
+    }
+#endif
+}
+
 template <int DMAX, int W, int BK>
 __device__ __forceinline__ void attention_mma_body(
-    const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
+    const float* __restrict__ q, const uint16_t* __restrict__ kh, const uint16_t* __restrict__ vh,
     float* __restrict__ out, const int* __restrict__ prefix_end, const int* __restrict__ own_start,
     const int* __restrict__ own_end, int T, int H, int H_kv, int dk, int dv, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     constexpr int BQ = 16 * W, THREADS = 32 * W, LDH = DMAX + 8, NKS = DMAX / 16, NST = BK / 8;
-    constexpr int NOT = DMAX / 8;
-    static_assert(DMAX % 16 == 0 && BK % 16 == 0 && BK <= THREADS && BQ <= THREADS, "tile shapes");
+    constexpr int NOT = DMAX / 8, PARTS = THREADS / BK;
+    constexpr int CPR = DMAX / 8, NCP = 4 * BK * CPR / THREADS;  // 16-byte copies a row, a thread
+    static_assert(DMAX % 16 == 0 && BK % 16 == 0 && BQ <= THREADS, "tile shapes");
+    static_assert(PARTS * BK == THREADS && BQ % PARTS == 0 && NCP * THREADS == 4 * BK * CPR,
+                  "whole parts and copies");
     extern __shared__ uint4 rx_att_smem[];
     uint16_t* Qh = reinterpret_cast<uint16_t*>(rx_att_smem);  // [BQ][LDH] each
     uint16_t* Ql = Qh + BQ * LDH;
-    uint16_t* Kh = Ql + BQ * LDH;  // [BK][LDH] each
-    uint16_t* Kl = Kh + BK * LDH;
-    uint16_t* Vh = Kl + BK * LDH;
-    uint16_t* Vl = Vh + BK * LDH;
-    __shared__ int s_pe[BQ], s_vs[BQ], s_oe[BQ], s_seen[BK];
-    __shared__ int s_lo, s_hi;
-    const int tid = threadIdx.x, h = blockIdx.x, t0 = blockIdx.y * BQ;
+    uint16_t* KV = Ql + BQ * LDH;  // [stage][Kh, Kl, Vh, Vl][BK][LDH]
+    __shared__ int s_pe[BQ], s_vs[BQ], s_oe[BQ], s_seen[2][BK];
+    __shared__ int s_lo, s_hi, s_wlo[W], s_whi[W];
+    // the last query tiles see the most cells: they start first
+    const int tid = threadIdx.x, h = blockIdx.x, t0 = (gridDim.y - 1 - blockIdx.y) * BQ;
     const int g = h / (H / H_kv);
+    const int warp = tid >> 5, lane = tid & 31, wg = lane >> 2, wq = lane & 3;
     if (tid == 0) { s_lo = 0x7fffffff; s_hi = 0; }
+    if (tid < W) { s_wlo[tid] = 0x7fffffff; s_whi[tid] = 0; }
+    if (tid < BK) { s_seen[0][tid] = 0; s_seen[1][tid] = 0; }
     __syncthreads();
     if (tid < BQ) {
         int pe = 0, vs = 0, oe = 0;  // token sees [0, pe) and [vs, oe)
@@ -982,28 +1016,47 @@ __device__ __forceinline__ void attention_mma_body(
             vs = max(own_start[t0 + tid], pe);
             oe = max(own_end[t0 + tid], vs);
             const int first = pe > 0 ? 0 : vs, last = oe > vs ? oe : pe;
-            if (last > first) { atomicMin(&s_lo, first); atomicMax(&s_hi, last); }
+            if (last > first) {
+                atomicMin(&s_lo, first); atomicMax(&s_hi, last);
+                atomicMin(&s_wlo[tid / 16], first); atomicMax(&s_whi[tid / 16], last);
+            }
         }
         s_pe[tid] = pe; s_vs[tid] = vs; s_oe[tid] = oe;
     }
-    // rows [0, n) of src (row stride `stride` floats, d of them) as pairs into hi / lo; zeros
-    // past d and in the rows ok() refuses
-    auto stage = [&](uint16_t* hi, uint16_t* lo, const float* src, size_t stride, int n, int d, auto ok) {
-        for (int e = tid; e < n * (DMAX / 4); e += THREADS) {
-            const int r = e / (DMAX / 4), c4 = 4 * (e % (DMAX / 4));
-            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (c4 < d && ok(r)) v = *reinterpret_cast<const float4*>(src + (size_t)r * stride + c4);
-            uint2 vh, vl;
-            rx_split_f16x2(v.x, v.y, vh.x, vl.x);
-            rx_split_f16x2(v.z, v.w, vh.y, vl.y);
-            *reinterpret_cast<uint2*>(hi + r * LDH + c4) = vh;
-            *reinterpret_cast<uint2*>(lo + r * LDH + c4) = vl;
-        }
-    };
-    stage(Qh, Ql, q + ((size_t)t0 * H + h) * dk, (size_t)H * dk, BQ, dk, [&](int r) { return t0 + r < T; });
+    // the query tile as pairs (zeros past T and past d_k)
+    for (int e = tid; e < BQ * (DMAX / 4); e += THREADS) {
+        const int r = e / (DMAX / 4), c4 = 4 * (e % (DMAX / 4));
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (t0 + r < T && c4 < dk) v = *reinterpret_cast<const float4*>(q + ((size_t)(t0 + r) * H + h) * dk + c4);
+        uint2 vh2, vl2;
+        rx_split_f16x2(v.x, v.y, vh2.x, vl2.x);
+        rx_split_f16x2(v.z, v.w, vh2.y, vl2.y);
+        *reinterpret_cast<uint2*>(Qh + r * LDH + c4) = vh2;
+        *reinterpret_cast<uint2*>(Ql + r * LDH + c4) = vl2;
+    }
     __syncthreads();
-    const int c_lo = s_lo, c_hi = s_hi;
-    const int warp = tid >> 5, lane = tid & 31, wg = lane >> 2, wq = lane & 3;
+    const int c_lo = s_lo, c_hi = s_hi, w_lo = s_wlo[warp], w_hi = s_whi[warp];
+    // which of tile c0's cells some token sees, into s_seen[par] (zero before): PARTS threads a
+    // cell, BQ / PARTS rows each
+    auto mark_seen = [&](int c0, int par) {
+        const int cell = c0 + tid % BK, r0 = (tid / BK) * (BQ / PARTS);
+        int seen = 0;
+        for (int r = r0; r < r0 + BQ / PARTS; r++)
+            seen |= cell < s_pe[r] || (cell >= s_vs[r] && cell < s_oe[r]);
+        if (seen && cell < c_hi) atomicOr(&s_seen[par][tid % BK], 1);
+    };
+    // tile c0's K and V pairs into stage st (zeros for the cells s_seen[par] leaves out)
+    auto copy_tile = [&](int c0, int st, int par) {
+        uint16_t* dst = KV + st * 4 * BK * LDH;
+#pragma unroll
+        for (int i = 0; i < NCP; i++) {
+            const int e = tid + THREADS * i, a = e / (BK * CPR), r = (e / CPR) % BK, c = e % CPR;
+            const bool ok = s_seen[par][r] != 0;  // a: 0 Kh, 1 Kl, 2 Vh, 3 Vl
+            const uint16_t* src = (a < 2 ? kh : vh) + (((size_t)(c0 + r) * H_kv + g) * 2 + (a & 1)) * DMAX + 8 * c;
+            rx_cp_async16(dst + (a * BK + r) * LDH + 8 * c, ok ? (const void*)src : (const void*)kh, ok);
+        }
+        rx_cp_async_commit();
+    };
     const int ra = 16 * warp + wg, rb = ra + 8;  // this thread's two token rows of the tile
     const int pe_a = s_pe[ra], vs_a = s_vs[ra], oe_a = s_oe[ra];
     const int pe_b = s_pe[rb], vs_b = s_vs[rb], oe_b = s_oe[rb];
@@ -1019,20 +1072,26 @@ __device__ __forceinline__ void attention_mma_body(
     const uint16_t* qa_l = Ql + (16 * warp + lr + 8 * (lm & 1)) * LDH + 8 * (lm >> 1);
     const int k_off = (lr + 8 * (lm >> 1)) * LDH + 8 * (lm & 1);  // + 16 LDH np + 16 ks
     const int v_off = (lr + 8 * (lm & 1)) * LDH + 8 * (lm >> 1);  // + 16 LDH ks + 16 np
-    const size_t kv_stride = (size_t)H_kv * dk, vv_stride = (size_t)H_kv * dv;
-    for (int c0 = c_lo; c0 < c_hi; c0 += BK) {
-        if (tid < BK) {  // which of the tile's cells some token sees
-            const int cell = c0 + tid;
-            int seen = 0;
-            for (int r = 0; r < BQ; r++)
-                seen |= cell < s_pe[r] || (cell >= s_vs[r] && cell < s_oe[r]);
-            s_seen[tid] = seen && cell < c_hi;
-        }
+    if (c_lo < c_hi) {
+        mark_seen(c_lo, 0);
         __syncthreads();
-        auto seen = [&](int r) { return s_seen[r] != 0; };
-        stage(Kh, Kl, kc + (size_t)c0 * kv_stride + (size_t)g * dk, kv_stride, BK, dk, seen);
-        stage(Vh, Vl, vc + (size_t)c0 * vv_stride + (size_t)g * dv, vv_stride, BK, dv, seen);
-        __syncthreads();
+        copy_tile(c_lo, 0, 0);
+    }
+    for (int c0 = c_lo, it = 0; c0 < c_hi; c0 += BK, it++) {
+        const int st = it & 1;
+        const bool more = c0 + BK < c_hi;
+        if (more) mark_seen(c0 + BK, st ^ 1);
+        __syncthreads();  // s_seen of the next tile; every warp is done with stage st ^ 1
+        if (more) copy_tile(c0 + BK, st ^ 1, st ^ 1);
+        if (tid < BK) s_seen[st][tid] = 0;  // read by this tile's copies only, issued before
+        if (more) asm volatile("cp.async.wait_group 1;\n" ::);  // this thread's copies of c0
+        else asm volatile("cp.async.wait_group 0;\n" ::);
+        __syncthreads();  // everyone's
+        if (c0 >= w_hi || c0 + BK <= w_lo) continue;  // none of this warp's tokens sees the tile
+        const uint16_t* Kh = KV + st * 4 * BK * LDH;
+        const uint16_t* Kl = Kh + BK * LDH;
+        const uint16_t* Vh = Kl + BK * LDH;
+        const uint16_t* Vl = Vh + BK * LDH;
         float sc[NST][4];
 #pragma unroll
         for (int j = 0; j < NST; j++)
@@ -1125,7 +1184,6 @@ __device__ __forceinline__ void attention_mma_body(
                 }
             }
         }
-        __syncthreads();  // K, V and s_seen are rewritten by the next tile
     }
     const float inv_a = l_a > 0.f ? 1.0f / l_a : 0.f, inv_b = l_b > 0.f ? 1.0f / l_b : 0.f;
 #pragma unroll
@@ -1142,20 +1200,20 @@ __device__ __forceinline__ void attention_mma_body(
 #endif
 }
 
-// d_k, d_v <= 128: 128 tokens (8 warps) x 32 cells a tile, 104 KB of shared memory; <= 256: 64
-// tokens (4 warps) x 16 cells, 101 KB
-#define RX_ATT_MMA(NAME, DMAX, W, BK)                                                               \
-    extern "C" __global__ void __launch_bounds__(32 * W, 2)                                        \
-    NAME(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,  \
-         float* __restrict__ out, const int* __restrict__ prefix_end,                              \
-         const int* __restrict__ own_start, const int* __restrict__ own_end, int T, int H,          \
-         int H_kv, int dk, int dv, float scale) {                                                  \
+// kh, vh: reflex_kv_halves' pairs of the caches. d_k, d_v <= 128: 128 tokens (8 warps) x 32
+// cells a tile; <= 256: 64 tokens (4 warps) x 16 cells. MINB blocks an SM (launch bounds).
+#define RX_ATT_MMA(NAME, DMAX, W, BK, MINB)                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * W, MINB)                                     \
+    NAME(const float* __restrict__ q, const uint16_t* __restrict__ kh,                             \
+         const uint16_t* __restrict__ vh, float* __restrict__ out,                                 \
+         const int* __restrict__ prefix_end, const int* __restrict__ own_start,                    \
+         const int* __restrict__ own_end, int T, int H, int H_kv, int dk, int dv, float scale) {   \
         RX_PDL_ENTRY();                                                                            \
-        attention_mma_body<DMAX, W, BK>(q, kc, vc, out, prefix_end, own_start, own_end, T, H,      \
-                                        H_kv, dk, dv, scale);                                      \
+        attention_mma_body<DMAX, W, BK>(q, kh, vh, out, prefix_end, own_start, own_end, T, H, H_kv, \
+                                        dk, dv, scale);                                            \
     }
-RX_ATT_MMA(reflex_attention_mma128, 128, 8, 32)
-RX_ATT_MMA(reflex_attention_mma256, 256, 4, 16)
+RX_ATT_MMA(reflex_attention_mma128, 128, 8, 32, 1)
+RX_ATT_MMA(reflex_attention_mma256, 256, 4, 16, 1)
 
 // ------------------------------------------------------------------------------------------
 // x_limbs: x (n floats, n % 32 == 0, any number of rows back to back) -> the x limbs the GEMV on

@@ -131,13 +131,14 @@ _ATT_MMA_TILES = {128: (128, 32), 256: (64, 16)}
 
 def _attention_mma_kernel(T: int, dk: int, dv: int, *ptrs: int) -> tuple[str, int, int, int] | None:
     """The tensor-core attention kernel for T tokens of head sizes dk / dv: (name, tokens a
-    block, threads, dynamic shared memory), or None where it does not serve (the same bounds as
-    :func:`_attention_tiled_kernel`)."""
+    block, threads, dynamic shared memory: the query tile's float16 pairs and two stages of a
+    cell tile's K and V pairs, rows of DMAX + 8 halves), or None where it does not serve (the
+    same bounds as :func:`_attention_tiled_kernel`)."""
     if not _attention_tiled_kernel(T, dk, dv, *ptrs):
         return None
     dmax = 128 if max(dk, dv) <= 128 else 256
     bq, bk = _ATT_MMA_TILES[dmax]
-    return f"reflex_attention_mma{dmax}", bq, 2 * bq, (bq + 2 * bk) * 4 * (dmax + 8)
+    return f"reflex_attention_mma{dmax}", bq, 2 * bq, 4 * (bq + 4 * bk) * (dmax + 8)
 
 
 def _attention_kernel(dk: int, dv: int, *ptrs: int) -> str:
@@ -820,7 +821,14 @@ class CudaOps(Ops):
             mma = _attention_mma_kernel(T, dk, dv, *ptrs) if ATT_MMA else None
             if mma and self.k.allow_shmem(mma[0], mma[3]):
                 kernel, per_block, threads, smem = mma
-                self.k.launch(kernel, (H, -(-T // per_block)), threads, args, smem)
+                dmax = int(kernel[-3:])
+                n = pb.n_kv
+                halves = Block(2 * 2 * 2 * n * Hkv * dmax)  # K and V, hi and lo, 16 bits
+                kh, vh = halves.ptr, halves.ptr + 2 * 2 * n * Hkv * dmax
+                self.k.launch("reflex_kv_halves", (min(-(-n * Hkv * dmax // 512), 4096),), 256,
+                              (k_cache.ptr, v_cache.ptr, kh, vh, n, Hkv, dk, dv, dmax))
+                self.k.launch(kernel, (H, -(-T // per_block)), threads,
+                              (q.ptr, kh, vh) + args[3:], smem)
                 return out
             tiled = _attention_tiled_kernel(T, dk, dv, *ptrs)
             if tiled:

@@ -12,6 +12,7 @@
 //   rx_ld_*               read-only loads: __ldg on the device, memcpy on the host; the
 //                         `words` / `u32u` forms accept any address (aligned loads + funnel shift)
 //   rx_warp_sum           butterfly sum over a full warp (device)
+//   rx_cp_async16/8/4     asynchronous global -> shared copies, zeros when refused (sm_80+)
 //   rx_mma_f16            one m16n8k16 float16 tensor-core product, f32 accumulation (sm_80+)
 //   RX_PDL_ENTRY()        first statement of a core kernel: programmatic dependent launch
 //
@@ -253,6 +254,24 @@ __device__ __forceinline__ float rx_warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+#endif
+
+#ifdef __CUDACC__
+// Asynchronous global -> shared copies (sm_80+) of 16, 8 or 4 bytes; `ok` false writes zeros
+// instead (the source is not read).
+__device__ __forceinline__ void rx_cp_async16(void* dst, const void* src, bool ok) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void rx_cp_async8(void* dst, const void* src, bool ok) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 8 : 0));
+}
+__device__ __forceinline__ void rx_cp_async4(void* dst, const void* src, bool ok) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 4 : 0));
+}
+__device__ __forceinline__ void rx_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 #endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

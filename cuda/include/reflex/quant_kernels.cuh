@@ -708,18 +708,6 @@ __device__ __forceinline__ void moe_tiled_body(const uint8_t* __restrict__ w, co
 // ------------------------------------------------------------------------------------------
 // the prefill matmul of the integer weight types on x halves (xh): float16 tensor-core products
 
-// Asynchronous global -> shared copies (sm_80+) of 16 or 4 bytes; `ok` false writes zeros
-// instead (the source is not read).
-__device__ __forceinline__ void rx_cp_async16(void* dst, const void* src, bool ok) {
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void rx_cp_async4(void* dst, const void* src, bool ok) {
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 4 : 0));
-}
-__device__ __forceinline__ void rx_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
 // Four signed bytes (a word of rx_qi<T>::ints) as two float16 pairs, exactly: each byte + 128 as
 // the low bits of 1024's float16 (0x6400 | u = 1024 + u), then 1152 off.
 __device__ __forceinline__ void rx_i8x4_to_f16x4(uint32_t w, uint32_t& p01, uint32_t& p23) {
@@ -976,11 +964,6 @@ __device__ __forceinline__ void qi_unpack_body(const uint8_t* __restrict__ w, ui
         const int r = (int)(g / spr), k = I::SUB * (int)(g % spr);
         sc[g] = I::scale(w + r * row_bytes + (long long)(k / Q::QK) * Q::TS, k % Q::QK);
     }
-}
-
-__device__ __forceinline__ void rx_cp_async8(void* dst, const void* src, bool ok) {
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 8 : 0));
 }
 
 // xh_body's products (the same arithmetic, so the same bits) from weights unpacked by
