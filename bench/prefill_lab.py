@@ -1,9 +1,9 @@
 """Prefill matmul tiles side by side on the GPU (a benchmark, not a test): the module's
-reflex_matmul_xhu_<v> (64 x 64 tiles) against the block shapes of bench/prefill_lab.cu
-(xhw_body, compiled here with nvcc), on random weights of the Qwen3 shapes unpacked by the
+reflex_matmul_xhu_<v> (128 x 128 tiles) and reflex_matmul_xhu64_<v> against the block shapes of
+bench/prefill_lab.cu (xhu_body, compiled here with nvcc), on random weights of the Qwen3 shapes unpacked by the
 module's reflex_qi_unpack_<t>, x of T random rows as its halves. Milliseconds a launch are the
 median of 3 timings of 10 launches; TFLOP/s counts 2 T n_in n_out. Each form's outputs are
-compared with the module's: bits equal, or the largest relative difference.
+compared with the first form's: bits equal, or the largest relative difference.
 
 usage: python bench/prefill_lab.py [--ncu] [--forms a,b,..] [--T N]   (--ncu: the gate/up
 shape of Q4_K, one launch of each form, for Nsight Compute's sections)"""
@@ -30,9 +30,8 @@ SHAPES = {"m32": [("8B qkv", 4096, (4096, 1024, 1024), False), ("8B o", 4096, (4
           "s32": [("0.6B qkv", 1024, (2048, 1024, 1024), False), ("0.6B gate/up", 1024, (3072,), True),
                   ("0.6B down", 3072, (1024,), False)]}
 # form -> (BM, BN, WM, WN, ST): bench/prefill_lab.cu's lab_<form>_<v>
-FORMS = {"a": (128, 128, 2, 4, 4), "a3": (128, 128, 2, 4, 3), "ag1": (128, 128, 2, 4, 4),
-         "arows": (128, 128, 2, 4, 4), "b": (128, 128, 4, 2, 4), "c": (256, 64, 4, 2, 4),
-         "d": (128, 64, 2, 2, 4), "e": (64, 128, 1, 4, 4), "f": (64, 64, 2, 2, 4)}
+FORMS = {"a4": (128, 128, 2, 4, 4), "arows": (128, 128, 2, 4, 3), "b": (128, 128, 4, 2, 3),
+         "c": (256, 64, 4, 2, 3), "d": (128, 64, 2, 2, 4), "f4": (64, 64, 2, 2, 4)}
 
 
 def smem_bytes(bm: int, bn: int, st: int, ns: int) -> int:
@@ -43,10 +42,10 @@ def smem_bytes(bm: int, bn: int, st: int, ns: int) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ncu", action="store_true")
-    ap.add_argument("--forms", default=",".join(FORMS))
+    ap.add_argument("--forms", default=",".join(FORMS), help="lab forms ('' for none)")
     ap.add_argument("--T", type=int, default=1518)
     a = ap.parse_args()
-    forms = a.forms.split(",")
+    forms = [f for f in a.forms.split(",") if f]
     from reflex_core.cuda import driver, memory, modules, quant_ops
     from reflex_core.cuda.start import start
 
@@ -106,12 +105,16 @@ def main() -> int:
                                    for p, n in zip(ys, n3) if n])
 
         ref, line = None, []
-        for form in ["mod"] + forms:
-            if form == "mod":
-                gx, gy = quant_ops._tile_grid(T, n3, swiglu)
+        for form in ["xhu", "xhu64"] + forms:
+            if form in ("xhu", "xhu64"):  # the module's forms (quant_ops.matmul_xh_unpacked)
+                f = form[3:]
+                bm, bn, threads, _ = quant_ops._XHU_FORMS[f]
+                smem = quant_ops.xhu_smem_bytes(f, quant_ops._XHU_SUB[v])
+                qk.allow_shmem(f"reflex_matmul_{form}_{v}", smem)
 
-                def launch():
-                    qk.launch(f"reflex_matmul_xhu_{v}", (gx, gy, 1), (256, 1, 1), args)
+                def launch(name=f"reflex_matmul_{form}_{v}", f=f, threads=threads, smem=smem):
+                    qk.launch(name, (quant_ops._xhu_blocks(f, T, n3, swiglu), 1, 1),
+                              (threads, 1, 1), args, smem)
             else:
                 bm, bn, wm, wn, st = FORMS[form]
                 n_rt = -(-n3[0] // (bm // 2)) if swiglu else sum(-(-n // bm) for n in n3)
