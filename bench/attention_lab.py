@@ -11,14 +11,11 @@ usage: python bench/attention_lab.py [--T 1518]"""
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import numpy as np
+from labkit import load_lab, median_ms
 
-ROOT = Path(__file__).resolve().parent.parent
 SIG = "PPPPPPPiiiiif"
 # form -> (DMAX, warps, cells a tile): bench/attention_lab.cu's lab_<form>
 FORMS = {"w8k32": (128, 8, 32), "w4k32": (128, 4, 32), "w4k64": (128, 4, 64),
@@ -35,13 +32,7 @@ def main() -> int:
     from reflex_core.cuda.start import start
 
     start().wait()
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "lab.cubin"
-        subprocess.run(["nvcc", "-cubin", "-std=c++17", "-O3", "-arch=sm_90", "-I",
-                        str(ROOT / "cuda" / "include"), str(ROOT / "bench" / "attention_lab.cu"),
-                        "-o", str(cubin)], check=True)
-        handle = driver.check(driver._d.cuModuleLoadData(cubin.read_bytes()), "cuModuleLoadData")
-    lab = modules.Kernels("lab", "lab", handle, "sass", {f"lab_{f}": SIG for f in FORMS})
+    lab = load_lab("attention_lab.cu", {f"lab_{f}": SIG for f in FORMS})
     core = modules.get_kernels("core")
     rng = np.random.default_rng(5)
     own_end = np.arange(1, T + 1, dtype=np.int32)
@@ -93,15 +84,8 @@ def main() -> int:
                 ref, same = y, "ref"
             else:
                 same = f"diff {np.max(np.abs(y - ref)) / np.max(np.abs(ref)):.1e}"
-            times = []
-            for _ in range(3):
-                e0, e1 = memory.Event(), memory.Event()
-                e0.record()
-                for _ in range(5):
-                    launch()
-                e1.record()
-                times.append(memory.elapsed_ms(e0, e1) / 5)
-            line.append(f"{form} {sorted(times)[1]:.3f} ms ({same})")
+            ms = median_ms(lambda i: launch(), 5)
+            line.append(f"{form} {ms:.3f} ms ({same})")
         print(f"{label} H={H}/{Hkv} d={d} T={T}: " + " | ".join(line), flush=True)
         for p in ptrs + [out, halves]:
             memory.free(p)

@@ -11,14 +11,11 @@ Nsight Compute's sections)"""
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import numpy as np
+from labkit import load_lab, median_ms
 
-ROOT = Path(__file__).resolve().parent.parent
 SIG = "PPPPPPPiiiiiqi"
 TYPES = {"q4_k": (12, 256, 144, (0, 2)), "q6_k": (14, 256, 210, (208,))}  # id, QK, bytes, f16
 # (label, n_in, n_out, swiglu)
@@ -36,15 +33,8 @@ def main() -> int:
     from reflex_core.cuda.start import start
 
     start().wait()
-    d = driver._d
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "lab.cubin"
-        subprocess.run(["nvcc", "-cubin", "-std=c++17", "-O3", "-arch=sm_90", "-I",
-                        str(ROOT / "cuda" / "include"), str(ROOT / "bench" / "gemv_lab.cu"), "-o",
-                        str(cubin)], check=True)
-        handle = driver.check(d.cuModuleLoadData(cubin.read_bytes()), "cuModuleLoadData")
     names = [f"lab_{f}_{t}" for f in FORMS if f not in ("ws", "x") for t in TYPES]
-    lab = modules.Kernels("lab", "lab", handle, "sass", {n: SIG for n in names})
+    lab = load_lab("gemv_lab.cu", {n: SIG for n in names})
     core = modules.get_kernels(quant_ops.COMMON_MODULE)
     rng = np.random.default_rng(7)
     shapes = SHAPES[2:3] if ncu else SHAPES
@@ -103,15 +93,7 @@ def main() -> int:
                     launch(wps[0])
                     driver.synchronize()
                     continue
-                times = []
-                for _ in range(3):
-                    e0, e1 = memory.Event(), memory.Event()
-                    e0.record()
-                    for i in range(40):
-                        launch(wps[i % copies])
-                    e1.record()
-                    times.append(memory.elapsed_ms(e0, e1) * 1e3 / 40)
-                us = sorted(times)[1]
+                us = 1e3 * median_ms(lambda i: launch(wps[i % copies]), 40)
                 line.append(f"{form} {us:6.1f} us {len(wbytes) / us / 1e3:5.0f} GB/s ({same})")
             if line:
                 print(f"{tname} {label:11s} {n_in}x{rows}: " + " | ".join(line), flush=True)

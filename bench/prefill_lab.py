@@ -11,14 +11,11 @@ shape of Q4_K, one launch of each form, for Nsight Compute's sections)"""
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import numpy as np
+from labkit import load_lab, median_ms
 
-ROOT = Path(__file__).resolve().parent.parent
 SIG = "PPPPPPPiiiiiqi"
 # variant -> (ggml type, name, QK, block bytes, f16 scale offsets)
 TYPES = {"m32": (12, "q4_k", 256, 144, (0, 2)), "s16": (14, "q6_k", 256, 210, (208,)),
@@ -51,14 +48,7 @@ def main() -> int:
 
     start().wait()
     d = driver._d
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "lab.cubin"
-        subprocess.run(["nvcc", "-cubin", "-std=c++17", "-O3", "-arch=sm_90", "-I",
-                        str(ROOT / "cuda" / "include"), str(ROOT / "bench" / "prefill_lab.cu"),
-                        "-o", str(cubin)], check=True)
-        handle = driver.check(d.cuModuleLoadData(cubin.read_bytes()), "cuModuleLoadData")
-    names = [f"lab_{f}_{v}" for f in FORMS for v in TYPES]
-    lab = modules.Kernels("lab", "lab", handle, "sass", {n: SIG for n in names})
+    lab = load_lab("prefill_lab.cu", {f"lab_{f}_{v}": SIG for f in FORMS for v in TYPES})
     qk = modules.get_kernels(quant_ops.COMMON_MODULE)
     core = modules.get_kernels("core")
     rng = np.random.default_rng(11)
@@ -139,15 +129,7 @@ def main() -> int:
                 same = f"rel {np.nanmax(np.abs(y - ref)) / np.nanmax(np.abs(ref)):.1e}"
             if a.ncu:
                 continue
-            times = []
-            for _ in range(3):
-                e0, e1 = memory.Event(), memory.Event()
-                e0.record()
-                for _ in range(10):
-                    launch()
-                e1.record()
-                times.append(memory.elapsed_ms(e0, e1) / 10)
-            ms = sorted(times)[1]
+            ms = median_ms(lambda i: launch(), 10)
             line.append(f"{form} {ms:6.3f} ms {flop / ms / 1e9:4.0f} TF/s ({same})")
         print(f"{v} {label:12s} T={T} {n_in}x{n_y}: " + " | ".join(line), flush=True)
         for p in keep + ys + [scratch, xp, hp]:

@@ -721,6 +721,22 @@ extern "C" __global__ void reflex_attention_combine(const float* __restrict__ pa
 // reflex_attention). grid (H, ceil(T / BQ)), block 256.
 #define ATT_TILE_THREADS 256
 
+// Token t's visible cells, [0, pe) and [vs, oe) (all empty past T); true, with the first cell
+// it sees and the end of the last, when it sees any.
+__device__ __forceinline__ bool att_token_cells(const int* __restrict__ prefix_end,
+                                                const int* __restrict__ own_start,
+                                                const int* __restrict__ own_end, int T, int t, int& pe,
+                                                int& vs, int& oe, int& first, int& last) {
+    pe = vs = oe = first = last = 0;
+    if (t >= T) return false;
+    pe = prefix_end[t];
+    vs = max(own_start[t], pe);
+    oe = max(own_end[t], vs);
+    first = pe > 0 ? 0 : vs;
+    last = oe > vs ? oe : pe;
+    return last > first;
+}
+
 template <int BQ, int BK, int DMAX>
 __device__ __forceinline__ void attention_tiled_body(
     const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
@@ -743,13 +759,9 @@ __device__ __forceinline__ void attention_tiled_body(
     if (tid == 0) { s_lo = 0x7fffffff; s_hi = 0; }
     __syncthreads();
     if (tid < BQ) {
-        int pe = 0, vs = 0, oe = 0;  // token sees [0, pe) and [vs, oe)
-        if (t0 + tid < T) {
-            pe = prefix_end[t0 + tid];
-            vs = max(own_start[t0 + tid], pe);
-            oe = max(own_end[t0 + tid], vs);
-            const int first = pe > 0 ? 0 : vs, last = oe > vs ? oe : pe;
-            if (last > first) { atomicMin(&s_lo, first); atomicMax(&s_hi, last); }
+        int pe, vs, oe, first, last;
+        if (att_token_cells(prefix_end, own_start, own_end, T, t0 + tid, pe, vs, oe, first, last)) {
+            atomicMin(&s_lo, first); atomicMax(&s_hi, last);
         }
         s_pe[tid] = pe; s_vs[tid] = vs; s_oe[tid] = oe;
         s_m[tid] = -INFINITY; s_l[tid] = 0.f;
@@ -1010,16 +1022,10 @@ __device__ __forceinline__ void attention_mma_body(
     if (tid < BK) { s_seen[0][tid] = 0; s_seen[1][tid] = 0; }
     __syncthreads();
     if (tid < BQ) {
-        int pe = 0, vs = 0, oe = 0;  // token sees [0, pe) and [vs, oe)
-        if (t0 + tid < T) {
-            pe = prefix_end[t0 + tid];
-            vs = max(own_start[t0 + tid], pe);
-            oe = max(own_end[t0 + tid], vs);
-            const int first = pe > 0 ? 0 : vs, last = oe > vs ? oe : pe;
-            if (last > first) {
-                atomicMin(&s_lo, first); atomicMax(&s_hi, last);
-                atomicMin(&s_wlo[tid / 16], first); atomicMax(&s_whi[tid / 16], last);
-            }
+        int pe, vs, oe, first, last;
+        if (att_token_cells(prefix_end, own_start, own_end, T, t0 + tid, pe, vs, oe, first, last)) {
+            atomicMin(&s_lo, first); atomicMax(&s_hi, last);
+            atomicMin(&s_wlo[tid / 16], first); atomicMax(&s_whi[tid / 16], last);
         }
         s_pe[tid] = pe; s_vs[tid] = vs; s_oe[tid] = oe;
     }

@@ -720,21 +720,14 @@ __device__ __forceinline__ void rx_i8x4_to_f16x4(uint32_t w, uint32_t& p01, uint
 }
 
 #if RX_TILED_MMA
-// One 32-element block of the x-halves tiles' products, for a warp's 16 rows (wr + g, + 8) and
-// 32 tokens (wt + ..): W the block's weight tile (float16 q pairs, row-major, halves swizzled by
-// row), WS its (a, c) per sub-block and row, X its x tile (hi and lo halves, swizzled by token),
-// XS the tokens' block sums of x / s (MIN). Per 8 tokens and sub-block, the m16n8k16 products of
-// q with hi and with lo chained into one f32 fragment, then one FMA with a (a second with c).
-template <int NS, bool MIN>
-__device__ __forceinline__ void xh_block_products(const uint32_t (*__restrict__ W)[16],
-                                                  const float2 (*__restrict__ WS)[TILE_M],
-                                                  const uint32_t (*__restrict__ X)[32],
-                                                  const float* __restrict__ XS, int wr, int wt,
-                                                  int wg, int wq, float (&acc)[4][4]) {
-    uint32_t a[2][4];  // per half: rows g, g + 8 x k 2q.., 2q + 8..
+// The x-halves tiles' A fragments of weight rows r0 and r0 + 8 (per half h of the block: k 2q..,
+// 2q + 8.. of lane group wq) from W, the block's weight tile (float16 q pairs, row-major, halves
+// swizzled by row).
+__device__ __forceinline__ void xh_frag_a(const uint32_t (*__restrict__ W)[16], int r0, int wq,
+                                          uint32_t (&a)[2][4]) {
+    const int r1 = r0 + 8;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const int r0 = wr + wg, r1 = r0 + 8;
         const uint2 lo = *reinterpret_cast<const uint2*>(&W[r0][8 * (h ^ ((r0 >> 1) & 1)) + 2 * wq]);
         const uint2 hi = *reinterpret_cast<const uint2*>(&W[r1][8 * (h ^ ((r1 >> 1) & 1)) + 2 * wq]);
         a[h][0] = lo.x;
@@ -742,6 +735,43 @@ __device__ __forceinline__ void xh_block_products(const uint32_t (*__restrict__ 
         a[h][2] = lo.y;
         a[h][3] = hi.y;
     }
+}
+
+// One m16n8 fragment's products of a 32-element block: per sub-block, the m16n8k16 products of q
+// (a) with hi and with lo (b: per half, b0, b1 of hi, then of lo) chained into one f32 fragment
+// D, then acc += a_sb * D (rows g: e < 2, g + 8) and, with a min, + c_sb * the tokens' block sums
+// of x / s (xs, tokens 2q + e % 2).
+template <int NS, bool MIN>
+__device__ __forceinline__ void xh_frag_products(const uint32_t (&a)[2][4], const float2 (&ws)[NS][2],
+                                                 const uint4 (&b)[2], const float (&xs)[2],
+                                                 float (&acc)[4]) {
+#pragma unroll
+    for (int sb = 0; sb < NS; ++sb) {
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int h = sb * 2 / NS; h < (sb + 1) * 2 / NS; ++h) {
+            rx_mma_f16(d, a[h], b[h].x, b[h].y);
+            rx_mma_f16(d, a[h], b[h].z, b[h].w);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            acc[e] = fmaf(ws[sb][e >> 1].x, d[e], acc[e]);
+            if constexpr (MIN) acc[e] = fmaf(ws[sb][e >> 1].y, xs[e & 1], acc[e]);
+        }
+    }
+}
+
+// One 32-element block of the x-halves tiles' products, for a warp's 16 rows (wr + g, + 8) and
+// 32 tokens (wt + ..): W the block's weight tile, WS its (a, c) per sub-block and row, X its x
+// tile (hi and lo halves, swizzled by token), XS the tokens' block sums of x / s (MIN).
+template <int NS, bool MIN>
+__device__ __forceinline__ void xh_block_products(const uint32_t (*__restrict__ W)[16],
+                                                  const float2 (*__restrict__ WS)[TILE_M],
+                                                  const uint32_t (*__restrict__ X)[32],
+                                                  const float* __restrict__ XS, int wr, int wt,
+                                                  int wg, int wq, float (&acc)[4][4]) {
+    uint32_t a[2][4];
+    xh_frag_a(W, wr + wg, wq, a);
     float2 ws[NS][2];
 #pragma unroll
     for (int h = 0; h < NS; ++h) {
@@ -751,7 +781,7 @@ __device__ __forceinline__ void xh_block_products(const uint32_t (*__restrict__ 
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         const int tk = wt + 8 * j + wg;
-        uint4 b[2];  // per half: b0, b1 of hi, then of lo
+        uint4 b[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) b[h] = *reinterpret_cast<const uint4*>(&X[tk][16 * (h ^ (tk & 1)) + 4 * wq]);
         float xs[2] = {0.0f, 0.0f};
@@ -760,20 +790,7 @@ __device__ __forceinline__ void xh_block_products(const uint32_t (*__restrict__ 
             xs[0] = v.x;
             xs[1] = v.y;
         }
-#pragma unroll
-        for (int sb = 0; sb < NS; ++sb) {
-            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int h = sb * 2 / NS; h < (sb + 1) * 2 / NS; ++h) {
-                rx_mma_f16(d, a[h], b[h].x, b[h].y);
-                rx_mma_f16(d, a[h], b[h].z, b[h].w);
-            }
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {  // rows g (e < 2), g + 8; tokens 2q + e % 2
-                acc[j][e] = fmaf(ws[sb][e >> 1].x, d[e], acc[j][e]);
-                if constexpr (MIN) acc[j][e] = fmaf(ws[sb][e >> 1].y, xs[e & 1], acc[j][e]);
-            }
-        }
+        xh_frag_products<NS, MIN>(a, ws, b, xs, acc[j]);
     }
 }
 #endif
@@ -1099,7 +1116,7 @@ __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const u
         const uint32_t (*W)[16] = sm.w[st];
         const uint32_t (*X)[32] = sm.x[st];
         uint4 b[NT][2];  // per token fragment and half: b0, b1 of hi, then of lo
-        float xs[NT][2];
+        float xs[NT][2] = {};
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             const int tk = wt + 8 * j + wg;
@@ -1113,40 +1130,17 @@ __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const u
         }
 #pragma unroll
         for (int i = 0; i < MT; ++i) {
-            const int r0 = wr + 16 * i + wg, r1 = r0 + 8;
-            uint32_t a[2][4];  // per half: rows g, g + 8 x k 2q.., 2q + 8..
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const uint2 lo = *reinterpret_cast<const uint2*>(&W[r0][8 * (h ^ ((r0 >> 1) & 1)) + 2 * wq]);
-                const uint2 hi = *reinterpret_cast<const uint2*>(&W[r1][8 * (h ^ ((r1 >> 1) & 1)) + 2 * wq]);
-                a[h][0] = lo.x;
-                a[h][1] = hi.x;
-                a[h][2] = lo.y;
-                a[h][3] = hi.y;
-            }
+            const int r0 = wr + 16 * i + wg;
+            uint32_t a[2][4];
+            xh_frag_a(W, r0, wq, a);
             float2 ws[NS][2];
 #pragma unroll
             for (int h = 0; h < NS; ++h) {
                 ws[h][0] = sm.ws[st][h][r0];
-                ws[h][1] = sm.ws[st][h][r1];
+                ws[h][1] = sm.ws[st][h][r0 + 8];
             }
 #pragma unroll
-            for (int j = 0; j < NT; ++j) {
-#pragma unroll
-                for (int sb = 0; sb < NS; ++sb) {
-                    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                    for (int h = sb * 2 / NS; h < (sb + 1) * 2 / NS; ++h) {
-                        rx_mma_f16(d, a[h], b[j][h].x, b[j][h].y);
-                        rx_mma_f16(d, a[h], b[j][h].z, b[j][h].w);
-                    }
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {  // rows g (e < 2), g + 8; tokens 2q + e % 2
-                        acc[i][j][e] = fmaf(ws[sb][e >> 1].x, d[e], acc[i][j][e]);
-                        if constexpr (MIN) acc[i][j][e] = fmaf(ws[sb][e >> 1].y, xs[j][e & 1], acc[i][j][e]);
-                    }
-                }
-            }
+            for (int j = 0; j < NT; ++j) xh_frag_products<NS, MIN>(a, ws, b[j], xs[j], acc[i][j]);
         }
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
