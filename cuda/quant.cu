@@ -9,7 +9,8 @@
 // reflex_matmul_xh_<t> and reflex_moe_xh_<t>, the prefill tiles on x halves (reflex_x_halves,
 // cuda/core.cu), and reflex_qi_unpack_<t>; the K-quants (Q4_K, Q5_K, Q6_K) the one-token GEMVs
 // on x limbs staged in shared memory, reflex_matmul_gemv1x_<t> and reflex_moe_matmulx_<t>; and
-// once, the tiles on x halves from unpacked weights, reflex_matmul_xhu_{s32,m32,s16}. Their algorithm, parameters and launch shapes are documented
+// once, the tiles on x halves from unpacked weights, reflex_matmul_xhu{,64}_{s32,m32,s16}. Their
+// algorithm, parameters and launch shapes are documented
 // with their bodies in reflex/quant_kernels.cuh. Launchers (which module serves which type):
 // reflex_core/cuda/quant_ops.py.
 #define REFLEX_QUANTS_COMMON_ONLY

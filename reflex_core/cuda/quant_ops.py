@@ -469,7 +469,7 @@ def matmul_dequant_first(kern, kern_f32, p: MatPlan, x_ptr: int, T: int, w_ptrs:
 
 # Prefill of an XH type over this many tokens or more: the weights are first unpacked
 # (reflex_qi_unpack_<t>: float16 integers in the tile's order and float32 sub-block scales,
-# 2.25-2.5 bytes a weight) and the tiles copy them in (reflex_matmul_xhu_*) instead of decoding
+# 2.25-2.5 bytes a weight) and the tiles copy them in (reflex_matmul_xhu{,64}_*) instead of decoding
 # every weight tile again for every 64 tokens. The same bits as the xh tile.
 XH_UNPACK_MIN_T = 128
 XH_UNPACK_MAX_BYTES = 512 << 20  # scratch for one launch (all its weights)
