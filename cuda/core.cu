@@ -26,6 +26,8 @@ Kernels (launch shape)
                         shared memory                     grid (H, ceil(T/32|16)), 256  [PPPPPPPiiiiif]
   reflex_attention_mma128 / _mma256  the same on the tensor cores (float16 hi/lo pairs, sm_80+)
                                                           grid (H, ceil(T/128|64)), 256|128 [PPPPPPPiiiiif]
+  reflex_kv_halves      the K and V caches' cells as float16 pairs (the mma tiles' input)
+                                                          grid <= 4096, block 256       [PPPPiiiii]
   reflex_take_rows      y[r] = x[rows[r]]                 grid (ceil(n/256), R), 256    [PPPi]
   reflex_x_limbs        x as 32-element blocks of scaled integers (the one-token GEMV's input
                         for the integer weight types)   grid ceil(n/256), block 256   [PPi]
