@@ -762,6 +762,8 @@ def test_attention_kernel_choice(T, dk, dv, ptr, want):
     if want is None:
         assert mma is None
     elif max(dk, dv) <= 128:  # 128 tokens (8 warps) x 32 cells: Q, then 2 stages of K and V
-        assert mma == ("reflex_attention_mma128", 128, 256, (2 * 128 + 2 * 4 * 32) * 2 * 136)
+        smem = (2 * 128 + 2 * 4 * 32) * 2 * 136
+        assert mma == ("reflex_attention_mma128", 128, 256, smem, 128)
     else:  # 64 tokens (4 warps) x 16 cells, rows of 264 16-bit values
-        assert mma == ("reflex_attention_mma256", 64, 128, (2 * 64 + 2 * 4 * 16) * 2 * 264)
+        smem = (2 * 64 + 2 * 4 * 16) * 2 * 264
+        assert mma == ("reflex_attention_mma256", 64, 128, smem, 256)

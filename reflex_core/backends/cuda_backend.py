@@ -125,20 +125,24 @@ def _attention_tiled_kernel(T: int, dk: int, dv: int, *ptrs: int) -> tuple[str, 
     return "reflex_attention_tiled256", 16
 
 
-# reflex_attention_mma<DMAX> (cuda/core.cu): largest head size -> tokens a block, cells a tile
-_ATT_MMA_TILES = {128: (128, 32), 256: (64, 16)}
+# The tensor-core attention kernels (cuda/core.cu): largest head size DMAX -> kernel, tokens a
+# block, cells a tile
+_ATT_MMA_TILES = {128: ("reflex_attention_mma128", 128, 32),
+                  256: ("reflex_attention_mma256", 64, 16)}
 
 
-def _attention_mma_kernel(T: int, dk: int, dv: int, *ptrs: int) -> tuple[str, int, int, int] | None:
+def _attention_mma_kernel(T: int, dk: int, dv: int,
+                          *ptrs: int) -> tuple[str, int, int, int, int] | None:
     """The tensor-core attention kernel for T tokens of head sizes dk / dv: (name, tokens a
     block, threads, dynamic shared memory: the query tile's float16 pairs and two stages of a
-    cell tile's K and V pairs, rows of DMAX + 8 halves), or None where it does not serve (the
-    same bounds as :func:`_attention_tiled_kernel`)."""
+    cell tile's K and V pairs, rows of DMAX + 8 halves, and DMAX, the head size its
+    reflex_kv_halves rows take), or None where it does not serve (the same bounds as
+    :func:`_attention_tiled_kernel`)."""
     if not _attention_tiled_kernel(T, dk, dv, *ptrs):
         return None
     dmax = 128 if max(dk, dv) <= 128 else 256
-    bq, bk = _ATT_MMA_TILES[dmax]
-    return f"reflex_attention_mma{dmax}", bq, 2 * bq, 4 * (bq + 4 * bk) * (dmax + 8)
+    name, bq, bk = _ATT_MMA_TILES[dmax]
+    return name, bq, 2 * bq, 4 * (bq + 4 * bk) * (dmax + 8), dmax
 
 
 def _attention_kernel(dk: int, dv: int, *ptrs: int) -> str:
@@ -820,8 +824,7 @@ class CudaOps(Ops):
             args = ptrs + (pb.prefix_end, pb.own_start, pb.own_end, T, H, Hkv, dk, dv, scale)
             mma = _attention_mma_kernel(T, dk, dv, *ptrs) if ATT_MMA else None
             if mma and self.k.allow_shmem(mma[0], mma[3]):
-                kernel, per_block, threads, smem = mma
-                dmax = int(kernel[-3:])
+                kernel, per_block, threads, smem, dmax = mma
                 n = pb.n_kv
                 halves = Block(2 * 2 * 2 * n * Hkv * dmax)  # K and V, hi and lo, 16 bits
                 kh, vh = halves.ptr, halves.ptr + 2 * 2 * n * Hkv * dmax
