@@ -17,14 +17,26 @@ import numpy as np
 from labkit import load_lab, median_ms
 
 SIG = "PPPPPPPiiiiiqi"
-TYPES = {"q4_k": (12, 256, 144, (0, 2)), "q6_k": (14, 256, 210, (208,))}  # id, QK, bytes, f16
+TYPES = {"q4_k": (12, 256, 144, (0, 2)), "q6_k": (14, 256, 210, (208,)),  # id, QK, bytes, f16
+         "q8_0": (8, 32, 34, (0,))}
 # (label, n_in, n_out, swiglu)
 SHAPES = [("8B o", 4096, 4096, False), ("8B qk", 4096, 5120, False),
           ("8B gate/up", 4096, 12288, True), ("8B down", 12288, 4096, False),
           ("30B qkv", 2048, 5120, False), ("30B o", 4096, 2048, False)]
-# form -> (KS, R, WARPS); "ws" and "x" are the module's kernels
-FORMS = {"ws": (2, 4, 4), "x": (2, 4, 8), "x4": (2, 4, 4), "x16": (2, 4, 16), "x8k1": (1, 4, 8),
-         "x8k4": (4, 4, 8), "x16k4": (4, 4, 16), "x8r2": (2, 2, 8)}
+Q8_SHAPES = [("0.6B qkv", 1024, 4096, False), ("0.6B o", 2048, 1024, False),
+             ("0.6B gate/up", 1024, 3072, True), ("0.6B down", 3072, 1024, False),
+             ("0.6B head", 1024, 151936, False), ("8B o", 4096, 4096, False),
+             ("8B gate/up", 4096, 12288, True), ("8B down", 12288, 4096, False)]
+# form -> (KS, R, WARPS, blocks an SM: 0 = a block a row set, else the grid is capped at that
+# many blocks per SM of the H200's 132 and each block walks row sets); "ws" and "x" are the
+# module's kernels; the lab kernel of form "f" or "f@N" is lab_f_<type>
+FORMS = {"ws": (2, 4, 4, 0), "x": (2, 4, 8, 0), "x16": (2, 4, 16, 0), "x8k4": (4, 4, 8, 0),
+         "loop@3": (2, 4, 8, 3), "loop@6": (2, 4, 8, 6), "pf": (2, 4, 8, 0), "pf@2": (2, 4, 8, 2),
+         "pf@4": (2, 4, 8, 4), "pf1": (1, 4, 8, 0), "pf4w": (2, 4, 4, 0), "pf4w@8": (2, 4, 4, 8),
+         "r8": (2, 8, 8, 0)}
+Q8_FORMS = {"ws": (2, 4, 4, 0), "w8k2": (2, 4, 8, 0), "w4k4": (4, 4, 4, 0), "w8k4": (4, 4, 8, 0),
+            "w8k8": (8, 4, 8, 0), "w16k8": (8, 4, 16, 0), "w8k4r2": (4, 2, 8, 0)}
+SMS = 132
 
 
 def main() -> int:
@@ -33,13 +45,15 @@ def main() -> int:
     from reflex_core.cuda.start import start
 
     start().wait()
-    names = [f"lab_{f}_{t}" for f in FORMS if f not in ("ws", "x") for t in TYPES]
+    names = sorted({f"lab_{f.split('@')[0]}_{t}" for t in TYPES
+                    for f in (Q8_FORMS if t == "q8_0" else FORMS) if f not in ("ws", "x")})
     lab = load_lab("gemv_lab.cu", {n: SIG for n in names})
     core = modules.get_kernels(quant_ops.COMMON_MODULE)
     rng = np.random.default_rng(7)
-    shapes = SHAPES[2:3] if ncu else SHAPES
     for tname, (t, qk, ts, f16) in TYPES.items():
-        for label, n_in, n_out, swiglu in shapes:
+        shapes = Q8_SHAPES if tname == "q8_0" else SHAPES
+        forms = Q8_FORMS if tname == "q8_0" else FORMS
+        for label, n_in, n_out, swiglu in (shapes[2:3] if ncu else shapes):
             nb = n_in // qk
             rows = 2 * n_out if swiglu else n_out
             blocks = rng.integers(0, 256, size=(rows * nb, ts), dtype=np.uint8)
@@ -61,19 +75,21 @@ def main() -> int:
             half = n_out * rb
             ref = None
             line = []
-            for form, (ks, r, warps) in FORMS.items():
+            for form, (ks, r, warps, cap) in forms.items():
                 if form == "ws":
                     kern, name, smem = core, f"reflex_matmul_gemv1ws_{tname}", 0
                 elif form == "x":
                     kern, name = core, f"reflex_matmul_gemv1x_{tname}"
                     smem = quant_ops.x_staged_bytes(t, n_in)
                 else:
-                    kern, name = lab, f"lab_{form}_{tname}"
-                    smem = quant_ops.x_staged_bytes(t, n_in)
+                    kern, name = lab, f"lab_{form.split('@')[0]}_{tname}"
+                    smem = 0 if tname == "q8_0" else quant_ops.x_staged_bytes(t, n_in)
                 if smem:
                     kern.allow_shmem(name, smem)
                 per_block = warps // ks * (r // 2 if swiglu else r)
                 grid = -(-n_out // per_block)
+                if cap:
+                    grid = min(grid, cap * SMS)
 
                 def launch(w):
                     args = ((w, w + half, 0, xp, yp, 0, 0, 1, n_in, n_out, 0, 0, rb, 1) if swiglu

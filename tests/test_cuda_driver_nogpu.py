@@ -767,3 +767,48 @@ def test_attention_kernel_choice(T, dk, dv, ptr, want):
     else:  # 64 tokens (4 warps) x 16 cells, rows of 264 16-bit values
         smem = (2 * 64 + 2 * 4 * 16) * 2 * 264
         assert mma == ("reflex_attention_mma256", 64, 128, smem, 256)
+
+
+def test_deferred_add_rmsnorm_launches_once_for_the_readers_that_need_it():
+    """CudaOps.add_rmsnorm of one row defers the launch: fused-norm GEMVs compute y themselves
+    (the first also stores s), any other reader of y, or of s before such a GEMV, gets
+    reflex_add_rmsnorm launched once, on inputs made ready first."""
+    from reflex_core.backends.cuda_backend import _PendingNorm
+    from reflex_core.backends.device_array import DeviceArray, LazyArray
+
+    class K:
+        def __init__(self):
+            self.calls = []
+
+        def launch(self, name, grid, block, args, shmem=0):
+            self.calls.append((name, grid, block, tuple(args)))
+
+    def deferred(k, a, b, n, base):
+        off = (4 * n + 255) & ~255
+        p = _PendingNorm(k, a, b, 0x3000, base + off, n, 1e-6)
+        return p, LazyArray(base + off, (1, n), None, p), LazyArray(base, (1, n), None, p)
+
+    k = K()
+    a, b = DeviceArray(0x1000, (1, 4096), None), DeviceArray(0x2000, (1, 4096), None)
+    base, off = 0x100000, 4 * 4096
+    p, s, y = deferred(k, a, b, 4096, base)
+    assert y.address == base and s.address == base + off and k.calls == []
+    assert p.fused_args() == (0x1000, (0x2000, 0x3000, base + off, 1e-6))  # stores s
+    assert p.fused_args() == (0x1000, (0x2000, 0x3000, 0, 1e-6))  # s already stored
+    assert s.ptr == base + off and k.calls == [] and s.pending is None
+    assert y.ptr == base and p.open is False
+    assert k.calls == [("reflex_add_rmsnorm", 1, 1024, (0x1000, 0x2000, 0x3000, base + off, base,
+                                                       4096, 1e-6))]
+    assert y.ptr == base and len(k.calls) == 1
+    # s read before any fused GEMV: one launch writes both; rows under 4096: 256 threads
+    k = K()
+    p, s, y = deferred(k, a, b, 1000, base)
+    assert s.ptr == base + 4096 and y.ptr == base and len(k.calls) == 1
+    assert k.calls[0][2] == 256 and k.calls[0][3][3:5] == (base + 4096, base)
+    # a chain: the next norm's residual is this one's s, still to be stored
+    k = K()
+    p1, s1, y1 = deferred(k, a, b, 1000, base)
+    p2, s2, y2 = deferred(k, s1, b, 1000, 2 * base)
+    assert y2.ptr == 2 * base
+    assert [c[3][:2] for c in k.calls] == [(0x1000, 0x2000), (base + 4096, 0x2000)]
+    assert y1.pending is p1 and p1.open is False and y1.ptr == base and len(k.calls) == 2
