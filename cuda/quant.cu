@@ -5,11 +5,10 @@
 //
 // Per type <t>, 11 kernels: reflex_dequant_<t>, reflex_embed_<t>,
 // reflex_matmul_gemv{1,2,4,8,1s,1ws}_<t>, reflex_matmul_tiled_<t>, reflex_moe_matmul_<t>,
-// reflex_moe_tiled_<t>, and the same one-token GEMVs with a residual add and RMSNorm before
-// them, reflex_matmul_gemv{1,1s,1ws}n_<t>; the types with an integer view (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K) also
+// reflex_moe_tiled_<t>; the types with an integer view (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K) also
 // reflex_matmul_xh_<t> and reflex_moe_xh_<t>, the prefill tiles on x halves (reflex_x_halves,
 // cuda/core.cu), and reflex_qi_unpack_<t>; the K-quants (Q4_K, Q5_K, Q6_K) the one-token GEMVs
-// on x limbs staged in shared memory, reflex_matmul_gemv1x{,n}_<t> and reflex_moe_matmulx_<t>; and
+// on x limbs staged in shared memory, reflex_matmul_gemv1x_<t> and reflex_moe_matmulx_<t>; and
 // once, the tiles on x halves from unpacked weights, reflex_matmul_xhu{,64}_{s32,m32,s16}. Their
 // algorithm, parameters and launch shapes are documented
 // with their bodies in reflex/quant_kernels.cuh. Launchers (which module serves which type):
@@ -28,17 +27,6 @@ RX_QUANT_KERNELS(q5_1, RX_Q5_1)
 RX_QUANT_KERNELS(q4_k, RX_Q4_K)
 RX_QUANT_KERNELS(q5_k, RX_Q5_K)
 RX_QUANT_KERNELS(q6_k, RX_Q6_K)
-RX_QUANT_NORM_KERNELS(f32, RX_F32)
-RX_QUANT_NORM_KERNELS(f16, RX_F16)
-RX_QUANT_NORM_KERNELS(bf16, RX_BF16)
-RX_QUANT_NORM_KERNELS(q8_0, RX_Q8_0)
-RX_QUANT_NORM_KERNELS(q4_0, RX_Q4_0)
-RX_QUANT_NORM_KERNELS(q4_1, RX_Q4_1)
-RX_QUANT_NORM_KERNELS(q5_0, RX_Q5_0)
-RX_QUANT_NORM_KERNELS(q5_1, RX_Q5_1)
-RX_QUANT_NORM_KERNELS(q4_k, RX_Q4_K)
-RX_QUANT_NORM_KERNELS(q5_k, RX_Q5_K)
-RX_QUANT_NORM_KERNELS(q6_k, RX_Q6_K)
 RX_QUANT_XS_KERNEL(q4_k, RX_Q4_K)
 RX_QUANT_XS_KERNEL(q5_k, RX_Q5_K)
 RX_QUANT_XS_KERNEL(q6_k, RX_Q6_K)

@@ -631,63 +631,6 @@ def test_launcher_choices(quant_signatures):
     assert "not a positive multiple of the block size 256" in q.plan(12, (1000, 4), W).error
 
 
-def test_fused_norm_launches(quant_signatures):
-    """The one-token GEMV with the residual add and RMSNorm before it: the fused form of the
-    kernel the plain launch would take (same grid and block, the normed x's floats added to its
-    shared memory), the norm's arguments after the matmul's; none where that form is missing,
-    refused its shared memory, or would have more than NORM_MAX_BLOCKS blocks."""
-    from reflex_core.cuda import quant_ops as q
-
-    k = _FakeKernels(quant_signatures)
-    W, X, Y, B, WN, S = 1 << 20, 2 << 20, 3 << 20, 4 << 20, 5 << 20, 6 << 20
-    norm = (B, WN, S, 1e-6)
-
-    def both(t, n_in, ws, n_outs, swiglu=False):
-        """(plain launch, its shared memory, fused launch, its shared memory)"""
-        ps = [q.plan(t, (n_in, n), w) for w, n in zip(ws, n_outs)]
-        pad = (0,) * (3 - len(ws))
-        outs = tuple(n_outs) + pad if not swiglu else (n_outs[0], 0, 0)
-        ys = (Y,) + (0,) * 2 if swiglu else tuple(Y + 4 * i for i in range(len(ws))) + pad
-        ok = all(p.gemv_w_ok for p in ps)
-        if not q.norm_fusable(k, ps[0], outs, swiglu, ok):
-            return None
-        q.matmul_planned(k, ps[0], X, 1, tuple(ws) + pad, ys, outs, swiglu, ok)
-        q.matmul_planned(k, ps[0], X, 1, tuple(ws) + pad, ys, outs, swiglu, ok, norm=norm)
-        return k.calls[-2], k.shmem[-2], k.calls[-1], k.shmem[-1]
-
-    for t, n_in, ws, n_outs, swiglu, want in (
-            (12, 2048, [W], [1024], False, "gemv1x"),
-            (12, 2048, [W, W + 16], [512, 512], True, "gemv1x"),
-            (14, 12288 + 256, [W], [1024], False, "gemv1x"),
-            (8, 1024, [W, W + 2, W + 4], [2048, 1024, 1024], False, "gemv1ws"),
-            (8, 1024, [W, W + 2], [3072, 3072], True, "gemv1ws"),
-            (12, 2048, [W], [1023], False, "gemv1s"),
-            (12, 1024, [W], [4096], False, "gemv1"),
-            (0, 512, [W], [100], False, "gemv1s")):
-        plain, plain_smem, fused, fused_smem = both(t, n_in, ws, n_outs, swiglu)
-        suffix = q._TYPES[t][0]
-        assert plain[0] == f"reflex_matmul_{want}_{suffix}"
-        assert fused[0] == f"reflex_matmul_{want}n_{suffix}"
-        assert fused[1:3] == plain[1:3] and fused[3] == plain[3] + norm
-        assert fused_smem == plain_smem + 4 * n_in
-    # a K-quant row whose staged limbs fit but not with the normed x beside them: no fused form
-    # (the float GEMV would round differently from the plain launch's gemv1x)
-    k.optin = 150 << 10
-    p = q.plan(14, (25600, 1024), W)
-    assert not q.norm_fusable(k, p, (1024, 0, 0), False, True)
-    k.optin = 227 << 10
-    assert q.norm_fusable(k, p, (1024, 0, 0), False, True)
-    assert not q.norm_fusable(k, p, (1024, 0, 0), False, False)  # misaligned weights
-    assert q.plan(23, (1024, 64), W).norm is None  # IQ4_XS: the low-bit module has none
-    assert not q.norm_fusable(k, q.plan(23, (1024, 64), W), (64, 0, 0), False, True)
-    big = q.NORM_MAX_BLOCKS * 16 + 1  # gemv1x: 16 rows a block
-    assert not q.norm_fusable(k, q.plan(12, (2048, big), W), (big, 0, 0), False, True)
-    assert q.norm_fusable(k, q.plan(12, (2048, big - 1), W), (big - 1, 0, 0), False, True)
-    with pytest.raises(ValueError, match="fused norm"):
-        q.matmul_planned(k, q.plan(12, (2048, 64), W), X, 2, (W, 0, 0), (Y, 0, 0), (64, 0, 0),
-                         False, True, norm=norm)
-
-
 def test_quant_ops_imports_no_numpy():
     code = ("import sys; import reflex_core.cuda.quant_ops; "
             "sys.exit(1 if 'numpy' in sys.modules else 0)")

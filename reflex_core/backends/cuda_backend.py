@@ -35,7 +35,7 @@ from ..cuda.modules import limit
 from ..errors import ModelError, ReflexError
 from ..ggml_types import GGML_TYPES
 from ..ops import Batch, Ops, RopeParams, Weight, moe_route_groups
-from .device_array import Block, DeviceArray, LazyArray, Prepared, empty, empty_f32, prod
+from .device_array import Block, DeviceArray, Prepared, empty, empty_f32, prod
 
 _F32 = 0
 _LORA_TILE, _LORA_BLOCK_Y = 32, 8  # cuda/core.cu LORA_TILE, LORA_BLOCK_Y (reflex_lora_add)
@@ -48,10 +48,6 @@ _XH = os.environ.get("REFLEX_XH", "1") != "0"
 # ... from weights unpacked once per launch for long prompts (quant_ops.xh_unpack_bytes);
 # REFLEX_XH_UNPACK=0 keeps the tile decoding them (an A/B switch)
 _XH_UNPACK = os.environ.get("REFLEX_XH_UNPACK", "1") != "0"
-# add_rmsnorm of one row is deferred to the one-token GEMVs that read its output, which compute
-# it themselves (quant_ops.NORM_TYPES): one launch less per norm of a decode step. REFLEX_FUSE_NORM=0
-# launches it at once (an A/B switch: the same bits either way).
-FUSE_NORM = os.environ.get("REFLEX_FUSE_NORM", "1") != "0"
 # The prefill's attention runs on the tensor cores (reflex_attention_mma128/256); REFLEX_ATT_MMA=0
 # keeps the float32 query tiles (an A/B switch: the two differ by rounding only).
 ATT_MMA = os.environ.get("REFLEX_ATT_MMA", "1") != "0"
@@ -156,37 +152,6 @@ def _attention_kernel(dk: int, dv: int, *ptrs: int) -> str:
     if dk % 4 or dv % 4 or any(p % 16 for p in ptrs):
         return "reflex_attention"
     return "reflex_attention_vec128" if max(dk, dv) <= 128 else "reflex_attention_vec256"
-
-
-class _PendingNorm:
-    """CudaOps.add_rmsnorm of one row, deferred: ``s = a + b`` and ``y = rmsnorm(s) * w``
-    (two LazyArrays share it). A one-token GEMV on y with a fused-norm form computes y itself
-    from :meth:`fused_args` (the first one also stores s); any other reader of y, or a reader
-    of s before any such GEMV, gets reflex_add_rmsnorm launched first (:meth:`ready`). Holds
-    a and b until then, so what the launch reads stays allocated."""
-
-    __slots__ = ("k", "a", "b", "wp", "s_ptr", "n", "eps", "open", "s_written")
-
-    def __init__(self, k, a, b, wp: int, s_ptr: int, n: int, eps: float):
-        self.k, self.a, self.b, self.wp, self.s_ptr, self.n, self.eps = k, a, b, wp, s_ptr, n, eps
-        self.open = True  # y not written yet
-        self.s_written = False
-
-    def ready(self, arr) -> None:
-        if not self.open or (self.s_written and arr.address == self.s_ptr):
-            return
-        n = self.n
-        off = (4 * n + 255) & ~255  # y sits before s in their allocation
-        self.k.launch("reflex_add_rmsnorm", 1, 1024 if n >= 4096 else 256,
-                      (self.a.ptr, self.b.ptr, self.wp, self.s_ptr, self.s_ptr - off, n,
-                       self.eps))
-        self.open, self.s_written, self.a, self.b = False, True, None, None
-
-    def fused_args(self) -> tuple[int, tuple]:
-        """(a's address, the fused-norm GEMV's ``norm`` tuple): s is stored by the first."""
-        s_ptr = 0 if self.s_written else self.s_ptr
-        self.s_written = True
-        return self.a.ptr, (self.b.ptr, self.wp, s_ptr, self.eps)
 
 
 class CudaOps(Ops):
@@ -615,29 +580,19 @@ class CudaOps(Ops):
         T = x.size // n_in
         y = empty_f32(shape[:-1] + (n_out,), T * n_out)
         if T and n_out:
-            self._matmul_launch(m, x, T, (w.data, 0, 0), (y.ptr, 0, 0), (n_out, 0, 0), False,
+            self._matmul_launch(m, x.ptr, T, (w.data, 0, 0), (y.ptr, 0, 0), (n_out, 0, 0), False,
                                 m.gemv_w_ok)
         return y
 
-    def _matmul_launch(self, m, x, T: int, w_ptrs: tuple, y_ptrs: tuple,
+    def _matmul_launch(self, m, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: tuple,
                        n_outs: tuple, swiglu: bool, gemv_ok: bool) -> None:
         """One matmul launch of up to three weights planned by ``m``: on x halves for more than
         a GEMV's tokens of an XH type, on x limbs for one token of an XQ type, through float32
         copies of the weights for long prompts of the other quantized types
-        (quant_ops.dequant_first_bytes), else quant_ops' GEMV/tiled choice; an x whose
-        add_rmsnorm is deferred (:class:`_PendingNorm`) by the fused-norm GEMV where one fits.
-        The scratch goes back to the caching allocator at once: what reuses it runs after these
-        launches on the same stream."""
+        (quant_ops.dequant_first_bytes), else quant_ops' GEMV/tiled choice. The scratch goes
+        back to the caching allocator at once: what reuses it runs after these launches on the
+        same stream."""
         qo = self._quant_ops
-        if type(x) is LazyArray and x.pending is not None and x.pending.open:
-            use_xq = m.gemvq is not None and gemv_ok and _GEMV_XQ
-            kern = self._qkern(m.module)
-            if not use_xq and qo.norm_fusable(kern, m, n_outs, swiglu, gemv_ok):
-                a_ptr, norm = x.pending.fused_args()
-                qo.matmul_planned(kern, m, a_ptr, 1, w_ptrs, y_ptrs, n_outs, swiglu, gemv_ok,
-                                  norm=norm)
-                return
-        x_ptr = x.ptr
         xq = None  # x in the form the chosen kernel reads, in scratch: halves or limbs
         if T > qo.GEMV_MAX_T and m.xh is not None and _XH:
             xq = self._x_halves(x_ptr, T, m.n_in)
@@ -698,7 +653,7 @@ class CudaOps(Ops):
         n = len(ws)
         if one_type and n <= 3:  # q/k/v of one type (so of one module): one launch
             pad = (0,) * (3 - n)
-            self._matmul_launch(metas[0], x, T, tuple(w.data for w in ws) + pad,
+            self._matmul_launch(metas[0], x.ptr, T, tuple(w.data for w in ws) + pad,
                                 tuple(y.ptr for y in outs) + pad,
                                 tuple(m.n_out for m in metas) + pad, False, gemv_ok)
             return outs
@@ -709,7 +664,7 @@ class CudaOps(Ops):
             for c in range(0, len(idx), 3):
                 run = idx[c:c + 3]
                 pad = (0,) * (3 - len(run))
-                self._matmul_launch(metas[run[0]], x, T, tuple(ws[k].data for k in run) + pad,
+                self._matmul_launch(metas[run[0]], x.ptr, T, tuple(ws[k].data for k in run) + pad,
                                     tuple(outs[k].ptr for k in run) + pad,
                                     tuple(metas[k].n_out for k in run) + pad, False,
                                     all(metas[k].gemv_w_ok for k in run))
@@ -731,7 +686,7 @@ class CudaOps(Ops):
         T = x.size // n_in
         y = empty_f32(shape[:-1] + (n_out,), T * n_out)
         if T and n_out:
-            self._matmul_launch(mg, x, T, (gate.data, up.data, 0), (y.ptr, 0, 0),
+            self._matmul_launch(mg, x.ptr, T, (gate.data, up.data, 0), (y.ptr, 0, 0),
                                 (n_out, 0, 0), True, mg.gemv_w_ok and mu.gemv_w_ok)
         return y
 
@@ -757,10 +712,6 @@ class CudaOps(Ops):
         # s and y from one allocation (s at a 256-byte aligned offset after y)
         off = (4 * size + 255) & ~255
         blk = Block(2 * off or 4)
-        if rows == 1 and FUSE_NORM:
-            pend = _PendingNorm(self.k, a, b, wp, blk.ptr + off, n, eps)
-            return (LazyArray(blk.ptr + off, shape, blk, pend, size),
-                    LazyArray(blk.ptr, shape, blk, pend, size))
         y = DeviceArray(blk.ptr, shape, blk, "f32", size)
         s = DeviceArray(blk.ptr + off, shape, blk, "f32", size)
         if rows:
@@ -921,8 +872,6 @@ class CudaOps(Ops):
         if R == 0:
             return empty((0, n))
         r0 = rows[0]
-        if r0 == 0 and R == n_rows and x.shape == (R, n):  # all of x: x itself (a deferred
-            return x                                          # norm stays deferred)
         if rows == list(range(r0, r0 + R)):  # a contiguous run: a view, no copy
             return DeviceArray(x.ptr + 4 * r0 * n, (R, n), x.owner, x.dtype)
         idx = empty((R,), "i32")

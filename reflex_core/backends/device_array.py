@@ -66,44 +66,6 @@ class DeviceArray:
         return f"DeviceArray({self.ptr:#x}, shape={self.shape}, {self.dtype})"
 
 
-_SLOT_PTR = DeviceArray.__dict__["ptr"]  # the base class's address slot
-
-
-class LazyArray(DeviceArray):
-    """A DeviceArray whose contents a deferred launch writes: ``pending`` is the deferral (an
-    object whose ``ready(array)`` writes this array's contents if they are not written yet), or
-    None. Reading :attr:`ptr` makes it ready first, so every kernel, copy or view that takes the
-    address sees the contents; a consumer that computes them itself reads :attr:`address`. The
-    deferred launch reads its inputs when it runs: they must not be written in place meanwhile
-    (the backend defers only from arrays no op writes in place: CudaOps.add_rmsnorm's)."""
-
-    __slots__ = ("pending",)
-
-    def __init__(self, ptr: int, shape: tuple[int, ...], owner: Any, pending: Any,
-                 size: int | None = None):
-        super().__init__(ptr, shape, owner, "f32", size)
-        self.pending = pending
-
-    @property
-    def ptr(self) -> int:  # type: ignore[override]
-        if self.pending is not None:
-            self.pending.ready(self)
-            self.pending = None
-        return _SLOT_PTR.__get__(self, DeviceArray)
-
-    @ptr.setter
-    def ptr(self, value: int) -> None:
-        _SLOT_PTR.__set__(self, value)
-
-    @property
-    def address(self) -> int:
-        """The address, without writing the contents."""
-        return _SLOT_PTR.__get__(self, DeviceArray)
-
-    def __repr__(self) -> str:
-        return f"LazyArray({self.address:#x}, shape={self.shape}, pending={self.pending is not None})"
-
-
 def empty(shape: Sequence[int], dtype: str = "f32") -> DeviceArray:
     shape = tuple(int(s) for s in shape)
     n = prod(shape)

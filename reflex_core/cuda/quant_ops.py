@@ -294,14 +294,6 @@ def x_staged_bytes(ggml_type: int, n_in: int) -> int:
     return 4 * c * (-(-n_in // c))
 
 
-# The one-token GEMVs of these types also come with the residual add and RMSNorm before them
-# (reflex_matmul_gemv{1,1s,1ws,1x}n_<t>, gemv_body's NORM form): each block computes the normed x
-# from the residual and the branch output itself, with reflex_add_rmsnorm's arithmetic, so the
-# decode step of a layer loop needs no launch of its own for the norm (CudaOps.add_rmsnorm of
-# one row defers it to the GEMV that reads it). The common module's types.
-NORM_TYPES = frozenset(t for t, m in _MODULE_OF.items() if m == COMMON_MODULE)
-_SHMEM_DEFAULT = 48 << 10  # dynamic shared memory a kernel may have without opting in
-
 _TT_INDEX = (0, 0, 1, 2, 2, 3, 3, 3, 3)  # T (1 .. 8) -> index of the gemv1/2/4/8 kernel
 MAX_SEGMENTS = 3  # weights per matmul launch
 
@@ -313,7 +305,7 @@ class MatPlan:
 
     __slots__ = ("ggml_type", "module", "n_in", "n_out", "n_elements", "row_bytes", "gemv",
                  "gemv1s", "gemv1ws", "gemv1x", "x_staged", "gemvq", "split", "tiled", "xh",
-                 "norm", "gemv_w_ok", "error")
+                 "gemv_w_ok", "error")
 
     def __init__(self, ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight"):
         suffix, tname, bs, _, align = _info(ggml_type)
@@ -337,9 +329,6 @@ class MatPlan:
         self.tiled = f"reflex_matmul_tiled_{suffix}"
         # more than GEMV_MAX_T tokens on x halves (XH_TYPES), else None
         self.xh = f"reflex_matmul_xh_{suffix}" if ggml_type in XH_TYPES else None
-        # the fused-norm forms of gemv1 (T = 1), gemv1s, gemv1ws, gemv1x (NORM_TYPES), else None
-        self.norm = (tuple(f"reflex_matmul_gemv{f}n_{suffix}" for f in ("1", "1s", "1ws", "1x"))
-                     if ggml_type in NORM_TYPES else None)
         self.error: str | None = None
         self.row_bytes = 0
         if len(ne) > 2 and any(v != 1 for v in ne[2:]):
@@ -376,51 +365,9 @@ def _tile_grid(T: int, n_outs: tuple, swiglu: bool) -> tuple[int, int]:
     return gx, gy
 
 
-def _gemv1_choice(kern, p: MatPlan, n_outs: tuple, swiglu: bool, gemv_w_ok: bool,
-                  norm: bool) -> tuple | None:
-    """(kernel, grid, block, dynamic shared memory) of the one-token GEMV over ``p``'s weights
-    on float x (16-byte aligned), or None when the weights do not suit a GEMV. ``norm``: its
-    fused-norm form, which computes the same rows' products on the same bits of x (None when
-    ``p``'s type has none, or the device cannot give it the shared memory it needs)."""
-    if not gemv_w_ok:
-        return None
-    names = p.norm if norm else None
-    if norm and names is None:
-        return None
-    xf = 4 * p.n_in if norm else 0  # the normed x, floats (n_in is a multiple of 8)
-    n0, n1, n2 = n_outs
-    if p.split == 2 and (2 * n0 if swiglu else n0 + n1 + n2) >= GEMV_WIDE_MIN_ROWS:
-        if p.gemv1x is not None and kern.allow_shmem(p.gemv1x, p.x_staged):
-            name, smem = (names[3], p.x_staged + xf) if norm else (p.gemv1x, p.x_staged)
-            if norm and not kern.allow_shmem(name, smem):
-                return None
-            return (name, (_gemv_grid_x(2, n_outs, swiglu, 4, _GEMVX_WARPS), 1, 1),
-                    (32 * _GEMVX_WARPS, 1, 1), smem)
-        name, grid = (names[2] if norm else p.gemv1ws), _gemv_grid_x(2, n_outs, swiglu, 4)
-    else:
-        name = (names[p.split - 1] if norm else p.gemv1s if p.split == 2 else p.gemv[0])
-        grid = _gemv_grid_x(p.split, n_outs, swiglu)
-    if xf > _SHMEM_DEFAULT and not kern.allow_shmem(name, xf):
-        return None
-    return name, (grid, 1, 1), (_GEMV_THREADS, 1, 1), xf
-
-
-# Every block of a fused-norm GEMV reads the residual and the branch output (8 bytes an element
-# of x) and sums their squares: a launch of more blocks than this (an output matrix) reads them
-# more times than the launch it saves is worth.
-NORM_MAX_BLOCKS = int(os.environ.get("REFLEX_FUSE_NORM_MAX_BLOCKS", "2048"))
-
-
-def norm_fusable(kern, p: MatPlan, n_outs: tuple, swiglu: bool, gemv_w_ok: bool) -> bool:
-    """Whether :func:`matmul_planned` of one token over ``p``'s weights can take ``norm``: a
-    fused-norm GEMV exists for them, fits the device, and has at most NORM_MAX_BLOCKS blocks."""
-    c = _gemv1_choice(kern, p, n_outs, swiglu, gemv_w_ok, True)
-    return c is not None and c[1][0] <= NORM_MAX_BLOCKS
-
-
 def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: tuple,
                    n_outs: tuple, swiglu: bool = False, gemv_w_ok: bool = True,
-                   xq_ptr: int = 0, norm: tuple | None = None) -> None:
+                   xq_ptr: int = 0) -> None:
     """``y_i [T, n_outs[i]] = x [T, n_in] . W_i^T`` for up to :data:`MAX_SEGMENTS` weights
     planned with ``p`` (all of ``p``'s GGML type and n_in; ``kern`` the module ``p.module``)
     in one launch: ``w_ptrs`` /
@@ -432,11 +379,7 @@ def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: 
     takes (16-byte aligned): for one token its limbs (:func:`x_limbs`), and an ``XQ_TYPES``
     weight then takes the GEMV on them; for more than :data:`GEMV_MAX_T` its halves
     (:func:`x_halves`), and an ``XH_TYPES`` weight takes the float16 tensor-core tile on them
-    instead of the tiled kernel. ``norm`` ``(b_ptr, w_ptr, s_ptr, eps)``: x is a residual a
-    (one token), and the launch is the fused-norm GEMV (only when :func:`norm_fusable`): the
-    products of ``rmsnorm(a + b) * w`` (w_ptr 0: no weight), the same bits as
-    reflex_add_rmsnorm's output through the plain GEMV, with ``a + b`` stored at ``s_ptr``
-    (0: not stored).
+    instead of the tiled kernel.
     No checks here beyond that choice (the caller planned the weights)."""
     if T > _INT32_MAX:
         raise ValueError(f"T={T} is out of range for the kernels (0 .. 2**31-1)")
@@ -446,24 +389,20 @@ def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: 
     mode = 1 if swiglu else 0
     args = (w_ptrs[0], w_ptrs[1], w_ptrs[2], x_ptr, y_ptrs[0], y_ptrs[1], y_ptrs[2], T, p.n_in,
             n0, n1, n2, p.row_bytes, mode)
-    if norm is not None:
-        c = _gemv1_choice(kern, p, n_outs, swiglu, gemv_w_ok, True) if T == 1 else None
-        if c is None:
-            raise ValueError("matmul: the fused norm needs a one-token GEMV (norm_fusable)")
-        name, grid, threads, smem = c
-        kern.launch(name, grid, threads, args + tuple(norm), smem)
-        return
     if T == 1 and xq_ptr and p.gemvq is not None and gemv_w_ok and xq_ptr % 16 == 0:
         args = args[:3] + (xq_ptr,) + args[4:]
         kern.launch(p.gemvq[p.split - 1], (_gemv_grid_x(p.split, n_outs, swiglu), 1, 1),
                     (_GEMV_THREADS, 1, 1), args)
         return
-    if T == 1 and x_ptr % 16 == 0:
-        c = _gemv1_choice(kern, p, n_outs, swiglu, gemv_w_ok, False)
-        if c is not None:
-            name, grid, threads, smem = c
-            kern.launch(name, grid, threads, args, smem)
+    if (T == 1 and p.split == 2 and gemv_w_ok and x_ptr % 16 == 0
+            and (2 * n0 if swiglu else n0 + n1 + n2) >= GEMV_WIDE_MIN_ROWS):
+        if p.gemv1x is not None and kern.allow_shmem(p.gemv1x, p.x_staged):
+            kern.launch(p.gemv1x, (_gemv_grid_x(2, n_outs, swiglu, 4, _GEMVX_WARPS), 1, 1),
+                        (32 * _GEMVX_WARPS, 1, 1), args, p.x_staged)
             return
+        kern.launch(p.gemv1ws, (_gemv_grid_x(2, n_outs, swiglu, 4), 1, 1), (_GEMV_THREADS, 1, 1),
+                    args)
+        return
     if T <= GEMV_MAX_T and gemv_w_ok and x_ptr % 16 == 0:
         ks = p.split if T == 1 else 1
         name = p.gemv1s if ks == 2 else p.gemv[_TT_INDEX[T]]
@@ -707,10 +646,6 @@ def kernel_names(module: str = COMMON_MODULE) -> list[str]:
                   f"reflex_moe_tiled_{suffix}"]
         names += [f"reflex_matmul_gemv{tt}_{suffix}" for tt in (1, 2, 4, 8)]
         names += [f"reflex_matmul_gemv1s_{suffix}", f"reflex_matmul_gemv1ws_{suffix}"]
-        if t in NORM_TYPES:
-            names += [f"reflex_matmul_gemv{f}n_{suffix}" for f in ("1", "1s", "1ws")]
-            if t in XS_CHUNK:
-                names.append(f"reflex_matmul_gemv1xn_{suffix}")
         if t in XQ_TYPES:
             names += [f"reflex_matmul_gemvq1_{suffix}", f"reflex_matmul_gemvq1s_{suffix}"]
         if t in XS_CHUNK:

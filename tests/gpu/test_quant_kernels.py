@@ -14,7 +14,6 @@ MatPlan's module), as the CUDA backend takes them.
   (gate/up) within a few ulp of silu(g) * u of the single matmuls;
 * moe_matmul: repeated expert ids, x shared or per slot, T = 1, 4, 37, an invalid id -> NaN;
   the SwiGLU mode (gate and up experts in one launch) vs silu(g) * u of the two plain launches;
-* the fused-norm GEMVs: bit-identical to reflex_add_rmsnorm then the plain GEMV, every form;
 * large matrices (up to the LM head's 1024 x 151936): the GEMV and tiled results checked on
   sampled rows (the first, the last and 62 random ones), with a bandwidth report of the same
   launches (printed, never asserted: `-rP`).
@@ -420,77 +419,6 @@ def test_gemv_staged_limbs(qk, name):
         yp = ctx.alloc(4 * 1100)
         matmul(ctx, wps[0], t, xp, yp, 1, n_in, 1100)
         assert_bits_equal(download(ctx, yp, 1100), ys[0], f"{name} matmul T=1 n_in={n_in}")
-
-
-def _norm_cases(name):
-    """(n_in, n_outs, swiglu) reaching each one-token GEMV form of type ``name``: rows of fewer
-    than 64 lane units (gemv1), more (gemv1s; with GEMV_WIDE_MIN_ROWS rows or more gemv1ws, or
-    gemv1x for the XS types), rows below 4096 and of 4096 or more (reflex_add_rmsnorm's 256- and
-    1024-thread sums), three segments with odd row counts and SwiGLU."""
-    unit = quant_ops.lane_unit_elements(TYPES[name])
-    bs = qinfo(name)[0]
-    short = 32 * unit  # 32 units: one warp a row pair
-    long_ = max(64 * unit, 1024)
-    m = max(bs, 8)  # the float GEMV needs n_in % 8 == 0
-    big = -(-4100 // m) * m
-    return [(short, (70, 0, 0), False), (long_, (45, 3, 70), False),
-            (long_, (1100, 45, 70), False), (long_, (1030, 0, 0), True),
-            (big, (1100, 0, 0), False), (big, (33, 0, 0), True)]
-
-
-@pytest.mark.parametrize("name", [n for n in TYPES if TYPES[n] in quant_ops.NORM_TYPES])
-def test_fused_norm_gemv_bit_identical(qk, cuda_ctx, name):
-    """The one-token GEMVs with the residual add and RMSNorm fused before them (gemv_body's NORM
-    form) give the bits of reflex_add_rmsnorm followed by the plain GEMV: the outputs, and the
-    residual sum s that block 0 stores; with and without the norm's weight, every form."""
-    ctx, kernels_of = qk
-    kern = kernels_of(name)
-    core = cuda_ctx.kernels("core")
-    t = TYPES[name]
-    rng = np.random.default_rng(330 + t)
-    forms = set()
-    for n_in, n_outs, swiglu in _norm_cases(name):
-        rows = [n for n in n_outs if n]
-        raws = [random_weights(rng, name, n, n_in)[0] for n in rows]
-        wps = [upload(ctx, r)[1] for r in raws]
-        if swiglu:
-            wps.append(upload(ctx, random_weights(rng, name, rows[0], n_in)[0])[1])
-        ps = [quant_ops.plan(t, (n_in, n), w) for w, n in zip(wps, rows)]
-        w_ptrs = tuple(wps) + (0,) * (3 - len(wps))
-        a = (rng.standard_normal(n_in) * 3).astype(np.float32)
-        b = rng.standard_normal(n_in).astype(np.float32)
-        _, ap = upload(ctx, a)
-        _, bp = upload(ctx, b)
-        _, nwp = upload(ctx, (1 + 0.1 * rng.standard_normal(n_in)).astype(np.float32))
-        for wn in (nwp, 0):
-            sp, yp = ctx.alloc(4 * n_in), ctx.alloc(4 * n_in)
-            core.launch("reflex_add_rmsnorm", 1, 1024 if n_in >= 4096 else 256,
-                        (ap, bp, wn, sp, yp, n_in, 1e-6))
-
-            def outs():
-                return [upload(ctx, np.full(n, np.nan, np.float32))[1] for n in rows[:1 if swiglu
-                                                                                     else 3]]
-
-            ys_ref, ys = outs(), outs()
-            y_ptrs = lambda ys: tuple(ys) + (0,) * (3 - len(ys))  # noqa: E731
-            ok = all(p.gemv_w_ok for p in ps)
-            assert quant_ops.norm_fusable(kern, ps[0], n_outs, swiglu, ok), (name, n_in, n_outs)
-            quant_ops.matmul_planned(kern, ps[0], yp, 1, w_ptrs, y_ptrs(ys_ref), n_outs, swiglu,
-                                     ok)
-            s_f = upload(ctx, np.full(n_in, np.nan, np.float32))[1]
-            quant_ops.matmul_planned(kern, ps[0], ap, 1, w_ptrs, y_ptrs(ys), n_outs, swiglu, ok,
-                                     norm=(bp, wn, s_f, 1e-6))
-            c = quant_ops._gemv1_choice(kern, ps[0], n_outs, swiglu, ok, True)
-            forms.add(c[0].split("_")[2])
-            what = f"{name} {c[0]} n_in={n_in} n_outs={n_outs} swiglu={swiglu} w={bool(wn)}"
-            assert_bits_equal(download(ctx, s_f, n_in), download(ctx, sp, n_in), what + " s")
-            for i, (g, r) in enumerate(zip(ys, ys_ref)):
-                n = rows[i]
-                want = download(ctx, r, n)
-                assert not np.isnan(want).any(), what
-                assert_bits_equal(download(ctx, g, n), want, f"{what} segment {i}")
-    want_forms = {"gemv1n", "gemv1sn", "gemv1xn" if t in quant_ops.XS_CHUNK else "gemv1wsn"}
-    assert forms == want_forms, forms
 
 
 @pytest.mark.parametrize("name", FLOAT_TYPES)

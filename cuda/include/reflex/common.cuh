@@ -237,28 +237,6 @@ RX_HD void rx_ld_f4(const float* p, float* v) {
 #endif
 }
 
-// the same from any memory space (a generic load: shared memory too)
-RX_HD void rx_ld_f4_any(const float* p, float* v) {
-#ifdef __CUDA_ARCH__
-    const float4 f = *(const float4*)p;
-    v[0] = f.x;
-    v[1] = f.y;
-    v[2] = f.z;
-    v[3] = f.w;
-#else
-    memcpy(v, p, 16);
-#endif
-}
-// x's float4 at p: from global memory through the read-only path, or (XG) from any space
-template <bool XG>
-RX_HD void rx_ld_x4(const float* p, float* v) {
-    if constexpr (XG) {
-        rx_ld_f4_any(p, v);
-    } else {
-        rx_ld_f4(p, v);
-    }
-}
-
 RX_HD long long rx_ceil_div(long long a, long long b) { return (a + b - 1) / b; }
 
 // ------------------------------------------------------------------------------------------

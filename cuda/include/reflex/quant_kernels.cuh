@@ -195,54 +195,14 @@ __device__ __forceinline__ uint32_t* rx_x_staged_words() {
     extern __shared__ uint4 rx_x_staged[];
     return (uint32_t*)rx_x_staged;
 }
-template <int TYPE, int THREADS, bool XG = false>
+template <int TYPE, int THREADS>
 __device__ __forceinline__ const uint32_t* rx_stage_x_limbs(const float* __restrict__ x, int n_in) {
     typedef rx_x_lanes<TYPE> XL;
     uint32_t* xl = rx_x_staged_words();
     for (int i = threadIdx.x; i < XL::chunks(n_in) * 64; i += THREADS)  // i: (chunk, h, lane slot)
-        rx_x_limb_run<TYPE, XG>(x, n_in, i >> 6, i & 31, (i >> 5) & 1, xl + 4 * (i >> 6) * XL::SLOTS);
+        rx_x_limb_run<TYPE>(x, n_in, i >> 6, i & 31, (i >> 5) & 1, xl + 4 * (i >> 6) * XL::SLOTS);
     __syncthreads();
     return xl;
-}
-
-// The residual add and RMSNorm fused into a one-token GEMV (its NORM form): the block computes
-// s = a + b and x = s * (1 / sqrt(mean(s^2) + eps)) * w (w null: no weight) itself, into xs
-// (n floats of its shared memory), and block 0 stores s (s null: none). The arithmetic and the
-// order of the sum of squares are reflex_add_rmsnorm's (cuda/core.cu) in a block of NT threads,
-// NT = 1024 for rows of 4096 or more, else 256 (CudaOps.add_rmsnorm's launch): this block's
-// THREADS threads each play NT / THREADS of those (thread v sums elements v, v + NT, ..., a
-// butterfly per warp of 32 consecutive v, the NT / 32 warp sums added in order), so x and s are
-// the bits that kernel writes and the GEMV's outputs the bits of the two launches.
-template <int THREADS>
-__device__ __forceinline__ void rx_norm_stage(const float* __restrict__ a, const float* __restrict__ b,
-                                              const float* __restrict__ w, float* __restrict__ s,
-                                              float eps, int n, float* xs) {
-    static_assert(THREADS % 32 == 0 && 256 % THREADS == 0, "plays whole warps of 256 or 1024");
-    __shared__ float red[32];
-    const int nt = n >= 4096 ? 1024 : 256;
-    for (int v = threadIdx.x; v < nt; v += THREADS) {
-        float ss = 0.f;
-        for (int i = v; i < n; i += nt) {
-            const float e = a[i] + b[i];
-            xs[i] = e;
-            ss += e * e;
-        }
-        ss = rx_warp_sum(ss);
-        if ((v & 31) == 0) red[v >> 5] = ss;
-    }
-    __syncthreads();
-    float ss = 0.f;
-    for (int k = 0; k < nt / 32; ++k) ss += red[k];
-    const float r = 1.0f / sqrtf(ss / (float)n + eps);
-    const bool store = s != nullptr && blockIdx.x == 0;
-    for (int v = threadIdx.x; v < nt; v += THREADS) {
-        for (int i = v; i < n; i += nt) {  // the elements this thread wrote
-            const float e = xs[i];
-            if (store) s[i] = e;
-            xs[i] = w != nullptr ? e * r * __ldg(w + i) : e * r;
-        }
-    }
-    __syncthreads();
 }
 
 // The sums of a row group's partial dot products: each warp's lanes (butterfly: every lane gets
@@ -340,22 +300,15 @@ __device__ __forceinline__ void seg_select(const uint8_t* w0, const uint8_t* w1,
 // rx_x_lanes<TYPE>::chunks(n_in) * SLOTS * 16 bytes of dynamic shared memory), one copy for its
 // WARPS / KS * R rows, then the lane loop runs on them (rx_gemv_rows_limbs: byte dot products
 // instead of a float conversion and two FMA per weight).
-// NORM (T = 1): x is a residual a; the block first computes the normed input from a, nb, nw, eps
-// (rx_norm_stage, into its dynamic shared memory after the XS limbs), block 0 storing a + nb at
-// ns, and the products run on that copy.
 template <int TYPE, int TT, int KS, bool XQ = false, int R = GEMV_R, bool XS = false,
-          int WARPS = GEMV_WARPS, bool NORM = false>
+          int WARPS = GEMV_WARPS>
 __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,
                                           const uint8_t* __restrict__ w2, const float* __restrict__ x,
                                           float* __restrict__ y0, float* __restrict__ y1,
                                           float* __restrict__ y2, int T, int n_in, int n0, int n1,
-                                          int n2, long long row_bytes, int mode,
-                                          const float* __restrict__ nb = nullptr,
-                                          const float* __restrict__ nw = nullptr,
-                                          float* __restrict__ ns = nullptr, float eps = 0.0f) {
+                                          int n2, long long row_bytes, int mode) {
     static_assert(R % 2 == 0 && R * TT <= 32, "row pairs; a lane an output");
     static_assert(!(XQ && XS) && (!XS || TT == 1), "one x form; staged x: one token");
-    static_assert(!NORM || (TT == 1 && !XQ), "the fused norm: one token, float x");
     constexpr int GROUPS = WARPS / KS;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int group = warp / KS, slice = warp % KS;
@@ -371,9 +324,9 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
         seg_select(w0, w1, w2, y0, y1, y2, n0, n1, n2, GROUPS * R, w, y, n, b, blockIdx.x);
         row0 = (b * GROUPS + group) * R;
     }
-    // with KS > 1, XS or NORM, a group past n still joins the block's barriers
+    // with KS > 1 or XS, a group past n still joins the block's barriers
     const bool live = row0 < n;
-    if (KS == 1 && !XS && !NORM && !live) return;
+    if (KS == 1 && !XS && !live) return;
     // rows past n read row n - 1 (not stored): one copy of the main loop for both modes
     const uint8_t* rp[R];
 #pragma unroll
@@ -396,22 +349,15 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
         }
     }
     RX_PDL_ENTRY();
-    if constexpr (NORM) {
-        float* xs = (float*)rx_x_staged_words() +
-                    (XS ? 4 * rx_x_lanes<TYPE>::chunks(n_in) * rx_x_lanes<TYPE>::SLOTS : 0);
-        rx_norm_stage<WARPS * 32>(x, nb, nw, ns, eps, n_in, xs);
-        x = xs;
-    }
     float acc[R][TT];
     if constexpr (XQ) {  // x is the x limbs (rx_gemv_rows_xq), T = 1
         rx_gemv_rows_xq<TYPE, R>(rp, (const uint32_t*)x, live ? n_in : 0, 32 * slice + lane,
                                  32 * KS, acc);
     } else if constexpr (XS) {  // x as limbs in the lanes' order, in shared memory
-        rx_gemv_rows_limbs<TYPE, R>(rp, rx_stage_x_limbs<TYPE, WARPS * 32, NORM>(x, n_in),
-                                    live ? n_in : 0, 32 * slice + lane, 32 * KS, acc);
+        rx_gemv_rows_limbs<TYPE, R>(rp, rx_stage_x_limbs<TYPE, WARPS * 32>(x, n_in), live ? n_in : 0,
+                                    32 * slice + lane, 32 * KS, acc);
     } else {
-        rx_gemv_rows<TYPE, TT, R, false, NORM>(rp, x, T, live ? n_in : 0, 32 * slice + lane,
-                                               32 * KS, acc);
+        rx_gemv_rows<TYPE, TT, R>(rp, x, T, live ? n_in : 0, 32 * slice + lane, 32 * KS, acc);
     }
     gemv_sums<TT, KS, R, WARPS>(acc);
     if (slice == 0 && live) gemv_store<TT>(acc, swiglu, y, T, n, row0);
@@ -1236,11 +1182,6 @@ __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const u
         const float *__restrict__ x, float *__restrict__ y0, float *__restrict__ y1,                  \
         float *__restrict__ y2, int T, int n_in, int n0, int n1, int n2, long long row_bytes, int mode
 #define RX_MM_ARGS w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, n2, row_bytes, mode
-// the fused-norm GEMVs (gemv_body's NORM form): x is the residual a, then b, the norm's weight, s
-#define RX_MM_NORM_PARAMS                                                                             \
-    RX_MM_PARAMS, const float *__restrict__ nb, const float *__restrict__ nw, float *__restrict__ ns, \
-        float eps
-#define RX_MM_NORM_ARGS RX_MM_ARGS, nb, nw, ns, eps
 #define RX_MOE_PARAMS                                                                                 \
     const uint8_t *__restrict__ w, const uint8_t *__restrict__ w_up, const float *__restrict__ x,     \
         const int *__restrict__ ids, float *__restrict__ y, int T, int k, int n_in, int n_out,        \
@@ -1368,26 +1309,6 @@ __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const u
         reflex_moe_matmulx_##name(RX_MOE_PARAMS) {                                                   \
         RX_PDL_ENTRY();                                                                              \
         moe_body<TYPE, 4, true>(RX_MOE_ARGS);                                                         \
-    }                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(GEMVX_WARPS * 32)                                    \
-        reflex_matmul_gemv1xn_##name(RX_MM_NORM_PARAMS) {                                            \
-        gemv_body<TYPE, 1, 2, false, 4, true, GEMVX_WARPS, true>(RX_MM_NORM_ARGS);                    \
-    }
-
-// The one-token GEMVs with the residual add and RMSNorm before them (gemv_body's NORM form):
-// gemv1n, gemv1sn, gemv1wsn are gemv1, gemv1s, gemv1ws on the normed copy in shared memory.
-#define RX_QUANT_NORM_KERNELS(name, TYPE)                                                             \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
-        reflex_matmul_gemv1n_##name(RX_MM_NORM_PARAMS) {                                             \
-        gemv_body<TYPE, 1, 1, false, GEMV_R, false, GEMV_WARPS, true>(RX_MM_NORM_ARGS);               \
-    }                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
-        reflex_matmul_gemv1sn_##name(RX_MM_NORM_PARAMS) {                                            \
-        gemv_body<TYPE, 1, 2, false, GEMV_R, false, GEMV_WARPS, true>(RX_MM_NORM_ARGS);               \
-    }                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
-        reflex_matmul_gemv1wsn_##name(RX_MM_NORM_PARAMS) {                                           \
-        gemv_body<TYPE, 1, 2, false, 4, false, GEMV_WARPS, true>(RX_MM_NORM_ARGS);                    \
     }
 
 // The prefill tiles on x halves from unpacked weights (xhu_body), one pair per (SUB, MIN) of the

@@ -981,13 +981,13 @@ RX_HD void rx_gemv_units(const uint8_t* const (&rp)[R], const XT* __restrict__ x
 // warp's lanes take consecutive slots, stride 32, or the ks warps that split a row take
 // interleaved runs of 32: first = 32 * slice + lane, stride 32 * ks). With P =
 // rx_unit_lanes<T, TT> lanes a unit, slot k is part k % P of unit k / P. x rows are n_in floats
-// apart and 16-byte aligned; in global memory (read-only loads), or anywhere with XG.
+// apart and 16-byte aligned.
 //
 // Types whose unit has one scale (rx_unit_scaled<T>: a unit's values are a * v_i) accumulate
 // sum v_i * x_i per unit and add a * that sum: one multiply per unit and token instead of one
 // per element (the GEMV is not bit-exact with the dequantization anyway; tests bound it).
 
-template <int TYPE, int TT, int R, bool EXACT = false, bool XG = false>
+template <int TYPE, int TT, int R, bool EXACT = false>
 RX_HD void rx_gemv_rows(const uint8_t* const (&rp)[R], const float* __restrict__ x, int T, int n_in,
                         int first, int stride, float (&acc)[R][TT]) {
     typedef rx_lu<TYPE> L;
@@ -1022,8 +1022,8 @@ RX_HD void rx_gemv_rows(const uint8_t* const (&rp)[R], const float* __restrict__
 #pragma unroll
             for (int t = 0; t < TT; ++t) {
                 if (t < T) {
-                    rx_ld_x4<XG>(xb + (long long)t * n_in + e0, &xv[t][0]);
-                    rx_ld_x4<XG>(xb + (long long)t * n_in + e1, &xv[t][4]);
+                    rx_ld_f4(xb + (long long)t * n_in + e0, &xv[t][0]);
+                    rx_ld_f4(xb + (long long)t * n_in + e1, &xv[t][4]);
                 } else {
 #pragma unroll
                     for (int i = 0; i < 8; ++i) xv[t][i] = 0.0f;
@@ -1127,7 +1127,7 @@ struct rx_x_lanes {
 // (the last signed), then in the run's first slot s and in its second the run's sum of X (an
 // int32; the weights' min term takes it). rx_x_limb_run writes run h of lane l of chunk c (x has
 // n_in elements, out is the chunk's first word); a run past the row's end is zeros.
-template <int TYPE, bool XG = false>
+template <int TYPE>
 RX_HD void rx_x_limb_run(const float* __restrict__ x, int n_in, int c, int l, int h, uint32_t* out) {
     typedef rx_x_lanes<TYPE> XL;
     static_assert(XL::P == 1 && XL::STEPS == 4, "a lane run is its unit's 4 steps");
@@ -1137,7 +1137,7 @@ RX_HD void rx_x_limb_run(const float* __restrict__ x, int n_in, int c, int l, in
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
         if (e < n_in) {
-            rx_ld_x4<XG>(x + e + 4 * k, v + 4 * k);
+            rx_ld_f4(x + e + 4 * k, v + 4 * k);
         } else {
             v[4 * k] = v[4 * k + 1] = v[4 * k + 2] = v[4 * k + 3] = 0.0f;
         }
