@@ -1,7 +1,10 @@
 """One-token GEMV forms side by side on the GPU (a benchmark, not a test): the module's
 gemv1ws (float x from global memory) and gemv1x (x limbs staged in shared memory, 8 warps a
-block) against the block shapes of bench/gemv_lab.cu (compiled here with nvcc), on random K-quant
-weights of the Qwen3 shapes. Each launch cycles through copies of the weights that together exceed the L2, so
+block) against the forms of bench/gemv_lab.cu (compiled here with nvcc) -- other block shapes,
+the next unit's weights loaded ahead ("pf"), blocks walking several row sets ("@N": the grid
+capped at N blocks an SM), and for Q8_0 float-x shapes with more warps a row group -- on random
+K-quant and Q8_0 weights of the Qwen3 shapes. Launches of a few us are bound by the launch rate
+here (one Python launch after another), not by the kernel: compare those with Nsight Compute. Each launch cycles through copies of the weights that together exceed the L2, so
 every byte comes from HBM; microseconds a launch are the median of 3 timings of 40 launches.
 Each form's outputs are compared with gemv1ws's: bits equal, or the largest relative
 difference.
