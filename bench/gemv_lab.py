@@ -1,10 +1,9 @@
 """One-token GEMV forms side by side on the GPU (a benchmark, not a test): the module's
 gemv1ws (float x from global memory) and gemv1x (x limbs staged in shared memory, 8 warps a
-block) against the forms of bench/gemv_lab.cu (compiled here with nvcc) -- other block shapes,
-the next unit's weights loaded ahead ("pf"), blocks walking several row sets ("@N": the grid
-capped at N blocks an SM), and for Q8_0 float-x shapes with more warps a row group -- on random
+block) against the block shapes of bench/gemv_lab.cu (compiled here with nvcc), on random
 K-quant and Q8_0 weights of the Qwen3 shapes. Launches of a few us are bound by the launch rate
-here (one Python launch after another), not by the kernel: compare those with Nsight Compute. Each launch cycles through copies of the weights that together exceed the L2, so
+here (one Python launch after another), not by the kernel: compare those with Nsight Compute.
+Each launch cycles through copies of the weights that together exceed the L2, so
 every byte comes from HBM; microseconds a launch are the median of 3 timings of 40 launches.
 Each form's outputs are compared with gemv1ws's: bits equal, or the largest relative
 difference.
@@ -20,8 +19,6 @@ import numpy as np
 from labkit import load_lab, median_ms
 
 SIG = "PPPPPPPiiiiiqi"
-TYPES = {"q4_k": (12, 256, 144, (0, 2)), "q6_k": (14, 256, 210, (208,)),  # id, QK, bytes, f16
-         "q8_0": (8, 32, 34, (0,))}
 # (label, n_in, n_out, swiglu)
 SHAPES = [("8B o", 4096, 4096, False), ("8B qk", 4096, 5120, False),
           ("8B gate/up", 4096, 12288, True), ("8B down", 12288, 4096, False),
@@ -30,16 +27,14 @@ Q8_SHAPES = [("0.6B qkv", 1024, 4096, False), ("0.6B o", 2048, 1024, False),
              ("0.6B gate/up", 1024, 3072, True), ("0.6B down", 3072, 1024, False),
              ("0.6B head", 1024, 151936, False), ("8B o", 4096, 4096, False),
              ("8B gate/up", 4096, 12288, True), ("8B down", 12288, 4096, False)]
-# form -> (KS, R, WARPS, blocks an SM: 0 = a block a row set, else the grid is capped at that
-# many blocks per SM of the H200's 132 and each block walks row sets); "ws" and "x" are the
-# module's kernels; the lab kernel of form "f" or "f@N" is lab_f_<type>
-FORMS = {"ws": (2, 4, 4, 0), "x": (2, 4, 8, 0), "x16": (2, 4, 16, 0), "x8k4": (4, 4, 8, 0),
-         "loop@3": (2, 4, 8, 3), "loop@6": (2, 4, 8, 6), "pf": (2, 4, 8, 0), "pf@2": (2, 4, 8, 2),
-         "pf@4": (2, 4, 8, 4), "pf1": (1, 4, 8, 0), "pf4w": (2, 4, 4, 0), "pf4w@8": (2, 4, 4, 8),
-         "r8": (2, 8, 8, 0)}
-Q8_FORMS = {"ws": (2, 4, 4, 0), "w8k2": (2, 4, 8, 0), "w4k4": (4, 4, 4, 0), "w8k4": (4, 4, 8, 0),
-            "w8k8": (8, 4, 8, 0), "w16k8": (8, 4, 16, 0), "w8k4r2": (4, 2, 8, 0)}
-SMS = 132
+# form -> (KS, R, WARPS); "ws" and "x" are the module's kernels
+FORMS = {"ws": (2, 4, 4), "x": (2, 4, 8), "x16": (2, 4, 16), "x8k4": (4, 4, 8)}
+Q8_FORMS = {"ws": (2, 4, 4), "w8k2": (2, 4, 8), "w4k4": (4, 4, 4), "w8k4": (4, 4, 8),
+            "w8k8": (8, 4, 8), "w16k8": (8, 4, 16), "w8k4r2": (4, 2, 8)}
+# type -> (id, QK, bytes a block, offsets of its f16 scales, shapes, forms)
+TYPES = {"q4_k": (12, 256, 144, (0, 2), SHAPES, FORMS),
+         "q6_k": (14, 256, 210, (208,), SHAPES, FORMS),
+         "q8_0": (8, 32, 34, (0,), Q8_SHAPES, Q8_FORMS)}
 
 
 def main() -> int:
@@ -48,14 +43,11 @@ def main() -> int:
     from reflex_core.cuda.start import start
 
     start().wait()
-    names = sorted({f"lab_{f.split('@')[0]}_{t}" for t in TYPES
-                    for f in (Q8_FORMS if t == "q8_0" else FORMS) if f not in ("ws", "x")})
+    names = [f"lab_{f}_{t}" for t, v in TYPES.items() for f in v[5] if f not in ("ws", "x")]
     lab = load_lab("gemv_lab.cu", {n: SIG for n in names})
     core = modules.get_kernels(quant_ops.COMMON_MODULE)
     rng = np.random.default_rng(7)
-    for tname, (t, qk, ts, f16) in TYPES.items():
-        shapes = Q8_SHAPES if tname == "q8_0" else SHAPES
-        forms = Q8_FORMS if tname == "q8_0" else FORMS
+    for tname, (t, qk, ts, f16, shapes, forms) in TYPES.items():
         for label, n_in, n_out, swiglu in (shapes[2:3] if ncu else shapes):
             nb = n_in // qk
             rows = 2 * n_out if swiglu else n_out
@@ -78,21 +70,19 @@ def main() -> int:
             half = n_out * rb
             ref = None
             line = []
-            for form, (ks, r, warps, cap) in forms.items():
+            for form, (ks, r, warps) in forms.items():
                 if form == "ws":
                     kern, name, smem = core, f"reflex_matmul_gemv1ws_{tname}", 0
                 elif form == "x":
                     kern, name = core, f"reflex_matmul_gemv1x_{tname}"
                     smem = quant_ops.x_staged_bytes(t, n_in)
                 else:
-                    kern, name = lab, f"lab_{form.split('@')[0]}_{tname}"
-                    smem = 0 if tname == "q8_0" else quant_ops.x_staged_bytes(t, n_in)
+                    kern, name = lab, f"lab_{form}_{tname}"
+                    smem = quant_ops.x_staged_bytes(t, n_in) if t in quant_ops.XS_CHUNK else 0
                 if smem:
                     kern.allow_shmem(name, smem)
                 per_block = warps // ks * (r // 2 if swiglu else r)
                 grid = -(-n_out // per_block)
-                if cap:
-                    grid = min(grid, cap * SMS)
 
                 def launch(w):
                     args = ((w, w + half, 0, xp, yp, 0, 0, 1, n_in, n_out, 0, 0, rb, 1) if swiglu
