@@ -14,6 +14,7 @@ Kernels (launch shape)
   reflex_swiglu         y = silu(g) * u                   grid ceil(n/256), block 256   [PPPi]
   reflex_rmsnorm        per row x/sqrt(mean(x^2)+eps)*w   grid rows, block 256|1024     [PPPif]
   reflex_add_rmsnorm    s = a + b; n = rmsnorm(s) * w      grid rows, block 256|1024     [PPPPPif]
+  reflex_norm_apply     y *= RMSNorm scale from block sums  grid ceil(n/256), block 256   [PPiif]
   reflex_rope           NEOX / NORM rotation, YaRN        grid (H, T), block 128        [PPPiiiidddddd]
   reflex_kv_write       K and V rows into cache cells     grid ceil(n/256)<=4096, 256   [PPPPii]
   reflex_qk_norm_rope_store  per-head RMSNorm + RoPE of q and k, K/V into the cache
@@ -281,6 +282,20 @@ extern "C" __global__ void reflex_add_rmsnorm(const float* __restrict__ a, const
     } else {
         for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = sr[i] * r;
     }
+}
+
+// norm_apply: y *= 1 / sqrt(sum(part[0 .. n_part)) / n + eps), in place. y and part are a
+// residual-step GEMV's outputs (reflex_matmul_gemv1{ws,x}r_<t>: y = h * w, part its block sums of
+// h^2), so y becomes rmsnorm(h) * w for a reader that does not apply the scale itself; every warp
+// computes the scale in rx_norm_scale's order, the one the GEMV_NORMED GEMVs use.
+extern "C" __global__ void reflex_norm_apply(float* __restrict__ y, const float* __restrict__ part,
+                                             int n_part, int n, float eps) {
+    RX_PDL_ENTRY();
+    float pv[RX_NORM_PV];
+    rx_norm_load(part, n_part, pv);
+    const float r = rx_norm_scale(part, n_part, pv, n, eps);
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] *= r;
 }
 
 // ------------------------------------------------------------------------------------------

@@ -8,7 +8,10 @@
 // reflex_moe_tiled_<t>; the types with an integer view (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K) also
 // reflex_matmul_xh_<t> and reflex_moe_xh_<t>, the prefill tiles on x halves (reflex_x_halves,
 // cuda/core.cu), and reflex_qi_unpack_<t>; the K-quants (Q4_K, Q5_K, Q6_K) the one-token GEMVs
-// on x limbs staged in shared memory, reflex_matmul_gemv1x_<t> and reflex_moe_matmulx_<t>; and
+// on x limbs staged in shared memory, reflex_matmul_gemv1x_<t> and reflex_moe_matmulx_<t>; the
+// types a decode step's residual projections and norm readers mostly have (F32, F16, Q8_0 and
+// the K-quants) the residual step fused into the wide one-token GEMVs,
+// reflex_matmul_gemv1ws{r,n}_<t> (and reflex_matmul_gemv1x{r,n}_<t> for the K-quants); and
 // once, the tiles on x halves from unpacked weights, reflex_matmul_xhu{,64}_{s32,m32,s16}. Their
 // algorithm, parameters and launch shapes are documented
 // with their bodies in reflex/quant_kernels.cuh. Launchers (which module serves which type):
@@ -27,6 +30,15 @@ RX_QUANT_KERNELS(q5_1, RX_Q5_1)
 RX_QUANT_KERNELS(q4_k, RX_Q4_K)
 RX_QUANT_KERNELS(q5_k, RX_Q5_K)
 RX_QUANT_KERNELS(q6_k, RX_Q6_K)
+RX_QUANT_NORM_KERNELS(f32, RX_F32)
+RX_QUANT_NORM_KERNELS(f16, RX_F16)
+RX_QUANT_NORM_KERNELS(q8_0, RX_Q8_0)
+RX_QUANT_NORM_KERNELS(q4_k, RX_Q4_K)
+RX_QUANT_NORM_KERNELS(q5_k, RX_Q5_K)
+RX_QUANT_NORM_KERNELS(q6_k, RX_Q6_K)
+RX_QUANT_XS_NORM_KERNELS(q4_k, RX_Q4_K)
+RX_QUANT_XS_NORM_KERNELS(q5_k, RX_Q5_K)
+RX_QUANT_XS_NORM_KERNELS(q6_k, RX_Q6_K)
 RX_QUANT_XS_KERNEL(q4_k, RX_Q4_K)
 RX_QUANT_XS_KERNEL(q5_k, RX_Q5_K)
 RX_QUANT_XS_KERNEL(q6_k, RX_Q6_K)

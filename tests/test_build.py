@@ -228,6 +228,8 @@ def test_every_launched_kernel_is_in_the_manifest_with_its_arity(core_manifest):
                                    + 2 * len(quant_ops.XQ_TYPES)  # + gemvq1{,s}
                                    + 3 * len(quant_ops.XH_TYPES)  # + xh, moe_xh, qi_unpack
                                    + 2 * len(quant_ops.XS_CHUNK)  # + gemv1x, moe_matmulx
+                                   + 2 * len(quant_ops.NORM_TYPES)  # + gemv1ws{r,n}
+                                   + 2 * len(quant_ops.NORM_TYPES & set(quant_ops.XS_CHUNK))
                                    + 6)  # the xhu tiles: xhu, xhu64 of s32, m32, s16
     missing = sorted(n for n in literals | weight_kernels if n not in kernels)
     assert not missing, f"launched but not built: {missing}"

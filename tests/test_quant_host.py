@@ -453,7 +453,8 @@ class _FakeKernels:
 
         packer(self.signatures[name]).pack(args)  # struct.error on a count or type mismatch
         assert shmem <= self.allowed.get(name, 32 << 10), f"{name}: {shmem} bytes not allowed"
-        self.calls.append((name, tuple(grid), tuple(block), tuple(args)))
+        grid, block = ((v, 1, 1) if type(v) is int else tuple(v) for v in (grid, block))
+        self.calls.append((name, grid, block, tuple(args)))
         self.shmem.append(shmem)
 
 
@@ -629,6 +630,126 @@ def test_launcher_choices(quant_signatures):
     with pytest.raises(UnsupportedTensorType):
         q.plan(40, (256, 4), W)  # NVFP4
     assert "not a positive multiple of the block size 256" in q.plan(12, (1000, 4), W).error
+
+
+def test_fused_norm_launches(quant_signatures):
+    """The residual step's forms are those of the wide one-token GEMV the plain launch takes
+    (same grid, block and shared memory; the norm's arguments after the matmul's); none where
+    the plain launch is another GEMV, the type has none, or (producer) more than one weight or
+    SwiGLU."""
+    from reflex_core.cuda import quant_ops as q
+
+    k = _FakeKernels(quant_signatures)
+    W, X, Y, R, WN, H, P = (i << 20 for i in range(1, 8))
+
+    def both(t, n_in, ws, n_outs, swiglu, form):
+        ps = [q.plan(t, (n_in, n), w) for w, n in zip(ws, n_outs)]
+        pad = (0,) * (3 - len(ws))
+        outs = tuple(n_outs) + pad if not swiglu else (n_outs[0], 0, 0)
+        ys = (Y, 0, 0) if swiglu else tuple(Y + 4 * i for i in range(len(ws))) + pad
+        ok = all(p.gemv_w_ok for p in ps)
+        c = q.fused_norm_launch(k, ps[0], outs, swiglu, ok, X, form)
+        if c is None:
+            return None
+        q.matmul_planned(k, ps[0], X, 1, tuple(ws) + pad, ys, outs, swiglu, ok)
+        q.matmul_fused(k, c, ps[0], X, tuple(ws) + pad, ys, outs, swiglu, R, WN, H, P, c[1][0],
+                       1e-6)
+        return k.calls[-2], k.shmem[-2], k.calls[-1], k.shmem[-1]
+
+    for t, n_in, ws, n_outs, swiglu, form, want in (
+            (12, 2048, [W], [1024], False, "r", "gemv1x"),
+            (12, 2048, [W], [1024], False, "n", "gemv1x"),
+            (12, 2048, [W, W + 16], [512, 512], True, "n", "gemv1x"),
+            (14, 12288 + 256, [W], [4096], False, "r", "gemv1x"),
+            (8, 1024, [W, W + 2, W + 4], [2048, 1024, 1024], False, "n", "gemv1ws"),
+            (8, 2048, [W], [1024], False, "r", "gemv1ws"),
+            (8, 1024, [W, W + 2], [3072, 3072], True, "n", "gemv1ws"),
+            (0, 512, [W], [1024], False, "r", "gemv1ws")):
+        plain, plain_smem, fused, fused_smem = both(t, n_in, ws, n_outs, swiglu, form)
+        suffix = q._TYPES[t][0]
+        assert plain[0] == f"reflex_matmul_{want}_{suffix}"
+        assert fused[0] == f"reflex_matmul_{want}{form}_{suffix}"
+        assert fused[1:3] == plain[1:3] and fused_smem == plain_smem
+        assert fused[3] == plain[3] + (R, WN, H, P, plain[1][0], 1e-6)
+    for t, n_in, ws, n_outs, swiglu, form in (
+            (12, 2048, [W], [1023], False, "r"),  # gemv1s (under GEMV_WIDE_MIN_ROWS)
+            (12, 1024, [W], [4096], False, "n"),  # gemv1 (rows of few lane units)
+            (8, 1024, [W, W + 2], [3072, 3072], True, "r"),  # a producer has one weight
+            (8, 1024, [W, W + 2], [2048, 2048], False, "r"),
+            (2, 1024, [W], [4096], False, "n"),  # Q4_0: not in NORM_TYPES
+            (23, 1024, [W], [4096], False, "n")):  # IQ4_XS (the low-bit module)
+        assert both(t, n_in, ws, n_outs, swiglu, form) is None
+    p = q.plan(12, (2048, 4096), W + 1)  # misaligned weights: the plain launch is the tiled one
+    assert q.fused_norm_launch(k, p, (4096, 0, 0), False, p.gemv_w_ok, X, "n") is None
+    p = q.plan(12, (2048, 4096), W)
+    assert q.fused_norm_launch(k, p, (4096, 0, 0), False, True, X + 4, "n") is None
+
+
+def test_residual_step_runs_inside_the_gemvs(quant_signatures, monkeypatch):
+    """CudaOps of one token: a matmul that the producer form fits is deferred; add_rmsnorm on it
+    launches that form (h = a + W x, y = h * w, the block sums) and no norm kernel; the GEMVs
+    that read y apply the scale themselves; any other reader of y gets reflex_norm_apply once,
+    in place, and the deferred product itself is still launched for a reader of it."""
+    from reflex_core.backends import cuda_backend as cb
+    from reflex_core.backends import device_array as da
+    from reflex_core.cuda import quant_ops as q
+    from reflex_core.ops import Weight
+
+    top = [1 << 30]
+
+    def alloc(n):
+        top[0] += (n + 255) & ~255
+        return top[0] - ((n + 255) & ~255)
+
+    monkeypatch.setattr(da, "_alloc", alloc)
+    monkeypatch.setattr(da, "_free", lambda p: None)
+    monkeypatch.setattr(cb, "FUSE_NORM", True)
+    k = _FakeKernels(quant_signatures)
+    ops = object.__new__(cb.CudaOps)
+    ops.k, ops._quant_ops, ops._quant_k = k, q, {"quant": k, "quant_lowbit": k}
+    D, F = 4096, 12288
+
+    def weight(name, n_in, n_out, at):
+        return Weight(name, 12, (n_in, n_out), at, q.plan(12, (n_in, n_out), at))
+
+    wo, wg, wu, wd = (weight(n, i, o, (j + 1) << 24) for j, (n, i, o) in enumerate(
+        (("o", D, D), ("gate", D, F), ("up", D, F), ("down", F, D))))
+    x = da.DeviceArray(alloc(4 * D), (1, D), None)
+    resid = da.DeviceArray(alloc(4 * D), (1, D), None)
+    o = ops.matmul(x, wo)
+    assert type(o) is da.LazyArray and k.calls == []
+    s, y = ops.add_rmsnorm(resid, o, None, 1e-6)
+    (name, grid, block, args), = k.calls
+    n_part = grid[0]
+    assert name == "reflex_matmul_gemv1xr_q4_k" and n_part == D // 16 and block == (256, 1, 1)
+    assert args[:5] == (wo.data, 0, 0, x.ptr, y.address) and args[9:11] == (D, 0)
+    assert args[14:] == (resid.ptr, 0, s.ptr, args[17], n_part, 0.0)
+    g = ops.matmul_swiglu(y, wg, wu)
+    name, grid, block, args = k.calls[-1]
+    assert name == "reflex_matmul_gemv1xn_q4_k" and args[3] == y.address
+    assert args[-3:-1] == (s.ptr + 4 * D, n_part)  # the block sums after h (256-byte aligned)
+    assert abs(args[-1] - 1e-6) < 1e-12 and len(k.calls) == 2
+    assert type(g) is da.DeviceArray and type(y.pending) is cb._NormScale
+    # a reader without a normed form (a view's pointer): the scale is applied once, in place
+    assert ops.view(y, (D,)).ptr == y.address and y.pending is None
+    assert k.calls[-1] == ("reflex_norm_apply", (16, 1, 1), (256, 1, 1),
+                           (y.address, s.ptr + 4 * D, n_part, D, 1e-6))
+    ops.matmul_swiglu(y, wg, wu)
+    assert k.calls[-1][0] == "reflex_matmul_gemv1x_q4_k" and len(k.calls) == 4
+    # the deferred product itself, read: the plain GEMV, once
+    assert o.ptr == o.address and k.calls[-1][0] == "reflex_matmul_gemv1x_q4_k"
+    assert k.calls[-1][3][3:5] == (x.ptr, o.address) and len(k.calls) == 5
+    # two tokens, or a GEMV without the forms: nothing deferred
+    x2 = da.DeviceArray(alloc(8 * D), (2, D), None)
+    assert type(ops.matmul(x2, wo)) is da.DeviceArray and len(k.calls) == 6
+    d = ops.matmul(da.DeviceArray(alloc(4 * F), (1, F), None), wd)
+    s2, y2 = ops.add_rmsnorm(s, d, None, 1e-5)
+    assert k.calls[-1][0] == "reflex_matmul_gemv1xr_q4_k" and k.calls[-1][3][14] == s.ptr
+    monkeypatch.setattr(cb, "FUSE_NORM", False)
+    o = ops.matmul(x, wo)
+    assert type(o) is da.DeviceArray
+    s3, y3 = ops.add_rmsnorm(resid, o, None, 1e-6)
+    assert [c[0] for c in k.calls[-2:]] == ["reflex_matmul_gemv1x_q4_k", "reflex_add_rmsnorm"]
 
 
 def test_quant_ops_imports_no_numpy():

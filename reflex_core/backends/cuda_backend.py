@@ -35,7 +35,7 @@ from ..cuda.modules import limit
 from ..errors import ModelError, ReflexError
 from ..ggml_types import GGML_TYPES
 from ..ops import Batch, Ops, RopeParams, Weight, moe_route_groups
-from .device_array import Block, DeviceArray, Prepared, empty, empty_f32, prod
+from .device_array import Block, DeviceArray, LazyArray, Prepared, empty, empty_f32, prod
 
 _F32 = 0
 _LORA_TILE, _LORA_BLOCK_Y = 32, 8  # cuda/core.cu LORA_TILE, LORA_BLOCK_Y (reflex_lora_add)
@@ -48,6 +48,11 @@ _XH = os.environ.get("REFLEX_XH", "1") != "0"
 # ... from weights unpacked once per launch for long prompts (quant_ops.xh_unpack_bytes);
 # REFLEX_XH_UNPACK=0 keeps the tile decoding them (an A/B switch)
 _XH_UNPACK = os.environ.get("REFLEX_XH_UNPACK", "1") != "0"
+# A decode step's residual add + RMSNorm runs inside the GEMVs around it (quant_ops.NORM_TYPES):
+# the output projection before it adds the residual, the GEMVs after it apply the norm's scale.
+# REFLEX_FUSE_NORM=0 launches reflex_add_rmsnorm instead (an A/B switch: the normed values differ
+# by rounding, the residual stream not at all).
+FUSE_NORM = os.environ.get("REFLEX_FUSE_NORM", "1") != "0"
 # The prefill's attention runs on the tensor cores (reflex_attention_mma128/256); REFLEX_ATT_MMA=0
 # keeps the float32 query tiles (an A/B switch: the two differ by rounding only).
 ATT_MMA = os.environ.get("REFLEX_ATT_MMA", "1") != "0"
@@ -152,6 +157,40 @@ def _attention_kernel(dk: int, dv: int, *ptrs: int) -> str:
     if dk % 4 or dv % 4 or any(p % 16 for p in ptrs):
         return "reflex_attention"
     return "reflex_attention_vec128" if max(dk, dv) <= 128 else "reflex_attention_vec256"
+
+
+class _PendingGemv:
+    """CudaOps.matmul of one token, deferred (its LazyArray's ``pending``): an add_rmsnorm that
+    takes it as the branch output launches its residual-step form (``resnorm``,
+    quant_ops.fused_norm_launch "r") instead; a reader of the product itself gets the plain
+    GEMV launched first (:meth:`ready`). Holds x until then."""
+
+    __slots__ = ("ops", "m", "x", "w_ptr", "resnorm")
+
+    def __init__(self, ops: "CudaOps", m, x, w_ptr: int, resnorm: tuple):
+        self.ops, self.m, self.x, self.w_ptr, self.resnorm = ops, m, x, w_ptr, resnorm
+
+    def ready(self, arr: LazyArray) -> None:
+        m = self.m
+        self.ops._matmul_launch(m, self.x, 1, (self.w_ptr, 0, 0), (arr.address, 0, 0),
+                                (m.n_out, 0, 0), False, m.gemv_w_ok)
+
+
+class _NormScale:
+    """The output of a fused add_rmsnorm of one row: the array holds ``h * w``, still to be
+    scaled by ``1 / rms(h)`` from the producer's block sums ``part``. A one-token GEMV with a
+    normed form (quant_ops.fused_norm_launch "n") applies the scale itself; any other reader gets
+    reflex_norm_apply launched first, in place (:meth:`ready`)."""
+
+    __slots__ = ("k", "part", "n_part", "n", "eps")
+
+    def __init__(self, k, part: int, n_part: int, n: int, eps: float):
+        self.k, self.part, self.n_part, self.n, self.eps = k, part, n_part, n, eps
+
+    def ready(self, arr: LazyArray) -> None:
+        n = self.n
+        self.k.launch("reflex_norm_apply", (n + 255) // 256, 256,
+                      (arr.address, self.part, self.n_part, n, self.eps))
 
 
 class CudaOps(Ops):
@@ -578,21 +617,40 @@ class CudaOps(Ops):
         if shape[-1] != n_in:
             raise ValueError(f"matmul: input has {shape[-1]} columns, {w.name!r} expects {n_in}")
         T = x.size // n_in
+        if T == 1 and FUSE_NORM and m.fused is not None and n_out:
+            # one token: deferred, in case an add_rmsnorm takes it as its branch output
+            rn = self._quant_ops.fused_norm_launch(self._qkern(m.module), m, (n_out, 0, 0), False,
+                                                   m.gemv_w_ok, x.address, "r")
+            if rn is not None:
+                blk = Block(4 * n_out)
+                return LazyArray(blk.ptr, shape[:-1] + (n_out,), blk,
+                                 _PendingGemv(self, m, x, w.data, rn), n_out)
         y = empty_f32(shape[:-1] + (n_out,), T * n_out)
         if T and n_out:
-            self._matmul_launch(m, x.ptr, T, (w.data, 0, 0), (y.ptr, 0, 0), (n_out, 0, 0), False,
+            self._matmul_launch(m, x, T, (w.data, 0, 0), (y.ptr, 0, 0), (n_out, 0, 0), False,
                                 m.gemv_w_ok)
         return y
 
-    def _matmul_launch(self, m, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: tuple,
+    def _matmul_launch(self, m, x, T: int, w_ptrs: tuple, y_ptrs: tuple,
                        n_outs: tuple, swiglu: bool, gemv_ok: bool) -> None:
         """One matmul launch of up to three weights planned by ``m``: on x halves for more than
         a GEMV's tokens of an XH type, on x limbs for one token of an XQ type, through float32
         copies of the weights for long prompts of the other quantized types
-        (quant_ops.dequant_first_bytes), else quant_ops' GEMV/tiled choice. The scratch goes
-        back to the caching allocator at once: what reuses it runs after these launches on the
-        same stream."""
+        (quant_ops.dequant_first_bytes), else quant_ops' GEMV/tiled choice; an x that a fused
+        add_rmsnorm left unscaled (:class:`_NormScale`) by the GEMV's normed form where it has
+        one. The scratch goes back to the caching allocator at once: what reuses it runs after
+        these launches on the same stream."""
         qo = self._quant_ops
+        if T == 1 and type(x) is LazyArray and type(x.pending) is _NormScale and not (
+                m.gemvq is not None and gemv_ok and _GEMV_XQ):
+            kern = self._qkern(m.module)
+            c = qo.fused_norm_launch(kern, m, n_outs, swiglu, gemv_ok, x.address, "n")
+            if c is not None:
+                ns = x.pending
+                qo.matmul_fused(kern, c, m, x.address, w_ptrs, y_ptrs, n_outs, swiglu, 0, 0, 0,
+                                ns.part, ns.n_part, ns.eps)
+                return
+        x_ptr = x.ptr
         xq = None  # x in the form the chosen kernel reads, in scratch: halves or limbs
         if T > qo.GEMV_MAX_T and m.xh is not None and _XH:
             xq = self._x_halves(x_ptr, T, m.n_in)
@@ -653,7 +711,7 @@ class CudaOps(Ops):
         n = len(ws)
         if one_type and n <= 3:  # q/k/v of one type (so of one module): one launch
             pad = (0,) * (3 - n)
-            self._matmul_launch(metas[0], x.ptr, T, tuple(w.data for w in ws) + pad,
+            self._matmul_launch(metas[0], x, T, tuple(w.data for w in ws) + pad,
                                 tuple(y.ptr for y in outs) + pad,
                                 tuple(m.n_out for m in metas) + pad, False, gemv_ok)
             return outs
@@ -664,7 +722,7 @@ class CudaOps(Ops):
             for c in range(0, len(idx), 3):
                 run = idx[c:c + 3]
                 pad = (0,) * (3 - len(run))
-                self._matmul_launch(metas[run[0]], x.ptr, T, tuple(ws[k].data for k in run) + pad,
+                self._matmul_launch(metas[run[0]], x, T, tuple(ws[k].data for k in run) + pad,
                                     tuple(outs[k].ptr for k in run) + pad,
                                     tuple(metas[k].n_out for k in run) + pad, False,
                                     all(metas[k].gemv_w_ok for k in run))
@@ -686,7 +744,7 @@ class CudaOps(Ops):
         T = x.size // n_in
         y = empty_f32(shape[:-1] + (n_out,), T * n_out)
         if T and n_out:
-            self._matmul_launch(mg, x.ptr, T, (gate.data, up.data, 0), (y.ptr, 0, 0),
+            self._matmul_launch(mg, x, T, (gate.data, up.data, 0), (y.ptr, 0, 0),
                                 (n_out, 0, 0), True, mg.gemv_w_ok and mu.gemv_w_ok)
         return y
 
@@ -709,6 +767,8 @@ class CudaOps(Ops):
         size = a.size
         rows = size // n if n else 0
         wp = 0 if w is None else self._f32_vector(w, n)
+        if rows == 1 and type(b) is LazyArray and type(b.pending) is _PendingGemv:
+            return self._add_rmsnorm_fused(a, b.pending, wp, n, eps)
         # s and y from one allocation (s at a 256-byte aligned offset after y)
         off = (4 * size + 255) & ~255
         blk = Block(2 * off or 4)
@@ -718,6 +778,24 @@ class CudaOps(Ops):
             self.k.launch("reflex_add_rmsnorm", rows, 1024 if n >= 4096 else 256,
                           (a.ptr, b.ptr, wp, s.ptr, y.ptr, n, eps))
         return s, y
+
+    def _add_rmsnorm_fused(self, a, pg: _PendingGemv, wp: int, n: int,
+                           eps: float) -> tuple[DeviceArray, LazyArray]:
+        """add_rmsnorm of one row whose branch output is a deferred GEMV: its residual-step
+        form writes s = a + W x and y = s * w with the block sums of s^2; y's scale is left to
+        its readers (:class:`_NormScale`). The deferred product itself stays available."""
+        m = pg.m
+        name, grid, block, smem = pg.resnorm
+        n_part = grid[0]
+        off = (4 * n + 255) & ~255
+        blk = Block(2 * off + 4 * n_part)
+        y, s, part = blk.ptr, blk.ptr + off, blk.ptr + 2 * off
+        self._quant_ops.matmul_fused(self._qkern(m.module), pg.resnorm, m, pg.x.ptr,
+                                     (pg.w_ptr, 0, 0), (y, 0, 0), (n, 0, 0), False, a.ptr, wp, s,
+                                     part, n_part, 0.0)
+        shape = a.shape
+        return (DeviceArray(s, shape, blk, "f32", n),
+                LazyArray(y, shape, blk, _NormScale(self.k, part, n_part, n, eps), n))
 
     def _rope_args(self, p: RopeParams) -> tuple:
         """(n_rot, neox, freq_base, freq_scale, ext_factor, attn_factor, corr_lo, corr_hi) of
@@ -872,6 +950,8 @@ class CudaOps(Ops):
         if R == 0:
             return empty((0, n))
         r0 = rows[0]
+        if r0 == 0 and R == n_rows and x.shape == (R, n):  # all of x: x itself (an x whose
+            return x                                          # norm scale is pending keeps it)
         if rows == list(range(r0, r0 + R)):  # a contiguous run: a view, no copy
             return DeviceArray(x.ptr + 4 * r0 * n, (R, n), x.owner, x.dtype)
         idx = empty((R,), "i32")

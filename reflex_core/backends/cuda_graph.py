@@ -68,6 +68,13 @@ class DecodeGraph:
         ops.replaying = True  # launches may be chosen for replays (attention_splits)
 
     # -- the step ---------------------------------------------------------------------------
+    def _forward(self, batch: Any, state: Any) -> Any:
+        """The model's forward with its output's contents launched: the backend may defer a
+        launch until its output is read (LazyArray), and a capture or trace must hold it."""
+        out = self.model.forward(batch, state, [0])
+        getattr(out, "ptr", None)
+        return out
+
     def forward(self, batch: Any, state: Any) -> Any:
         self.steps += 1
         shape = (batch.n_tokens, len(batch.runs))
@@ -77,7 +84,7 @@ class DecodeGraph:
             _drv.check(d.cuGraphLaunch(self._exec, self._stream), "cuGraphLaunch")
             return self._out
         if self._failed or self._exec is not None:  # another shape than the graph's: eager
-            return self.model.forward(batch, state, [0])
+            return self._forward(batch, state)
         if len(self._traces) < EAGER_STEPS:
             return self._traced(batch, state, shape)
         if self._eligible():
@@ -85,7 +92,7 @@ class DecodeGraph:
             if out is not None:
                 return out
         self._failed = True
-        return self.model.forward(batch, state, [0])
+        return self._forward(batch, state)
 
     def _traced(self, batch: Any, state: Any, shape: tuple[int, int]) -> Any:
         launches: list = []
@@ -93,7 +100,7 @@ class DecodeGraph:
         modules.launch_trace, memory.copy_trace = launches, copies
         memory.record_begin()
         try:
-            out = self.model.forward(batch, state, [0])
+            out = self._forward(batch, state)
         finally:
             modules.launch_trace, memory.copy_trace = None, None
             temps = memory.record_end()
@@ -139,7 +146,7 @@ class DecodeGraph:
                 self._stream, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED),
                 "cuStreamBeginCapture")
             try:
-                out = self.model.forward(batch, state, [0])
+                out = self._forward(batch, state)
             finally:
                 graph = _drv.check(d.cuStreamEndCapture(self._stream), "cuStreamEndCapture")
             self._graph = graph

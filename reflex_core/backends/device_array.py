@@ -62,8 +62,51 @@ class DeviceArray:
     def ndim(self) -> int:
         return len(self.shape)
 
+    @property
+    def address(self) -> int:
+        """The address, without making deferred contents ready (:class:`LazyArray`)."""
+        return self.ptr
+
     def __repr__(self) -> str:
         return f"DeviceArray({self.ptr:#x}, shape={self.shape}, {self.dtype})"
+
+
+_SLOT_PTR = DeviceArray.__dict__["ptr"]  # the base class's address slot
+
+
+class LazyArray(DeviceArray):
+    """A float32 DeviceArray whose contents a deferred launch writes (or finishes): ``pending``
+    is the deferral (an object whose ``ready(array)`` does it), or None once done. Reading
+    :attr:`ptr` makes it ready first, so every kernel, copy or view that takes the address sees
+    the contents; a consumer that computes them itself reads :attr:`address` and leaves
+    ``pending`` in place for the readers after it. The deferred launch reads its inputs when it
+    runs: the backend defers only launches whose inputs no op writes in place."""
+
+    __slots__ = ("pending",)
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], owner: Any, pending: Any,
+                 size: int | None = None):
+        super().__init__(ptr, shape, owner, "f32", size)
+        self.pending = pending
+
+    @property  # type: ignore[override]
+    def ptr(self) -> int:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.ready(self)
+        return _SLOT_PTR.__get__(self, DeviceArray)
+
+    @ptr.setter
+    def ptr(self, value: int) -> None:
+        _SLOT_PTR.__set__(self, value)
+
+    @property
+    def address(self) -> int:
+        return _SLOT_PTR.__get__(self, DeviceArray)
+
+    def __repr__(self) -> str:
+        return (f"LazyArray({self.address:#x}, shape={self.shape}, "
+                f"pending={self.pending is not None})")
 
 
 def empty(shape: Sequence[int], dtype: str = "f32") -> DeviceArray:

@@ -288,6 +288,16 @@ XS_MAX_SHMEM = 200 << 10  # the staged x of one block (the H100/H200 allow 227 K
 GEMV_XS = os.environ.get("REFLEX_GEMV_XS", "1") != "0"
 
 
+# Types whose wide one-token GEMVs (gemv1ws, and gemv1x for XS_CHUNK) also come in the residual
+# step's two forms (reflex_matmul_gemv1{ws,x}{r,n}_<t>, gemv_body's EPI): "r", an output
+# projection that adds the residual itself and leaves h * w and its block sums of h^2; "n", a
+# GEMV on that h * w that applies the norm's scale to its sums. A decode step's add + RMSNorm
+# then needs no launch of its own (CudaOps.add_rmsnorm, one row). The types a decode step's
+# projections mostly have: F32, F16, Q8_0, Q4_K, Q5_K, Q6_K (each form adds to the module image
+# the CUDA start loads).
+NORM_TYPES = frozenset({0, 1, 8, 12, 13, 14})
+
+
 def x_staged_bytes(ggml_type: int, n_in: int) -> int:
     """Dynamic shared memory of reflex_matmul_gemv1x_<t> for rows of ``n_in``: x in whole chunks."""
     c = XS_CHUNK[ggml_type]
@@ -305,7 +315,7 @@ class MatPlan:
 
     __slots__ = ("ggml_type", "module", "n_in", "n_out", "n_elements", "row_bytes", "gemv",
                  "gemv1s", "gemv1ws", "gemv1x", "x_staged", "gemvq", "split", "tiled", "xh",
-                 "gemv_w_ok", "error")
+                 "fused", "gemv_w_ok", "error")
 
     def __init__(self, ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight"):
         suffix, tname, bs, _, align = _info(ggml_type)
@@ -329,6 +339,12 @@ class MatPlan:
         self.tiled = f"reflex_matmul_tiled_{suffix}"
         # more than GEMV_MAX_T tokens on x halves (XH_TYPES), else None
         self.xh = f"reflex_matmul_xh_{suffix}" if ggml_type in XH_TYPES else None
+        # NORM_TYPES: the wide one-token GEMV's name -> its residual-step forms {"r": ..., "n": ...}
+        self.fused: dict[str, dict[str, str]] | None = None
+        if ggml_type in NORM_TYPES:
+            self.fused = {f"reflex_matmul_gemv1{f}_{suffix}":
+                          {e: f"reflex_matmul_gemv1{f}{e}_{suffix}" for e in "rn"}
+                          for f in (("ws", "x") if ggml_type in XS_CHUNK else ("ws",))}
         self.error: str | None = None
         self.row_bytes = 0
         if len(ne) > 2 and any(v != 1 for v in ne[2:]):
@@ -365,6 +381,55 @@ def _tile_grid(T: int, n_outs: tuple, swiglu: bool) -> tuple[int, int]:
     return gx, gy
 
 
+def _gemv1_wide(kern, p: MatPlan, n_outs: tuple, swiglu: bool, gemv_w_ok: bool,
+                x_ptr: int) -> tuple | None:
+    """(kernel, grid, block, dynamic shared memory) of the wide one-token GEMV (gemv1x or
+    gemv1ws) that :func:`matmul_planned` launches for these weights on float x, or None when it
+    launches another kernel."""
+    n0, n1, n2 = n_outs
+    if not (p.split == 2 and gemv_w_ok and x_ptr % 16 == 0
+            and (2 * n0 if swiglu else n0 + n1 + n2) >= GEMV_WIDE_MIN_ROWS):
+        return None
+    if p.gemv1x is not None and kern.allow_shmem(p.gemv1x, p.x_staged):
+        return (p.gemv1x, (_gemv_grid_x(2, n_outs, swiglu, 4, _GEMVX_WARPS), 1, 1),
+                (32 * _GEMVX_WARPS, 1, 1), p.x_staged)
+    return p.gemv1ws, (_gemv_grid_x(2, n_outs, swiglu, 4), 1, 1), (_GEMV_THREADS, 1, 1), 0
+
+
+def fused_norm_launch(kern, p: MatPlan, n_outs: tuple, swiglu: bool, gemv_w_ok: bool,
+                      x_ptr: int, form: str) -> tuple | None:
+    """The residual-step form of the one-token GEMV :func:`matmul_planned` would launch, as
+    (kernel, grid, block, dynamic shared memory), or None when that GEMV has none (a type outside
+    NORM_TYPES, another GEMV). ``form`` "r": the producer (one weight, plain products; its grid
+    is the count of block sums it writes); "n": the reader of a normed x. Launch it with
+    :func:`matmul_fused`."""
+    if p.fused is None or (form == "r" and (swiglu or n_outs[1] or n_outs[2])):
+        return None
+    c = _gemv1_wide(kern, p, n_outs, swiglu, gemv_w_ok, x_ptr)
+    if c is None:
+        return None
+    name = p.fused[c[0]][form]
+    if c[3] and not kern.allow_shmem(name, c[3]):
+        return None
+    return (name,) + c[1:]
+
+
+def matmul_fused(kern, launch: tuple, p: MatPlan, x_ptr: int, w_ptrs: tuple, y_ptrs: tuple,
+                 n_outs: tuple, swiglu: bool, resid: int, nw: int, h_out: int, part: int,
+                 n_part: int, eps: float) -> None:
+    """One token's matmul in a residual-step form (``launch`` from :func:`fused_norm_launch`).
+    Producer ("r", one weight): ``h = resid + W x`` is stored at ``h_out``, ``y_ptrs[0]`` gets
+    ``h * nw`` (nw 0: h) and ``part`` the launch's grid-x block sums of h^2. Reader ("n"):
+    x is such a ``y_ptrs[0]`` and the products are scaled by ``1 / sqrt(sum(part[:n_part]) / n_in
+    + eps)``, so that they are those of ``rmsnorm(h) * nw`` (resid, nw, h_out unused: 0)."""
+    name, grid, block, smem = launch
+    n0, n1, n2 = n_outs
+    kern.launch(name, grid, block,
+                (w_ptrs[0], w_ptrs[1], w_ptrs[2], x_ptr, y_ptrs[0], y_ptrs[1], y_ptrs[2], 1,
+                 p.n_in, n0, n1, n2, p.row_bytes, 1 if swiglu else 0, resid, nw, h_out, part,
+                 n_part, eps), smem)
+
+
 def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: tuple,
                    n_outs: tuple, swiglu: bool = False, gemv_w_ok: bool = True,
                    xq_ptr: int = 0) -> None:
@@ -394,14 +459,10 @@ def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: 
         kern.launch(p.gemvq[p.split - 1], (_gemv_grid_x(p.split, n_outs, swiglu), 1, 1),
                     (_GEMV_THREADS, 1, 1), args)
         return
-    if (T == 1 and p.split == 2 and gemv_w_ok and x_ptr % 16 == 0
-            and (2 * n0 if swiglu else n0 + n1 + n2) >= GEMV_WIDE_MIN_ROWS):
-        if p.gemv1x is not None and kern.allow_shmem(p.gemv1x, p.x_staged):
-            kern.launch(p.gemv1x, (_gemv_grid_x(2, n_outs, swiglu, 4, _GEMVX_WARPS), 1, 1),
-                        (32 * _GEMVX_WARPS, 1, 1), args, p.x_staged)
-            return
-        kern.launch(p.gemv1ws, (_gemv_grid_x(2, n_outs, swiglu, 4), 1, 1), (_GEMV_THREADS, 1, 1),
-                    args)
+    wide = _gemv1_wide(kern, p, n_outs, swiglu, gemv_w_ok, x_ptr) if T == 1 else None
+    if wide is not None:
+        name, grid, block, smem = wide
+        kern.launch(name, grid, block, args, smem)
         return
     if T <= GEMV_MAX_T and gemv_w_ok and x_ptr % 16 == 0:
         ks = p.split if T == 1 else 1
@@ -650,6 +711,9 @@ def kernel_names(module: str = COMMON_MODULE) -> list[str]:
             names += [f"reflex_matmul_gemvq1_{suffix}", f"reflex_matmul_gemvq1s_{suffix}"]
         if t in XS_CHUNK:
             names += [f"reflex_matmul_gemv1x_{suffix}", f"reflex_moe_matmulx_{suffix}"]
+        if t in NORM_TYPES:
+            names += [f"reflex_matmul_gemv1{f}{e}_{suffix}" for e in "rn"
+                      for f in (("ws", "x") if t in XS_CHUNK else ("ws",))]
         if t in XH_TYPES:
             names += [f"reflex_matmul_xh_{suffix}", f"reflex_moe_xh_{suffix}",
                       f"reflex_qi_unpack_{suffix}"]

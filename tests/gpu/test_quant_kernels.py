@@ -421,6 +421,111 @@ def test_gemv_staged_limbs(qk, name):
         assert_bits_equal(download(ctx, yp, 1100), ys[0], f"{name} matmul T=1 n_in={n_in}")
 
 
+def norm_scale_ref(part, n, eps):
+    """rx_norm_scale's arithmetic in float32: lane l adds part[l], part[l + 32], ... in turn, the
+    lanes' butterfly sum, then 1 / sqrt(sum / n + eps)."""
+    f = np.float32
+    lanes = [f(0.0)] * 32
+    for i, v in enumerate(part.astype(np.float32)):
+        lanes[i % 32] = f(lanes[i % 32] + v)
+    for o in (16, 8, 4, 2, 1):
+        lanes = [f(lanes[i] + lanes[i ^ o]) for i in range(32)]
+    return f(f(1.0) / np.sqrt(f(f(lanes[0] / f(n)) + f(eps))))
+
+
+@pytest.mark.parametrize("name", [n for n in TYPES if TYPES[n] in quant_ops.NORM_TYPES])
+def test_residual_step_forms(qk, cuda_ctx, name):
+    """The residual step inside the wide one-token GEMVs. Producer ("r"): h = resid + W x with
+    the plain GEMV's bits plus the add, y = h * w, the block sums of h^2 in the kernel's order
+    (rows in order within a group of 4, groups in order), an odd row count. Reader ("n"): the
+    plain GEMV's bits on the same x times rx_norm_scale of the block sums (256 and 300 of them:
+    the preloaded terms and the loop after them), three segments; SwiGLU within a few ulp of
+    silu(g * r) * (u * r); reflex_norm_apply: x * r, bit for bit."""
+    ctx, kernels_of = qk
+    kern = kernels_of(name)
+    t = TYPES[name]
+    rng = np.random.default_rng(270 + t)
+    f = np.float32
+    for n_in in (2048, 4096):
+        n_out = 1037
+        raw, wf = random_weights(rng, name, n_out, n_in)
+        _, wp = upload(ctx, raw)
+        p = quant_ops.plan(t, (n_in, n_out), wp)
+        x = rng.standard_normal((1, n_in)).astype(np.float32)
+        _, xp = upload(ctx, x)
+        resid = rng.standard_normal(n_out).astype(np.float32)
+        nw = (rng.standard_normal(n_out) * 0.5 + 1).astype(np.float32)
+        _, rp = upload(ctx, resid)
+        _, nwp = upload(ctx, nw)
+        c = quant_ops.fused_norm_launch(kern, p, (n_out, 0, 0), False, True, xp, "r")
+        assert c is not None, f"{name} n_in={n_in}: no producer form"
+        n_part = c[1][0]
+        rows_per_block = -(-n_out // n_part)
+        assert rows_per_block in (8, 16)
+        yp, hp, pp = (upload(ctx, np.full(n, np.nan, np.float32))[1]
+                      for n in (n_out, n_out, n_part))
+        quant_ops.matmul_fused(kern, c, p, xp, (wp, 0, 0), (yp, 0, 0), (n_out, 0, 0), False, rp,
+                               nwp, hp, pp, n_part, 0.0)
+        bp = upload(ctx, np.full(n_out, np.nan, np.float32))[1]
+        matmul(ctx, wp, t, xp, bp, 1, n_in, n_out)
+        b = download(ctx, bp, n_out)
+        check_matmul(b.reshape(1, -1), wf, x, f"{name} plain n_in={n_in}")
+        h = (resid + b).astype(np.float32)
+        assert_bits_equal(download(ctx, hp, n_out), h, f"{name} producer h n_in={n_in}")
+        assert_bits_equal(download(ctx, yp, n_out), h * nw, f"{name} producer y n_in={n_in}")
+        want = []
+        for blk in range(n_part):
+            s = f(0.0)
+            for g0 in range(blk * rows_per_block, (blk + 1) * rows_per_block, 4):
+                gs = f(0.0)
+                for r in range(g0, g0 + 4):
+                    gs = f(gs + (f(h[r] * h[r]) if r < n_out else f(0.0)))
+                s = f(s + gs)
+            want.append(s)
+        assert_bits_equal(download(ctx, pp, n_part), np.array(want, np.float32),
+                          f"{name} producer block sums n_in={n_in}")
+        np.testing.assert_allclose(np.sum(want, dtype=np.float64),
+                                   np.sum(h.astype(np.float64) ** 2), rtol=1e-5)
+
+    # the reader: x = some h * w, random block sums
+    n_in = 4096
+    n_outs = (1100, 45, 70)
+    pairs = [random_weights(rng, name, n, n_in) for n in n_outs]
+    wps = [upload(ctx, raw)[1] for raw, _ in pairs]
+    x = rng.standard_normal((1, n_in)).astype(np.float32)
+    _, xp = upload(ctx, x)
+    for n_part in (256, 300):
+        part = (rng.random(n_part) * 50).astype(np.float32)
+        _, pp = upload(ctx, part)
+        r = norm_scale_ref(part, n_in, 1e-6)
+        p = quant_ops.plan(t, (n_in, n_outs[0]), wps[0])
+        c = quant_ops.fused_norm_launch(kern, p, n_outs, False, True, xp, "n")
+        assert c is not None, f"{name}: no reader form"
+        yps = [upload(ctx, np.full(n, np.nan, np.float32))[1] for n in n_outs]
+        quant_ops.matmul_fused(kern, c, p, xp, tuple(wps), tuple(yps), n_outs, False, 0, 0, 0, pp,
+                               n_part, 1e-6)
+        plain = [upload(ctx, np.full(n, np.nan, np.float32))[1] for n in n_outs]
+        matmul_multi(ctx, t, xp, 1, n_in, wps, plain, list(n_outs))
+        for i, (yp, pl, n) in enumerate(zip(yps, plain, n_outs)):
+            assert_bits_equal(download(ctx, yp, n), download(ctx, pl, n) * r,
+                              f"{name} reader n_part={n_part} segment {i}")
+        # SwiGLU: gate = segment 0's weight, up = its first rows again (another weight's rows)
+        c = quant_ops.fused_norm_launch(kern, p, (1100, 0, 0), True, True, xp, "n")
+        gp = upload(ctx, np.full(1100, np.nan, np.float32))[1]
+        quant_ops.matmul_fused(kern, c, p, xp, (wps[0], wps[0], 0), (gp, 0, 0), (1100, 0, 0), True,
+                               0, 0, 0, pp, n_part, 1e-6)
+        g = download(ctx, plain[0], 1100).astype(np.float64) * float(r)
+        want = g / (1 + np.exp(-g)) * g
+        np.testing.assert_allclose(download(ctx, gp, 1100), want, rtol=4e-6,
+                                   atol=1e-6 * (np.abs(want).max() + 1),
+                                   err_msg=f"{name} reader swiglu n_part={n_part}")
+        # reflex_norm_apply, in place
+        _, ap = upload(ctx, x)
+        cuda_ctx.kernels("core").launch("reflex_norm_apply", ((n_in + 255) // 256, 1, 1),
+                                        (256, 1, 1), (ap, pp, n_part, n_in, 1e-6))
+        assert_bits_equal(download(ctx, ap, n_in), x[0] * r, f"norm_apply n_part={n_part}")
+
+
 @pytest.mark.parametrize("name", FLOAT_TYPES)
 def test_matmul_float_odd_n_in(qk, name):
     """Float weights with n_in not a multiple of 8 (GEMV not applicable: tiled for every T)."""

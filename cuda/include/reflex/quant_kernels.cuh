@@ -195,13 +195,14 @@ __device__ __forceinline__ uint32_t* rx_x_staged_words() {
     extern __shared__ uint4 rx_x_staged[];
     return (uint32_t*)rx_x_staged;
 }
-template <int TYPE, int THREADS>
+// SYNC false: the caller synchronizes the block before the limbs are read.
+template <int TYPE, int THREADS, bool SYNC = true>
 __device__ __forceinline__ const uint32_t* rx_stage_x_limbs(const float* __restrict__ x, int n_in) {
     typedef rx_x_lanes<TYPE> XL;
     uint32_t* xl = rx_x_staged_words();
     for (int i = threadIdx.x; i < XL::chunks(n_in) * 64; i += THREADS)  // i: (chunk, h, lane slot)
         rx_x_limb_run<TYPE>(x, n_in, i >> 6, i & 31, (i >> 5) & 1, xl + 4 * (i >> 6) * XL::SLOTS);
-    __syncthreads();
+    if (SYNC) __syncthreads();
     return xl;
 }
 
@@ -300,15 +301,31 @@ __device__ __forceinline__ void seg_select(const uint8_t* w0, const uint8_t* w1,
 // rx_x_lanes<TYPE>::chunks(n_in) * SLOTS * 16 bytes of dynamic shared memory), one copy for its
 // WARPS / KS * R rows, then the lane loop runs on them (rx_gemv_rows_limbs: byte dot products
 // instead of a float conversion and two FMA per weight).
+// EPI (one token, KS > 1): GEMV_PLAIN; GEMV_RESNORM, the producer of a residual step (mode 0,
+// one segment): h = resid + W x is stored at h_out, y0 gets h * nw (nw null: h) and part[block]
+// the block's sum of h^2 over its rows (rows in order within a group, the groups in order);
+// GEMV_NORMED, the consumer: x is such a y0 and every output is scaled by
+// 1 / sqrt(sum(part[0 .. n_part)) / n_in + eps) (rx_norm_scale's order), so y = rmsnorm(h) * nw
+// is never written out.
+#define GEMV_PLAIN 0
+#define GEMV_RESNORM 1
+#define GEMV_NORMED 2
+
 template <int TYPE, int TT, int KS, bool XQ = false, int R = GEMV_R, bool XS = false,
-          int WARPS = GEMV_WARPS>
+          int WARPS = GEMV_WARPS, int EPI = GEMV_PLAIN>
 __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,
                                           const uint8_t* __restrict__ w2, const float* __restrict__ x,
                                           float* __restrict__ y0, float* __restrict__ y1,
                                           float* __restrict__ y2, int T, int n_in, int n0, int n1,
-                                          int n2, long long row_bytes, int mode) {
+                                          int n2, long long row_bytes, int mode,
+                                          const float* __restrict__ resid = nullptr,
+                                          const float* __restrict__ nw = nullptr,
+                                          float* __restrict__ h_out = nullptr,
+                                          float* __restrict__ part = nullptr, int n_part = 0,
+                                          float eps = 0.0f) {
     static_assert(R % 2 == 0 && R * TT <= 32, "row pairs; a lane an output");
     static_assert(!(XQ && XS) && (!XS || TT == 1), "one x form; staged x: one token");
+    static_assert(EPI == GEMV_PLAIN || (TT == 1 && KS > 1 && !XQ), "fused norm: one token, KS > 1");
     constexpr int GROUPS = WARPS / KS;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int group = warp / KS, slice = warp % KS;
@@ -349,17 +366,70 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
         }
     }
     RX_PDL_ENTRY();
+    // GEMV_NORMED: the norm scale. Float x: each storing warp's own, its block sums loaded here
+    // and added after the main loop. Staged x: warp 0's, through shared memory, computed while
+    // the block stages x (no registers held across the main loop).
+    float pv[RX_NORM_PV];
+    __shared__ float norm_r;
+    if constexpr (EPI == GEMV_NORMED) {
+        if ((XS ? warp == 0 : slice == 0 && live)) rx_norm_load(part, n_part, pv);
+    }
     float acc[R][TT];
     if constexpr (XQ) {  // x is the x limbs (rx_gemv_rows_xq), T = 1
         rx_gemv_rows_xq<TYPE, R>(rp, (const uint32_t*)x, live ? n_in : 0, 32 * slice + lane,
                                  32 * KS, acc);
     } else if constexpr (XS) {  // x as limbs in the lanes' order, in shared memory
-        rx_gemv_rows_limbs<TYPE, R>(rp, rx_stage_x_limbs<TYPE, WARPS * 32>(x, n_in), live ? n_in : 0,
-                                    32 * slice + lane, 32 * KS, acc);
+        const uint32_t* xl = rx_stage_x_limbs<TYPE, WARPS * 32, false>(x, n_in);
+        if constexpr (EPI == GEMV_NORMED) {
+            if (warp == 0) {
+                const float r = rx_norm_scale(part, n_part, pv, n_in, eps);
+                if (lane == 0) norm_r = r;
+            }
+        }
+        __syncthreads();
+        rx_gemv_rows_limbs<TYPE, R>(rp, xl, live ? n_in : 0, 32 * slice + lane, 32 * KS, acc);
     } else {
         rx_gemv_rows<TYPE, TT, R>(rp, x, T, live ? n_in : 0, 32 * slice + lane, 32 * KS, acc);
     }
     gemv_sums<TT, KS, R, WARPS>(acc);
+    if constexpr (EPI == GEMV_RESNORM) {
+        // lane r < R of a live group's slice 0 holds row row0 + r's product
+        __shared__ float gss[GROUPS];
+        float sq = 0.0f;
+        if (slice == 0 && live) {
+            float v = 0.0f;
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                if (lane == r) v = acc[r][0];
+            const int row = row0 + lane;
+            if (lane < R && row < n) {
+                const float h = resid[row] + v;
+                h_out[row] = h;
+                y[row] = nw != nullptr ? h * nw[row] : h;
+                sq = h * h;
+            }
+            float s = 0.0f;
+#pragma unroll
+            for (int r = 0; r < R; ++r) s += __shfl_sync(0xffffffffu, sq, r);
+            if (lane == 0) gss[group] = s;
+        } else if (slice == 0 && lane == 0) {
+            gss[group] = 0.0f;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float s = 0.0f;
+#pragma unroll
+            for (int g = 0; g < GROUPS; ++g) s += gss[g];
+            part[blockIdx.x] = s;
+        }
+        return;
+    } else if constexpr (EPI == GEMV_NORMED) {
+        if (slice == 0 && live) {
+            const float rn = XS ? norm_r : rx_norm_scale(part, n_part, pv, n_in, eps);
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r][0] *= rn;
+        }
+    }
     if (slice == 0 && live) gemv_store<TT>(acc, swiglu, y, T, n, row0);
 }
 
@@ -1291,6 +1361,34 @@ __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const u
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
         reflex_matmul_gemvq1s_##name(RX_MM_PARAMS) {                                                 \
         gemv_body<TYPE, 1, 2, true>(RX_MM_ARGS);                                                      \
+    }
+
+// The residual step fused into the wide one-token GEMVs (gemv_body's EPI forms), for the types
+// cuda/quant.cu lists: reflex_matmul_gemv1wsr_<t> / gemv1xr_<t> (GEMV_RESNORM: the branch's
+// output projection adds the residual and leaves what the next RMSNorm needs) and
+// reflex_matmul_gemv1wsn_<t> / gemv1xn_<t> (GEMV_NORMED: the GEMVs that read the norm's output
+// apply it themselves). Launches as gemv1ws / gemv1x; the extra parameters are gemv_body's.
+#define RX_MM_NORM_PARAMS                                                                             \
+    RX_MM_PARAMS, const float *__restrict__ resid, const float *__restrict__ nw,                      \
+        float *__restrict__ h_out, float *__restrict__ part, int n_part, float eps
+#define RX_MM_NORM_ARGS RX_MM_ARGS, resid, nw, h_out, part, n_part, eps
+#define RX_QUANT_NORM_KERNELS(name, TYPE)                                                             \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
+        reflex_matmul_gemv1wsr_##name(RX_MM_NORM_PARAMS) {                                           \
+        gemv_body<TYPE, 1, 2, false, 4, false, GEMV_WARPS, GEMV_RESNORM>(RX_MM_NORM_ARGS);            \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
+        reflex_matmul_gemv1wsn_##name(RX_MM_NORM_PARAMS) {                                           \
+        gemv_body<TYPE, 1, 2, false, 4, false, GEMV_WARPS, GEMV_NORMED>(RX_MM_NORM_ARGS);             \
+    }
+#define RX_QUANT_XS_NORM_KERNELS(name, TYPE)                                                          \
+    extern "C" __global__ void __launch_bounds__(GEMVX_WARPS * 32)                                    \
+        reflex_matmul_gemv1xr_##name(RX_MM_NORM_PARAMS) {                                           \
+        gemv_body<TYPE, 1, 2, false, 4, true, GEMVX_WARPS, GEMV_RESNORM>(RX_MM_NORM_ARGS);            \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMVX_WARPS * 32)                                    \
+        reflex_matmul_gemv1xn_##name(RX_MM_NORM_PARAMS) {                                            \
+        gemv_body<TYPE, 1, 2, false, 4, true, GEMVX_WARPS, GEMV_NORMED>(RX_MM_NORM_ARGS);             \
     }
 
 // The one-token GEMV on x limbs staged in shared memory (gemv_body's XS form), for the K-quants
