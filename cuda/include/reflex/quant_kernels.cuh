@@ -67,6 +67,14 @@
 //   16 rows a block (mode 1: 8 outputs). reflex_moe_matmulx_<t>: reflex_moe_matmul_<t> (below)
 //   the same way, for one token.
 //
+// reflex_matmul_gemv1{ws,x}{r,n}_<t>(the same, resid, nw, h_out, part, n_part, eps)  (T = 1)
+//   The types of RX_QUANT_NORM_KERNELS / RX_QUANT_XS_NORM_KERNELS (cuda/quant.cu): gemv1ws /
+//   gemv1x with a decode step's residual add and RMSNorm folded in (gemv_body's EPI). "r", one
+//   weight, mode 0: h = resid + W x (h_out), y0 = h * nw (nw null: h), part[block] = the
+//   block's sum of h^2. "n": x is such a y0; the sums are scaled by rx_norm_scale(part, n_part,
+//   n_in, eps) before the stores (and the SwiGLU), so the outputs are those of rmsnorm(h) * nw.
+//   Launch shapes as gemv1ws / gemv1x.
+//
 // reflex_matmul_tiled_<t>(w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, n2, row_bytes, mode)
 //   (any T; prefill) Shared-memory GEMM tile: a 256-thread block computes 64 weight rows x 64
 //   tokens; per K slice it dequantizes the weight tile (rx_q<t>::dec4, groups of 4 elements,
