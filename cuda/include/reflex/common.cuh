@@ -262,19 +262,11 @@ __device__ __forceinline__ float rx_warp_max(float v) {
 // first RX_NORM_PV of lane l's terms, loaded before the main loop so that their latency hides
 // behind it.
 #define RX_NORM_PV 8
-// A global load issued where it stands: the compiler sinks a plain load to its first use (past a
-// GEMV's main loop, where its latency is the kernel's tail), not a volatile asm one.
-__device__ __forceinline__ float rx_ld_early(const float* p) {
-    float v;
-    asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
-    return v;
-}
 __device__ __forceinline__ void rx_norm_load(const float* __restrict__ part, int n_part,
                                              float (&pv)[RX_NORM_PV]) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int j = 0; j < RX_NORM_PV; ++j)
-        pv[j] = lane + 32 * j < n_part ? rx_ld_early(part + lane + 32 * j) : 0.0f;
+    for (int j = 0; j < RX_NORM_PV; ++j) pv[j] = lane + 32 * j < n_part ? part[lane + 32 * j] : 0.0f;
 }
 __device__ __forceinline__ float rx_norm_scale(const float* __restrict__ part, int n_part,
                                                const float (&pv)[RX_NORM_PV], int n, float eps) {

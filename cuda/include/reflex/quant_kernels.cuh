@@ -374,22 +374,13 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
         }
     }
     RX_PDL_ENTRY();
-    // GEMV_NORMED: the norm scale, warp 0's for the block, through shared memory. It loads the
-    // block sums here; staged x: adds them while the block stages x (no registers held across
-    // the main loop); float x: after the main loop, before the barrier of the sums (KS > 1).
+    // GEMV_NORMED: the norm scale. Float x: each storing warp's own, its block sums loaded here
+    // and added after the main loop. Staged x: warp 0's, through shared memory, computed while
+    // the block stages x (no registers held across the main loop).
     float pv[RX_NORM_PV];
     __shared__ float norm_r;
     if constexpr (EPI == GEMV_NORMED) {
-        if (warp == 0) rx_norm_load(part, n_part, pv);
-    }
-    // GEMV_RESNORM: lane r < R of a live group's slice 0 loads row row0 + r's residual and norm
-    // weight now, so that the epilogue waits on no load
-    float res_v = 0.0f, nw_v = 1.0f;
-    if constexpr (EPI == GEMV_RESNORM) {
-        if (slice == 0 && live && lane < R && row0 + lane < n) {
-            res_v = rx_ld_early(resid + row0 + lane);
-            if (nw != nullptr) nw_v = rx_ld_early(nw + row0 + lane);
-        }
+        if ((XS ? warp == 0 : slice == 0 && live)) rx_norm_load(part, n_part, pv);
     }
     float acc[R][TT];
     if constexpr (XQ) {  // x is the x limbs (rx_gemv_rows_xq), T = 1
@@ -408,13 +399,7 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
     } else {
         rx_gemv_rows<TYPE, TT, R>(rp, x, T, live ? n_in : 0, 32 * slice + lane, 32 * KS, acc);
     }
-    if constexpr (EPI == GEMV_NORMED && !XS) {
-        if (warp == 0) {
-            const float r = rx_norm_scale(part, n_part, pv, n_in, eps);
-            if (lane == 0) norm_r = r;
-        }
-    }
-    gemv_sums<TT, KS, R, WARPS>(acc);  // KS > 1: its barrier also publishes norm_r
+    gemv_sums<TT, KS, R, WARPS>(acc);
     if constexpr (EPI == GEMV_RESNORM) {
         // lane r < R of a live group's slice 0 holds row row0 + r's product
         __shared__ float gss[GROUPS];
@@ -426,9 +411,9 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
                 if (lane == r) v = acc[r][0];
             const int row = row0 + lane;
             if (lane < R && row < n) {
-                const float h = res_v + v;
+                const float h = resid[row] + v;
                 h_out[row] = h;
-                y[row] = nw != nullptr ? h * nw_v : h;
+                y[row] = nw != nullptr ? h * nw[row] : h;
                 sq = h * h;
             }
             float s = 0.0f;
@@ -448,7 +433,7 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
         return;
     } else if constexpr (EPI == GEMV_NORMED) {
         if (slice == 0 && live) {
-            const float rn = norm_r;
+            const float rn = XS ? norm_r : rx_norm_scale(part, n_part, pv, n_in, eps);
 #pragma unroll
             for (int r = 0; r < R; ++r) acc[r][0] *= rn;
         }
@@ -1391,8 +1376,6 @@ __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const u
 // output projection adds the residual and leaves what the next RMSNorm needs) and
 // reflex_matmul_gemv1wsn_<t> / gemv1xn_<t> (GEMV_NORMED: the GEMVs that read the norm's output
 // apply it themselves). Launches as gemv1ws / gemv1x; the extra parameters are gemv_body's.
-// MIN_BLOCKS: the producer's blocks an SM must hold (its registers), so that holding the residual
-// and norm weight it loads before the main loop costs no occupancy against gemv1x.
 #define RX_MM_NORM_PARAMS                                                                             \
     RX_MM_PARAMS, const float *__restrict__ resid, const float *__restrict__ nw,                      \
         float *__restrict__ h_out, float *__restrict__ part, int n_part, float eps
@@ -1406,8 +1389,8 @@ __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const u
         reflex_matmul_gemv1wsn_##name(RX_MM_NORM_PARAMS) {                                           \
         gemv_body<TYPE, 1, 2, false, 4, false, GEMV_WARPS, GEMV_NORMED>(RX_MM_NORM_ARGS);             \
     }
-#define RX_QUANT_XS_NORM_KERNELS(name, TYPE, MIN_BLOCKS)                                                          \
-    extern "C" __global__ void __launch_bounds__(GEMVX_WARPS * 32, MIN_BLOCKS)                        \
+#define RX_QUANT_XS_NORM_KERNELS(name, TYPE)                                                          \
+    extern "C" __global__ void __launch_bounds__(GEMVX_WARPS * 32)                                    \
         reflex_matmul_gemv1xr_##name(RX_MM_NORM_PARAMS) {                                           \
         gemv_body<TYPE, 1, 2, false, 4, true, GEMVX_WARPS, GEMV_RESNORM>(RX_MM_NORM_ARGS);            \
     }                                                                                                 \
