@@ -258,9 +258,9 @@ __device__ __forceinline__ float rx_warp_max(float v) {
 
 // The RMSNorm scale 1 / sqrt(sum(part) / n + eps) from a residual-step GEMV's block sums
 // (reflex/quant_kernels.cuh, GEMV_RESNORM), in one order for every reader (the GEMV_NORMED GEMVs,
-// reflex_norm_apply): lane l adds part[l], part[l + 32], ... in turn, then the warp's butterfly sum. pv: the
-// first RX_NORM_PV of lane l's terms, loaded before the main loop so that their latency hides
-// behind it.
+// reflex_norm_apply): lane l adds part[l], part[l + 32], ... in turn, then the warp's butterfly
+// sum. pv: the first RX_NORM_PV of lane l's terms, loaded (in program order) before a GEMV's main
+// loop; the compiler may still place the loads later.
 #define RX_NORM_PV 8
 __device__ __forceinline__ void rx_norm_load(const float* __restrict__ part, int n_part,
                                              float (&pv)[RX_NORM_PV]) {
