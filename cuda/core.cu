@@ -291,7 +291,9 @@ extern "C" __global__ void reflex_add_rmsnorm(const float* __restrict__ a, const
 extern "C" __global__ void reflex_norm_apply(float* __restrict__ y, const float* __restrict__ part,
                                              int n_part, int n, float eps) {
     RX_PDL_ENTRY();
-    const float r = rx_norm_scale(part, n_part, n, eps);
+    float pv[RX_NORM_PV];
+    rx_norm_load(part, n_part, pv);
+    const float r = rx_norm_scale(part, n_part, pv, n, eps);
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] *= r;
 }

@@ -12,7 +12,7 @@
 //   rx_ld_*               read-only loads: __ldg on the device, memcpy on the host; the
 //                         `words` / `u32u` forms accept any address (aligned loads + funnel shift)
 //   rx_warp_sum           butterfly sum over a full warp (device)
-//   rx_norm_prefetch/_scale  an RMSNorm scale from block sums of squares, in one fixed order (device)
+//   rx_norm_load/_scale   an RMSNorm scale from block sums of squares, in one fixed order (device)
 //   rx_cp_async16/8/4     asynchronous global -> shared copies, zeros when refused (sm_80+)
 //   rx_mma_f16            one m16n8k16 float16 tensor-core product, f32 accumulation (sm_80+)
 //   RX_PDL_ENTRY()        first statement of a core kernel: programmatic dependent launch
@@ -259,19 +259,22 @@ __device__ __forceinline__ float rx_warp_max(float v) {
 // The RMSNorm scale 1 / sqrt(sum(part) / n + eps) from a residual-step GEMV's block sums
 // (reflex/quant_kernels.cuh, GEMV_RESNORM), in one order for every reader (the GEMV_NORMED GEMVs,
 // reflex_norm_apply): lane l adds part[l], part[l + 32], ... in turn, then the warp's butterfly
-// sum. rx_norm_prefetch (a warp, before a GEMV's main loop) asks the L1 for the sums' lines, so
-// that the loads after the loop hit it: a plain load issued early is sunk to its use by the
-// compiler, and its latency then ends the kernel.
-__device__ __forceinline__ void rx_norm_prefetch(const float* part, int n_part) {
+// sum. pv: the first RX_NORM_PV of lane l's terms, loaded (in program order) before a GEMV's main
+// loop; the compiler may still place the loads later.
+#define RX_NORM_PV 8
+__device__ __forceinline__ void rx_norm_load(const float* __restrict__ part, int n_part,
+                                             float (&pv)[RX_NORM_PV]) {
     const int lane = threadIdx.x & 31;
-    for (int i = 32 * lane; i < n_part; i += 32 * 32)  // a 128-byte line a lane
-        asm volatile("prefetch.global.L1 [%0];" ::"l"(part + i));
+#pragma unroll
+    for (int j = 0; j < RX_NORM_PV; ++j) pv[j] = lane + 32 * j < n_part ? part[lane + 32 * j] : 0.0f;
 }
-__device__ __forceinline__ float rx_norm_scale(const float* __restrict__ part, int n_part, int n,
-                                               float eps) {
+__device__ __forceinline__ float rx_norm_scale(const float* __restrict__ part, int n_part,
+                                               const float (&pv)[RX_NORM_PV], int n, float eps) {
     const int lane = threadIdx.x & 31;
     float ss = 0.0f;
-    for (int i = lane; i < n_part; i += 32) ss += part[i];
+#pragma unroll
+    for (int j = 0; j < RX_NORM_PV; ++j) ss += pv[j];
+    for (int i = lane + 32 * RX_NORM_PV; i < n_part; i += 32) ss += part[i];
     ss = rx_warp_sum(ss);
     return 1.0f / sqrtf(ss / (float)n + eps);
 }

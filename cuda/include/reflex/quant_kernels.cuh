@@ -373,22 +373,14 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(rp[r] + b));
         }
     }
-    // The epilogues' few loads (GEMV_NORMED: the block sums; GEMV_RESNORM: the rows' residual
-    // and norm weight) asked of the L1 now, so that they do not end the kernel with an L2 or
-    // DRAM round trip (the norm weights are read-only: before the wait).
-    if constexpr (EPI == GEMV_RESNORM) {
-        if (slice == 0 && live && lane < R && row0 + lane < n && nw != nullptr)
-            asm volatile("prefetch.global.L1 [%0];" ::"l"(nw + row0 + lane));
-    }
     RX_PDL_ENTRY();
-    // GEMV_NORMED: the norm scale. Float x: each storing warp's own, after the main loop. Staged
-    // x: warp 0's, through shared memory, computed while the block stages x.
+    // GEMV_NORMED: the norm scale. Float x: each storing warp's own, its block sums loaded here
+    // and added after the main loop. Staged x: warp 0's, through shared memory, computed while
+    // the block stages x (no registers held across the main loop).
+    float pv[RX_NORM_PV];
     __shared__ float norm_r;
     if constexpr (EPI == GEMV_NORMED) {
-        if ((XS ? warp == 0 : slice == 0 && live)) rx_norm_prefetch(part, n_part);
-    } else if constexpr (EPI == GEMV_RESNORM) {
-        if (slice == 0 && live && lane < R && row0 + lane < n)
-            asm volatile("prefetch.global.L1 [%0];" ::"l"(resid + row0 + lane));
+        if ((XS ? warp == 0 : slice == 0 && live)) rx_norm_load(part, n_part, pv);
     }
     float acc[R][TT];
     if constexpr (XQ) {  // x is the x limbs (rx_gemv_rows_xq), T = 1
@@ -398,7 +390,7 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
         const uint32_t* xl = rx_stage_x_limbs<TYPE, WARPS * 32, false>(x, n_in);
         if constexpr (EPI == GEMV_NORMED) {
             if (warp == 0) {
-                const float r = rx_norm_scale(part, n_part, n_in, eps);
+                const float r = rx_norm_scale(part, n_part, pv, n_in, eps);
                 if (lane == 0) norm_r = r;
             }
         }
@@ -441,7 +433,7 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
         return;
     } else if constexpr (EPI == GEMV_NORMED) {
         if (slice == 0 && live) {
-            const float rn = XS ? norm_r : rx_norm_scale(part, n_part, n_in, eps);
+            const float rn = XS ? norm_r : rx_norm_scale(part, n_part, pv, n_in, eps);
 #pragma unroll
             for (int r = 0; r < R; ++r) acc[r][0] *= rn;
         }
