@@ -19,10 +19,10 @@ Kernels (launch shape)
   reflex_kv_write       K and V rows into cache cells     grid ceil(n/256)<=4096, 256   [PPPPii]
   reflex_qk_norm_rope_store  per-head RMSNorm + RoPE of q and k, K/V into the cache
                                                           grid (H + H_kv, T), 128|256   [PPPPPPPPPiiiiiiifdddddd]
-  reflex_attention      masked GQA softmax attention      grid (H, T, S), block 256     [PPPPPPPPiiiif]
+  reflex_attention      masked GQA softmax attention, S slices of the cells merged by the
+                        last block of each (h, t)         grid (H, T, S), block 256     [PPPPPPPPPiiiif]
   reflex_attention_vec128 / _vec256  the same, float4 rows, 4 cells a warp at a time (head
-                        sizes a multiple of 4)            grid (H, T, S), block 256     [PPPPPPPPiiiif]
-  reflex_attention_combine  merges reflex_attention's S slices  grid (H, T), 256        [PPiii]
+                        sizes a multiple of 4)            grid (H, T, S), block 256     [PPPPPPPPPiiiif]
   reflex_attention_tiled128 / _tiled256  the same for many tokens, query tiles x cell tiles in
                         shared memory                     grid (H, ceil(T/32|16)), 256  [PPPPPPPiiiiif]
   reflex_attention_mma128 / _mma256  the same on the tensor cores (float16 hi/lo pairs, sm_80+)
@@ -453,8 +453,8 @@ extern "C" __global__ void reflex_qk_norm_rope_store(
 // per lane) for q.k (then a warp shuffle sum) and for the V accumulator; each warp keeps an
 // online softmax (m, l, acc). The 8 partial states merge in shared memory: M = max m_w,
 // L = sum l_w e^(m_w-M), acc = sum acc_w e^(m_w-M). S == 1: out = acc / L. S > 1: (M, L, acc)
-// go to part [T, H, S, 2 + d_v] and reflex_attention_combine merges the S slices the same way.
-// The slices depend on n, read on the device, and S on the launch: a captured decode step
+// go to part [T, H, S, 2 + d_v], and the slice that ends last merges the S slices the same way
+// (att_merge_warps; done [T, H] counts the slices that ended, zero between launches). The slices depend on n, read on the device, and S on the launch: a captured decode step
 // replays for every position. Query head h reads KV head h / (H / H_kv).
 // q [T, H, d_k]; kc [cells, H_kv, d_k]; vc [cells, H_kv, d_v]; out [T, H * d_v].
 
@@ -477,15 +477,48 @@ __device__ __forceinline__ void att_slice(const int* __restrict__ prefix_end,
     j1 = min(n, j0 + chunk);
 }
 
+// The S slices' states (M_s, L_s, acc_s rows of part, [S, 2 + dv]) merged into out: M = max M_s,
+// f_s = e^(M_s - M), L = sum L_s f_s, out = sum acc_s f_s / L (an empty slice has M_s = -inf and
+// counts 0). part is read through the L2 (__ldcg): the other slices' blocks wrote it.
+// S <= REFLEX_ATT_MAX_SPLITS.
+#define REFLEX_ATT_MAX_SPLITS 64
+
+__device__ __forceinline__ void att_combine_slices(const float* pp, float* __restrict__ o, int S,
+                                                   int dv) {
+    __shared__ float s_f[REFLEX_ATT_MAX_SPLITS];
+    __shared__ float s_invL;
+    const size_t w = 2 + (size_t)dv;
+    if (threadIdx.x == 0) {
+        float M = -INFINITY;
+        for (int s = 0; s < S; s++) M = fmaxf(M, __ldcg(pp + s * w));
+        float L = 0.f;
+        for (int s = 0; s < S; s++) {
+            const float ms = __ldcg(pp + s * w);
+            const float f = ms == -INFINITY ? 0.f : expf(ms - M);
+            s_f[s] = f;
+            L += __ldcg(pp + s * w + 1) * f;
+        }
+        s_invL = L > 0.f ? 1.0f / L : 0.f;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < dv; e += blockDim.x) {
+        float acc_e = 0.f;
+        for (int s = 0; s < S; s++) acc_e += __ldcg(pp + s * w + 2 + e) * s_f[s];
+        o[e] = acc_e * s_invL;
+    }
+}
+
 // The end of reflex_attention and its vec kernels: the block's ATT_WARPS online-softmax states
 // (m, l and the acc rows, in shared memory and synchronized) merged, M = max m_w, L = sum l_w
-// e^(m_w - M), acc = sum acc_w e^(m_w - M); with S > 1 slices (M, L, acc) go to this slice's row
-// of part for reflex_attention_combine, else out = acc / L.
+// e^(m_w - M), acc = sum acc_w e^(m_w - M). S == 1: out = acc / L. S > 1: (M, L, acc) go to this
+// slice's row of part, and the block that finishes last of the S (counted in done[t H + h], which
+// it sets back to 0 for the next launch) merges the slices into out (att_combine_slices): no
+// launch of its own, and the same order of sums whichever block is last.
 template <int D>
 __device__ __forceinline__ void att_merge_warps(const float* s_m, const float* s_l,
                                                 const float (*s_acc)[D], float* __restrict__ out,
-                                                float* __restrict__ part, int t, int h, int H,
-                                                int S, int sl, int dv) {
+                                                float* __restrict__ part, int* __restrict__ done,
+                                                int t, int h, int H, int S, int sl, int dv) {
     float M = -INFINITY;
     for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, s_m[w]);
     float L = 0.f;
@@ -495,8 +528,10 @@ __device__ __forceinline__ void att_merge_warps(const float* s_m, const float* s
         f[w] = s_m[w] == -INFINITY ? 0.f : expf(s_m[w] - M);
         L += s_l[w] * f[w];
     }
+    float* o = out + ((size_t)t * H + h) * dv;
     if (S > 1) {
-        float* pp = part + (((size_t)t * H + h) * S + sl) * (size_t)(2 + dv);
+        float* pp0 = part + ((size_t)t * H + h) * S * (size_t)(2 + dv);
+        float* pp = pp0 + sl * (size_t)(2 + dv);
         if (threadIdx.x == 0) { pp[0] = M; pp[1] = L; }
         for (int e = threadIdx.x; e < dv; e += blockDim.x) {
             float acc_e = 0.f;
@@ -504,10 +539,22 @@ __device__ __forceinline__ void att_merge_warps(const float* s_m, const float* s
             for (int w = 0; w < ATT_WARPS; w++) acc_e += s_acc[w][e] * f[w];
             pp[2 + e] = acc_e;
         }
+        __shared__ int s_last;
+        __threadfence();  // this block's row of part is visible before its count
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int* d = done + (size_t)t * H + h;
+            s_last = atomicAdd(d, 1) == S - 1;
+            if (s_last) *d = 0;
+        }
+        __syncthreads();
+        if (s_last) {
+            __threadfence();
+            att_combine_slices(pp0, o, S, dv);
+        }
         return;
     }
     const float invL = L > 0.f ? 1.0f / L : 0.f;
-    float* o = out + ((size_t)t * H + h) * dv;
     for (int e = threadIdx.x; e < dv; e += blockDim.x) {
         float acc_e = 0.f;
 #pragma unroll
@@ -519,8 +566,8 @@ __device__ __forceinline__ void att_merge_warps(const float* s_m, const float* s
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
 reflex_attention(const float* __restrict__ q, const float* __restrict__ kc,
                  const float* __restrict__ vc, float* __restrict__ out, float* __restrict__ part,
-                 const int* __restrict__ prefix_end, const int* __restrict__ own_start,
-                 const int* __restrict__ own_end, int H, int H_kv, int dk, int dv, float scale) {
+                 int* __restrict__ done, const int* __restrict__ prefix_end,
+                 const int* __restrict__ own_start, const int* __restrict__ own_end, int H, int H_kv, int dk, int dv, float scale) {
     RX_PDL_ENTRY();
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][32 * ATT_MAXC];
@@ -571,23 +618,46 @@ reflex_attention(const float* __restrict__ q, const float* __restrict__ kc,
         if (e < dv) s_acc[warp][e] = acc[c];
     }
     __syncthreads();
-    att_merge_warps(s_m, s_l, s_acc, out, part, t, h, H, S, sl, dv);
+    att_merge_warps(s_m, s_l, s_acc, out, part, done, t, h, H, S, sl, dv);
 }
 
-// attention_vec128 / _vec256: reflex_attention for head sizes a multiple of 4 (<= 128 / 256) (16-byte aligned q, caches,
-// out), same grid, slices and result. Each warp takes 4 cells at a time, 8 lanes a cell: lane
-// (group c4 = lane / 8, li = lane % 8) holds q's dimensions 32i + 4li .. +3 (float4, i < d/32)
-// and loads that part of cell j + c4's K and V row at once, so a warp has 4 cells' rows in
-// flight where reflex_attention has one, and a score needs 3 shuffles instead of 5 (decode over
-// a long cache waits on those loads, one cell after another). Each group keeps its own online
-// softmax; the 4 groups merge by shuffles, the 8 warps in shared memory as there.
+// attention_vec128 / _vec256: reflex_attention for head sizes a multiple of 4 (<= 128 / 256)
+// (16-byte aligned q, caches, out), same grid, slices and result. Each warp takes 4 cells at a
+// time, 8 lanes a cell: lane (group c4 = lane / 8, li = lane % 8) holds q's dimensions
+// 32i + 4li .. +3 (float4, i < d/32) and loads that part of cell j + c4's K and V row at once, and
+// it loads the next round's rows before this round's math, so a warp has 8 cells' rows in flight
+// where reflex_attention has one (decode over a long cache waits on those loads); a score needs 3
+// shuffles instead of 5. Each group keeps its own online softmax; the 4 groups merge by
+// shuffles, the 8 warps in shared memory as there.
 // ATT_VEC_C4: float4 per lane (head sizes <= 32 * ATT_VEC_C4: 128 or 256).
+template <int ATT_VEC_C4>
+struct AttVecRows {
+    float4 k[ATT_VEC_C4], v[ATT_VEC_C4];
+
+    // visible entry j's K and V parts of this lane (zeros past j1 or past the head sizes)
+    __device__ __forceinline__ void load(const float* __restrict__ kbase,
+                                         const float* __restrict__ vbase, size_t kstride,
+                                         size_t vstride, int j, int j1, int a_end, int b_start,
+                                         int li, int dk, int dv) {
+        const bool valid = j < j1;
+        const int cell = !valid ? 0 : j < a_end ? j : b_start + (j - a_end);
+        const float* kp = kbase + (size_t)cell * kstride;
+        const float* vp = vbase + (size_t)cell * vstride;
+#pragma unroll
+        for (int i = 0; i < ATT_VEC_C4; i++) {
+            const int e = 32 * i + 4 * li;
+            k[i] = valid && e < dk ? *(const float4*)(kp + e) : make_float4(0.f, 0.f, 0.f, 0.f);
+            v[i] = valid && e < dv ? *(const float4*)(vp + e) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    }
+};
+
 template <int ATT_VEC_C4>
 __device__ __forceinline__ void attention_vec_body(
     const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
-    float* __restrict__ out, float* __restrict__ part, const int* __restrict__ prefix_end,
-    const int* __restrict__ own_start, const int* __restrict__ own_end, int H, int H_kv, int dk,
-    int dv, float scale) {
+    float* __restrict__ out, float* __restrict__ part, int* __restrict__ done,
+    const int* __restrict__ prefix_end, const int* __restrict__ own_start,
+    const int* __restrict__ own_end, int H, int H_kv, int dk, int dv, float scale) {
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ __align__(16) float s_acc[ATT_WARPS][REFLEX_ATT_MAX_HEAD];
     const int h = blockIdx.x, t = blockIdx.y, S = gridDim.z, sl = blockIdx.z;
@@ -608,41 +678,38 @@ __device__ __forceinline__ void attention_vec_body(
     const size_t kstride = (size_t)H_kv * dk, vstride = (size_t)H_kv * dv;
     const float* kbase = kc + (size_t)g * dk;
     const float* vbase = vc + (size_t)g * dv;
-    // every lane runs every round (the shuffles); a group past j1 scores -inf
-    for (int base = j0 + 4 * warp; base < j1; base += 4 * ATT_WARPS) {
-        const int j = base + c4;
-        const bool valid = j < j1;
-        const int cell = !valid ? 0 : j < a_end ? j : b_start + (j - a_end);
-        const float* kp = kbase + (size_t)cell * kstride;
-        const float* vp = vbase + (size_t)cell * vstride;
-        float4 kv[ATT_VEC_C4], vv[ATT_VEC_C4];
-#pragma unroll
-        for (int i = 0; i < ATT_VEC_C4; i++) {
-            const int e = 32 * i + 4 * li;
-            kv[i] = valid && e < dk ? *(const float4*)(kp + e) : make_float4(0.f, 0.f, 0.f, 0.f);
-            vv[i] = valid && e < dv ? *(const float4*)(vp + e) : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
+    constexpr int ROUND = 4 * ATT_WARPS;  // cells a block takes a round
+    AttVecRows<ATT_VEC_C4> cur;
+    cur.load(kbase, vbase, kstride, vstride, j0 + 4 * warp + c4, j1, a_end, b_start, li, dk, dv);
+    // every lane runs every round (the shuffles); a group past j1 skips the update
+    for (int base = j0 + 4 * warp; base < j1; base += ROUND) {
+        AttVecRows<ATT_VEC_C4> nxt;
+        nxt.load(kbase, vbase, kstride, vstride, base + ROUND + c4, j1, a_end, b_start, li, dk,
+                 dv);
         float s = 0.f;
 #pragma unroll
         for (int i = 0; i < ATT_VEC_C4; i++)
-            s += qr[i].x * kv[i].x + qr[i].y * kv[i].y + qr[i].z * kv[i].z + qr[i].w * kv[i].w;
+            s += qr[i].x * cur.k[i].x + qr[i].y * cur.k[i].y + qr[i].z * cur.k[i].z +
+                 qr[i].w * cur.k[i].w;
         s += __shfl_xor_sync(FULL_MASK, s, 4);
         s += __shfl_xor_sync(FULL_MASK, s, 2);
         s += __shfl_xor_sync(FULL_MASK, s, 1);
-        if (!valid) continue;
-        s *= scale;
-        const float mn = fmaxf(m, s);
-        const float corr = expf(m - mn);  // m = -inf on the group's first cell: 0
-        const float p = expf(s - mn);
-        l = l * corr + p;
+        if (base + c4 < j1) {
+            s *= scale;
+            const float mn = fmaxf(m, s);
+            const float corr = expf(m - mn);  // m = -inf on the group's first cell: 0
+            const float p = expf(s - mn);
+            l = l * corr + p;
 #pragma unroll
-        for (int i = 0; i < ATT_VEC_C4; i++) {
-            acc[i].x = acc[i].x * corr + p * vv[i].x;
-            acc[i].y = acc[i].y * corr + p * vv[i].y;
-            acc[i].z = acc[i].z * corr + p * vv[i].z;
-            acc[i].w = acc[i].w * corr + p * vv[i].w;
+            for (int i = 0; i < ATT_VEC_C4; i++) {
+                acc[i].x = acc[i].x * corr + p * cur.v[i].x;
+                acc[i].y = acc[i].y * corr + p * cur.v[i].y;
+                acc[i].z = acc[i].z * corr + p * cur.v[i].z;
+                acc[i].w = acc[i].w * corr + p * cur.v[i].w;
+            }
+            m = mn;
         }
-        m = mn;
+        cur = nxt;
     }
     // the warp's 4 groups into one state (lanes li of every group end up equal)
 #pragma unroll
@@ -669,56 +736,22 @@ __device__ __forceinline__ void attention_vec_body(
         }
     }
     __syncthreads();
-    att_merge_warps(s_m, s_l, s_acc, out, part, t, h, H, S, sl, dv);
+    att_merge_warps(s_m, s_l, s_acc, out, part, done, t, h, H, S, sl, dv);
 }
 
 #define RX_ATT_VEC(NAME, C4)                                                                       \
     extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                                   \
     NAME(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,  \
-         float* __restrict__ out, float* __restrict__ part, const int* __restrict__ prefix_end,    \
-         const int* __restrict__ own_start, const int* __restrict__ own_end, int H, int H_kv,      \
-         int dk, int dv, float scale) {                                                            \
+         float* __restrict__ out, float* __restrict__ part, int* __restrict__ done,                \
+         const int* __restrict__ prefix_end, const int* __restrict__ own_start,                    \
+         const int* __restrict__ own_end, int H, int H_kv, int dk, int dv, float scale) {          \
         RX_PDL_ENTRY();                                                                            \
-        attention_vec_body<C4>(q, kc, vc, out, part, prefix_end, own_start, own_end, H, H_kv, dk,  \
-                               dv, scale);                                                         \
+        attention_vec_body<C4>(q, kc, vc, out, part, done, prefix_end, own_start, own_end, H,      \
+                               H_kv, dk, dv, scale);                                               \
     }
 RX_ATT_VEC(reflex_attention_vec128, 4)
 RX_ATT_VEC(reflex_attention_vec256, 8)
 
-// attention_combine: block (h, t), 256 threads: the S slices of reflex_attention's part
-// [T, H, S, 2 + d_v] merged as its warps are (M = max M_s, f_s = e^(M_s - M), L = sum L_s f_s,
-// out = sum acc_s f_s / L; an empty slice has M_s = -inf and counts 0). S <= REFLEX_ATT_MAX_SPLITS.
-#define REFLEX_ATT_MAX_SPLITS 64
-
-extern "C" __global__ void reflex_attention_combine(const float* __restrict__ part,
-                                                    float* __restrict__ out, int H, int S,
-                                                    int dv) {
-    RX_PDL_ENTRY();
-    __shared__ float s_f[REFLEX_ATT_MAX_SPLITS];
-    __shared__ float s_invL;
-    const int h = blockIdx.x, t = blockIdx.y;
-    const size_t w = 2 + (size_t)dv;
-    const float* pp = part + ((size_t)t * H + h) * S * w;
-    if (threadIdx.x == 0) {
-        float M = -INFINITY;
-        for (int s = 0; s < S; s++) M = fmaxf(M, pp[s * w]);
-        float L = 0.f;
-        for (int s = 0; s < S; s++) {
-            const float ms = pp[s * w];
-            const float f = ms == -INFINITY ? 0.f : expf(ms - M);
-            s_f[s] = f;
-            L += pp[s * w + 1] * f;
-        }
-        s_invL = L > 0.f ? 1.0f / L : 0.f;
-    }
-    __syncthreads();
-    float* o = out + ((size_t)t * H + h) * dv;
-    for (int e = threadIdx.x; e < dv; e += blockDim.x) {
-        float acc_e = 0.f;
-        for (int s = 0; s < S; s++) acc_e += pp[s * w + 2 + e] * s_f[s];
-        o[e] = acc_e * s_invL;
-    }
-}
 
 // ------------------------------------------------------------------------------------------
 // attention_tiled: the prefill's attention (many tokens), same inputs and result as

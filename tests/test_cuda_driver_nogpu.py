@@ -741,6 +741,27 @@ def test_no_decode_graph_off_the_gpu(model_files, monkeypatch):
         lm.close()
 
 
+@pytest.mark.parametrize("T,H,n_cells,want", [
+    (1, 16, 511, 1),  # a short cache: one slice
+    (1, 16, 512, 2),  # from 2 * SPLIT_CELLS: a slice a SPLIT_CELLS cells
+    (1, 16, 1647, 6),
+    (1, 32, 40960, 8),  # no more than SPLIT_BLOCKS blocks
+    (1, 2, 40960, 64),  # nor REFLEX_ATT_MAX_SPLITS
+    (4, 8, 4096, 8),
+    (5, 8, 4096, 1),  # more than 4 tokens: the query tiles' work fills the GPU
+    (4, 1025, 4096, 1),  # more (token, head) pairs than the counters
+])
+def test_attention_splits(T, H, n_cells, want, monkeypatch):
+    """How many slices of the cache one (token, head) of the decode attention runs in: from the
+    cache's size and the launch's shape only (a captured decode graph replays it)."""
+    from reflex_core.backends.cuda_backend import attention_splits
+    from reflex_core.cuda import modules
+
+    monkeypatch.setitem(modules._limits, modules.CORE_PACKAGE, {"ATT_MAX_SPLITS": 64})
+
+    assert attention_splits(T, H, n_cells) == want
+
+
 @pytest.mark.parametrize("T,dk,dv,ptr,want", [
     (1, 128, 128, 0, None),  # decode: the flash-decoding kernel
     (15, 128, 128, 0, None),

@@ -97,19 +97,17 @@ def weight_offset(info: Any, ggml_type: int, ne: tuple, start: int, size: int) -
 
 SPLIT_CELLS = 256  # cache cells per attention split, for a few tokens over a long cache
 SPLIT_BLOCKS = 264  # blocks worth filling: two per SM of an H100 / H200
-# Eager steps are bound by their launches: the combine's launch per layer costs more than the
-# split saves below this many cells. Replayed steps (a decode graph) split from 2 * SPLIT_CELLS.
-EAGER_SPLIT_FROM = 4096
+ATT_COUNTERS = 4096  # (token, head) slots of the split attention's counters (CudaOps._att_done)
 
 
-def attention_splits(T: int, H: int, n_cells: int, replayed: bool = False) -> int:
+def attention_splits(T: int, H: int, n_cells: int) -> int:
     """Slices of the visible cells that reflex_attention spreads one (head, token) over
     (flash-decoding): 1 for a prefill, whose H*T blocks fill the GPU already; for a few tokens,
-    one per SPLIT_CELLS cells of the cache, no more than fills SPLIT_BLOCKS blocks or
-    REFLEX_ATT_MAX_SPLITS, from a cache of EAGER_SPLIT_FROM cells (2 * SPLIT_CELLS when a
-    decode graph replays the step). From the cache's size, not the tokens' context: the same for
-    every step of a job, as a captured decode graph needs (docs/internals.md)."""
-    if T > 4 or n_cells < (2 * SPLIT_CELLS if replayed else EAGER_SPLIT_FROM):
+    one per SPLIT_CELLS cells of the cache from 2 * SPLIT_CELLS cells, no more than fills
+    SPLIT_BLOCKS blocks or REFLEX_ATT_MAX_SPLITS. From the cache's size, not the tokens'
+    context: the same for every step of a job, as a captured decode graph needs
+    (docs/internals.md)."""
+    if T > 4 or T * H > ATT_COUNTERS or n_cells < 2 * SPLIT_CELLS:
         return 1
     want = min(n_cells // SPLIT_CELLS, max(1, SPLIT_BLOCKS // (H * T)), limit("ATT_MAX_SPLITS"))
     return max(1, want)
@@ -210,7 +208,7 @@ class CudaOps(Ops):
         self._unpin: Any = None  # the Background unpinning the upload's pages (attach)
         self._fixed_prepared: dict[int, DeviceArray] | None = None  # cuda_graph.DecodeGraph
         self._graph_prepared: tuple | None = None  # (batch, Prepared) while a graph is captured
-        self.replaying = False  # a cuda_graph.DecodeGraph runs this job's one-token steps
+        self._att_done: Block | None = None  # the split attention's counters (_att_counters)
         self.upload_info: dict = {}
         self._weights: dict[str, Weight] = {}
         self._f32: dict[str, DeviceArray] = {}
@@ -916,15 +914,23 @@ class CudaOps(Ops):
                 kernel, per_block = tiled
                 self.k.launch(kernel, (H, -(-T // per_block)), 256, args)
                 return out
-            S = attention_splits(T, H, n_cells, self.replaying)
+            S = attention_splits(T, H, n_cells)
             part = empty_f32((T, H, S, 2 + dv), T * H * S * (2 + dv)) if S > 1 else None
             kernel = _attention_kernel(dk, dv, q.ptr, k_cache.ptr, v_cache.ptr, out.ptr)
             self.k.launch(kernel, (H, T, S), 256,
                           (q.ptr, k_cache.ptr, v_cache.ptr, out.ptr, part.ptr if part else 0,
-                           pb.prefix_end, pb.own_start, pb.own_end, H, Hkv, dk, dv, scale))
-            if part is not None:
-                self.k.launch("reflex_attention_combine", (H, T), 256, (part.ptr, out.ptr, H, S, dv))
+                           self._att_counters() if part else 0, pb.prefix_end, pb.own_start,
+                           pb.own_end, H, Hkv, dk, dv, scale))
         return out
+
+    def _att_counters(self) -> int:
+        """The split attention's counters (ATT_COUNTERS int32, zero between launches: the last
+        slice of each (token, head) sets its count back), made once, before any decode graph is
+        captured (the first steps of a DecodeGraph run eagerly)."""
+        if self._att_done is None:
+            self._att_done = Block(4 * ATT_COUNTERS)
+            memory.memset(self._att_done.ptr, 0, 4 * ATT_COUNTERS)
+        return self._att_done.ptr
 
     def _elementwise(self, kernel: str, a, b) -> DeviceArray:
         if a.shape != b.shape:

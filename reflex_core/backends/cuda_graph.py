@@ -65,7 +65,6 @@ class DecodeGraph:
         self._held: list[int] = []
         self._failed = False
         ops._fixed_prepared = {}
-        ops.replaying = True  # launches may be chosen for replays (attention_splits)
 
     # -- the step ---------------------------------------------------------------------------
     def _forward(self, batch: Any, state: Any) -> Any:
@@ -186,7 +185,6 @@ class DecodeGraph:
     def close(self) -> None:
         """Free the graph and its blocks; the ops go back to a fresh prepared buffer per batch."""
         self.ops._fixed_prepared = None
-        self.ops.replaying = False
         self._drop_graph()
         if self._stream is not None:
             _drv.check(_drv._d.cuStreamDestroy(self._stream), "cuStreamDestroy")

@@ -397,7 +397,7 @@ SPLIT_CASES = [  # (T, cell0, H, Hkv, dk, dv, n_cells): a few tokens over a long
     (4, 999, 6, 3, 40, 72, 1030),  # head sizes not a multiple of 32
     (1, 700, 4, 2, 36, 44, 1100),  # multiples of 4, partial float4 chunks
     (2, 900, 4, 2, 42, 42, 1000),  # not a multiple of 4: reflex_attention's split
-    (3, 0, 4, 4, 64, 64, 5000),  # fewer visible cells than slices; split when eager too
+    (3, 0, 4, 4, 64, 64, 5000),  # fewer visible cells than slices
 ]
 
 
@@ -406,24 +406,29 @@ SPLIT_CASES = [  # (T, cell0, H, Hkv, dk, dv, n_cells): a few tokens over a long
                               for c in SPLIT_CASES])
 def test_attention_split_over_the_cache(cuda_ops, ref_ops, T, cell0, H, Hkv, dk, dv, n_cells,
                                         rng):
-    """Flash-decoding: the visible cells in slices on separate blocks, merged by
-    reflex_attention_combine, = the reference (the causal and the tree mask)."""
-    from reflex_core.backends.cuda_backend import EAGER_SPLIT_FROM, attention_splits
+    """Flash-decoding: the visible cells in slices on separate blocks, merged by the block that
+    ends last, = the reference (the causal and the tree mask); launched again, the same bits
+    (the slices' counters are back at zero)."""
+    from reflex_core.backends.cuda_backend import attention_splits
 
-    cuda_ops.replaying = n_cells < EAGER_SPLIT_FROM  # smaller caches split under a decode graph
-    assert attention_splits(T, H, n_cells, cuda_ops.replaying) > 1  # the path under test
+    assert attention_splits(T, H, n_cells) > 1  # the path under test
     cc, cr = _cache_pair(cuda_ops, ref_ops, n_cells, Hkv, dk, dv, rng, cell0 + T)
     q = rng.standard_normal((T, H, dk)).astype(np.float32)
     scale = 1.0 / math.sqrt(dk)
     tree = AttnMask(tuple([cell0] * T), tuple(cell0 + i for i in range(T)),
                     tuple(cell0 + i + 1 for i in range(T)))  # each token: prefix + itself
+    first = None
     for b in (Batch.causal(list(range(T)), cell0),
-              Batch(tuple(range(T)), tuple([cell0] * T), cell0, tree)):
+              Batch(tuple(range(T)), tuple([cell0] * T), cell0, tree),
+              Batch.causal(list(range(T)), cell0)):
         pc, pr = both(cuda_ops, ref_ops, b)
         got = cuda_ops.to_numpy(cuda_ops.attention(cuda_ops.from_numpy(q), cc.k[0], cc.v[0], pc,
                                                    scale))
         close(got, ref_ops.attention(q, cr.k[0], cr.v[0], pr, scale), 1e-4, 2e-5,
               "split attention")
+        if first is None:
+            first = got
+    np.testing.assert_array_equal(got, first)
 
 
 @pytest.mark.parametrize("T", [2, 20])  # the few-token kernel and the query tiles
