@@ -306,6 +306,34 @@ extern "C" __global__ void reflex_norm_apply(float* __restrict__ y, const float*
 //   theta = interp * (1 - mix) + extrap * mix, mscale = attn_factor * (1 + 0.1 ln(1/freq_scale)).
 // (ggml's rope_yarn; spec section 4.3.)
 
+// Pair i of a head at position p, as above: its dims (i0, i1) and (cos, sin) * mscale.
+struct RopeArgs {
+    int n_rot, neox;
+    double freq_base, freq_scale, ext_factor, attn_factor, corr_lo, corr_hi;
+};
+
+__device__ __forceinline__ void rx_rope_pair(const RopeArgs& ra, double p, int i, int& i0, int& i1,
+                                             float& cs, float& sn) {
+    double mscale = ra.attn_factor;
+    if (ra.ext_factor != 0.0) mscale *= 1.0 + 0.1 * log(1.0 / ra.freq_scale);
+    const double theta_extrap = p * pow(ra.freq_base, -2.0 * (double)i / (double)ra.n_rot);
+    const double theta_interp = ra.freq_scale * theta_extrap;
+    double theta = theta_interp;
+    if (ra.ext_factor != 0.0) {
+        const double yv = ((double)i - ra.corr_lo) / fmax(0.001, ra.corr_hi - ra.corr_lo);
+        const double ramp = 1.0 - fmin(1.0, fmax(0.0, yv));
+        const double mix = ramp * ra.ext_factor;
+        theta = theta_interp * (1.0 - mix) + theta_extrap * mix;
+    }
+    double sn64, cs64;
+    sincos(theta, &sn64, &cs64);
+    cs = (float)(cs64 * mscale);
+    sn = (float)(sn64 * mscale);
+    const int half = ra.n_rot / 2;
+    i0 = ra.neox ? i : 2 * i;
+    i1 = ra.neox ? i + half : 2 * i + 1;
+}
+
 extern "C" __global__ void reflex_rope(const float* __restrict__ x, float* __restrict__ y,
                                        const int* __restrict__ pos, int H, int d, int n_rot,
                                        int neox, double freq_base, double freq_scale,
@@ -317,24 +345,12 @@ extern "C" __global__ void reflex_rope(const float* __restrict__ x, float* __res
     const float* xr = x + base;
     float* yr = y + base;
     const double p = (double)pos[t];
-    const int half = n_rot / 2;
-    double mscale = attn_factor;
-    if (ext_factor != 0.0) mscale *= 1.0 + 0.1 * log(1.0 / freq_scale);
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const double theta_extrap = p * pow(freq_base, -2.0 * (double)i / (double)n_rot);
-        const double theta_interp = freq_scale * theta_extrap;
-        double theta = theta_interp;
-        if (ext_factor != 0.0) {
-            const double yv = ((double)i - corr_lo) / fmax(0.001, corr_hi - corr_lo);
-            const double ramp = 1.0 - fmin(1.0, fmax(0.0, yv));
-            const double mix = ramp * ext_factor;
-            theta = theta_interp * (1.0 - mix) + theta_extrap * mix;
-        }
-        double s, c;
-        sincos(theta, &s, &c);
-        const float cs = (float)(c * mscale), sn = (float)(s * mscale);
-        const int i0 = neox ? i : 2 * i;
-        const int i1 = neox ? i + half : 2 * i + 1;
+    const RopeArgs ra = {n_rot, neox, freq_base, freq_scale, ext_factor, attn_factor, corr_lo,
+                         corr_hi};
+    for (int i = threadIdx.x; i < n_rot / 2; i += blockDim.x) {
+        int i0, i1;
+        float cs, sn;
+        rx_rope_pair(ra, p, i, i0, i1, cs, sn);
         const float a = xr[i0], b = xr[i1];
         yr[i0] = a * cs - b * sn;
         yr[i1] = a * sn + b * cs;
@@ -412,24 +428,12 @@ extern "C" __global__ void reflex_qk_norm_rope_store(
 
     // 2. RoPE (reflex_rope's arithmetic)
     const double p = (double)pos[t];
-    const int half = n_rot / 2;
-    double mscale = attn_factor;
-    if (ext_factor != 0.0) mscale *= 1.0 + 0.1 * log(1.0 / freq_scale);
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const double theta_extrap = p * pow(freq_base, -2.0 * (double)i / (double)n_rot);
-        const double theta_interp = freq_scale * theta_extrap;
-        double theta = theta_interp;
-        if (ext_factor != 0.0) {
-            const double yv = ((double)i - corr_lo) / fmax(0.001, corr_hi - corr_lo);
-            const double ramp = 1.0 - fmin(1.0, fmax(0.0, yv));
-            const double mix = ramp * ext_factor;
-            theta = theta_interp * (1.0 - mix) + theta_extrap * mix;
-        }
-        double sn64, cs64;
-        sincos(theta, &sn64, &cs64);
-        const float cs = (float)(cs64 * mscale), sn = (float)(sn64 * mscale);
-        const int i0 = neox ? i : 2 * i;
-        const int i1 = neox ? i + half : 2 * i + 1;
+    const RopeArgs ra = {n_rot, neox, freq_base, freq_scale, ext_factor, attn_factor, corr_lo,
+                         corr_hi};
+    for (int i = threadIdx.x; i < n_rot / 2; i += blockDim.x) {
+        int i0, i1;
+        float cs, sn;
+        rx_rope_pair(ra, p, i, i0, i1, cs, sn);
         const float a = xs[i0], b = xs[i1];
         dst[i0] = a * cs - b * sn;
         dst[i1] = a * sn + b * cs;
@@ -630,19 +634,29 @@ reflex_attention(const float* __restrict__ q, const float* __restrict__ kc,
 // shuffles instead of 5. Each group keeps its own online softmax; the 4 groups merge by
 // shuffles, the 8 warps in shared memory as there.
 // ATT_VEC_C4: float4 per lane (head sizes <= 32 * ATT_VEC_C4: 128 or 256).
-template <int ATT_VEC_C4>
+template <int ATT_VEC_C4, bool FUSED>
 struct AttVecRows {
     float4 k[ATT_VEC_C4], v[ATT_VEC_C4];
 
-    // visible entry j's K and V parts of this lane (zeros past j1 or past the head sizes)
+    // visible entry j's K and V parts of this lane (zeros past j1 or past the head sizes). FUSED:
+    // the batch's own cells [c0, c0 + Tn) are not in the caches yet; their K rows are knew's
+    // (shared memory, rows of 32 ATT_VEC_C4 floats) and their V rows vnew's (token stride vts).
     __device__ __forceinline__ void load(const float* __restrict__ kbase,
                                          const float* __restrict__ vbase, size_t kstride,
                                          size_t vstride, int j, int j1, int a_end, int b_start,
-                                         int li, int dk, int dv) {
+                                         int li, int dk, int dv, const float* knew,
+                                         const float* vnew, size_t vts, int c0, int Tn) {
         const bool valid = j < j1;
         const int cell = !valid ? 0 : j < a_end ? j : b_start + (j - a_end);
         const float* kp = kbase + (size_t)cell * kstride;
         const float* vp = vbase + (size_t)cell * vstride;
+        if (FUSED) {
+            const unsigned nt = (unsigned)(cell - c0);
+            if (nt < (unsigned)Tn) {
+                kp = knew + nt * (32 * ATT_VEC_C4);
+                vp = vnew + nt * vts;
+            }
+        }
 #pragma unroll
         for (int i = 0; i < ATT_VEC_C4; i++) {
             const int e = 32 * i + 4 * li;
@@ -652,12 +666,72 @@ struct AttVecRows {
     }
 };
 
-template <int ATT_VEC_C4>
+#define ROPE_ATT_MAX_T 4  // tokens of a reflex_rope_attention_vec launch (gridDim.y)
+
+// The prologue of reflex_rope_attention_vec<C4>: reflex_qk_norm_rope_store's work for query
+// head h of token t and for KV head g of every token of the batch, in shared memory (rows[0]: the
+// query, rows[1 + u]: token u's key), with its arithmetic and order of sums (the sum of squares
+// in warps of 32 dims, then over ceil-to-4-or-8 warps in turn, as its 128 / 256 threads add
+// them), so the same bits. Block (h = g G, t, slice 0) writes token t's K and V to the caches.
+template <int C4>
+__device__ __forceinline__ void rope_attention_prologue(
+    float (*rows)[32 * C4], const float* __restrict__ q, const float* __restrict__ k,
+    const float* __restrict__ v, const float* __restrict__ qn_w, const float* __restrict__ kn_w,
+    float* __restrict__ kc, float* __restrict__ vc, int c0, const int* __restrict__ pos, int H,
+    int H_kv, int dk, int dv, int qn, int kn, float eps, const RopeArgs& ra) {
+    __shared__ float red[(1 + ROPE_ATT_MAX_T) * 8];
+    const int h = blockIdx.x, t = blockIdx.y, T = gridDim.y, sl = blockIdx.z;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int G = H / H_kv, g = h / G;
+    const int nr = 1 + T, nw = dk <= 128 ? 4 : 8;
+    for (int task = warp; task < nr * nw; task += ATT_WARPS) {
+        const int r = task / nw, e = 32 * (task % nw) + lane;
+        const float* src = r == 0 ? q + ((size_t)t * H + h) * dk : k + ((size_t)(r - 1) * H_kv + g) * dk;
+        const float x = e < dk ? src[e] : 0.f;
+        if (e < dk) rows[r][e] = x;
+        const float ss = warp_sum_f(x * x);
+        if (lane == 0) red[task] = ss;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < nr * dk; idx += blockDim.x) {
+        const int r = idx / dk, e = idx - r * dk;
+        if (r == 0 ? qn != 0 : kn != 0) {
+            float ss = 0.f;
+            for (int c = 0; c < nw; c++) ss += red[r * nw + c];
+            const float rr = 1.0f / sqrtf(ss / (float)dk + eps);
+            const float* w = r == 0 ? qn_w : kn_w;
+            rows[r][e] = w != nullptr ? rows[r][e] * rr * w[e] : rows[r][e] * rr;
+        }
+    }
+    __syncthreads();
+    const int half = ra.n_rot / 2;
+    for (int idx = threadIdx.x; idx < nr * half; idx += blockDim.x) {
+        const int r = idx / half, i = idx - r * half;
+        int i0, i1;
+        float cs, sn;
+        rx_rope_pair(ra, (double)pos[r == 0 ? t : r - 1], i, i0, i1, cs, sn);
+        const float a = rows[r][i0], b = rows[r][i1];
+        rows[r][i0] = a * cs - b * sn;
+        rows[r][i1] = a * sn + b * cs;
+    }
+    __syncthreads();
+    if (sl == 0 && h == g * G) {
+        const size_t cell = (size_t)c0 + t;
+        float* kd = kc + (cell * H_kv + g) * dk;
+        float* vd = vc + (cell * H_kv + g) * dv;
+        const float* vs = v + ((size_t)t * H_kv + g) * dv;
+        for (int e = threadIdx.x; e < dk; e += blockDim.x) kd[e] = rows[1 + t][e];
+        for (int e = threadIdx.x; e < dv; e += blockDim.x) vd[e] = vs[e];
+    }
+}
+
+template <int ATT_VEC_C4, bool FUSED>
 __device__ __forceinline__ void attention_vec_body(
     const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
     float* __restrict__ out, float* __restrict__ part, int* __restrict__ done,
     const int* __restrict__ prefix_end, const int* __restrict__ own_start,
-    const int* __restrict__ own_end, int H, int H_kv, int dk, int dv, float scale) {
+    const int* __restrict__ own_end, int H, int H_kv, int dk, int dv, float scale,
+    const float (*rows)[32 * ATT_VEC_C4], const float* vnew, int c0) {
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ __align__(16) float s_acc[ATT_WARPS][REFLEX_ATT_MAX_HEAD];
     const int h = blockIdx.x, t = blockIdx.y, S = gridDim.z, sl = blockIdx.z;
@@ -666,7 +740,7 @@ __device__ __forceinline__ void attention_vec_body(
     int a_end, b_start, j0, j1;
     att_slice(prefix_end, own_start, own_end, t, S, sl, a_end, b_start, j0, j1);
 
-    const float* qh = q + ((size_t)t * H + h) * dk;
+    const float* qh = FUSED ? rows[0] : q + ((size_t)t * H + h) * dk;
     float4 qr[ATT_VEC_C4], acc[ATT_VEC_C4];
 #pragma unroll
     for (int i = 0; i < ATT_VEC_C4; i++) {
@@ -678,14 +752,18 @@ __device__ __forceinline__ void attention_vec_body(
     const size_t kstride = (size_t)H_kv * dk, vstride = (size_t)H_kv * dv;
     const float* kbase = kc + (size_t)g * dk;
     const float* vbase = vc + (size_t)g * dv;
+    const float* knew = FUSED ? rows[1] : nullptr;
+    const float* vg = FUSED ? vnew + (size_t)g * dv : nullptr;
+    const int Tn = FUSED ? gridDim.y : 0;
     constexpr int ROUND = 4 * ATT_WARPS;  // cells a block takes a round
-    AttVecRows<ATT_VEC_C4> cur;
-    cur.load(kbase, vbase, kstride, vstride, j0 + 4 * warp + c4, j1, a_end, b_start, li, dk, dv);
+    AttVecRows<ATT_VEC_C4, FUSED> cur;
+    cur.load(kbase, vbase, kstride, vstride, j0 + 4 * warp + c4, j1, a_end, b_start, li, dk, dv,
+             knew, vg, vstride, c0, Tn);
     // every lane runs every round (the shuffles); a group past j1 skips the update
     for (int base = j0 + 4 * warp; base < j1; base += ROUND) {
-        AttVecRows<ATT_VEC_C4> nxt;
+        AttVecRows<ATT_VEC_C4, FUSED> nxt;
         nxt.load(kbase, vbase, kstride, vstride, base + ROUND + c4, j1, a_end, b_start, li, dk,
-                 dv);
+                 dv, knew, vg, vstride, c0, Tn);
         float s = 0.f;
 #pragma unroll
         for (int i = 0; i < ATT_VEC_C4; i++)
@@ -746,11 +824,40 @@ __device__ __forceinline__ void attention_vec_body(
          const int* __restrict__ prefix_end, const int* __restrict__ own_start,                    \
          const int* __restrict__ own_end, int H, int H_kv, int dk, int dv, float scale) {          \
         RX_PDL_ENTRY();                                                                            \
-        attention_vec_body<C4>(q, kc, vc, out, part, done, prefix_end, own_start, own_end, H,      \
-                               H_kv, dk, dv, scale);                                               \
+        attention_vec_body<C4, false>(q, kc, vc, out, part, done, prefix_end, own_start, own_end,  \
+                                      H, H_kv, dk, dv, scale, nullptr, nullptr, 0);                \
     }
 RX_ATT_VEC(reflex_attention_vec128, 4)
 RX_ATT_VEC(reflex_attention_vec256, 8)
+
+// rope_attention_vec128 / _vec256: reflex_qk_norm_rope_store then reflex_attention_vec<C4> in
+// one launch, for a batch of at most ROPE_ATT_MAX_T tokens (a decode step): q, k, v are the
+// projections (q [T, H, d_k], k [T, H_kv, d_k], v [T, H_kv, d_v]); every block normalises and
+// rotates its query and its KV head's keys of the batch (rope_attention_prologue) and reads the
+// batch's own cells from them instead of the caches, which one block per (KV head, token) writes
+// for the steps after. The same bits as the two launches.
+#define RX_ROPE_ATT_VEC(NAME, C4)                                                                  \
+    extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                                   \
+    NAME(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,    \
+         const float* __restrict__ qn_w, const float* __restrict__ kn_w, float* __restrict__ kc,   \
+         float* __restrict__ vc, float* __restrict__ out, float* __restrict__ part,                \
+         int* __restrict__ done, const int* __restrict__ cell0, const int* __restrict__ pos,       \
+         const int* __restrict__ prefix_end, const int* __restrict__ own_start,                    \
+         const int* __restrict__ own_end, int H, int H_kv, int dk, int dv, int qn, int kn,         \
+         int n_rot, int neox, float eps, float scale, double freq_base, double freq_scale,         \
+         double ext_factor, double attn_factor, double corr_lo, double corr_hi) {                  \
+        RX_PDL_ENTRY();                                                                            \
+        __shared__ __align__(16) float rows[1 + ROPE_ATT_MAX_T][32 * C4];                          \
+        const RopeArgs ra = {n_rot, neox, freq_base, freq_scale, ext_factor, attn_factor,          \
+                             corr_lo, corr_hi};                                                    \
+        const int c0 = cell0[0];                                                                   \
+        rope_attention_prologue<C4>(rows, q, k, v, qn_w, kn_w, kc, vc, c0, pos, H, H_kv, dk, dv,   \
+                                    qn, kn, eps, ra);                                              \
+        attention_vec_body<C4, true>(q, kc, vc, out, part, done, prefix_end, own_start, own_end,   \
+                                     H, H_kv, dk, dv, scale, rows, v, c0);                         \
+    }
+RX_ROPE_ATT_VEC(reflex_rope_attention_vec128, 4)
+RX_ROPE_ATT_VEC(reflex_rope_attention_vec256, 8)
 
 
 // ------------------------------------------------------------------------------------------

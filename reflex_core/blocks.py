@@ -179,16 +179,15 @@ def gqa_attention(ops: Ops, x, w: AttnWeights, kv: tuple, pb, rope: RopeParams, 
     the norms are given; RoPE of q and k; K/V written to cells ``[cell0, cell0 + T)`` of the
     layer's state buffers ``kv = (k_cache, v_cache)`` (``state.kv(layer)``); attention
     over cells ``[0, n_kv)`` under the batch mask with ``scale`` (default ``1/sqrt(head_dim)``);
-    output projection. (``matmul_many`` and ``qk_norm_rope_store`` are those steps fused.)
+    output projection. (``matmul_many`` and ``rope_attention`` are those steps fused.)
     """
     dv = head_dim if head_dim_v is None else head_dim_v
     T = ops.shape(x)[0]
     q, k, v = ops.matmul_many(x, (w.attn_q, w.attn_k, w.attn_v))
-    q = ops.qk_norm_rope_store(ops.view(q, (T, n_head, head_dim)),
-                               ops.view(k, (T, n_head_kv, head_dim)),
-                               ops.view(v, (T, n_head_kv, dv)),
-                               w.attn_q_norm, w.attn_k_norm, eps, pb, rope, kv[0], kv[1])
-    o = ops.attention(q, kv[0], kv[1], pb, 1.0 / math.sqrt(head_dim) if scale is None else scale)
+    o = ops.rope_attention(ops.view(q, (T, n_head, head_dim)),
+                           ops.view(k, (T, n_head_kv, head_dim)), ops.view(v, (T, n_head_kv, dv)),
+                           w.attn_q_norm, w.attn_k_norm, eps, pb, rope, kv[0], kv[1],
+                           1.0 / math.sqrt(head_dim) if scale is None else scale)
     return ops.matmul(o, w.attn_output)
 
 

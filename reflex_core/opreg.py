@@ -109,6 +109,7 @@ CORE_OPS: tuple[OpDef, ...] = (
     _core("kv_write"),
     _core("qk_norm_rope_store"),
     _core("attention"),
+    _core("rope_attention"),
     _core("swiglu"),
     _core("add"),
     _core("take_rows"),

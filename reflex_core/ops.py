@@ -377,6 +377,18 @@ class Ops:
         self.kv_write(k_cache, v_cache, k, v, pb)
         return q
 
+    def rope_attention(self, q, k, v, q_norm: Weight | None, k_norm: Weight | None, eps: float,
+                       pb, rope: RopeParams, k_cache, v_cache, scale: float):
+        """:meth:`qk_norm_rope_store` then :meth:`attention` of its queries: the attention of
+        the projections ``q``, ``k``, ``v`` (shapes as there) -> ``[T, H * d_v]``, with K and V
+        of the batch in the cache afterwards. Equals::
+
+            q = qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, pb, rope, k_cache, v_cache)
+            return attention(q, k_cache, v_cache, pb, scale)
+        """
+        q = self.qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, pb, rope, k_cache, v_cache)
+        return self.attention(q, k_cache, v_cache, pb, scale)
+
     # --- MoE (qwen3moe, qwen35moe, deepseek2) --------------------------------------------
     def moe_route(self, logits, k: int, gating: str = "softmax", norm: bool = True,
                   scale: float = 0.0, bias: Weight | None = None,

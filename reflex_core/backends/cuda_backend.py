@@ -113,6 +113,11 @@ def attention_splits(T: int, H: int, n_cells: int) -> int:
     return max(1, want)
 
 
+ROPE_ATT_MAX_T = 4  # tokens of one reflex_rope_attention_vec launch (cuda/core.cu)
+# REFLEX_ROPE_ATT=0: a decode step's attention prologue keeps its own launch (for A/B runs)
+ROPE_ATT = os.environ.get("REFLEX_ROPE_ATT", "1") != "0"
+
+
 ATT_TILED_MIN_T = 16  # tokens from which a forward's attention runs query tiles
 
 
@@ -879,6 +884,44 @@ class CudaOps(Ops):
                            pb.cell0_dev, pb.positions, H, Hkv, dk, dv,
                            0 if q_norm is None else 1, 0 if k_norm is None else 1, n_rot, neox,
                            eps, fb, fs, ext, af, lo, hi))
+        return out
+
+    def rope_attention(self, q, k, v, q_norm: Weight | None, k_norm: Weight | None, eps: float,
+                       pb, rope: RopeParams, k_cache, v_cache, scale: float) -> DeviceArray:
+        """A decode step's batch (ROPE_ATT_MAX_T tokens or fewer, head sizes a multiple of 4 up
+        to 256, 16-byte aligned rows) in one launch, reflex_rope_attention_vec128/256: the same
+        bits as qk_norm_rope_store then attention; anything else runs those two."""
+        T, H, dk = q.shape
+        n_cells, Hkv, cdk = k_cache.shape
+        dv = v_cache.shape[2]
+        ptrs = (q.ptr, k.ptr, v.ptr, k_cache.ptr, v_cache.ptr)
+        if (not 0 < T <= ROPE_ATT_MAX_T or dk % 4 or dv % 4 or max(dk, dv) > 256 or H % Hkv
+                or any(p % 16 for p in ptrs) or not ROPE_ATT):
+            return super().rope_attention(q, k, v, q_norm, k_norm, eps, pb, rope, k_cache,
+                                          v_cache, scale)
+        self._check_cells(k_cache, v_cache, pb)
+        if k.shape != (T, Hkv, dk) or v.shape != (T, Hkv, dv) or dk != cdk:
+            raise ValueError(f"rope_attention: q {q.shape}, k {k.shape}, v {v.shape} do not "
+                             f"match a cache of {Hkv} heads x {cdk}/{dv}")
+        if T != pb.n_tokens:
+            raise ValueError(f"rope_attention: {T} rows but {pb.n_tokens} positions")
+        if pb.n_kv > n_cells:
+            raise ReflexError(f"attention over {pb.n_kv} cells, the cache has {n_cells}")
+        n_rot, neox, fb, fs, ext, af, lo, hi = self._rope_args(rope)
+        if n_rot > dk:
+            raise ValueError(f"rope: n_rot {n_rot} must be even and <= head size {dk}")
+        qn = 0 if q_norm is None else self._f32_vector(q_norm, dk)
+        kn = 0 if k_norm is None else self._f32_vector(k_norm, dk)
+        out = empty_f32((T, H * dv), T * H * dv)
+        S = attention_splits(T, H, n_cells)
+        part = empty_f32((T, H, S, 2 + dv), T * H * S * (2 + dv)) if S > 1 else None
+        self.k.launch("reflex_rope_attention_vec128" if max(dk, dv) <= 128
+                      else "reflex_rope_attention_vec256", (H, T, S), 256,
+                      (q.ptr, k.ptr, v.ptr, qn, kn, k_cache.ptr, v_cache.ptr, out.ptr,
+                       part.ptr if part else 0, self._att_counters() if part else 0,
+                       pb.cell0_dev, pb.positions, pb.prefix_end, pb.own_start, pb.own_end, H,
+                       Hkv, dk, dv, 0 if q_norm is None else 1, 0 if k_norm is None else 1,
+                       n_rot, neox, eps, scale, fb, fs, ext, af, lo, hi))
         return out
 
     def attention(self, q, k_cache, v_cache, pb, scale: float) -> DeviceArray:

@@ -118,6 +118,21 @@ def qk_norm_rope_store(rng):
     return out
 
 
+def rope_attention(rng):
+    out = []
+    for T in TS:
+        H, Hkv, d, dv, n_prev = 6, 2, 32, 24, 5
+        n = n_prev + T + 2
+        K, V = _f(rng, n, Hkv, d), _f(rng, n, Hkv, dv)
+        K[n_prev:], V[n_prev:] = 0, 0
+        args = (_f(rng, T, H, d, scale=2), _f(rng, T, Hkv, d, scale=2), _f(rng, T, Hkv, dv),
+                WeightArg(f"rqn{T}", 1 + _f(rng, d, scale=0.3)),
+                WeightArg(f"rkn{T}", 1 + _f(rng, d, scale=0.3)), 1e-6, _causal(T, n_prev),
+                RopeParams(n_rot=d, mode="neox", freq_base=1e6), K, V, 0.2)
+        out.append(OpCase(f"T={T}", args, compare=(8, 9), rtol=2e-5, atol=2e-5))
+    return out
+
+
 def attention(rng):
     out = []
     for T in TS:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import random
-import struct
 
 import numpy as np
 import pytest
@@ -247,6 +246,65 @@ def test_qk_norm_rope_store_errors(cuda_ops):
     with pytest.raises(ValueError, match="n_rot"):
         cuda_ops.qk_norm_rope_store(q, k, k, None, None, 1e-6, pb, RopeParams(n_rot=66), c.k[0],
                                     c.v[0])
+
+
+# --- rope_attention (a decode step's prologue and attention in one launch) --------------------
+ROPE_ATT_CASES = [  # (T, cell0, H, Hkv, dk, dv, n_cells)
+    (1, 0, 4, 4, 64, 64, 8),  # the first cell
+    (1, 37, 16, 8, 128, 128, 60),
+    (1, 1499, 16, 8, 128, 128, 1600),  # slices of the cache
+    (1, 700, 32, 8, 128, 128, 2048),
+    (4, 5, 8, 2, 128, 128, 40),
+    (2, 900, 8, 2, 128, 128, 1200),
+    (3, 1, 2, 1, 40, 72, 10),  # multiples of 4, not of 32
+    (2, 10, 4, 2, 192, 128, 600),  # d_k > 128: the 256-wide kernel
+    (1, 20, 8, 2, 256, 256, 30),
+]
+
+
+@pytest.mark.parametrize("norms", ["qk", "none"])
+@pytest.mark.parametrize("rope", ["neox", "norm-partial", "neox-yarn"])
+@pytest.mark.parametrize("T,cell0,H,Hkv,dk,dv,n_cells", ROPE_ATT_CASES,
+                         ids=[f"T{c[0]}-c{c[1]}-H{c[2]}/{c[3]}-d{c[4]}/{c[5]}-cells{c[6]}"
+                              for c in ROPE_ATT_CASES])
+def test_rope_attention(attach_both, T, cell0, H, Hkv, dk, dv, n_cells, rope, norms, rng):
+    """One launch = qk_norm_rope_store then attention (the CUDA ops, causal and tree masks): the
+    output and the cache rows it writes within 1e-6 (nvcc may contract a RoPE product
+    differently in the two kernels), the other cells untouched; and the NumPy twin."""
+    p = ROPES[rope]
+    if p.n_rot > dk:
+        p = RopeParams(n_rot=dk, mode=p.mode, freq_base=p.freq_base)
+    qg = (1.0 + 0.3 * rng.standard_normal(dk)).astype(np.float32)
+    kg = (1.0 + 0.3 * rng.standard_normal(dk)).astype(np.float32)
+    cuda_ops, ref_ops = attach_both({"qn": qg, "kn": kg})
+    qn = (cuda_ops.weight("qn"), ref_ops.weight("qn")) if norms == "qk" else (None, None)
+    kn = (cuda_ops.weight("kn"), ref_ops.weight("kn")) if norms == "qk" else (None, None)
+    q = (rng.standard_normal((T, H, dk)) * 2).astype(np.float32)
+    k = (rng.standard_normal((T, Hkv, dk)) * 2).astype(np.float32)
+    v = rng.standard_normal((T, Hkv, dv)).astype(np.float32)
+    scale = 1.0 / math.sqrt(dk)
+    tree = AttnMask(tuple([cell0] * T), tuple(cell0 + i for i in range(T)),
+                    tuple(cell0 + i + 1 for i in range(T)))  # each token: prefix + itself
+    pos = tuple(cell0 + i for i in range(T))
+    for b in (Batch(tuple(range(T)), pos, cell0, AttnMask.causal(cell0, T)),
+              Batch(tuple(range(T)), pos, cell0, tree)):
+        pc, pr = both(cuda_ops, ref_ops, b)
+        fused, plain = (_cache_pair(cuda_ops, ref_ops, n_cells, Hkv, dk, dv,
+                                    np.random.default_rng(7), cell0) for _ in range(2))
+        dq, dk_, dv_ = cuda_ops.from_numpy(q), cuda_ops.from_numpy(k), cuda_ops.from_numpy(v)
+        got = cuda_ops.rope_attention(dq, dk_, dv_, qn[0], kn[0], 1e-6, pc, p, fused[0].k[0],
+                                      fused[0].v[0], scale)
+        assert cuda_ops.shape(got) == (T, H * dv)
+        u = Ops.rope_attention(cuda_ops, dq, dk_, dv_, qn[0], kn[0], 1e-6, pc, p, plain[0].k[0],
+                               plain[0].v[0], scale)
+        close(cuda_ops.to_numpy(got), cuda_ops.to_numpy(u), 1e-6, 1e-6, "vs the two launches")
+        kc, vc = cuda_ops.to_numpy(fused[0].k[0]), cuda_ops.to_numpy(fused[0].v[0])
+        close(kc, cuda_ops.to_numpy(plain[0].k[0]), 1e-6, 1e-6, "k cache")
+        np.testing.assert_array_equal(vc, cuda_ops.to_numpy(plain[0].v[0]))
+        assert not kc[cell0 + T:].any() and not vc[cell0 + T:].any(), "cells past the batch"
+        want = ref_ops.rope_attention(q, k, v, qn[1], kn[1], 1e-6, pr, p, fused[1].k[0],
+                                      fused[1].v[0], scale)
+        close(cuda_ops.to_numpy(got), want, 1e-4, 2e-5, "vs the NumPy twin")
 
 
 # --- kv_write + attention --------------------------------------------------------------------

@@ -199,10 +199,9 @@ class Qwen35(Model):
         H, H_kv, d_h = cfg.n_head, cfg.n_head_kv, cfg.head_dim
         T = ops.shape(a)[0]
         qg, k, v = ops.matmul_many(a, (w.attn_q, w.attn_k, w.attn_v))
-        q = ops.qk_norm_rope_store(ops.qwen35_take_q(qg, H), ops.view(k, (T, H_kv, d_h)),
-                                   ops.view(v, (T, H_kv, d_h)), w.attn_q_norm, w.attn_k_norm,
-                                   cfg.eps, pb, cfg.rope, kv[0], kv[1])
-        o = ops.attention(q, kv[0], kv[1], pb, 1.0 / math.sqrt(d_h))
+        o = ops.rope_attention(ops.qwen35_take_q(qg, H), ops.view(k, (T, H_kv, d_h)),
+                               ops.view(v, (T, H_kv, d_h)), w.attn_q_norm, w.attn_k_norm,
+                               cfg.eps, pb, cfg.rope, kv[0], kv[1], 1.0 / math.sqrt(d_h))
         return ops.matmul(ops.qwen35_gate_output(o, qg, H), w.attn_output)
 
 
