@@ -492,17 +492,28 @@ __device__ __forceinline__ void att_combine_slices(const float* pp, float* __res
     __shared__ float s_f[REFLEX_ATT_MAX_SPLITS];
     __shared__ float s_invL;
     const size_t w = 2 + (size_t)dv;
-    if (threadIdx.x == 0) {
+    if (threadIdx.x < 32) {  // slice s on lane s % 32
+        const int lane = threadIdx.x;
+        float ms[REFLEX_ATT_MAX_SPLITS / 32], ls[REFLEX_ATT_MAX_SPLITS / 32];
         float M = -INFINITY;
-        for (int s = 0; s < S; s++) M = fmaxf(M, __ldcg(pp + s * w));
-        float L = 0.f;
-        for (int s = 0; s < S; s++) {
-            const float ms = __ldcg(pp + s * w);
-            const float f = ms == -INFINITY ? 0.f : expf(ms - M);
-            s_f[s] = f;
-            L += __ldcg(pp + s * w + 1) * f;
+#pragma unroll
+        for (int i = 0; i < REFLEX_ATT_MAX_SPLITS / 32; i++) {
+            const int s = lane + 32 * i;
+            ms[i] = s < S ? __ldcg(pp + s * w) : -INFINITY;
+            ls[i] = s < S ? __ldcg(pp + s * w + 1) : 0.f;
+            M = fmaxf(M, ms[i]);
         }
-        s_invL = L > 0.f ? 1.0f / L : 0.f;
+        M = warp_max_f(M);
+        float L = 0.f;
+#pragma unroll
+        for (int i = 0; i < REFLEX_ATT_MAX_SPLITS / 32; i++) {
+            const int s = lane + 32 * i;
+            const float f = ms[i] == -INFINITY ? 0.f : expf(ms[i] - M);
+            if (s < S) s_f[s] = f;
+            L += ls[i] * f;
+        }
+        L = warp_sum_f(L);
+        if (lane == 0) s_invL = L > 0.f ? 1.0f / L : 0.f;
     }
     __syncthreads();
     for (int e = threadIdx.x; e < dv; e += blockDim.x) {
@@ -650,7 +661,7 @@ struct AttVecRows {
         const int cell = !valid ? 0 : j < a_end ? j : b_start + (j - a_end);
         const float* kp = kbase + (size_t)cell * kstride;
         const float* vp = vbase + (size_t)cell * vstride;
-        if (FUSED) {
+        if (FUSED && valid) {
             const unsigned nt = (unsigned)(cell - c0);
             if (nt < (unsigned)Tn) {
                 kp = knew + nt * (32 * ATT_VEC_C4);
@@ -664,21 +675,39 @@ struct AttVecRows {
             v[i] = valid && e < dv ? *(const float4*)(vp + e) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
     }
+
+    // whether visible entry j is one of the batch's own cells [c0, c0 + Tn)
+    __device__ __forceinline__ static bool is_new(int j, int j1, int a_end, int b_start, int c0,
+                                                  int Tn) {
+        if (j >= j1) return false;
+        const int cell = j < a_end ? j : b_start + (j - a_end);
+        return (unsigned)(cell - c0) < (unsigned)Tn;
+    }
 };
 
 #define ROPE_ATT_MAX_T 4  // tokens of a reflex_rope_attention_vec launch (gridDim.y)
 
+// What reflex_rope_attention_vec adds to reflex_attention_vec: the projections of the batch's
+// keys and values, the norms' weights and flags, the positions and the batch's first cell.
+struct RopeAttIn {
+    const float *k, *v, *qn_w, *kn_w;
+    float *kc, *vc;  // written: the batch's cells
+    const int* pos;
+    int c0, qn, kn;
+    float eps;
+    RopeArgs ra;
+};
+
 // The prologue of reflex_rope_attention_vec<C4>: reflex_qk_norm_rope_store's work for query
 // head h of token t and for KV head g of every token of the batch, in shared memory (rows[0]: the
 // query, rows[1 + u]: token u's key), with its arithmetic and order of sums (the sum of squares
-// in warps of 32 dims, then over ceil-to-4-or-8 warps in turn, as its 128 / 256 threads add
-// them), so the same bits. Block (h = g G, t, slice 0) writes token t's K and V to the caches.
+// in warps of 32 dims, then over 4 or 8 warps in turn, as its 128 / 256 threads add them), so
+// the same values. Block (h = g G, t, slice 0) writes token t's K and V to the caches.
 template <int C4>
-__device__ __forceinline__ void rope_attention_prologue(
-    float (*rows)[32 * C4], const float* __restrict__ q, const float* __restrict__ k,
-    const float* __restrict__ v, const float* __restrict__ qn_w, const float* __restrict__ kn_w,
-    float* __restrict__ kc, float* __restrict__ vc, int c0, const int* __restrict__ pos, int H,
-    int H_kv, int dk, int dv, int qn, int kn, float eps, const RopeArgs& ra) {
+__device__ __forceinline__ void rope_attention_prologue(float (*rows)[32 * C4],
+                                                        const float* __restrict__ q,
+                                                        const RopeAttIn& in, int H, int H_kv,
+                                                        int dk, int dv) {
     __shared__ float red[(1 + ROPE_ATT_MAX_T) * 8];
     const int h = blockIdx.x, t = blockIdx.y, T = gridDim.y, sl = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -686,7 +715,8 @@ __device__ __forceinline__ void rope_attention_prologue(
     const int nr = 1 + T, nw = dk <= 128 ? 4 : 8;
     for (int task = warp; task < nr * nw; task += ATT_WARPS) {
         const int r = task / nw, e = 32 * (task % nw) + lane;
-        const float* src = r == 0 ? q + ((size_t)t * H + h) * dk : k + ((size_t)(r - 1) * H_kv + g) * dk;
+        const float* src = r == 0 ? q + ((size_t)t * H + h) * dk
+                                  : in.k + ((size_t)(r - 1) * H_kv + g) * dk;
         const float x = e < dk ? src[e] : 0.f;
         if (e < dk) rows[r][e] = x;
         const float ss = warp_sum_f(x * x);
@@ -695,34 +725,64 @@ __device__ __forceinline__ void rope_attention_prologue(
     __syncthreads();
     for (int idx = threadIdx.x; idx < nr * dk; idx += blockDim.x) {
         const int r = idx / dk, e = idx - r * dk;
-        if (r == 0 ? qn != 0 : kn != 0) {
+        if (r == 0 ? in.qn != 0 : in.kn != 0) {
             float ss = 0.f;
             for (int c = 0; c < nw; c++) ss += red[r * nw + c];
-            const float rr = 1.0f / sqrtf(ss / (float)dk + eps);
-            const float* w = r == 0 ? qn_w : kn_w;
+            const float rr = 1.0f / sqrtf(ss / (float)dk + in.eps);
+            const float* w = r == 0 ? in.qn_w : in.kn_w;
             rows[r][e] = w != nullptr ? rows[r][e] * rr * w[e] : rows[r][e] * rr;
         }
     }
     __syncthreads();
-    const int half = ra.n_rot / 2;
+    const int half = in.ra.n_rot / 2;
     for (int idx = threadIdx.x; idx < nr * half; idx += blockDim.x) {
         const int r = idx / half, i = idx - r * half;
         int i0, i1;
         float cs, sn;
-        rx_rope_pair(ra, (double)pos[r == 0 ? t : r - 1], i, i0, i1, cs, sn);
+        rx_rope_pair(in.ra, (double)in.pos[r == 0 ? t : r - 1], i, i0, i1, cs, sn);
         const float a = rows[r][i0], b = rows[r][i1];
         rows[r][i0] = a * cs - b * sn;
         rows[r][i1] = a * sn + b * cs;
     }
     __syncthreads();
     if (sl == 0 && h == g * G) {
-        const size_t cell = (size_t)c0 + t;
-        float* kd = kc + (cell * H_kv + g) * dk;
-        float* vd = vc + (cell * H_kv + g) * dv;
-        const float* vs = v + ((size_t)t * H_kv + g) * dv;
+        const size_t cell = (size_t)in.c0 + t;
+        float* kd = in.kc + (cell * H_kv + g) * dk;
+        float* vd = in.vc + (cell * H_kv + g) * dv;
+        const float* vs = in.v + ((size_t)t * H_kv + g) * dv;
         for (int e = threadIdx.x; e < dk; e += blockDim.x) kd[e] = rows[1 + t][e];
         for (int e = threadIdx.x; e < dv; e += blockDim.x) vd[e] = vs[e];
     }
+}
+
+// One round of attention_vec_body: this lane group's cell j (rows r) into its online softmax.
+// Every lane runs it (the shuffles); a group past j1 leaves its state as it is.
+template <int ATT_VEC_C4, bool FUSED>
+__device__ __forceinline__ void att_vec_round(const AttVecRows<ATT_VEC_C4, FUSED>& r,
+                                              const float4 (&qr)[ATT_VEC_C4],
+                                              float4 (&acc)[ATT_VEC_C4], float& m, float& l,
+                                              bool valid, float scale) {
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < ATT_VEC_C4; i++)
+        s += qr[i].x * r.k[i].x + qr[i].y * r.k[i].y + qr[i].z * r.k[i].z + qr[i].w * r.k[i].w;
+    s += __shfl_xor_sync(FULL_MASK, s, 4);
+    s += __shfl_xor_sync(FULL_MASK, s, 2);
+    s += __shfl_xor_sync(FULL_MASK, s, 1);
+    if (!valid) return;
+    s *= scale;
+    const float mn = fmaxf(m, s);
+    const float corr = expf(m - mn);  // m = -inf on the group's first cell: 0
+    const float p = expf(s - mn);
+    l = l * corr + p;
+#pragma unroll
+    for (int i = 0; i < ATT_VEC_C4; i++) {
+        acc[i].x = acc[i].x * corr + p * r.v[i].x;
+        acc[i].y = acc[i].y * corr + p * r.v[i].y;
+        acc[i].z = acc[i].z * corr + p * r.v[i].z;
+        acc[i].w = acc[i].w * corr + p * r.v[i].w;
+    }
+    m = mn;
 }
 
 template <int ATT_VEC_C4, bool FUSED>
@@ -731,15 +791,41 @@ __device__ __forceinline__ void attention_vec_body(
     float* __restrict__ out, float* __restrict__ part, int* __restrict__ done,
     const int* __restrict__ prefix_end, const int* __restrict__ own_start,
     const int* __restrict__ own_end, int H, int H_kv, int dk, int dv, float scale,
-    const float (*rows)[32 * ATT_VEC_C4], const float* vnew, int c0) {
+    const RopeAttIn& in) {
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ __align__(16) float s_acc[ATT_WARPS][REFLEX_ATT_MAX_HEAD];
+    __shared__ __align__(16) float rows[FUSED ? 1 + ROPE_ATT_MAX_T : 1][32 * ATT_VEC_C4];
     const int h = blockIdx.x, t = blockIdx.y, S = gridDim.z, sl = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c4 = lane >> 3, li = lane & 7;
     const int g = h / (H / H_kv);
     int a_end, b_start, j0, j1;
     att_slice(prefix_end, own_start, own_end, t, S, sl, a_end, b_start, j0, j1);
 
+    const size_t kstride = (size_t)H_kv * dk, vstride = (size_t)H_kv * dv;
+    const float* kbase = kc + (size_t)g * dk;
+    const float* vbase = vc + (size_t)g * dv;
+    const float* knew = rows[FUSED ? 1 : 0];
+    const float* vg = FUSED ? in.v + (size_t)g * dv : nullptr;
+    const int Tn = FUSED ? gridDim.y : 0;
+    constexpr int ROUND = 4 * ATT_WARPS;  // cells a block takes a round
+    // two rounds in flight: a round's rows load while the one before it is summed. The first
+    // two go out before a fused prologue (reading the caches: a cell of the batch is read
+    // again once the prologue has made its rows).
+    const int base0 = j0 + 4 * warp;
+    AttVecRows<ATT_VEC_C4, FUSED> ra, rb;
+    ra.load(kbase, vbase, kstride, vstride, base0 + c4, j1, a_end, b_start, li, dk, dv, knew, vg,
+            vstride, in.c0, 0);
+    rb.load(kbase, vbase, kstride, vstride, base0 + ROUND + c4, j1, a_end, b_start, li, dk, dv,
+            knew, vg, vstride, in.c0, 0);
+    if (FUSED) {
+        rope_attention_prologue<ATT_VEC_C4>(rows, q, in, H, H_kv, dk, dv);
+        if (ra.is_new(base0 + c4, j1, a_end, b_start, in.c0, Tn))
+            ra.load(kbase, vbase, kstride, vstride, base0 + c4, j1, a_end, b_start, li, dk, dv,
+                    knew, vg, vstride, in.c0, Tn);
+        if (rb.is_new(base0 + ROUND + c4, j1, a_end, b_start, in.c0, Tn))
+            rb.load(kbase, vbase, kstride, vstride, base0 + ROUND + c4, j1, a_end, b_start, li,
+                    dk, dv, knew, vg, vstride, in.c0, Tn);
+    }
     const float* qh = FUSED ? rows[0] : q + ((size_t)t * H + h) * dk;
     float4 qr[ATT_VEC_C4], acc[ATT_VEC_C4];
 #pragma unroll
@@ -749,45 +835,14 @@ __device__ __forceinline__ void attention_vec_body(
         acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
     float m = -INFINITY, l = 0.f;
-    const size_t kstride = (size_t)H_kv * dk, vstride = (size_t)H_kv * dv;
-    const float* kbase = kc + (size_t)g * dk;
-    const float* vbase = vc + (size_t)g * dv;
-    const float* knew = FUSED ? rows[1] : nullptr;
-    const float* vg = FUSED ? vnew + (size_t)g * dv : nullptr;
-    const int Tn = FUSED ? gridDim.y : 0;
-    constexpr int ROUND = 4 * ATT_WARPS;  // cells a block takes a round
-    AttVecRows<ATT_VEC_C4, FUSED> cur;
-    cur.load(kbase, vbase, kstride, vstride, j0 + 4 * warp + c4, j1, a_end, b_start, li, dk, dv,
-             knew, vg, vstride, c0, Tn);
-    // every lane runs every round (the shuffles); a group past j1 skips the update
-    for (int base = j0 + 4 * warp; base < j1; base += ROUND) {
-        AttVecRows<ATT_VEC_C4, FUSED> nxt;
-        nxt.load(kbase, vbase, kstride, vstride, base + ROUND + c4, j1, a_end, b_start, li, dk,
-                 dv, knew, vg, vstride, c0, Tn);
-        float s = 0.f;
-#pragma unroll
-        for (int i = 0; i < ATT_VEC_C4; i++)
-            s += qr[i].x * cur.k[i].x + qr[i].y * cur.k[i].y + qr[i].z * cur.k[i].z +
-                 qr[i].w * cur.k[i].w;
-        s += __shfl_xor_sync(FULL_MASK, s, 4);
-        s += __shfl_xor_sync(FULL_MASK, s, 2);
-        s += __shfl_xor_sync(FULL_MASK, s, 1);
-        if (base + c4 < j1) {
-            s *= scale;
-            const float mn = fmaxf(m, s);
-            const float corr = expf(m - mn);  // m = -inf on the group's first cell: 0
-            const float p = expf(s - mn);
-            l = l * corr + p;
-#pragma unroll
-            for (int i = 0; i < ATT_VEC_C4; i++) {
-                acc[i].x = acc[i].x * corr + p * cur.v[i].x;
-                acc[i].y = acc[i].y * corr + p * cur.v[i].y;
-                acc[i].z = acc[i].z * corr + p * cur.v[i].z;
-                acc[i].w = acc[i].w * corr + p * cur.v[i].w;
-            }
-            m = mn;
-        }
-        cur = nxt;
+    for (int base = base0; base < j1; base += 2 * ROUND) {
+        att_vec_round(ra, qr, acc, m, l, base + c4 < j1, scale);
+        ra.load(kbase, vbase, kstride, vstride, base + 2 * ROUND + c4, j1, a_end, b_start, li, dk,
+                dv, knew, vg, vstride, in.c0, Tn);
+        if (base + ROUND >= j1) break;
+        att_vec_round(rb, qr, acc, m, l, base + ROUND + c4 < j1, scale);
+        rb.load(kbase, vbase, kstride, vstride, base + 3 * ROUND + c4, j1, a_end, b_start, li, dk,
+                dv, knew, vg, vstride, in.c0, Tn);
     }
     // the warp's 4 groups into one state (lanes li of every group end up equal)
 #pragma unroll
@@ -824,8 +879,9 @@ __device__ __forceinline__ void attention_vec_body(
          const int* __restrict__ prefix_end, const int* __restrict__ own_start,                    \
          const int* __restrict__ own_end, int H, int H_kv, int dk, int dv, float scale) {          \
         RX_PDL_ENTRY();                                                                            \
+        const RopeAttIn none = {};                                                                 \
         attention_vec_body<C4, false>(q, kc, vc, out, part, done, prefix_end, own_start, own_end,  \
-                                      H, H_kv, dk, dv, scale, nullptr, nullptr, 0);                \
+                                      H, H_kv, dk, dv, scale, none);                               \
     }
 RX_ATT_VEC(reflex_attention_vec128, 4)
 RX_ATT_VEC(reflex_attention_vec256, 8)
@@ -835,7 +891,7 @@ RX_ATT_VEC(reflex_attention_vec256, 8)
 // projections (q [T, H, d_k], k [T, H_kv, d_k], v [T, H_kv, d_v]); every block normalises and
 // rotates its query and its KV head's keys of the batch (rope_attention_prologue) and reads the
 // batch's own cells from them instead of the caches, which one block per (KV head, token) writes
-// for the steps after. The same bits as the two launches.
+// for the steps after. The same arithmetic as the two launches.
 #define RX_ROPE_ATT_VEC(NAME, C4)                                                                  \
     extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                                   \
     NAME(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,    \
@@ -847,14 +903,11 @@ RX_ATT_VEC(reflex_attention_vec256, 8)
          int n_rot, int neox, float eps, float scale, double freq_base, double freq_scale,         \
          double ext_factor, double attn_factor, double corr_lo, double corr_hi) {                  \
         RX_PDL_ENTRY();                                                                            \
-        __shared__ __align__(16) float rows[1 + ROPE_ATT_MAX_T][32 * C4];                          \
-        const RopeArgs ra = {n_rot, neox, freq_base, freq_scale, ext_factor, attn_factor,          \
-                             corr_lo, corr_hi};                                                    \
-        const int c0 = cell0[0];                                                                   \
-        rope_attention_prologue<C4>(rows, q, k, v, qn_w, kn_w, kc, vc, c0, pos, H, H_kv, dk, dv,   \
-                                    qn, kn, eps, ra);                                              \
+        const RopeAttIn in = {k, v, qn_w, kn_w, kc, vc, pos, cell0[0], qn, kn, eps,                \
+                              {n_rot, neox, freq_base, freq_scale, ext_factor, attn_factor,        \
+                               corr_lo, corr_hi}};                                                 \
         attention_vec_body<C4, true>(q, kc, vc, out, part, done, prefix_end, own_start, own_end,   \
-                                     H, H_kv, dk, dv, scale, rows, v, c0);                         \
+                                     H, H_kv, dk, dv, scale, in);                                  \
     }
 RX_ROPE_ATT_VEC(reflex_rope_attention_vec128, 4)
 RX_ROPE_ATT_VEC(reflex_rope_attention_vec256, 8)
