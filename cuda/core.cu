@@ -891,9 +891,11 @@ RX_ATT_VEC(reflex_attention_vec256, 8)
 // projections (q [T, H, d_k], k [T, H_kv, d_k], v [T, H_kv, d_v]); every block normalises and
 // rotates its query and its KV head's keys of the batch (rope_attention_prologue) and reads the
 // batch's own cells from them instead of the caches, which one block per (KV head, token) writes
-// for the steps after. The same arithmetic as the two launches.
-#define RX_ROPE_ATT_VEC(NAME, C4)                                                                  \
-    extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                                   \
+// for the steps after. The same arithmetic as the two launches. MINB: blocks an SM -- two of the
+// 128-wide kernel (registers capped at 128, as reflex_attention_vec128's), so that the H x S
+// blocks of a decode step over a long cache run in one wave.
+#define RX_ROPE_ATT_VEC(NAME, C4, MINB)                                                            \
+    extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, MINB)                             \
     NAME(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,    \
          const float* __restrict__ qn_w, const float* __restrict__ kn_w, float* __restrict__ kc,   \
          float* __restrict__ vc, float* __restrict__ out, float* __restrict__ part,                \
@@ -909,8 +911,8 @@ RX_ATT_VEC(reflex_attention_vec256, 8)
         attention_vec_body<C4, true>(q, kc, vc, out, part, done, prefix_end, own_start, own_end,   \
                                      H, H_kv, dk, dv, scale, in);                                  \
     }
-RX_ROPE_ATT_VEC(reflex_rope_attention_vec128, 4)
-RX_ROPE_ATT_VEC(reflex_rope_attention_vec256, 8)
+RX_ROPE_ATT_VEC(reflex_rope_attention_vec128, 4, 2)
+RX_ROPE_ATT_VEC(reflex_rope_attention_vec256, 8, 1)
 
 
 // ------------------------------------------------------------------------------------------
