@@ -114,8 +114,10 @@ def attention_splits(T: int, H: int, n_cells: int) -> int:
 
 
 ROPE_ATT_MAX_T = 4  # tokens of one reflex_rope_attention_vec launch (cuda/core.cu)
-# REFLEX_ROPE_ATT=0: a decode step's attention prologue keeps its own launch (for A/B runs)
-ROPE_ATT = os.environ.get("REFLEX_ROPE_ATT", "1") != "0"
+# REFLEX_ROPE_ATT=1: a decode step's q/k norms, RoPE and cache write run inside its attention
+# launch (rope_attention). Off by default: on the H200 it saved 11-16 us a token on the
+# 0.6B-shaped file but cost 20-70 us on the 8B and 30B-A3B ones (BENCHMARKS.md, 2026-12-03).
+ROPE_ATT = os.environ.get("REFLEX_ROPE_ATT", "0") == "1"
 
 
 ATT_TILED_MIN_T = 16  # tokens from which a forward's attention runs query tiles
@@ -888,9 +890,10 @@ class CudaOps(Ops):
 
     def rope_attention(self, q, k, v, q_norm: Weight | None, k_norm: Weight | None, eps: float,
                        pb, rope: RopeParams, k_cache, v_cache, scale: float) -> DeviceArray:
-        """A decode step's batch (ROPE_ATT_MAX_T tokens or fewer, head sizes a multiple of 4 up
-        to 256, 16-byte aligned rows) in one launch, reflex_rope_attention_vec128/256: the same
-        bits as qk_norm_rope_store then attention; anything else runs those two."""
+        """With ROPE_ATT, a decode step's batch (ROPE_ATT_MAX_T tokens or fewer, head sizes a
+        multiple of 4 up to 256, 16-byte aligned rows) in one launch,
+        reflex_rope_attention_vec128/256: the arithmetic of qk_norm_rope_store then attention;
+        anything else runs those two."""
         T, H, dk = q.shape
         n_cells, Hkv, cdk = k_cache.shape
         dv = v_cache.shape[2]

@@ -267,10 +267,16 @@ ROPE_ATT_CASES = [  # (T, cell0, H, Hkv, dk, dv, n_cells)
 @pytest.mark.parametrize("T,cell0,H,Hkv,dk,dv,n_cells", ROPE_ATT_CASES,
                          ids=[f"T{c[0]}-c{c[1]}-H{c[2]}/{c[3]}-d{c[4]}/{c[5]}-cells{c[6]}"
                               for c in ROPE_ATT_CASES])
-def test_rope_attention(attach_both, T, cell0, H, Hkv, dk, dv, n_cells, rope, norms, rng):
-    """One launch = qk_norm_rope_store then attention (the CUDA ops, causal and tree masks): the
-    output and the cache rows it writes within 1e-6 (nvcc may contract a RoPE product
-    differently in the two kernels), the other cells untouched; and the NumPy twin."""
+def test_rope_attention(attach_both, T, cell0, H, Hkv, dk, dv, n_cells, rope, norms, rng,
+                        monkeypatch):
+    """One launch (REFLEX_ROPE_ATT=1) = qk_norm_rope_store then attention (the CUDA ops, causal
+    and tree masks): the output and the cache rows it writes within 1e-6 (nvcc may contract a
+    RoPE product differently in the two kernels), the other cells untouched; and the NumPy
+    twin."""
+    from reflex_core.backends import cuda_backend
+    from reflex_core.cuda import modules
+
+    monkeypatch.setattr(cuda_backend, "ROPE_ATT", True)
     p = ROPES[rope]
     if p.n_rot > dk:
         p = RopeParams(n_rot=dk, mode=p.mode, freq_base=p.freq_base)
@@ -292,8 +298,14 @@ def test_rope_attention(attach_both, T, cell0, H, Hkv, dk, dv, n_cells, rope, no
         fused, plain = (_cache_pair(cuda_ops, ref_ops, n_cells, Hkv, dk, dv,
                                     np.random.default_rng(7), cell0) for _ in range(2))
         dq, dk_, dv_ = cuda_ops.from_numpy(q), cuda_ops.from_numpy(k), cuda_ops.from_numpy(v)
-        got = cuda_ops.rope_attention(dq, dk_, dv_, qn[0], kn[0], 1e-6, pc, p, fused[0].k[0],
-                                      fused[0].v[0], scale)
+        modules.launch_trace = trace = []
+        try:
+            got = cuda_ops.rope_attention(dq, dk_, dv_, qn[0], kn[0], 1e-6, pc, p, fused[0].k[0],
+                                          fused[0].v[0], scale)
+        finally:
+            modules.launch_trace = None
+        assert [x[0] for x in trace if "attention" in x[0]] == [
+            f"reflex_rope_attention_vec{128 if max(dk, dv) <= 128 else 256}"], "the fused kernel"
         assert cuda_ops.shape(got) == (T, H * dv)
         u = Ops.rope_attention(cuda_ops, dq, dk_, dv_, qn[0], kn[0], 1e-6, pc, p, plain[0].k[0],
                                plain[0].v[0], scale)

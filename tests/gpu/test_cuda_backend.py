@@ -331,9 +331,9 @@ def test_launches_per_forward(model_files, cuda_ops, arch):
     final add+norm and the LM head (and take_rows for scattered rows). More than 8 tokens run
     each matmul launch of these Q8_0 weights on x halves, one reflex_x_halves before it:
     4 a dense layer (q/k/v, output, gate/up, down), 2 a MoE layer (q/k/v, output; the router
-    is F32 and the experts take the MoE kernels). Up to ROPE_ATT_MAX_T tokens the q/k norms,
-    RoPE and KV store run inside the attention's launch (rope_attention): one launch fewer."""
-    from reflex_core.backends.cuda_backend import ROPE_ATT_MAX_T
+    is F32 and the experts take the MoE kernels). With REFLEX_ROPE_ATT=1, up to ROPE_ATT_MAX_T
+    tokens the q/k norms, RoPE and KV store run inside the attention's launch: one fewer."""
+    from reflex_core.backends.cuda_backend import ROPE_ATT, ROPE_ATT_MAX_T
     from reflex_core.cuda import modules
     from reflex_core.testing.modelwriter import ModelShape
 
@@ -349,5 +349,5 @@ def test_launches_per_forward(model_files, cuda_ops, arch):
         b = st.append(tokens)
         n0 = modules.launch_count()
         m.forward(b, st, rows)
-        fused = 1 if len(tokens) <= ROPE_ATT_MAX_T else 0
+        fused = 1 if ROPE_ATT and len(tokens) <= ROPE_ATT_MAX_T else 0
         assert modules.launch_count() - n0 == 3 + (per_layer - fused) * 3 + extra, (tokens, rows)
