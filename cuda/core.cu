@@ -334,6 +334,21 @@ __device__ __forceinline__ void rx_rope_pair(const RopeArgs& ra, double p, int i
     i1 = ra.neox ? i + half : 2 * i + 1;
 }
 
+// A head's first n_rot dims rotated from src to dst (another row), the block's threads a pair
+// each in turn; the dims past n_rot are the caller's.
+__device__ __forceinline__ void rx_rope_head(const RopeArgs& ra, double p,
+                                             const float* __restrict__ src,
+                                             float* __restrict__ dst) {
+    for (int i = threadIdx.x; i < ra.n_rot / 2; i += blockDim.x) {
+        int i0, i1;
+        float cs, sn;
+        rx_rope_pair(ra, p, i, i0, i1, cs, sn);
+        const float a = src[i0], b = src[i1];
+        dst[i0] = a * cs - b * sn;
+        dst[i1] = a * sn + b * cs;
+    }
+}
+
 extern "C" __global__ void reflex_rope(const float* __restrict__ x, float* __restrict__ y,
                                        const int* __restrict__ pos, int H, int d, int n_rot,
                                        int neox, double freq_base, double freq_scale,
@@ -347,14 +362,7 @@ extern "C" __global__ void reflex_rope(const float* __restrict__ x, float* __res
     const double p = (double)pos[t];
     const RopeArgs ra = {n_rot, neox, freq_base, freq_scale, ext_factor, attn_factor, corr_lo,
                          corr_hi};
-    for (int i = threadIdx.x; i < n_rot / 2; i += blockDim.x) {
-        int i0, i1;
-        float cs, sn;
-        rx_rope_pair(ra, p, i, i0, i1, cs, sn);
-        const float a = xr[i0], b = xr[i1];
-        yr[i0] = a * cs - b * sn;
-        yr[i1] = a * sn + b * cs;
-    }
+    rx_rope_head(ra, p, xr, yr);
     for (int i = n_rot + threadIdx.x; i < d; i += blockDim.x) yr[i] = xr[i];
 }
 
@@ -430,14 +438,7 @@ extern "C" __global__ void reflex_qk_norm_rope_store(
     const double p = (double)pos[t];
     const RopeArgs ra = {n_rot, neox, freq_base, freq_scale, ext_factor, attn_factor, corr_lo,
                          corr_hi};
-    for (int i = threadIdx.x; i < n_rot / 2; i += blockDim.x) {
-        int i0, i1;
-        float cs, sn;
-        rx_rope_pair(ra, p, i, i0, i1, cs, sn);
-        const float a = xs[i0], b = xs[i1];
-        dst[i0] = a * cs - b * sn;
-        dst[i1] = a * sn + b * cs;
-    }
+    rx_rope_head(ra, p, xs, dst);
     for (int i = n_rot + threadIdx.x; i < dk; i += blockDim.x) dst[i] = xs[i];
 
     // 3. V of this KV head

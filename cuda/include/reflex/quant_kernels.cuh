@@ -1380,24 +1380,18 @@ __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const u
     RX_MM_PARAMS, const float *__restrict__ resid, const float *__restrict__ nw,                      \
         float *__restrict__ h_out, float *__restrict__ part, int n_part, float eps
 #define RX_MM_NORM_ARGS RX_MM_ARGS, resid, nw, h_out, part, n_part, eps
-#define RX_QUANT_NORM_KERNELS(name, TYPE)                                                             \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
-        reflex_matmul_gemv1wsr_##name(RX_MM_NORM_PARAMS) {                                           \
-        gemv_body<TYPE, 1, 2, false, 4, false, GEMV_WARPS, GEMV_RESNORM>(RX_MM_NORM_ARGS);            \
+// FORM: ws (float x, GEMV_WARPS) or x (x limbs, XS, GEMVX_WARPS)
+#define RX_QUANT_NORM_FORMS(FORM, name, TYPE, XS, WARPS)                                              \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                          \
+        reflex_matmul_gemv1##FORM##r_##name(RX_MM_NORM_PARAMS) {                                     \
+        gemv_body<TYPE, 1, 2, false, 4, XS, WARPS, GEMV_RESNORM>(RX_MM_NORM_ARGS);                    \
     }                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
-        reflex_matmul_gemv1wsn_##name(RX_MM_NORM_PARAMS) {                                           \
-        gemv_body<TYPE, 1, 2, false, 4, false, GEMV_WARPS, GEMV_NORMED>(RX_MM_NORM_ARGS);             \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                          \
+        reflex_matmul_gemv1##FORM##n_##name(RX_MM_NORM_PARAMS) {                                     \
+        gemv_body<TYPE, 1, 2, false, 4, XS, WARPS, GEMV_NORMED>(RX_MM_NORM_ARGS);                     \
     }
-#define RX_QUANT_XS_NORM_KERNELS(name, TYPE)                                                          \
-    extern "C" __global__ void __launch_bounds__(GEMVX_WARPS * 32)                                    \
-        reflex_matmul_gemv1xr_##name(RX_MM_NORM_PARAMS) {                                           \
-        gemv_body<TYPE, 1, 2, false, 4, true, GEMVX_WARPS, GEMV_RESNORM>(RX_MM_NORM_ARGS);            \
-    }                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(GEMVX_WARPS * 32)                                    \
-        reflex_matmul_gemv1xn_##name(RX_MM_NORM_PARAMS) {                                            \
-        gemv_body<TYPE, 1, 2, false, 4, true, GEMVX_WARPS, GEMV_NORMED>(RX_MM_NORM_ARGS);             \
-    }
+#define RX_QUANT_NORM_KERNELS(name, TYPE) RX_QUANT_NORM_FORMS(ws, name, TYPE, false, GEMV_WARPS)
+#define RX_QUANT_XS_NORM_KERNELS(name, TYPE) RX_QUANT_NORM_FORMS(x, name, TYPE, true, GEMVX_WARPS)
 
 // The one-token GEMV on x limbs staged in shared memory (gemv_body's XS form), for the K-quants
 // with an integer view (cuda/quant.cu: Q4_K, Q5_K, Q6_K): GEMVX_WARPS warps a block, two a row
