@@ -423,11 +423,18 @@ def matmul_fused(kern, launch: tuple, p: MatPlan, x_ptr: int, w_ptrs: tuple, y_p
     x is such a ``y_ptrs[0]`` and the products are scaled by ``1 / sqrt(sum(part[:n_part]) / n_in
     + eps)``, so that they are those of ``rmsnorm(h) * nw`` (resid, nw, h_out unused: 0)."""
     name, grid, block, smem = launch
-    n0, n1, n2 = n_outs
     kern.launch(name, grid, block,
-                (w_ptrs[0], w_ptrs[1], w_ptrs[2], x_ptr, y_ptrs[0], y_ptrs[1], y_ptrs[2], 1,
-                 p.n_in, n0, n1, n2, p.row_bytes, 1 if swiglu else 0, resid, nw, h_out, part,
-                 n_part, eps), smem)
+                _mm_args(p, x_ptr, 1, w_ptrs, y_ptrs, n_outs, swiglu)
+                + (resid, nw, h_out, part, n_part, eps), smem)
+
+
+def _mm_args(p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: tuple, n_outs: tuple,
+             swiglu: bool) -> tuple:
+    """The weight matmul kernels' 14 arguments (RX_MM_PARAMS): weights, x, outputs, T, n_in,
+    the outputs' rows, the row bytes and the mode (1: SwiGLU)."""
+    n0, n1, n2 = n_outs
+    return (w_ptrs[0], w_ptrs[1], w_ptrs[2], x_ptr, y_ptrs[0], y_ptrs[1], y_ptrs[2], T, p.n_in,
+            n0, n1, n2, p.row_bytes, 1 if swiglu else 0)
 
 
 def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: tuple,
@@ -450,10 +457,7 @@ def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: 
         raise ValueError(f"T={T} is out of range for the kernels (0 .. 2**31-1)")
     if T == 0:  # nothing to compute (and the one-token GEMV reads x row 0 unconditionally)
         return
-    n0, n1, n2 = n_outs
-    mode = 1 if swiglu else 0
-    args = (w_ptrs[0], w_ptrs[1], w_ptrs[2], x_ptr, y_ptrs[0], y_ptrs[1], y_ptrs[2], T, p.n_in,
-            n0, n1, n2, p.row_bytes, mode)
+    args = _mm_args(p, x_ptr, T, w_ptrs, y_ptrs, n_outs, swiglu)
     if T == 1 and xq_ptr and p.gemvq is not None and gemv_w_ok and xq_ptr % 16 == 0:
         args = args[:3] + (xq_ptr,) + args[4:]
         kern.launch(p.gemvq[p.split - 1], (_gemv_grid_x(p.split, n_outs, swiglu), 1, 1),
