@@ -860,25 +860,34 @@ class CudaOps(Ops):
                           (k.ptr, v.ptr, k_cache.ptr + 4 * c0 * rk,
                            v_cache.ptr + 4 * c0 * rv, nk, nv))
 
+    def _prologue_args(self, op: str, q, k, v, q_norm: Weight | None, k_norm: Weight | None,
+                       pb, rope: RopeParams, k_cache, v_cache) -> tuple:
+        """The checks and arguments of the attention prologue (``op``: the op whose error it
+        is): (H_kv, d_v, :meth:`_rope_args`, q_norm's and k_norm's device vectors or 0)."""
+        T, H, dk = q.shape
+        Hkv, cdk, dv = self._check_cells(k_cache, v_cache, pb)
+        if k.shape != (T, Hkv, dk) or v.shape != (T, Hkv, dv) or dk != cdk:
+            raise ValueError(f"{op}: q {q.shape}, k {k.shape}, v {v.shape} do not "
+                             f"match a cache of {Hkv} heads x {cdk}/{dv}")
+        if T != pb.n_tokens:
+            raise ValueError(f"{op}: {T} rows but {pb.n_tokens} positions")
+        if dk > limit("QKR_MAX_HEAD"):
+            raise ReflexError(f"{op}: head size {dk} > {limit('QKR_MAX_HEAD')} is "
+                              "not supported by the CUDA kernel")
+        ra = self._rope_args(rope)
+        if ra[0] > dk:
+            raise ValueError(f"rope: n_rot {ra[0]} must be even and <= head size {dk}")
+        qn = 0 if q_norm is None else self._f32_vector(q_norm, dk)
+        kn = 0 if k_norm is None else self._f32_vector(k_norm, dk)
+        return Hkv, dv, ra, qn, kn
+
     def qk_norm_rope_store(self, q, k, v, q_norm: Weight | None, k_norm: Weight | None,
                            eps: float, pb, rope: RopeParams, k_cache, v_cache):
         """One launch: per-head norms, RoPE of q and k, K/V into the cache (reflex_rmsnorm /
         reflex_rope / reflex_kv_write arithmetic; bit-identical for head sizes <= 256)."""
         T, H, dk = q.shape
-        Hkv, cdk, dv = self._check_cells(k_cache, v_cache, pb)
-        if k.shape != (T, Hkv, dk) or v.shape != (T, Hkv, dv) or dk != cdk:
-            raise ValueError(f"qk_norm_rope_store: q {q.shape}, k {k.shape}, v {v.shape} do not "
-                             f"match a cache of {Hkv} heads x {cdk}/{dv}")
-        if T != pb.n_tokens:
-            raise ValueError(f"qk_norm_rope_store: {T} rows but {pb.n_tokens} positions")
-        if dk > limit("QKR_MAX_HEAD"):
-            raise ReflexError(f"qk_norm_rope_store: head size {dk} > {limit('QKR_MAX_HEAD')} is "
-                              "not supported by the CUDA kernel")
-        n_rot, neox, fb, fs, ext, af, lo, hi = self._rope_args(rope)
-        if n_rot > dk:
-            raise ValueError(f"rope: n_rot {n_rot} must be even and <= head size {dk}")
-        qn = 0 if q_norm is None else self._f32_vector(q_norm, dk)
-        kn = 0 if k_norm is None else self._f32_vector(k_norm, dk)
+        Hkv, dv, (n_rot, neox, fb, fs, ext, af, lo, hi), qn, kn = self._prologue_args(
+            "qk_norm_rope_store", q, k, v, q_norm, k_norm, pb, rope, k_cache, v_cache)
         out = empty_f32(q.shape, q.size)
         if T:
             self.k.launch("reflex_qk_norm_rope_store", (H + Hkv, T), 128 if dk <= 128 else 256,
@@ -895,26 +904,16 @@ class CudaOps(Ops):
         reflex_rope_attention_vec128/256: the arithmetic of qk_norm_rope_store then attention;
         anything else runs those two."""
         T, H, dk = q.shape
-        n_cells, Hkv, cdk = k_cache.shape
+        n_cells, Hkv, _ = k_cache.shape
         dv = v_cache.shape[2]
-        ptrs = (q.ptr, k.ptr, v.ptr, k_cache.ptr, v_cache.ptr)
-        if (not 0 < T <= ROPE_ATT_MAX_T or dk % 4 or dv % 4 or max(dk, dv) > 256 or H % Hkv
-                or any(p % 16 for p in ptrs) or not ROPE_ATT):
+        if (not ROPE_ATT or not 0 < T <= ROPE_ATT_MAX_T or dk % 4 or dv % 4 or max(dk, dv) > 256
+                or H % Hkv or any(a.ptr % 16 for a in (q, k, v, k_cache, v_cache))):
             return super().rope_attention(q, k, v, q_norm, k_norm, eps, pb, rope, k_cache,
                                           v_cache, scale)
-        self._check_cells(k_cache, v_cache, pb)
-        if k.shape != (T, Hkv, dk) or v.shape != (T, Hkv, dv) or dk != cdk:
-            raise ValueError(f"rope_attention: q {q.shape}, k {k.shape}, v {v.shape} do not "
-                             f"match a cache of {Hkv} heads x {cdk}/{dv}")
-        if T != pb.n_tokens:
-            raise ValueError(f"rope_attention: {T} rows but {pb.n_tokens} positions")
+        Hkv, dv, (n_rot, neox, fb, fs, ext, af, lo, hi), qn, kn = self._prologue_args(
+            "rope_attention", q, k, v, q_norm, k_norm, pb, rope, k_cache, v_cache)
         if pb.n_kv > n_cells:
             raise ReflexError(f"attention over {pb.n_kv} cells, the cache has {n_cells}")
-        n_rot, neox, fb, fs, ext, af, lo, hi = self._rope_args(rope)
-        if n_rot > dk:
-            raise ValueError(f"rope: n_rot {n_rot} must be even and <= head size {dk}")
-        qn = 0 if q_norm is None else self._f32_vector(q_norm, dk)
-        kn = 0 if k_norm is None else self._f32_vector(k_norm, dk)
         out = empty_f32((T, H * dv), T * H * dv)
         S = attention_splits(T, H, n_cells)
         part = empty_f32((T, H, S, 2 + dv), T * H * S * (2 + dv)) if S > 1 else None
