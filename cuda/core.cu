@@ -459,8 +459,9 @@ extern "C" __global__ void reflex_qk_norm_rope_store(
 // online softmax (m, l, acc). The 8 partial states merge in shared memory: M = max m_w,
 // L = sum l_w e^(m_w-M), acc = sum acc_w e^(m_w-M). S == 1: out = acc / L. S > 1: (M, L, acc)
 // go to part [T, H, S, 2 + d_v], and the slice that ends last merges the S slices the same way
-// (att_merge_warps; done [T, H] counts the slices that ended, zero between launches). The slices depend on n, read on the device, and S on the launch: a captured decode step
-// replays for every position. Query head h reads KV head h / (H / H_kv).
+// (att_merge_warps; done [T, H] counts the slices that ended, zero between launches). The
+// slices depend on n, read on the device, and S on the launch: a captured decode step replays
+// for every position. Query head h reads KV head h / (H / H_kv).
 // q [T, H, d_k]; kc [cells, H_kv, d_k]; vc [cells, H_kv, d_v]; out [T, H * d_v].
 
 #define ATT_WARPS 8
@@ -583,7 +584,8 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
 reflex_attention(const float* __restrict__ q, const float* __restrict__ kc,
                  const float* __restrict__ vc, float* __restrict__ out, float* __restrict__ part,
                  int* __restrict__ done, const int* __restrict__ prefix_end,
-                 const int* __restrict__ own_start, const int* __restrict__ own_end, int H, int H_kv, int dk, int dv, float scale) {
+                 const int* __restrict__ own_start, const int* __restrict__ own_end, int H,
+                 int H_kv, int dk, int dv, float scale) {
     RX_PDL_ENTRY();
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][32 * ATT_MAXC];
@@ -914,7 +916,6 @@ RX_ATT_VEC(reflex_attention_vec256, 8)
     }
 RX_ROPE_ATT_VEC(reflex_rope_attention_vec128, 4, 2)
 RX_ROPE_ATT_VEC(reflex_rope_attention_vec256, 8, 1)
-
 
 // ------------------------------------------------------------------------------------------
 // attention_tiled: the prefill's attention (many tokens), same inputs and result as
