@@ -9,15 +9,13 @@
 #        shaped files (8B IQ4_XS, 8B Q3_K_M, DeepSeek-V2-Lite, 30B-A3B IQ3_XXS mix) while time
 #        lasts, each with its Python stacks every 30 s.
 #   bash bench/gpu_session_owed.sh OUT checks -- the checks phase a had no time for.
-#   bash bench/gpu_session_owed.sh OUT h -- no peers needed: the dequantize-first prefill's GPU
-#        test, tests/gpu, and its A/B on the 1500-token prefill (bench/prefill_ab.py).
 #   bash bench/gpu_session_owed.sh OUT p1 -- no peers needed: GEMV variants A/B. .whl-var/<v>/ holds
 #        other builds of the core wheel (VARIANTS, default "a b"); "c" is this tree (.whl-new). The
 #        matmul and whole-model GPU tests on this tree, then per variant the weight kernels' speed
 #        report and the warm decode (reflex bench) of the 8B IQ4_XS, 8B Q4_K_M and 0.6B files.
 #   bash bench/gpu_session_owed.sh OUT p2 -- the machine of p1: Nsight Compute on the IQ4_XS and
 #        Q4_K one-token GEMVs (per variant: speed of light, stalls, pipes), every kernel's time in
-#        one eager decode token of the 8B files (this tree), and the dequantize-first prefill A/B.
+#        one eager decode token of the 8B files (this tree).
 #   bash bench/gpu_session_owed.sh OUT p3 -- the machine of p1: per variant, the tiled kernel's
 #        TFLOP/s lines of the speed report and the warm 1518-token prefill of the 0.6B and 8B
 #        Q4_K_M files (reflex_core.bench.warm, 3 repetitions, variants alternating).
@@ -306,12 +304,6 @@ if [ "$PHASE" = p2 ]; then
     grep -v "^\"" "$W/ncu-all.csv" | tail -3 | tee -a "$LOG"; tail -3 "$W/ncu-all.err" | tee -a "$LOG"
     python3 "$REPO/bench/ncu_by_kernel.py" "$W/ncu-all.csv" 14 | tee -a "$LOG"
   done
-  [ -n "${SKIP_PREFILL:-}" ] && { say "done"; exit 0; }
-  export PYTHONPATH=/tmp/new
-  say "tests: dequantize-first == tiled bit for bit"
-  timeout 60 python3 -m pytest "$REPO/tests/gpu/test_quant_kernels.py" -k dequant_first -q -p no:cacheprovider 2>&1 | tail -2 | tee -a "$LOG"
-  say "warm prefill of the 1500-token prompt: dequantize-first on vs off"
-  timeout $(left 560) python3 "$REPO/bench/prefill_ab.py" "$M06" "$M8" --reps 3 2>&1 | tail -3 | tee -a "$LOG"
   say "done"
   exit 0
 fi
@@ -377,22 +369,6 @@ if [ "$PHASE" = q ]; then
     bench_json "$m" "$(basename $m)"
     [ -x $LS ] && llama_decode "$m" "$(basename $m)"
   done
-  say "done"
-  exit 0
-fi
-
-if [ "$PHASE" = h ]; then  # no peers needed: the dequantize-first prefill (branch prefill-dequant-first)
-  start_phase 0.6b,8b
-  G=$REPO/tests/gpu
-  say "tests: dequantize-first == tiled bit for bit, then tests/gpu (not slow)"
-  timeout 60 python3 -m pytest "$G/test_quant_kernels.py" -k dequant_first -q -p no:cacheprovider \
-    > "$OUT/gpu-tests-new.log" 2>&1
-  tests_summary "$OUT/gpu-tests-new.log" 20
-  timeout 200 python3 -m pytest "$G" -q -p no:cacheprovider -m "not slow" > "$OUT/gpu-tests.log" 2>&1
-  tests_summary "$OUT/gpu-tests.log" 20
-  wait $MM
-  say "warm prefill of the 1500-token prompt: dequantize-first on vs off"
-  timeout 150 python3 "$REPO/bench/prefill_ab.py" "$M06" "$M8" --reps 3 2>&1 | tail -3 | tee -a "$LOG"
   say "done"
   exit 0
 fi

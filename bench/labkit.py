@@ -1,4 +1,4 @@
-"""What the GPU labs (bench/gemv_lab.py, prefill_lab.py, attention_lab.py) share: compiling a
+"""What the GPU labs (bench/gemv_lab.py, attention_lab.py, pairs_lab.py) share: compiling a
 lab's .cu file for this GPU and loading it as a kernel module, and timing launches."""
 
 from __future__ import annotations

@@ -34,6 +34,8 @@ Kernels (launch shape)
                         for the integer weight types)   grid ceil(n/256), block 256   [PPi]
   reflex_x_halves       x rows as scaled float16 (hi, lo) pairs (the prefill matmul's input
                         for the integer weight types)   grid T, block 256             [PPPii]
+  reflex_x_pairs        x rows as scaled float16 pairs in planes (the prefill GEMM's input)
+                                                          grid T, block 256             [PPii]
   reflex_argmax         first index of the row maximum    grid rows, block 1024         [PPi]
   reflex_token_logprobs log_softmax(x)[target] per row    grid rows, block 1024         [PPPi]
   reflex_repeat_penalty x[id] / or * penalty, each id    grid ceil(n/256), block 256   [PPif]
@@ -1152,35 +1154,6 @@ RX_ATT_TILED(reflex_attention_tiled256, 16, 16, 256)
 // directly; a warp skips the tiles none of its tokens sees. Needs d_k, d_v <= DMAX, multiples
 // of 4, 16-byte aligned q and out (the launcher checks). grid (H, ceil(T / 16W)), block 32 W,
 // dynamic shared memory (16 W + 4 BK) * 2 * (DMAX + 8) * 2 bytes.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-__device__ __forceinline__ uint32_t rx_f16x2(float lo, float hi) {  // lo in the low half
-    uint32_t r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-__device__ __forceinline__ float2 rx_f16x2_to_f32(uint32_t v) {
-    float lo, hi;
-    asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}"
-        : "=f"(lo), "=f"(hi) : "r"(v));
-    return make_float2(lo, hi);
-}
-// (a, b) as the float16 pairs hi = (f16(a), f16(b)) and lo = the rest of each
-__device__ __forceinline__ void rx_split_f16x2(float a, float b, uint32_t& hi, uint32_t& lo) {
-    hi = rx_f16x2(a, b);
-    const float2 h = rx_f16x2_to_f32(hi);
-    lo = rx_f16x2(a - h.x, b - h.y);
-}
-__device__ __forceinline__ void rx_ldsm_x4(uint32_t (&r)[4], const uint16_t* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"((uint32_t)__cvta_generic_to_shared(p)));
-}
-__device__ __forceinline__ void rx_ldsm_x4_t(uint32_t (&r)[4], const uint16_t* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"((uint32_t)__cvta_generic_to_shared(p)));
-}
-#endif
 
 
 // reflex_kv_halves: cells [0, n) of the K and V caches (rows of H_kv heads of d_k / d_v floats)
@@ -1476,13 +1449,6 @@ extern "C" __global__ void reflex_x_limbs(const float* __restrict__ x, uint32_t*
     out[4 * rx_xq_slot(i >> 2) + part] = w;
 }
 
-// ------------------------------------------------------------------------------------------
-// float -> float16 bits, round to nearest even
-__device__ __forceinline__ uint32_t rx_f32_to_f16_rn(float v) {
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-    return h;
-}
 
 // x_halves: x [T, n_in] (n_in % 32 == 0) -> the prefill matmul's input for the integer weight
 // types (reflex_matmul_xh_<t>, reflex/quant_kernels.cuh). Per row a power-of-two scale s: with
@@ -1504,18 +1470,8 @@ extern "C" __global__ void __launch_bounds__(256) reflex_x_halves(const float* _
     const float* xr = x + (long long)t * n_in;
     int mbits = 0;  // |x|'s bits: non-negative, ordered as the values (NaN above inf)
     for (int i = tid; i < n_in; i += 256) mbits = max(mbits, __float_as_int(xr[i]) & 0x7fffffff);
-    const uint32_t mb = (uint32_t)block_max_i(mbits, red);
-    const bool finite = mb < 0x7f800000u;
-    float s = 1.0f, inv = 1.0f;
-    if (!finite) {
-        s = rx_nan();
-    } else if (mb != 0) {
-        int e;
-        frexpf(__uint_as_float(mb), &e);
-        e = max(e, -112);
-        s = ldexpf(1.0f, e - 15);
-        inv = ldexpf(1.0f, 15 - e);
-    }
+    float s, inv;
+    const bool finite = rx_pow2_scale((uint32_t)block_max_i(mbits, red), s, inv);
     if (tid == 0) R[t] = s;
     const int nb = n_in >> 5;
     // this lane's word of a block: half h, lane group q, part i; its two elements
@@ -1531,6 +1487,41 @@ extern "C" __global__ void __launch_bounds__(256) reflex_x_halves(const float* _
         H[((long long)t * nb + b) * 32 + lane] = i < 2 ? (p0 & 0xffffu) | (p1 << 16) : (p0 >> 16) | (p1 & 0xffff0000u);
         const float sum = warp_sum_f(hf + rx_f16_to_f32_fast(lo));
         if (lane == 0) R[T + (long long)t * nb + b] = sum;
+    }
+}
+
+// x_pairs: x [T, n_in] (n_in % 4 == 0) as the float16 pairs the prefill GEMM reads
+// (reflex_matmul_f16x{1,3}, reflex/quant_kernels.cuh): per row x_halves' power-of-two scale s
+// (the same rule: rx_pow2_scale) and each v = x / s as hi = half(v), lo = half(v - hi). Three
+// planes: hi [T][n_in] halves, then lo [T][n_in] halves, then s [T] floats (out + 4 T n_in
+// bytes). A NaN or inf in a row: s = NaN and every half 0. One 256-thread block per row.
+// NumPy twin: reflex_core.testing.f16_pairs.x_pairs.
+extern "C" __global__ void __launch_bounds__(256) reflex_x_pairs(const float* __restrict__ x, uint16_t* __restrict__ out,
+                                                        int T, int n_in) {
+    RX_PDL_ENTRY();
+    __shared__ int red[32];
+    const int t = blockIdx.x, tid = threadIdx.x;
+    const float4* xr = reinterpret_cast<const float4*>(x + (long long)t * n_in);
+    const int n4 = n_in >> 2;
+    int mbits = 0;
+    for (int i = tid; i < n4; i += 256) {
+        const float4 v = xr[i];
+        mbits = max(max(mbits, __float_as_int(v.x) & 0x7fffffff), __float_as_int(v.y) & 0x7fffffff);
+        mbits = max(max(mbits, __float_as_int(v.z) & 0x7fffffff), __float_as_int(v.w) & 0x7fffffff);
+    }
+    float s, inv;
+    const bool finite = rx_pow2_scale((uint32_t)block_max_i(mbits, red), s, inv);
+    if (tid == 0) reinterpret_cast<float*>(out + 2LL * T * n_in)[t] = s;
+    uint2* hi = reinterpret_cast<uint2*>(out + (long long)t * n_in);
+    uint2* lo = reinterpret_cast<uint2*>(out + (long long)(T + t) * n_in);
+    for (int i = tid; i < n4; i += 256) {
+        float4 v = xr[i];
+        if (!finite) v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        uint2 h, l;
+        rx_split_f16x2(v.x * inv, v.y * inv, h.x, l.x);
+        rx_split_f16x2(v.z * inv, v.w * inv, h.y, l.y);
+        hi[i] = h;
+        lo[i] = l;
     }
 }
 

@@ -3,18 +3,18 @@
 // FP4 types are the "quant_lowbit" module (quant_lowbit.cu), loaded only for a file that has one:
 // its image is about twice this one's, and module load time grows with the image.
 //
-// Per type <t>, 11 kernels: reflex_dequant_<t>, reflex_embed_<t>,
+// Per type <t>, 12 kernels: reflex_dequant_<t>, reflex_unpack_pairs_<t>, reflex_embed_<t>,
 // reflex_matmul_gemv{1,2,4,8,1s,1ws}_<t>, reflex_matmul_tiled_<t>, reflex_moe_matmul_<t>,
 // reflex_moe_tiled_<t>; the types with an integer view (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K) also
 // reflex_matmul_xh_<t> and reflex_moe_xh_<t>, the prefill tiles on x halves (reflex_x_halves,
-// cuda/core.cu), and reflex_qi_unpack_<t>; the K-quants (Q4_K, Q5_K, Q6_K) the one-token GEMVs
-// on x limbs staged in shared memory, reflex_matmul_gemv1x_<t> and reflex_moe_matmulx_<t>; the
-// types a decode step's residual projections and norm readers mostly have (F32, F16, Q8_0 and
-// the K-quants) the residual step fused into the wide one-token GEMVs,
-// reflex_matmul_gemv1ws{r,n}_<t> (and reflex_matmul_gemv1x{r,n}_<t> for the K-quants); and
-// once, the tiles on x halves from unpacked weights, reflex_matmul_xhu{,64}_{s32,m32,s16}. Their
-// algorithm, parameters and launch shapes are documented
-// with their bodies in reflex/quant_kernels.cuh. Launchers (which module serves which type):
+// cuda/core.cu); the K-quants (Q4_K, Q5_K, Q6_K) the one-token GEMVs on x limbs staged in shared
+// memory, reflex_matmul_gemv1x_<t> and reflex_moe_matmulx_<t>; the types a decode step's residual
+// projections and norm readers mostly have (F32, F16, Q8_0 and the K-quants) the residual step
+// fused into the wide one-token GEMVs, reflex_matmul_gemv1ws{r,n}_<t> (and
+// reflex_matmul_gemv1x{r,n}_<t> for the K-quants); and once, for every type, the prefill GEMM on
+// float16 pairs, reflex_matmul_f16x{3,1}{,_64} (its weights from reflex_unpack_pairs_<t>). Their
+// algorithm, parameters and launch shapes are documented with their bodies in
+// reflex/quant_kernels.cuh. Launchers (which module serves which type):
 // reflex_core/cuda/quant_ops.py.
 #define REFLEX_QUANTS_COMMON_ONLY
 #include "reflex/quant_kernels.cuh"
@@ -48,6 +48,5 @@ RX_QUANT_XH_KERNELS(q5_0, RX_Q5_0)
 RX_QUANT_XH_KERNELS(q4_k, RX_Q4_K)
 RX_QUANT_XH_KERNELS(q5_k, RX_Q5_K)
 RX_QUANT_XH_KERNELS(q6_k, RX_Q6_K)
-RX_QUANT_XHU_KERNEL(s32, 32, false)
-RX_QUANT_XHU_KERNEL(m32, 32, true)
-RX_QUANT_XHU_KERNEL(s16, 16, false)
+RX_QUANT_PAIRS_KERNEL(f16x3, 3, 3)
+RX_QUANT_PAIRS_KERNEL(f16x1, 1, 4)

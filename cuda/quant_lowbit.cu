@@ -4,13 +4,13 @@
 // loads their code (about twice the common types' image, quant.cu): the CUDA backend loads it
 // when it attaches a file that has one of them, and on first use otherwise.
 //
-// Per type <t>, the same 11 kernels as quant.cu: reflex_dequant_<t>, reflex_embed_<t>,
-// reflex_matmul_gemv{1,2,4,8,1s,1ws}_<t>, reflex_matmul_tiled_<t>, reflex_moe_matmul_<t>,
-// reflex_moe_tiled_<t>; algorithm, parameters and launch shapes in reflex/quant_kernels.cuh, the
-// codebooks in reflex/iq_tables.cuh. IQ4_XS also has reflex_matmul_gemvq1{,s}_iq4_xs, the
-// one-token GEMV on x limbs (reflex_x_limbs, cuda/core.cu), and reflex_matmul_xh_iq4_xs /
-// reflex_moe_xh_iq4_xs, the prefill tiles on x halves (reflex_x_halves), and
-// reflex_qi_unpack_iq4_xs (its weights for quant.cu's reflex_matmul_xhu_s32).
+// Per type <t>, the same 12 kernels as quant.cu: reflex_dequant_<t>, reflex_unpack_pairs_<t>,
+// reflex_embed_<t>, reflex_matmul_gemv{1,2,4,8,1s,1ws}_<t>, reflex_matmul_tiled_<t>,
+// reflex_moe_matmul_<t>, reflex_moe_tiled_<t>; algorithm, parameters and launch shapes in
+// reflex/quant_kernels.cuh, the codebooks in reflex/iq_tables.cuh. IQ4_XS also has
+// reflex_matmul_gemvq1{,s}_iq4_xs, the one-token GEMV on x limbs (reflex_x_limbs, cuda/core.cu),
+// and reflex_matmul_xh_iq4_xs / reflex_moe_xh_iq4_xs, the prefill tiles on x halves
+// (reflex_x_halves). The prefill GEMM its reflex_unpack_pairs_<t> feed is quant.cu's.
 // Launchers: reflex_core/cuda/quant_ops.py.
 #include "reflex/quant_kernels.cuh"
 

@@ -224,13 +224,13 @@ def test_every_launched_kernel_is_in_the_manifest_with_its_arity(core_manifest):
                 and isinstance(n.value, str) and n.value.startswith("reflex_")}
     assert {"reflex_add", "reflex_swiglu"} <= literals
     weight_kernels = {n for m in quant_ops.MODULES for n in quant_ops.kernel_names(m)}
-    assert len(weight_kernels) == (11 * len(quant_ops.SUPPORTED_TYPES)
+    assert len(weight_kernels) == (12 * len(quant_ops.SUPPORTED_TYPES)
                                    + 2 * len(quant_ops.XQ_TYPES)  # + gemvq1{,s}
-                                   + 3 * len(quant_ops.XH_TYPES)  # + xh, moe_xh, qi_unpack
+                                   + 2 * len(quant_ops.XH_TYPES)  # + xh, moe_xh
                                    + 2 * len(quant_ops.XS_CHUNK)  # + gemv1x, moe_matmulx
                                    + 2 * len(quant_ops.NORM_TYPES)  # + gemv1ws{r,n}
                                    + 2 * len(quant_ops.NORM_TYPES & set(quant_ops.XS_CHUNK))
-                                   + 6)  # the xhu tiles: xhu, xhu64 of s32, m32, s16
+                                   + 4)  # the pairs GEMM: f16x{3,1}{,_64}
     missing = sorted(n for n in literals | weight_kernels if n not in kernels)
     assert not missing, f"launched but not built: {missing}"
     assert set(quant_ops.MODULES) <= set(core_manifest["modules"])

@@ -35,6 +35,7 @@ HEAVY_ALLOWED = {
     "reflex_core.testing.oracle",
     "reflex_core.testing.op_cases",
     "reflex_core.testing.op_harness",
+    "reflex_core.testing.f16_pairs",
     "reflex_core.testing.x_halves",
     "reflex_core.testing.x_limbs",
 }

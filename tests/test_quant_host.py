@@ -778,97 +778,63 @@ def test_quant_module_builds_cleanly(tmp_path):
     assert not missing, f"kernels missing from quant.cu: {missing}"
 
 
-def test_dequant_first_launches(quant_signatures):
-    """Long prompts over quantized weights: each weight dequantized once into scratch (256-byte
-    aligned copies in launch order), then the float32 tiled kernel on the copies."""
+def test_pairs_launches(quant_signatures):
+    """Long prompts, any weight type: each weight unpacked into float16 pairs in scratch
+    (256-byte aligned slots in launch order: hi plane, row scales, lo plane for three terms),
+    then the pairs GEMM of the launch's size; the 64 x 64 form for launches of too few wide
+    blocks or a device that cannot give a wide block its shared memory."""
     from reflex_core.cuda import quant_ops as q
 
     k = _FakeKernels(quant_signatures)
-    W, X, Y, S = 1 << 20, 2 << 20, 3 << 20, 1 << 32
-    p = q.plan(12, (1024, 1000), W)
-    T = q.DEQUANT_FIRST_MIN_T
-    assert q.dequant_first_bytes(p, T - 1, (1000, 0, 0), False) == 0
-    assert q.dequant_first_bytes(q.plan(0, (1024, 1000), W), 300, (1000, 0, 0), False) == 0
-    assert q.dequant_first_bytes(q.plan(8, (1024, 1000), W), 300, (1000, 0, 0), False) == 0  # Q8_0
-    assert q.dequant_first_bytes(q.plan(23, (1024, 1000), W), 300, (1000, 0, 0), False) > 0
-    assert q.dequant_first_bytes(p, T, (1000, 0, 0), False) == 4 * 1024 * 1000
-    # three segments (q/k/v): sizes rounded up to 256 bytes; SwiGLU: gate and up
-    sizes = [(4 * 1024 * n + 255) & ~255 for n in (2048, 1001, 7)]
-    assert q.dequant_first_bytes(p, T, (2048, 1001, 7), False) == sum(sizes)
-    assert q.dequant_first_bytes(p, T, (3072, 0, 0), True) == 2 * 4 * 1024 * 3072
-    big = q.DEQUANT_FIRST_MAX_BYTES // (4 * 1024) + 1
-    assert q.dequant_first_bytes(p, T, (big, 0, 0), False) == 0
-    q.matmul_dequant_first(k, k, p, X, 300, (W, W + 4096, W + 8192), (Y, Y + 4, Y + 8),
-                           (2048, 1001, 7), False, S)
-    offs = [S, S + sizes[0], S + sizes[0] + sizes[1]]
-    assert [c[0] for c in k.calls] == ["reflex_dequant_q4_k"] * 3 + ["reflex_matmul_tiled_f32"]
+    W, XP, Y, S = 1 << 20, 2 << 20, 3 << 20, 1 << 32
+    p = q.plan(12, (1024, 1000), W)  # Q4_K
+    T = q.PAIRS_MIN_T
+    assert q.pairs_bytes(p, T - 1, (1000, 0, 0), False) == 0
+    assert q.pairs_bytes(q.plan(0, (1000, 1000), W), T, (1000, 0, 0), False) == 0  # n_in % 32
+    assert q.pairs_lo_offset(1000, 1024) == 2 * 1000 * 1024 + 4096
+    assert q.pairs_bytes(p, T, (1000, 0, 0), False, 3) == 4 * 1000 * 1024 + 4096
+    assert q.pairs_bytes(p, T, (1000, 0, 0), False, 1) == 2 * 1000 * 1024 + 4096
+    assert q.pairs_bytes(q.plan(29, (1024, 1000), W), T, (1000, 0, 0), False, 3) > 0  # IQ1_M
+    slots = [(4 * n * 1024 + ((4 * n + 255) & ~255) + 255) & ~255 for n in (2048, 1001, 7)]
+    assert q.pairs_bytes(p, T, (2048, 1001, 7), False, 3) == sum(slots)
+    big = q.PAIRS_MAX_BYTES // (4 * 1024) + 1
+    assert q.pairs_bytes(p, T, (big, 0, 0), False, 3) == 0
+    q.matmul_pairs(k, k, p, XP, 300, (W, W + 4096, W + 8192), (Y, Y + 4, Y + 8), (2048, 1001, 7),
+                   False, S, terms=3)
+    offs = [S, S + slots[0], S + slots[0] + slots[1]]
+    assert [c[0] for c in k.calls] == ["reflex_unpack_pairs_q4_k"] * 3 + ["reflex_matmul_f16x3_64"]
     for c, w, n, o in zip(k.calls, (W, W + 4096, W + 8192), (2048, 1001, 7), offs):
-        assert c[3] == (w, o, 1024 * n)
-    name, grid, block, args = k.calls[-1]
-    assert grid == ((2048 + 63) // 64 + (1001 + 63) // 64 + 1, (300 + 63) // 64, 1)
-    assert args == (offs[0], offs[1], offs[2], X, Y, Y + 4, Y + 8, 300, 1024, 2048, 1001, 7,
-                    4 * 1024, 0)
-    k.calls.clear()
-    q.matmul_dequant_first(k, k, p, X, 200, (W, W + 4096, 0), (Y, 0, 0), (3072, 0, 0), True, S)
-    assert [c[3][:2] for c in k.calls[:2]] == [(W, S), (W + 4096, S + 4 * 1024 * 3072)]
-    name, grid, block, args = k.calls[-1]
-    assert name == "reflex_matmul_tiled_f32" and grid == (96, 4, 1)
-    assert args[:3] == (S, S + 4 * 1024 * 3072, 0) and args[-2:] == (4 * 1024, 1)
-
-
-def test_xh_unpacked_launches(quant_signatures):
-    """Long prompts over XH-type weights: each weight unpacked once into scratch (256-byte
-    aligned, q then the sub-block scales), then the unpacked tile of the type's sub-block size
-    and min on the x halves."""
-    from reflex_core.cuda import quant_ops as q
-
-    k = _FakeKernels(quant_signatures)
-    W, XH, Y, S = 1 << 20, 2 << 20, 3 << 20, 1 << 32
-    p = q.plan(12, (1024, 1000), W)  # Q4_K: sub-blocks of 32 with a min
-    T = q.XH_UNPACK_MIN_T
-    assert q.xh_unpack_bytes(p, T - 1, (1000, 0, 0), False) == 0
-    assert q.xh_unpack_bytes(q.plan(3, (1024, 1000), W), 300, (1000, 0, 0), False) == 0  # Q4_1
-    assert q.xh_unpack_bytes(p, T, (1000, 0, 0), False) == 2 * 1024 * 1000 + 8 * 1000 * 32
-    q6 = q.plan(14, (1024, 1000), W)  # Q6_K: sub-blocks of 16
-    assert q.xh_unpack_bytes(q6, T, (1000, 0, 0), False) == 2 * 1024 * 1000 + 8 * 1000 * 64
-    big = q.XH_UNPACK_MAX_BYTES // (2 * 1024) + 1
-    assert q.xh_unpack_bytes(p, T, (big, 0, 0), False) == 0
-    sizes = [(2 * 1024 * n + 8 * n * 32 + 255) & ~255 for n in (2048, 1001, 7)]
-    assert q.xh_unpack_bytes(p, T, (2048, 1001, 7), False) == sum(sizes)
-    q.matmul_xh_unpacked(k, k, p, XH, 300, (W, W + 4096, W + 8192), (Y, Y + 4, Y + 8),
-                         (2048, 1001, 7), False, S)
-    offs = [S, S + sizes[0], S + sizes[0] + sizes[1]]
-    assert [c[0] for c in k.calls] == ["reflex_qi_unpack_q4_k"] * 3 + ["reflex_matmul_xhu64_m32"]
-    for c, w, n, o in zip(k.calls, (W, W + 4096, W + 8192), (2048, 1001, 7), offs):
-        assert c[3] == (w, o, n, 1024, p.row_bytes)
-    # 25 row tiles of 128 x 3 token tiles are too few wide tiles: 64 x 64 ones, a dimension
+        assert c[3] == (w, o, n, 1024, p.row_bytes, q.pairs_lo_offset(n, 1024))
+        assert c[1] == (-(-n // 8), 1, 1)  # rows of <= 1536 elements: a warp each, 8 a block
     name, grid, block, args = k.calls[-1]
     assert grid == ((2048 // 64 + (1001 + 63) // 64 + 1) * ((300 + 63) // 64), 1, 1)
-    assert block == (128, 1, 1) and k.shmem[-1] == q.xhu_smem_bytes("64", 32) <= 48 << 10
-    assert args == (offs[0], offs[1], offs[2], XH, Y, Y + 4, Y + 8, 300, 1024, 2048, 1001, 7,
+    assert block == (128, 1, 1) and k.shmem[-1] == q.pairs_smem_bytes("_64", 3) == 3 * 2 * 128 * 64
+    assert args == (offs[0], offs[1], offs[2], XP, Y, Y + 4, Y + 8, 300, 1024, 2048, 1001, 7,
                     2 * 1024, 0)
-    k.calls.clear()  # a 1518-token prompt over 4096 rows: 32 x 12 wide tiles
-    q.matmul_xh_unpacked(k, k, p, XH, 1518, (W, 0, 0), (Y, 0, 0), (4096, 0, 0), False, S)
+    k.calls.clear()  # a 1518-token prompt over 4096 rows of 4096: 32 x 12 wide tiles
+    p4 = q.plan(12, (4096, 4096), W)
+    q.matmul_pairs(k, k, p4, XP, 1518, (W, 0, 0), (Y, 0, 0), (4096, 0, 0), False, S, terms=1)
+    assert k.calls[0][:2] == ("reflex_unpack_pairs_q4_k", (4096, 1, 1))  # a block a row
+    assert k.calls[0][3][-1] == 0  # one term: no lo plane
     name, grid, block, args = k.calls[-1]
-    assert (name, grid, block) == ("reflex_matmul_xhu_m32", (32 * 12, 1, 1), (256, 1, 1))
-    assert k.shmem[-1] == q.xhu_smem_bytes("", 32) == 3 * (64 + 8 + 128 + 4) * 128
-    k.optin = 64 << 10  # a device that cannot give a block the wide tile's shared memory
-    q.matmul_xh_unpacked(k, k, p, XH, 1518, (W, 0, 0), (Y, 0, 0), (4096, 0, 0), False, S)
-    assert k.calls[-1][:3] == ("reflex_matmul_xhu64_m32", (64 * 24, 1, 1), (128, 1, 1))
+    assert (name, grid, block) == ("reflex_matmul_f16x1", (32 * 12, 1, 1), (256, 1, 1))
+    assert k.shmem[-1] == q.pairs_smem_bytes("", 1) == 4 * (128 * 132 + 256)
+    k.optin = 64 << 10  # a device that cannot give a block the wide form's shared memory
+    q.matmul_pairs(k, k, p4, XP, 1518, (W, 0, 0), (Y, 0, 0), (4096, 0, 0), False, S, terms=3)
+    assert k.calls[-1][:3] == ("reflex_matmul_f16x3_64", (64 * 24, 1, 1), (128, 1, 1))
     k.optin = 227 << 10
-    q.matmul_xh_unpacked(k, k, p, XH, 300, (W, 0, 0), (Y, 0, 0), (4096, 0, 0), False, S, form="")
-    assert k.calls[-1][:3] == ("reflex_matmul_xhu_m32", (32 * 3, 1, 1), (256, 1, 1))
     k.calls.clear()  # SwiGLU: gate and up unpacked, half a tile's rows each
-    q.matmul_xh_unpacked(k, k, q6, XH, 200, (W, W + 4096, 0), (Y, 0, 0), (3072, 0, 0), True, S)
-    up = S + ((2 * 1024 * 3072 + 8 * 3072 * 64 + 255) & ~255)
+    q6 = q.plan(14, (1024, 3072), W)
+    q.matmul_pairs(k, k, q6, XP, 200, (W, W + 4096, 0), (Y, 0, 0), (3072, 0, 0), True, S, terms=3)
+    up = S + ((4 * 3072 * 1024 + ((4 * 3072 + 255) & ~255) + 255) & ~255)
     assert [c[3][:2] for c in k.calls[:2]] == [(W, S), (W + 4096, up)]
     name, grid, block, args = k.calls[-1]
-    assert name == "reflex_matmul_xhu64_s16" and grid == (96 * 4, 1, 1)
+    assert name == "reflex_matmul_f16x3_64" and grid == (96 * 4, 1, 1)
     assert args[:3] == (S, up, 0) and args[-1] == 1
-    q.matmul_xh_unpacked(k, k, q6, XH, 200, (W, W + 4096, 0), (Y, 0, 0), (3072, 0, 0), True, S,
-                         form="")
-    assert k.calls[-1][:2] == ("reflex_matmul_xhu_s16", (48 * 2, 1, 1))
-    assert k.shmem[-1] == q.xhu_smem_bytes("", 16) == 3 * (64 + 16 + 128 + 4) * 128
+    q.matmul_pairs(k, k, q6, XP, 200, (W, W + 4096, 0), (Y, 0, 0), (3072, 0, 0), True, S,
+                   form="", terms=3)
+    assert k.calls[-1][:2] == ("reflex_matmul_f16x3", (48 * 2, 1, 1))
+    assert k.shmem[-1] == q.pairs_smem_bytes("", 3) == 3 * 2 * 256 * 64
 
 
 def test_moe_grouped_launches(quant_signatures):

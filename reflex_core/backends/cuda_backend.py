@@ -42,12 +42,13 @@ _LORA_TILE, _LORA_BLOCK_Y = 32, 8  # cuda/core.cu LORA_TILE, LORA_BLOCK_Y (refle
 # One-token matmuls of the integer-unit weight types (quant_ops.XQ_TYPES) run on x limbs;
 # REFLEX_GEMV_XQ=0 keeps them on the float GEMV (an A/B switch: the two differ by rounding only).
 _GEMV_XQ = os.environ.get("REFLEX_GEMV_XQ", "1") != "0"
-# Prefill matmuls of quant_ops.XH_TYPES run on x halves (float16 tensor cores); REFLEX_XH=0 keeps
-# them on the 3xTF32 tiled kernel (dequantizing first where it pays): an A/B switch.
+# Prefill matmuls of quant_ops.XH_TYPES below the pairs GEMM's tokens run on x halves (float16
+# tensor cores); REFLEX_XH=0 keeps them on the 3xTF32 tiled kernel: an A/B switch.
 _XH = os.environ.get("REFLEX_XH", "1") != "0"
-# ... from weights unpacked once per launch for long prompts (quant_ops.xh_unpack_bytes);
-# REFLEX_XH_UNPACK=0 keeps the tile decoding them (an A/B switch)
-_XH_UNPACK = os.environ.get("REFLEX_XH_UNPACK", "1") != "0"
+# Prefill matmuls of quant_ops.PAIRS_MIN_T tokens or more, every weight type, run as one float16
+# GEMM on pairs (quant_ops.matmul_pairs); REFLEX_PAIRS=0 keeps the paths above (an A/B switch:
+# they differ by rounding only)
+_PAIRS = os.environ.get("REFLEX_PAIRS", "1") != "0"
 # A decode step's residual add + RMSNorm runs inside the GEMVs around it (quant_ops.NORM_TYPES):
 # the output projection before it adds the residual, the GEMVs after it apply the norm's scale.
 # REFLEX_FUSE_NORM=0 launches reflex_add_rmsnorm instead (an A/B switch: the normed values differ
@@ -638,10 +639,10 @@ class CudaOps(Ops):
 
     def _matmul_launch(self, m, x, T: int, w_ptrs: tuple, y_ptrs: tuple,
                        n_outs: tuple, swiglu: bool, gemv_ok: bool) -> None:
-        """One matmul launch of up to three weights planned by ``m``: on x halves for more than
-        a GEMV's tokens of an XH type, on x limbs for one token of an XQ type, through float32
-        copies of the weights for long prompts of the other quantized types
-        (quant_ops.dequant_first_bytes), else quant_ops' GEMV/tiled choice; an x that a fused
+        """One matmul launch of up to three weights planned by ``m``: from
+        quant_ops.PAIRS_MIN_T tokens as one GEMM on float16 pairs (quant_ops.pairs_bytes), on
+        x halves for more than a GEMV's tokens of an XH type, on x limbs for one token of an XQ
+        type, else quant_ops' GEMV/tiled choice; an x that a fused
         add_rmsnorm left unscaled (:class:`_NormScale`) by the GEMV's normed form where it has
         one. The scratch goes back to the caching allocator at once: what reuses it runs after
         these launches on the same stream."""
@@ -656,25 +657,20 @@ class CudaOps(Ops):
                                 ns.part, ns.n_part, ns.eps)
                 return
         x_ptr = x.ptr
+        nbytes = qo.pairs_bytes(m, T, n_outs, swiglu) if _PAIRS and x_ptr % 16 == 0 else 0
+        if nbytes:
+            xp = Block(qo.x_pairs_bytes(T, m.n_in))
+            qo.x_pairs(self.k, x_ptr, xp.ptr, T, m.n_in)
+            scratch = Block(nbytes)
+            qo.matmul_pairs(self._qkern(m.module), self._qkern(qo.COMMON_MODULE), m, xp.ptr, T,
+                            w_ptrs, y_ptrs, n_outs, swiglu, scratch.ptr)
+            return
         xq = None  # x in the form the chosen kernel reads, in scratch: halves or limbs
         if T > qo.GEMV_MAX_T and m.xh is not None and _XH:
             xq = self._x_halves(x_ptr, T, m.n_in)
-            nbytes = qo.xh_unpack_bytes(m, T, n_outs, swiglu) if _XH_UNPACK else 0
-            if nbytes:
-                scratch = Block(nbytes)
-                qo.matmul_xh_unpacked(self._qkern(m.module), self._qkern(qo.COMMON_MODULE), m,
-                                      xq.ptr, T, w_ptrs, y_ptrs, n_outs, swiglu, scratch.ptr)
-                return
         elif T == 1 and m.gemvq is not None and gemv_ok and _GEMV_XQ:
             xq = Block(qo.x_limbs_bytes(m.n_in))
             qo.x_limbs(self.k, x_ptr, xq.ptr, m.n_in)
-        else:
-            nbytes = qo.dequant_first_bytes(m, T, n_outs, swiglu)
-            if nbytes:
-                scratch = Block(nbytes)
-                qo.matmul_dequant_first(self._qkern(m.module), self._qkern(qo.COMMON_MODULE), m,
-                                        x_ptr, T, w_ptrs, y_ptrs, n_outs, swiglu, scratch.ptr)
-                return
         qo.matmul_planned(self._qkern(m.module), m, x_ptr, T, w_ptrs, y_ptrs, n_outs, swiglu,
                           gemv_ok, 0 if xq is None else xq.ptr)
 

@@ -480,139 +480,127 @@ def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: 
     kern.launch(p.tiled, (gx, gy, 1), (_TILE_THREADS, 1, 1), args)
 
 
-# Prefill: a quantized weight whose tiled matmul covers this many tokens or more is first
-# dequantized whole into float32 scratch, and the float32 tiled kernel reads that. The
-# quantized tiled kernel decodes each weight tile again for every 64 tokens; this decodes it
-# once. The outputs are bit-identical: the tiled kernel's tile fill decodes exactly (rx_q::dec4),
-# so both paths feed the same float32 values to the same arithmetic.
-# Only for the K-quants and the codebook, ternary and FP4 types, whose tile decode is costly: for
-# the block-of-32 types it costs less than reading 4 bytes a weight back (on the H200, 1518-token
-# prefill: the 0.6B-shaped Q8_0 file 160 ms with the quantized tiles, 197 ms dequantized first;
-# the 8B-shaped Q4_K_M mix 1836 ms and 1706 ms).
-DEQUANT_FIRST_MIN_T = 128
-DEQUANT_FIRST_MAX_BYTES = 512 << 20  # scratch for one launch (all its weights)
-_DEQUANT_FIRST_SKIP = frozenset({2, 3, 6, 7, 8})  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
-
-
-def dequant_first_bytes(p: MatPlan, T: int, n_outs: tuple, swiglu: bool) -> int:
-    """The float32 scratch a matmul of ``T`` tokens over the weights planned by ``p`` would use
-    to read its weights dequantized once (the :func:`matmul_dequant_first` path), or 0 when it
-    does not take that path: float weights or the block-of-32 types, T below
-    :data:`DEQUANT_FIRST_MIN_T`, or scratch over :data:`DEQUANT_FIRST_MAX_BYTES`."""
-    if _TYPES[p.ggml_type][2] == 1 or p.ggml_type in _DEQUANT_FIRST_SKIP or T < DEQUANT_FIRST_MIN_T:
-        return 0
-    nbytes = sum(_scratch_sizes(4 * p.n_in, n_outs, swiglu))
-    return nbytes if nbytes <= DEQUANT_FIRST_MAX_BYTES else 0
-
-
 def _weight_rows(n_outs: tuple, swiglu: bool) -> list[int]:
     """Output rows of each weight of a launch, in w_ptrs order (SwiGLU: gate and up)."""
     return [n_outs[0], n_outs[0]] if swiglu else [n for n in n_outs if n]
 
 
-def _scratch_sizes(row_bytes: int, n_outs: tuple, swiglu: bool) -> list[int]:
-    """Bytes of each weight's copy in scratch at ``row_bytes`` a row, rounded up to 256 (the
-    segments' alignment)."""
-    return [(row_bytes * n + 255) & ~255 for n in _weight_rows(n_outs, swiglu)]
+# Prefill from PAIRS_MIN_T tokens, every weight type: x written as float16 pairs in planes
+# (reflex_x_pairs, core module), each weight of the launch unpacked into such pairs with a
+# power-of-two scale a row (reflex_unpack_pairs_<t>, the weight's module), then one GEMM in the
+# common module (reflex_matmul_f16x3: Wh.Xh + Wh.Xl + Wl.Xh as float16 mma with f32 sums, about
+# float32's accuracy, nothing decoded or scaled in its loop). The weight is decoded once a
+# launch instead of once a tile, and no per-block scale is applied inside the K loop.
+PAIRS_MIN_T = 128
+PAIRS_MAX_BYTES = 512 << 20  # scratch for one launch's weights
+# REFLEX_PREFILL_F16=1: reflex_matmul_f16x1 instead (Wh.Xh only: each operand rounded to float16,
+# a relative 2^-11, as llama.cpp's float16 cuBLAS path; a third of the mma)
+PAIRS_TERMS = 1 if os.environ.get("REFLEX_PREFILL_F16", "0") == "1" else 3
+# kernel suffix -> rows, tokens a block, threads; the wide form runs two blocks an SM, so a launch of
+# fewer than PAIRS_WIDE_MIN_BLOCKS wide blocks takes the 64 x 64 form
+_PAIRS_FORMS = {"": (128, 128, 256), "_64": (64, 64, 128)}
+_PAIRS_STAGES = {3: 3, 1: 4}  # RX_QUANT_PAIRS_KERNEL's ST for each TERMS
+PAIRS_WIDE_MIN_BLOCKS = 264
+_PAIRS_UNPACK_THREADS = 256
+_PAIRS_WARP_ROW_MAX = 1536  # PAIRS_WARP_ROW_MAX: rows up to this many elements take a warp each
 
 
-def matmul_dequant_first(kern, kern_f32, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple,
-                         y_ptrs: tuple, n_outs: tuple, swiglu: bool, scratch_ptr: int) -> None:
-    """:func:`matmul_planned`'s tiled product through float32 copies of the weights: each weight
-    dequantized into ``scratch_ptr`` (``dequant_first_bytes`` bytes; ``kern`` the weights'
-    module), then the float32 tiled kernel (``kern_f32``: the common module) on the copies."""
-    rows = _weight_rows(n_outs, swiglu)
-    ptrs, off = [], scratch_ptr
-    for w, n, size in zip(w_ptrs, rows, _scratch_sizes(4 * p.n_in, n_outs, swiglu)):
-        dequant(kern, w, p.ggml_type, p.n_in * n, off)
-        ptrs.append(off)
-        off += size
-    f32 = MatPlan(0, (p.n_in, rows[0]), ptrs[0])
-    pad = (0,) * (MAX_SEGMENTS - len(ptrs))
-    matmul_planned(kern_f32, f32, x_ptr, T, tuple(ptrs) + pad, y_ptrs, n_outs, swiglu, True)
+def pairs_lo_offset(n_rows: int, n_in: int) -> int:
+    """Byte offset of a weight's lo plane in its pairs: after the hi plane and the rows' scales,
+    256-aligned."""
+    return 2 * n_rows * n_in + ((4 * n_rows + 255) & ~255)
 
 
-# Prefill of an XH type over this many tokens or more: the weights are first unpacked
-# (reflex_qi_unpack_<t>: float16 integers in the tile's order and float32 sub-block scales,
-# 2.25-2.5 bytes a weight) and the tiles copy them in (reflex_matmul_xhu{,64}_*) instead of decoding
-# every weight tile again for every 64 tokens. The same bits as the xh tile.
-XH_UNPACK_MIN_T = 128
-XH_UNPACK_MAX_BYTES = 512 << 20  # scratch for one launch (all its weights)
-_XHU_KERNEL = {2: "s32", 6: "s32", 8: "s32", 23: "s32", 12: "m32", 13: "m32", 14: "s16"}
-_XHU_SUB = {"s32": 32, "m32": 32, "s16": 16}
+def _pairs_slot_bytes(n_rows: int, n_in: int, terms: int) -> int:
+    """Scratch bytes of one weight's pairs (the lo plane only for three terms), rounded up to
+    256 (the next weight's alignment)."""
+    return (pairs_lo_offset(n_rows, n_in) + (2 * n_rows * n_in if terms == 3 else 0) + 255) & ~255
 
 
-def _unpacked_row_bytes(ggml_type: int, n_in: int) -> int:
-    """Bytes of an unpacked weight row: its float16 integers and float2 sub-block scales."""
-    return 2 * n_in + 8 * (n_in // _XHU_SUB[_XHU_KERNEL[ggml_type]])
+def x_pairs_bytes(T: int, n_in: int) -> int:
+    """Bytes of :func:`x_pairs` of ``T`` rows: the hi and lo planes, then a scale a row."""
+    return 4 * T * n_in + 4 * T
 
 
-def xh_unpack_bytes(p: MatPlan, T: int, n_outs: tuple, swiglu: bool) -> int:
-    """The scratch :func:`matmul_xh_unpacked` needs for a matmul of ``T`` tokens over the weights
-    planned by ``p``, or 0 when it does not take that path (not an XH type, T below
-    :data:`XH_UNPACK_MIN_T`, or scratch over :data:`XH_UNPACK_MAX_BYTES`)."""
-    if p.ggml_type not in _XHU_KERNEL or T < XH_UNPACK_MIN_T:
+def x_pairs(core, x_ptr: int, out_ptr: int, T: int, n_in: int) -> None:
+    """``out`` = x [T, n_in] (n_in % 4 == 0, x 16-byte aligned) as float16 pairs: the hi plane
+    [T][n_in] halves, the lo plane, then each row's power-of-two scale (reflex_x_pairs in
+    cuda/core.cu; ``core`` the core module, ``out`` 16-byte aligned, :func:`x_pairs_bytes`)."""
+    if n_in % 4:
+        raise ValueError(f"x_pairs: a row of {n_in} elements is not a multiple of 4")
+    _check_int32(rows=T, elements=T * n_in)
+    if T and n_in:
+        core.launch("reflex_x_pairs", (T, 1, 1), (256, 1, 1), (x_ptr, out_ptr, T, n_in))
+
+
+def unpack_pairs(kern, w_ptr: int, ggml_type: int, out_ptr: int, n_rows: int, n_in: int,
+                 lo: bool = True) -> None:
+    """``out`` = the weight's ``n_rows`` rows as float16 pairs: the hi plane, the rows' scales,
+    then (``lo``) the lo plane at :func:`pairs_lo_offset` (reflex_unpack_pairs_<t>; ``kern`` the
+    type's module, ``out`` 256-byte aligned)."""
+    _check_int32(rows=n_rows, elements=n_rows * n_in)
+    if n_rows and n_in:
+        per_block = 8 if n_in <= _PAIRS_WARP_ROW_MAX else 1  # a warp a row, or a block
+        grid = min(-(-n_rows // per_block), 65535)
+        kern.launch(f"reflex_unpack_pairs_{_info(ggml_type)[0]}", (grid, 1, 1),
+                    (_PAIRS_UNPACK_THREADS, 1, 1),
+                    (w_ptr, out_ptr, n_rows, n_in, row_bytes(ggml_type, n_in),
+                     pairs_lo_offset(n_rows, n_in) if lo else 0))
+
+
+def pairs_bytes(p: MatPlan, T: int, n_outs: tuple, swiglu: bool, terms: int = PAIRS_TERMS) -> int:
+    """The scratch :func:`matmul_pairs` needs for the weights of a matmul of ``T`` tokens, or 0
+    when it does not take that path (T below :data:`PAIRS_MIN_T`, rows not a multiple of 32
+    elements, or scratch over :data:`PAIRS_MAX_BYTES`)."""
+    if T < PAIRS_MIN_T or p.n_in % 32:
         return 0
-    nbytes = sum(_scratch_sizes(_unpacked_row_bytes(p.ggml_type, p.n_in), n_outs, swiglu))
-    return nbytes if nbytes <= XH_UNPACK_MAX_BYTES else 0
+    nbytes = sum(_pairs_slot_bytes(n, p.n_in, terms) for n in _weight_rows(n_outs, swiglu))
+    return nbytes if nbytes <= PAIRS_MAX_BYTES else 0
 
 
-# The xhu tiles (reflex/quant_kernels.cuh's RX_QUANT_XHU_KERNEL): kernel suffix -> rows and
-# tokens a block, threads, stages. The wide tile takes one block an SM; a launch of fewer than
-# XHU_WIDE_MIN_BLOCKS of them takes the 64 x 64 tile, whose smaller blocks spread over the SMs
-# (the H200, 132 SMs: the 0.6B-shaped down projection, 8 x 12 wide blocks, runs in 0.09 ms on
-# the small tile and 0.12 ms on the wide one; BENCHMARKS.md).
-_XHU_FORMS = {"": (128, 128, 256, 3), "64": (64, 64, 128, 3)}
-XHU_WIDE_MIN_BLOCKS = 264
+def pairs_smem_bytes(form: str, terms: int) -> int:
+    """Dynamic shared memory of a pairs GEMM block: its stages' weight and x rows (64 bytes a
+    row, slice and plane), or the epilogue's float rows of BM + 4 and the tile's row and token
+    scales, whichever is larger."""
+    bm, bn, _ = _PAIRS_FORMS[form]
+    planes = 1 if terms == 1 else 2
+    return max(_PAIRS_STAGES[terms] * planes * (bm + bn) * 64, 4 * (bn * (bm + 4) + bm + bn))
 
 
-def xhu_smem_bytes(form: str, sub: int) -> int:
-    """Dynamic shared memory of an xhu tile: its stages' weight rows (64 bytes a row and
-    32-element block), sub-block scales (8 bytes each), x halves (128 bytes a token) and x block
-    sums, or the epilogue's float rows of BM + 4, whichever is larger."""
-    bm, bn, _, st = _XHU_FORMS[form]
-    return max(st * (64 * bm + 8 * (32 // sub) * bm + 128 * bn + 4 * bn), 4 * bn * (bm + 4))
-
-
-def _xhu_blocks(form: str, T: int, n_outs: tuple, swiglu: bool) -> int:
-    bm, bn = _XHU_FORMS[form][:2]
+def _pairs_blocks(form: str, T: int, n_outs: tuple, swiglu: bool) -> int:
+    bm, bn, _ = _PAIRS_FORMS[form]
     rows = -(-n_outs[0] // (bm // 2)) if swiglu else sum(-(-n // bm) for n in n_outs)
     return rows * -(-T // bn)
 
 
-def matmul_xh_unpacked(kern, kern_common, p: MatPlan, xh_ptr: int, T: int, w_ptrs: tuple,
-                       y_ptrs: tuple, n_outs: tuple, swiglu: bool, scratch_ptr: int,
-                       form: str | None = None) -> None:
-    """:func:`matmul_planned`'s x-halves product (``xh_ptr``: :func:`x_halves` of the T rows)
-    through unpacked weights: each weight unpacked into ``scratch_ptr`` (``xh_unpack_bytes``
-    bytes; ``kern`` the weights' module), then ``reflex_matmul_xhu{form}_*`` (``kern_common``;
-    ``form`` a key of ``_XHU_FORMS``, None: the wide tile when the launch has
-    :data:`XHU_WIDE_MIN_BLOCKS` of them and the device gives it the shared memory)."""
-    suffix = _info(p.ggml_type)[0]
-    rows = _weight_rows(n_outs, swiglu)
+def matmul_pairs(kern, kern_common, p: MatPlan, xp_ptr: int, T: int, w_ptrs: tuple,
+                 y_ptrs: tuple, n_outs: tuple, swiglu: bool, scratch_ptr: int,
+                 form: str | None = None, terms: int = PAIRS_TERMS) -> None:
+    """:func:`matmul_planned`'s product of ``T`` tokens through float16 pairs: ``xp_ptr`` is
+    :func:`x_pairs` of the T rows; each weight is unpacked into ``scratch_ptr``
+    (:func:`pairs_bytes` bytes; ``kern`` the weights' module), then ``reflex_matmul_f16x{terms}``
+    (``kern_common``; ``form`` a key of ``_PAIRS_FORMS``, None: the wide form when the launch
+    has :data:`PAIRS_WIDE_MIN_BLOCKS` of its blocks and the device gives it the shared
+    memory)."""
     ptrs, off = [], scratch_ptr
-    sizes = _scratch_sizes(_unpacked_row_bytes(p.ggml_type, p.n_in), n_outs, swiglu)
-    for w, n, size in zip(w_ptrs, rows, sizes):
-        words = n * p.n_in // 4
-        grid = min((words + _DQ_THREADS - 1) // _DQ_THREADS, 65535) or 1
-        kern.launch(f"reflex_qi_unpack_{suffix}", (grid, 1, 1), (_DQ_THREADS, 1, 1),
-                    (w, off, n, p.n_in, p.row_bytes))
+    for w, n in zip(w_ptrs, _weight_rows(n_outs, swiglu)):
+        unpack_pairs(kern, w, p.ggml_type, off, n, p.n_in, lo=terms == 3)
         ptrs.append(off)
-        off += size
+        off += _pairs_slot_bytes(n, p.n_in, terms)
     ptrs += [0] * (MAX_SEGMENTS - len(ptrs))
-    n0, n1, n2 = n_outs
-    v = _XHU_KERNEL[p.ggml_type]
     if form is None:
-        form = "" if _xhu_blocks("", T, n_outs, swiglu) >= XHU_WIDE_MIN_BLOCKS else "64"
-    name = f"reflex_matmul_xhu{form}_{v}"
-    smem = xhu_smem_bytes(form, _XHU_SUB[v])
-    if not kern_common.allow_shmem(name, smem):  # the wide tile's; the small one's is under 48 KB
-        form, name = "64", f"reflex_matmul_xhu64_{v}"
-        smem = xhu_smem_bytes(form, _XHU_SUB[v])
-        kern_common.allow_shmem(name, smem)
-    kern_common.launch(name, (_xhu_blocks(form, T, n_outs, swiglu), 1, 1),
-                       (_XHU_FORMS[form][2], 1, 1),
-                       (ptrs[0], ptrs[1], ptrs[2], xh_ptr, y_ptrs[0], y_ptrs[1], y_ptrs[2], T,
+        form = "" if _pairs_blocks("", T, n_outs, swiglu) >= PAIRS_WIDE_MIN_BLOCKS else "_64"
+    name = f"reflex_matmul_f16x{terms}{form}"
+    smem = pairs_smem_bytes(form, terms)
+    if not kern_common.allow_shmem(name, smem):
+        form = "_64"
+        name, smem = f"reflex_matmul_f16x{terms}_64", pairs_smem_bytes("_64", terms)
+        if not kern_common.allow_shmem(name, smem):
+            raise RuntimeError(f"{name}: the device does not give a block {smem} bytes of shared memory")
+    n0, n1, n2 = n_outs
+    kern_common.launch(name, (_pairs_blocks(form, T, n_outs, swiglu), 1, 1),
+                       (_PAIRS_FORMS[form][2], 1, 1),
+                       (ptrs[0], ptrs[1], ptrs[2], xp_ptr, y_ptrs[0], y_ptrs[1], y_ptrs[2], T,
                         p.n_in, n0, n1, n2, 2 * p.n_in, 1 if swiglu else 0), smem)
 
 
@@ -706,7 +694,7 @@ def kernel_names(module: str = COMMON_MODULE) -> list[str]:
     for t, (suffix, *_) in _TYPES.items():
         if _MODULE_OF[t] != module:
             continue
-        names += [f"reflex_dequant_{suffix}", f"reflex_embed_{suffix}",
+        names += [f"reflex_dequant_{suffix}", f"reflex_embed_{suffix}", f"reflex_unpack_pairs_{suffix}",
                   f"reflex_matmul_tiled_{suffix}", f"reflex_moe_matmul_{suffix}",
                   f"reflex_moe_tiled_{suffix}"]
         names += [f"reflex_matmul_gemv{tt}_{suffix}" for tt in (1, 2, 4, 8)]
@@ -719,8 +707,7 @@ def kernel_names(module: str = COMMON_MODULE) -> list[str]:
             names += [f"reflex_matmul_gemv1{f}{e}_{suffix}" for e in "rn"
                       for f in (("ws", "x") if t in XS_CHUNK else ("ws",))]
         if t in XH_TYPES:
-            names += [f"reflex_matmul_xh_{suffix}", f"reflex_moe_xh_{suffix}",
-                      f"reflex_qi_unpack_{suffix}"]
+            names += [f"reflex_matmul_xh_{suffix}", f"reflex_moe_xh_{suffix}"]
     if module == COMMON_MODULE:
-        names += [f"reflex_matmul_xhu{f}_{v}" for f in _XHU_FORMS for v in _XHU_SUB]
+        names += [f"reflex_matmul_f16x{t}{f}" for t in _PAIRS_STAGES for f in _PAIRS_FORMS]
     return names

@@ -24,6 +24,25 @@ def _word_sources() -> tuple[np.ndarray, np.ndarray]:
     return 16 * h + 2 * q + np.where(i & 1, 8, 0), i >= 2
 
 
+def row_scales(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(s, 1 / s, finite) of each float32 row of ``x`` [R, n] (rx_pow2_scale): s = 2^(e-15) with
+    max|x| < 2^e (e at least -112); an all-zero row s = 1; a row with a NaN or inf s = NaN,
+    finite False."""
+    R, n = x.shape
+    with np.errstate(invalid="ignore"):
+        m = np.abs(x).max(axis=1) if n else np.zeros(R, np.float32)
+    finite = np.isfinite(m)
+    s = np.ones(R, np.float32)
+    inv = np.ones(R, np.float32)
+    live = finite & (m != 0)
+    _, e = np.frexp(m[live])
+    e = np.maximum(e.astype(np.int64), -112)
+    s[live] = np.ldexp(np.float32(1.0), (e - 15).astype(np.int32)).astype(np.float32)
+    inv[live] = np.ldexp(np.float32(1.0), (15 - e).astype(np.int32)).astype(np.float32)
+    s[~finite] = np.nan
+    return s, inv, finite
+
+
 def x_halves(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(H uint32 [T, n_in / 32, 32], s float32 [T], sums float32 [T, n_in / 32]) of the float32
     rows ``x`` [T, n_in] (n_in % 32 == 0)."""
@@ -31,17 +50,7 @@ def x_halves(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if x.ndim != 2 or x.shape[1] % BLOCK:
         raise ValueError(f"x_halves: rows of {x.shape[-1]} elements are not a multiple of {BLOCK}")
     T, n_in = x.shape
-    with np.errstate(invalid="ignore"):
-        m = np.abs(x).max(axis=1) if n_in else np.zeros(T, np.float32)
-    finite = np.isfinite(m)
-    s = np.ones(T, np.float32)
-    inv = np.ones(T, np.float32)
-    live = finite & (m != 0)
-    _, e = np.frexp(m[live])
-    e = np.maximum(e.astype(np.int64), -112)
-    s[live] = np.ldexp(np.float32(1.0), (e - 15).astype(np.int32)).astype(np.float32)
-    inv[live] = np.ldexp(np.float32(1.0), (15 - e).astype(np.int32)).astype(np.float32)
-    s[~finite] = np.nan
+    s, inv, finite = row_scales(x)
     v = np.where(finite[:, None], x * inv[:, None], np.float32(0)).astype(np.float32)
     hi = v.astype(np.float16)
     lo = (v - hi.astype(np.float32)).astype(np.float16)

@@ -609,44 +609,6 @@ def test_matmul_multi_and_swiglu(qk, name):
                                rtol=4e-6, atol=1e-6 * (np.abs(y1).max() ** 2 + 1))
 
 
-@pytest.mark.parametrize("name", [n for n in TYPES if n not in FLOAT_TYPES
-                                  and n not in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")])
-def test_dequant_first_equals_tiled(qk, name):
-    """The long-prompt path (every weight dequantized once into float32 scratch, then the
-    float32 tiled kernel) gives the quantized tiled kernel's outputs bit for bit: one weight,
-    three segments with odd row counts, SwiGLU; T at the threshold and above, not a multiple
-    of the 64-token tile."""
-    ctx, _ = qk
-    rng = np.random.default_rng(900 + TYPES[name])
-    t = TYPES[name]
-    n_in = n_in_cases(name)[2]
-    n_outs = (45, 7, 130)
-    ws = [upload(ctx, random_weights(rng, name, n, n_in)[0])[1] for n in n_outs]
-    kern = ctx.kernels(quant_ops.module_of(t))
-    kern_f32 = ctx.kernels(quant_ops.COMMON_MODULE)
-    for T in (quant_ops.DEQUANT_FIRST_MIN_T, 301):
-        x = rng.standard_normal((T, n_in)).astype(np.float32)
-        _, xp = upload(ctx, x)
-        for segs, swiglu in (((0,), False), ((0, 1, 2), False), ((0, 2), True)):
-            n_y = (n_outs[0],) if swiglu else tuple(n_outs[i] for i in segs)
-            outs = n_y + (0,) * (3 - len(n_y))
-            w_ptrs = tuple(ws[i] for i in segs) + (0,) * (3 - len(segs))
-            p = quant_ops.plan(t, (n_in, n_outs[segs[0]]), ws[segs[0]])
-            nbytes = quant_ops.dequant_first_bytes(p, T, outs, swiglu)
-            assert nbytes > 0
-            got = [ctx.alloc(4 * T * n) for n in n_y]
-            want = [ctx.alloc(4 * T * n) for n in n_y]
-            scratch = ctx.alloc(nbytes)
-            pad = (0,) * (3 - len(n_y))
-            quant_ops.matmul_dequant_first(kern, kern_f32, p, xp, T, w_ptrs, tuple(got) + pad,
-                                           outs, swiglu, scratch)
-            quant_ops.matmul_planned(kern, p, xp, T, w_ptrs, tuple(want) + pad, outs, swiglu,
-                                     False)
-            for g, w_, n in zip(got, want, n_y):
-                assert_bits_equal(download(ctx, g, T * n), download(ctx, w_, T * n),
-                                  f"{name} dequant-first {segs} swiglu={swiglu} T={T}")
-
-
 # ----------------------------------------------------------------------------------------------
 # the one-token GEMV on x limbs (quant_ops.XQ_TYPES)
 
@@ -835,52 +797,131 @@ def test_matmul_xh(qk, name):
                                    atol=1e-6 * (np.abs(want).max() + 1), err_msg=f"{name} swiglu")
 
 
-@pytest.mark.parametrize("name", sorted(n for n, t in TYPES.items() if t in quant_ops.XH_TYPES))
-def test_matmul_xh_unpacked(qk, name):
-    """The x-halves tiles from weights unpacked first (reflex_qi_unpack_<t> +
-    reflex_matmul_xhu{,64}_*, each form forced): bit-identical to the xh tile decoding them (the
-    same products in the same order), for 1-3 segments and SwiGLU, partial token and row tiles,
-    odd block counts, more row tiles than a raster group; every unpacked row and scale written
-    (the scratch starts as NaN)."""
+def test_x_pairs_kernel(cuda_ctx):
+    """reflex_x_pairs == its NumPy twin bit for bit (hi and lo planes, row scales): rows of every
+    kind (tiny, huge, subnormal, zero, NaN, inf), one row to many, odd widths."""
+    from reflex_core.testing.f16_pairs import pairs
+
+    core = cuda_ctx.kernels("core")
+    rng = np.random.default_rng(1260)
+    kinds = [lambda n: rng.standard_normal(n),
+             lambda n: rng.standard_normal(n) * np.exp2(rng.integers(-30, 30, n)),
+             lambda n: rng.standard_normal(n) * 1e-36,
+             lambda n: rng.standard_normal(n) * 1e30,
+             lambda n: np.full(n, 1e-44) * rng.integers(-3, 4, n),
+             lambda n: np.zeros(n),
+             lambda n: np.r_[np.nan, rng.standard_normal(n - 1)],
+             lambda n: np.r_[rng.standard_normal(n - 1), -np.inf]]
+    for T, n_in in ((1, 4), (3, 96), (9, 292), (130, 4096)):
+        x = np.stack([kinds[t % len(kinds)](n_in) for t in range(T)]).astype(np.float32)
+        _, xp = upload(cuda_ctx, x)
+        out = cuda_ctx.alloc(quant_ops.x_pairs_bytes(T, n_in))
+        quant_ops.x_pairs(core, xp, out, T, n_in)
+        got = download(cuda_ctx, out, 2 * T * n_in, np.uint16)
+        hi, lo, s = pairs(x)
+        what = f"T={T} n_in={n_in}"
+        assert np.array_equal(got[:T * n_in], hi.view(np.uint16).reshape(-1)), f"{what}: hi plane"
+        assert np.array_equal(got[T * n_in:], lo.view(np.uint16).reshape(-1)), f"{what}: lo plane"
+        got_s = download(cuda_ctx, out + 4 * T * n_in, T)
+        assert np.array_equal(np.isnan(got_s), np.isnan(s)), f"{what}: NaN scales"
+        assert_bits_equal(got_s[~np.isnan(s)], s[~np.isnan(s)], f"{what}: scales")
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_unpack_pairs(qk, name):
+    """reflex_unpack_pairs_<t> == the twin's pairs of the exactly dequantized rows, bit for bit
+    (hi plane, scales, lo plane), rows with one block and with many, a row count past one grid
+    stride is not needed (grid-stride rows: 3 rows on 2 blocks checked through n_rows > grid)."""
+    from reflex_core.testing.f16_pairs import pairs
+
+    ctx, kernels_of = qk
+    kern = kernels_of(name)
+    t = TYPES[name]
+    rng = np.random.default_rng(1600 + t)
+    bs = qinfo(name)[0]
+    for n_rows, n_in in ((1, max(bs, 32)), (7, 3 * max(bs, 32)), (300, 4096 + max(bs, 32))):
+        n_in -= n_in % 32
+        raw, wf = random_weights(rng, name, n_rows, n_in)
+        _, wp = upload(ctx, raw)
+        lo_off = quant_ops.pairs_lo_offset(n_rows, n_in)
+        nbytes = lo_off + 2 * n_rows * n_in
+        out = upload(ctx, np.full(nbytes // 4, np.nan, np.float32))[1]
+        quant_ops.unpack_pairs(kern, wp, t, out, n_rows, n_in)
+        hi, lo, s = pairs(wf)
+        what = f"{name} {n_rows} x {n_in}"
+        assert np.array_equal(download(ctx, out, n_rows * n_in, np.uint16),
+                              hi.view(np.uint16).reshape(-1)), f"{what}: hi plane"
+        assert np.array_equal(download(ctx, out + lo_off, n_rows * n_in, np.uint16),
+                              lo.view(np.uint16).reshape(-1)), f"{what}: lo plane"
+        got_s = download(ctx, out + 2 * n_rows * n_in, n_rows)
+        assert np.array_equal(np.isnan(got_s), np.isnan(s)), f"{what}: NaN scales"
+        assert_bits_equal(got_s[~np.isnan(s)], s[~np.isnan(s)], f"{what}: scales")
+
+
+@pytest.mark.parametrize("terms", (3, 1))
+@pytest.mark.parametrize("name", ["F32", "F16", "Q8_0", "Q4_K", "Q6_K", "Q3_K", "IQ4_XS", "MXFP4"])
+def test_matmul_pairs(qk, name, terms):
+    """The prefill GEMM on float16 pairs (reflex_x_pairs, reflex_unpack_pairs_<t>,
+    reflex_matmul_f16x{terms}{,_64}): against the twin's float64 sum of the same products (f32
+    summation rounding only); three terms also against x . W within the float kernels' bound;
+    both forms bit-identical, 1-3 segments each bit-identical to its weight alone, SwiGLU within
+    float rounding of silu(g) * u of those; partial row and token tiles, more row tiles than a
+    raster group; every output written (they start as NaN)."""
+    from reflex_core.testing.f16_pairs import pairs, pairs_magnitude, pairs_product
+
     ctx, kernels_of = qk
     kern, core, common = kernels_of(name), ctx.kernels("core"), ctx.kernels("quant")
     t = TYPES[name]
-    rng = np.random.default_rng(1500 + t)
-    bs = qinfo(name)[0]
-    for n_in, T, n_outs in ((bs, 9, (33, 1, 130)), (3 * bs, 64, (33, 1, 130)),
-                            (4096 + 3 * bs, 130, (33, 1, 130)), (2 * bs, 300, (1100, 1, 130))):
-        ws = [random_weights(rng, name, n, n_in)[0] for n in n_outs]
-        wps = [upload(ctx, raw)[1] for raw in ws]
+    rng = np.random.default_rng(1700 + t + terms)
+    bs = max(qinfo(name)[0], 32)
+    for n_in, T, n_outs in ((bs, 1, (33, 1, 130)), (3 * bs, 129, (33, 1, 130)),
+                            (4096 + bs, 200, (33, 64, 130)), (2 * bs, 300, (1100, 1, 130))):
+        ws = [random_weights(rng, name, n, n_in) for n in n_outs]
+        wps = [upload(ctx, raw)[1] for raw, _ in ws]
         x = _xh_x(rng, T, n_in)
         _, xp = upload(ctx, x)
-        xq = ctx.alloc(quant_ops.x_halves_bytes(T, n_in))
-        quant_ops.x_halves(core, xp, xq, T, n_in)
+        xq = ctx.alloc(quant_ops.x_pairs_bytes(T, n_in))
+        quant_ops.x_pairs(core, xp, xq, T, n_in)
+        xpr = pairs(x)
         p = quant_ops.plan(t, (n_in, n_outs[0]), wps[0])
         n_sw = min(n_outs[0], n_outs[2])
-        for segs, swiglu in (((0,), False), ((0, 1, 2), False), ((2, 0), False), ((0, 2), True)):
+
+        def run(segs, swiglu, form):
             w3 = tuple(wps[i] for i in segs) + (0,) * (3 - len(segs))
-            outs = (n_sw, 0, 0) if swiglu else tuple(n_outs[i] for i in segs) + (0,) * (3 - len(segs))
-            want = []
-            for form in (None, "", "64"):  # None: the xh tile
-                yps = [upload(ctx, np.full(T * n, np.nan, np.float32))[1] if n else 0 for n in outs]
-                if form is not None:
-                    nbytes = quant_ops.xh_unpack_bytes(p, quant_ops.XH_UNPACK_MIN_T, outs,
-                                                       swiglu)
-                    scratch = upload(ctx, np.full(nbytes // 4, np.nan, np.float32))[1]
-                    quant_ops.matmul_xh_unpacked(kern, common, p, xq, T, w3, tuple(yps), outs,
-                                                 swiglu, scratch, form=form)
-                else:
-                    quant_ops.matmul_planned(kern, p, xp, T, w3, tuple(yps), outs, swiglu, True, xq)
-                got = [download(ctx, yp, T * n) for yp, n in zip(yps, outs) if n]
-                if form is None:
-                    want = got
-                    assert not any(np.isnan(w).any() for w in want), f"{name} xh left outputs unwritten"
-                    continue
-                for i, (g, w) in enumerate(zip(got, want)):
-                    assert_bits_equal(g, w, f"{name} unpacked form={form!r} T={T} n_in={n_in} "
-                                            f"segs={segs} swiglu={swiglu} out {i}")
-    assert quant_ops.xh_unpack_bytes(p, quant_ops.XH_UNPACK_MIN_T, (33, 0, 0), False) > 0
-    assert quant_ops.xh_unpack_bytes(p, quant_ops.XH_UNPACK_MIN_T - 1, (33, 0, 0), False) == 0
+            outs = ((n_sw, 0, 0) if swiglu else
+                    tuple(n_outs[i] for i in segs) + (0,) * (3 - len(segs)))
+            yps = [upload(ctx, np.full(T * n, np.nan, np.float32))[1] if n else 0 for n in outs]
+            nbytes = quant_ops.pairs_bytes(p, max(T, quant_ops.PAIRS_MIN_T), outs, swiglu, terms)
+            scratch = upload(ctx, np.full(nbytes // 4, np.nan, np.float32))[1]
+            quant_ops.matmul_pairs(kern, common, p, xq, T, w3, tuple(yps), outs, swiglu, scratch,
+                                   form=form, terms=terms)
+            return [download(ctx, yp, T * n).reshape(T, n) for yp, n in zip(yps, outs) if n]
+
+        singles = []
+        for i, (raw, wf) in enumerate(ws):
+            y, = run((i,), False, "")
+            what = f"{name} f16x{terms} T={T} n_in={n_in} n_out={n_outs[i]}"
+            wpr = pairs(wf)
+            ref, mag = pairs_product(xpr, wpr, terms), pairs_magnitude(xpr, wpr)
+            err = np.abs(y - ref)
+            tol = 1e-6 * (n_in // 32 + 2) * mag + 1e-30
+            assert (err <= tol).all(), f"{what}: worst {np.max(err / tol):.3g} of the bound"
+            if terms == 3:
+                check_matmul(y, wf, x, what)
+            assert_bits_equal(run((i,), False, "_64")[0], y, f"{what}: the 64 x 64 form")
+            singles.append(y)
+        for segs in ((0, 1, 2), (2, 0)):
+            for form in ("", "_64"):
+                for k, g in zip(segs, run(segs, False, form)):
+                    assert_bits_equal(g, singles[k], f"{name} f16x{terms} T={T} segs={segs} "
+                                                     f"form={form!r} out {k}")
+        want = _silu_mul(singles[0][:, :n_sw], singles[2][:, :n_sw])
+        sw = run((0, 2), True, "")[0]
+        np.testing.assert_allclose(sw, want, rtol=4e-6, atol=1e-6 * (np.abs(want).max() + 1),
+                                   err_msg=f"{name} f16x{terms} T={T} swiglu")
+        assert_bits_equal(run((0, 2), True, "_64")[0], sw, f"{name} f16x{terms} T={T} swiglu _64")
+    assert quant_ops.pairs_bytes(p, quant_ops.PAIRS_MIN_T, (33, 0, 0), False) > 0
+    assert quant_ops.pairs_bytes(p, quant_ops.PAIRS_MIN_T - 1, (33, 0, 0), False) == 0
 
 
 # ----------------------------------------------------------------------------------------------

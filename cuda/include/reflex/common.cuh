@@ -306,6 +306,63 @@ __device__ __forceinline__ void rx_mma_f16(float* d, const uint32_t* a, uint32_t
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+__device__ __forceinline__ uint32_t rx_f16x2(float lo, float hi) {  // lo in the low half
+    uint32_t r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ float2 rx_f16x2_to_f32(uint32_t v) {
+    float lo, hi;
+    asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}"
+        : "=f"(lo), "=f"(hi) : "r"(v));
+    return make_float2(lo, hi);
+}
+// (a, b) as the float16 pairs hi = (f16(a), f16(b)) and lo = the rest of each
+__device__ __forceinline__ void rx_split_f16x2(float a, float b, uint32_t& hi, uint32_t& lo) {
+    hi = rx_f16x2(a, b);
+    const float2 h = rx_f16x2_to_f32(hi);
+    lo = rx_f16x2(a - h.x, b - h.y);
+}
+__device__ __forceinline__ void rx_ldsm_x4(uint32_t (&r)[4], const uint16_t* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((uint32_t)__cvta_generic_to_shared(p)));
+}
+__device__ __forceinline__ void rx_ldsm_x4_t(uint32_t (&r)[4], const uint16_t* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((uint32_t)__cvta_generic_to_shared(p)));
+}
+#endif
+
+#ifdef __CUDACC__
+// float -> float16 bits, round to nearest even
+__device__ __forceinline__ uint32_t rx_f32_to_f16_rn(float v) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+}
+
+// The power-of-two scale that brings a row into float16's range, from the float bits mb of its
+// largest |value| (a NaN's bits above inf's): with M < 2^e (frexp; e at least -112, so s and 1 / s
+// are normal floats) s = 2^(e-15), so every v = value / s has |v| < 2^15; M = 0: s = 1; a NaN or
+// inf in the row: s = NaN (and the caller writes zeros). Returns whether the row is finite.
+__device__ __forceinline__ bool rx_pow2_scale(uint32_t mb, float& s, float& inv) {
+    s = 1.0f;
+    inv = 1.0f;
+    if (mb >= 0x7f800000u) {
+        s = rx_nan();
+        return false;
+    }
+    if (mb != 0) {
+        int e;
+        frexpf(__uint_as_float(mb), &e);
+        e = max(e, -112);
+        s = ldexpf(1.0f, e - 15);
+        inv = ldexpf(1.0f, 15 - e);
+    }
+    return true;
+}
 #endif
 
 // The x limbs' layout (reflex/quants.cuh, before rx_gemv_rows_xq): natural group index (4

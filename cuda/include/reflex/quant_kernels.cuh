@@ -78,8 +78,8 @@
 // reflex_matmul_tiled_<t>(w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, n2, row_bytes, mode)
 //   (any T; prefill) Shared-memory GEMM tile: a 256-thread block computes 64 weight rows x 64
 //   tokens; per K slice it dequantizes the weight tile (rx_q<t>::dec4, groups of 4 elements,
-//   threads sharing a row read its contiguous bytes; float32 weights -- the dequantize-first
-//   scratch -- as float4 loads) and stages the x tile, both row-major in shared memory. sm_80
+//   threads sharing a row read its contiguous bytes; float32 weights as float4 loads) and
+//   stages the x tile, both row-major in shared memory. sm_80
 //   and later: tensor cores, each warp a 16 rows x 32 tokens block of mma.m16n8k8 TF32 products
 //   in the 3xTF32 split (big*big + big*small + small*big, f32 accumulation: close to f32 FMA
 //   accuracy; small*small, ~2^-22 of a product, is dropped); values are staged once as their
@@ -93,6 +93,16 @@
 //   the same up rows; the block stages its 64x64 results in shared memory and writes the 32x64
 //   outputs silu(g) * u; grid = (ceil(n0/32), ceil(T/64)).
 //   No alignment assumptions (also the fallback for misaligned inputs).
+//
+// reflex_unpack_pairs_<t>(w, out, n_rows, n_in, row_bytes, lo_off)
+//   The weight's rows as the float16 pairs of the prefill GEMM below: a power-of-two scale a
+//   row, hi and lo planes (unpack_pairs_body). Every type.
+//
+// reflex_matmul_f16x{3,1}{,_64}(w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, n2, row_bytes, mode)
+//   (cuda/quant.cu only; prefill from quant_ops.PAIRS_MIN_T tokens, any weight type) The GEMM on
+//   float16 pairs (pairs_body): w_i = reflex_unpack_pairs_<t>'s output, x = reflex_x_pairs'
+//   (cuda/core.cu); three float16 mma a product (f16x3, about f32 accuracy) or one (f16x1).
+//   Segments and modes as above; one-dimensional grid (quant_ops.matmul_pairs).
 //
 // reflex_moe_matmul_<t>(w, w_up, x, ids, y, T, k, n_in, n_out, row_bytes, expert_bytes,
 //                       x_per_expert, n_expert, mode)
@@ -1026,75 +1036,130 @@ __device__ __forceinline__ void xh_body(const uint8_t* __restrict__ w0, const ui
 }
 
 // ------------------------------------------------------------------------------------------
-// the prefill matmul on x halves from weights unpacked once (xhu)
+// the prefill GEMM on float16 pairs (f16x3, f16x1)
 
-// A weight unpacked for the xhu tiles: rows of float16 integers q (exact) in the tile's shared
-// memory order, then the rows' sub-block scales. For row r and block kb (32 elements), 16 words
-// at q + 16 (r * n_in / 32 + kb): the word of elements 4j..4j+3 (rx_qi<T>::ints) gives its pairs
-// (4j, 4j+1) at word 8h + 2g + p and (4j+2, 4j+3) at 8h + 2g + 2 + p (h = j / 4, p = j / 2 % 2,
-// g = 2 (j % 2)): the order xh_body's tile fill writes. Then, at byte 2 * n_rows * n_in, the
-// float2 (a, c) of sub-block b of row r at [r * n_in / SUB + b].
+// A weight as float16 pairs (reflex_unpack_pairs_<t>), at `out`: the hi plane [n_rows][n_in]
+// halves, the rows' scales [n_rows] floats at byte 2 n_rows n_in, and (lo_off > 0) the lo plane
+// [n_rows][n_in] halves at byte lo_off (quant_ops.pairs_lo_offset: after the scales, 256-aligned).
+// Row r's values w (decoded exactly, rx_q::dec4 / dec1) get reflex_x_pairs' rule: the power-of-two
+// scale s of the row's largest |w| (rx_pow2_scale), v = w / s, hi = half(v), lo = half(v - hi);
+// a row with a NaN or inf: s = NaN and zeros. Every type has it (the decode is the dequant's).
+// Rows of up to PAIRS_WARP_ROW_MAX elements take a warp each (8 rows a block), longer ones a
+// 256-thread block each (quant_ops.unpack_pairs sizes the grid; both stride over the rows). A
+// thread decodes its first PAIRS_UNPACK_HELD groups of 4 of the row into registers (a block's
+// row up to 12288 elements: all of it), every load issued before the row's maximum is reduced,
+// and converts them from there; the rest of a longer row is decoded again for the conversion.
+#define PAIRS_UNPACK_THREADS 256
+#define PAIRS_UNPACK_HELD 12
+#define PAIRS_WARP_ROW_MAX (32 * 4 * PAIRS_UNPACK_HELD)
 template <int TYPE>
-__device__ __forceinline__ void qi_unpack_body(const uint8_t* __restrict__ w, uint32_t* __restrict__ out,
-                                               int n_rows, int n_in, long long row_bytes) {
+__device__ __forceinline__ void unpack_pairs_body(const uint8_t* __restrict__ w, uint16_t* __restrict__ out,
+                                                  int n_rows, int n_in, long long row_bytes,
+                                                  long long lo_off) {
     typedef rx_q<TYPE> Q;
-    typedef rx_qi<TYPE> I;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const int wpr = n_in / 4;  // input words a row
-    for (long long g = i0; g < (long long)n_rows * wpr; g += stride) {
-        const int r = (int)(g / wpr), j4 = (int)(g % wpr), kb = j4 >> 3, j = j4 & 7;
-        const int k = 4 * j4;
-        const uint32_t v = I::ints(w + r * row_bytes + (long long)(k / Q::QK) * Q::TS, k % Q::QK);
-        uint32_t p01, p23;
-        rx_i8x4_to_f16x4(v, p01, p23);
-        uint32_t* blk = out + ((long long)r * (n_in / 32) + kb) * 16 + 8 * (j >> 2);
-        const int q = 2 * (j & 1), part = (j >> 1) & 1;
-        blk[2 * q + part] = p01;
-        blk[2 * q + 2 + part] = p23;
-    }
-    float2* sc = reinterpret_cast<float2*>(out + (long long)n_rows * n_in / 2);
-    const int spr = n_in / I::SUB;
-    for (long long g = i0; g < (long long)n_rows * spr; g += stride) {
-        const int r = (int)(g / spr), k = I::SUB * (int)(g % spr);
-        sc[g] = I::scale(w + r * row_bytes + (long long)(k / Q::QK) * Q::TS, k % Q::QK);
+    constexpr int U = PAIRS_UNPACK_HELD;
+    __shared__ int red[PAIRS_UNPACK_THREADS / 32];
+    const int tid = threadIdx.x, lane = tid & 31, n4 = n_in >> 2;
+    const bool by_warp = n_in <= PAIRS_WARP_ROW_MAX;
+    // a row's workers: its warp's lanes, or the block's threads
+    const int me = by_warp ? lane : tid, workers = by_warp ? 32 : PAIRS_UNPACK_THREADS;
+    const int r0 = by_warp ? blockIdx.x * (PAIRS_UNPACK_THREADS / 32) + (tid >> 5) : blockIdx.x;
+    const int r_step = by_warp ? gridDim.x * (PAIRS_UNPACK_THREADS / 32) : gridDim.x;
+    float* scales = reinterpret_cast<float*>(out + (long long)n_rows * n_in);
+    auto dec = [&](const uint8_t* wr, int k, float (&v)[4]) {
+        if constexpr (Q::QK == 1) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) v[c] = Q::dec1(wr, k + c);
+        } else {
+            Q::dec4(wr + (k / Q::QK) * Q::TS, k % Q::QK, v);
+        }
+    };
+    for (int r = r0; r < n_rows; r += r_step) {
+        const uint8_t* wr = w + r * row_bytes;
+        float held[U][4];
+        int mb = 0;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int g = me + workers * u;
+            if (g < n4) {
+                dec(wr, 4 * g, held[u]);
+#pragma unroll
+                for (int c = 0; c < 4; ++c) mb = max(mb, __float_as_int(held[u][c]) & 0x7fffffff);
+            }
+        }
+        for (int g = me + workers * U; g < n4; g += workers) {
+            float v[4];
+            dec(wr, 4 * g, v);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) mb = max(mb, __float_as_int(v[c]) & 0x7fffffff);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, o));
+        if (!by_warp) {
+            if (lane == 0) red[tid >> 5] = mb;
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < PAIRS_UNPACK_THREADS / 32; ++i) mb = max(mb, red[i]);
+            __syncthreads();  // red is the next row's
+        }
+        float s, inv;
+        const bool finite = rx_pow2_scale((uint32_t)mb, s, inv);
+        if (me == 0) scales[r] = s;
+        uint2* hi = reinterpret_cast<uint2*>(out + (long long)r * n_in);
+        uint2* lo = reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(out) + lo_off) + (long long)r * n4;
+        auto put = [&](int g, const float (&v)[4]) {
+            uint2 h, l;  // a non-finite row: zeros (0 * inf would be NaN)
+            rx_split_f16x2(finite ? v[0] * inv : 0.0f, finite ? v[1] * inv : 0.0f, h.x, l.x);
+            rx_split_f16x2(finite ? v[2] * inv : 0.0f, finite ? v[3] * inv : 0.0f, h.y, l.y);
+            hi[g] = h;
+            if (lo_off) lo[g] = l;
+        };
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int g = me + workers * u;
+            if (g < n4) put(g, held[u]);
+        }
+        for (int g = me + workers * U; g < n4; g += workers) {
+            float v[4];
+            dec(wr, 4 * g, v);
+            put(g, v);
+        }
     }
 }
 
-// xh_body's products (the same arithmetic, so the same bits) from weights unpacked by
-// reflex_qi_unpack_<t>: w0..w2 point at unpacked weights of n0, n1, n2 rows (SwiGLU: gate and up,
-// n0 rows each; tile rows below BM / 2 are gate rows), SUB and MIN those of the weights' type.
-// With no decoding left in the loop, every tile load is a cp.async, ST stages of one 32-element
-// block ahead of the math. A block takes BM rows x BN tokens, with WM x WN warps of BM / WM rows
-// x BN / WN tokens: a warp's MT x NT m16n8 fragments reuse each weight fragment for NT token
-// fragments and each x fragment for MT row fragments (xh_body's 16 x 32 warp tile loads 320
-// bytes of shared memory a mma, more than the SM's shared memory bandwidth allows at the tensor
-// cores' rate). The grid is one-dimensional: block L takes its row tile and token tile in groups
-// of GROUP row tiles (the row tile varying fastest), so the blocks running together share their
-// weight tiles and read x once a group. Dynamic shared memory: the larger of the ST stages' tiles
-// and the epilogue's E (quant_ops.xhu_smem_bytes).
-template <int SUB, bool MIN, int BM, int BN, int WM, int WN, int ST, int GROUP>
-__device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,
-                                         const uint8_t* __restrict__ w2, const uint32_t* __restrict__ H,
-                                         float* __restrict__ y0, float* __restrict__ y1,
-                                         float* __restrict__ y2, int T, int n_in, int n0, int n1,
-                                         int n2, int mode) {
+// The prefill GEMM on float16 pairs: y[t, o] = s_o s_t sum_k (Wh Xh + Wh Xl + Wl Xh) for TERMS 3
+// (about float32's accuracy: the dropped Wl Xl is ~2^-22 of each product), Wh Xh alone for
+// TERMS 1 (each operand rounded to float16: 2^-11 relative). W: weights unpacked by
+// reflex_unpack_pairs_<t> (w0..w2 point at each weight's pairs; segments and SwiGLU as
+// reflex_matmul_xh_<t>: tile rows below BM / 2 are gate rows); X: reflex_x_pairs of the T rows.
+// The products run as m16n8k16 mma in f32, K in slices of 32: per slice every tile row's 64
+// bytes (a plane) are copied in with cp.async, ST slices ahead of the math, chunk c of row m at
+// c ^ ((m >> 1) & 3) so that ldmatrix's 8 rows hit distinct banks; fragments come by ldmatrix.
+// Nothing is decoded in the loop: the weights' scales are the rows' s (every other scale is
+// inside the pairs). A block takes BM rows x BN tokens with WM x WN warps; the grid is
+// one-dimensional, row tiles in groups of GROUP varying fastest, so that the blocks running
+// together share their weight tiles and read x once a group. Each output's sums
+// run in the same order whatever the tile shape or segment, so every form and launch gives the
+// same bits. Dynamic shared memory (quant_ops.pairs_smem_bytes): the ST slices' tiles, or the
+// epilogue's E [BN][BM + 4] floats and the BM rows' and BN tokens' scales, whichever is larger.
+template <int TERMS, int BM, int BN, int WM, int WN, int ST, int GROUP>
+__device__ __forceinline__ void pairs_body(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,
+                                           const uint8_t* __restrict__ w2, const uint16_t* __restrict__ X,
+                                           float* __restrict__ y0, float* __restrict__ y1,
+                                           float* __restrict__ y2, int T, int n_in, int n0, int n1,
+                                           int n2, int mode) {
 #if RX_TILED_MMA
-    constexpr int THREADS = 32 * WM * WN;
-    constexpr int NS = 32 / SUB;
+    constexpr int THREADS = 32 * WM * WN, P = TERMS == 1 ? 1 : 2;
     constexpr int MT = BM / WM / 16, NT = BN / WN / 8;
-    constexpr int PW = BM * 4 / THREADS, PX = BN * 8 / THREADS;  // 16-byte copies a thread
-    static_assert(MT * 16 * WM == BM && NT * 8 * WN == BN, "whole fragments");
-    static_assert(PW * THREADS == BM * 4 && PX * THREADS == BN * 8, "whole copies");
-    constexpr int PS = (BM * NS + THREADS - 1) / THREADS, PXS = (BN + THREADS - 1) / THREADS;
+    constexpr int CA = BM * 4 / THREADS, CB = BN * 4 / THREADS;  // 16-byte copies a thread and plane
+    static_assert(MT * 16 * WM == BM && NT * 8 * WN == BN && NT % 2 == 0, "whole fragments");
+    static_assert(CA * THREADS == BM * 4 && CB * THREADS == BN * 4, "whole copies");
     struct Tiles {
-        uint32_t w[ST][BM][16];
-        float2 ws[ST][NS][BM];
-        uint32_t x[ST][BN][32];
-        float xs[ST][BN];
+        uint4 a[ST][P][BM][4];
+        uint4 b[ST][P][BN][4];
     };
-    extern __shared__ uint4 rx_xhu_smem[];
-    Tiles& sm = *reinterpret_cast<Tiles*>(rx_xhu_smem);
+    extern __shared__ uint4 rx_pairs_smem[];
+    Tiles& sm = *reinterpret_cast<Tiles*>(rx_pairs_smem);
 
     const int tid = threadIdx.x;
     const int n_rt = mode == 1 ? (n0 + BM / 2 - 1) / (BM / 2)
@@ -1115,71 +1180,51 @@ __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const u
         m0 = b * BM;
     }
     const int nb = n_in >> 5;
-    const long long q_bytes = 2LL * n * n_in;  // the scales follow a weight's q (n rows)
-    const float* __restrict__ S = reinterpret_cast<const float*>(H + (long long)T * n_in);
-    const float* __restrict__ XS = S + T;
+    const long long plane = 2LL * n * n_in;  // bytes of a weight's hi plane (gate, up: n rows each)
+    const long long lo_off = plane + ((4LL * n + 255) & ~255LL);
     auto row_of = [&](int m, const uint8_t*& base) -> int {  // tile row m: its weight and row
         base = mode == 1 && m >= BM / 2 ? w1 : w;
         return mode == 1 ? m0 + (m & (BM / 2 - 1)) : m0 + m;
     };
-
-    // This thread's copies, for i = tid + THREADS p: weight pieces (row i / 4, piece i % 4),
-    // scales (row i % BM, sub-block i / BM), x pieces (token i / 8, piece i % 8), x block sums
-    // (token i).
-    const uint8_t* wp[PW];
-    bool w_ok[PW];
+    // this thread's copies, i = tid + THREADS p: weight row i / 4 and x token i / 4, chunk i % 4
+    const uint8_t* ap[CA];
+    bool a_ok[CA];
 #pragma unroll
-    for (int p = 0; p < PW; ++p) {
-        const int i = tid + THREADS * p, m = i >> 2;
+    for (int p = 0; p < CA; ++p) {
+        const int i = tid + THREADS * p;
         const uint8_t* base;
-        const int row = row_of(m, base);
-        w_ok[p] = row < n;
-        wp[p] = base + 2LL * (w_ok[p] ? row : 0) * n_in + 16 * (i & 3);
+        const int row = row_of(i >> 2, base);
+        a_ok[p] = row < n;
+        ap[p] = base + 2LL * (a_ok[p] ? row : 0) * n_in + 16 * (i & 3);
     }
-    const uint8_t* sp[PS];
-    bool s_ok[PS];
+    const uint16_t* bp[CB];
+    bool b_ok[CB];
 #pragma unroll
-    for (int p = 0; p < PS; ++p) {
-        const int i = tid + THREADS * p, m = i % BM, h = i / BM;
-        const uint8_t* base;
-        const int row = row_of(m, base);
-        s_ok[p] = row < n && h < NS;
-        sp[p] = base + q_bytes + 8LL * ((s_ok[p] ? row : 0) * (long long)(n_in / SUB) + (s_ok[p] ? h : 0));
+    for (int p = 0; p < CB; ++p) {
+        const int i = tid + THREADS * p, tok = n0t + (i >> 2);
+        b_ok[p] = tok < T;
+        bp[p] = X + (long long)(b_ok[p] ? tok : 0) * n_in + 8 * (i & 3);
     }
+    const long long x_lo = (long long)T * n_in;  // halves from a hi to its lo
     auto load = [&](int kb, int st) {
-        const bool k_ok = kb < nb;
+        if (kb < nb) {
 #pragma unroll
-        for (int p = 0; p < PW; ++p) {
-            const int i = tid + THREADS * p, m = i >> 2, c = i & 3;
-            rx_cp_async16(&sm.w[st][m][8 * ((c >> 1) ^ ((m >> 1) & 1)) + 4 * (c & 1)],
-                          w_ok[p] && k_ok ? (const void*)(wp[p] + 64LL * kb) : (const void*)w,
-                          w_ok[p] && k_ok);
-        }
+            for (int p = 0; p < CA; ++p) {
+                const int i = tid + THREADS * p, m = i >> 2, c = (i & 3) ^ ((m >> 1) & 3);
+                rx_cp_async16(&sm.a[st][0][m][c], ap[p] + 64LL * kb, a_ok[p]);
+                if constexpr (P == 2) rx_cp_async16(&sm.a[st][1][m][c], ap[p] + lo_off + 64LL * kb, a_ok[p]);
+            }
 #pragma unroll
-        for (int p = 0; p < PS; ++p) {
-            const int i = tid + THREADS * p;
-            if (i < BM * NS)
-                rx_cp_async8(&sm.ws[st][i / BM][i % BM], s_ok[p] && k_ok ? (const void*)(sp[p] + 8LL * NS * kb) : (const void*)w,
-                             s_ok[p] && k_ok);
-        }
-#pragma unroll
-        for (int p = 0; p < PX; ++p) {
-            const int i = tid + THREADS * p, nn = i >> 3, xi = i & 7;
-            const bool ok = n0t + nn < T && k_ok;
-            rx_cp_async16(&sm.x[st][nn][16 * ((xi >> 2) ^ (nn & 1)) + 4 * (xi & 3)],
-                          ok ? (const void*)(H + ((long long)(n0t + nn) * nb + kb) * 32 + 4 * xi) : (const void*)H, ok);
-        }
-#pragma unroll
-        for (int p = 0; p < PXS; ++p) {
-            const int i = tid + THREADS * p;
-            const bool ok = n0t + i < T && k_ok;
-            if (MIN && i < BN)
-                rx_cp_async4(&sm.xs[st][i], ok ? (const void*)(XS + (long long)(n0t + i) * nb + kb) : (const void*)XS, ok);
+            for (int p = 0; p < CB; ++p) {
+                const int i = tid + THREADS * p, nn = i >> 2, c = (i & 3) ^ ((nn >> 1) & 3);
+                rx_cp_async16(&sm.b[st][0][nn][c], bp[p] + 32LL * kb, b_ok[p]);
+                if constexpr (P == 2) rx_cp_async16(&sm.b[st][1][nn][c], bp[p] + x_lo + 32LL * kb, b_ok[p]);
+            }
         }
         rx_cp_async_commit();
     };
 
-    const int lane = tid & 31, wg = lane >> 2, wq = lane & 3, warp = tid >> 5;
+    const int lane = tid & 31, warp = tid >> 5;
     const int wr = (warp % WM) * (BM / WM), wt = (warp / WM) * (BN / WN);
     const bool active = n0t + wt < T;
     float acc[MT][NT][4] = {};
@@ -1191,62 +1236,76 @@ __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const u
         __syncthreads();  // everyone's; and stage (kb - 1) % ST is free again
         load(kb + ST - 1, (kb + ST - 1) % ST);
         if (!active) continue;
-        const uint32_t (*W)[16] = sm.w[st];
-        const uint32_t (*X)[32] = sm.x[st];
-        uint4 b[NT][2];  // per token fragment and half: b0, b1 of hi, then of lo
-        float xs[NT][2] = {};
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            const int tk = wt + 8 * j + wg;
+        for (int ks = 0; ks < 2; ++ks) {
+            uint32_t b[P][NT][2];
 #pragma unroll
-            for (int h = 0; h < 2; ++h) b[j][h] = *reinterpret_cast<const uint4*>(&X[tk][16 * (h ^ (tk & 1)) + 4 * wq]);
-            if constexpr (MIN) {
-                const float2 v = *reinterpret_cast<const float2*>(&sm.xs[st][wt + 8 * j + 2 * wq]);
-                xs[j][0] = v.x;
-                xs[j][1] = v.y;
-            }
-        }
+            for (int jp = 0; jp < NT / 2; ++jp) {
+                const int tok = wt + 16 * jp + (lane & 7) + 8 * (lane >> 4);
+                const int c = (2 * ks + ((lane >> 3) & 1)) ^ ((tok >> 1) & 3);
 #pragma unroll
-        for (int i = 0; i < MT; ++i) {
-            const int r0 = wr + 16 * i + wg;
-            uint32_t a[2][4];
-            xh_frag_a(W, r0, wq, a);
-            float2 ws[NS][2];
-#pragma unroll
-            for (int h = 0; h < NS; ++h) {
-                ws[h][0] = sm.ws[st][h][r0];
-                ws[h][1] = sm.ws[st][h][r0 + 8];
+                for (int pl = 0; pl < P; ++pl) {
+                    uint32_t r[4];
+                    rx_ldsm_x4(r, reinterpret_cast<const uint16_t*>(&sm.b[st][pl][tok][c]));
+                    b[pl][2 * jp][0] = r[0];
+                    b[pl][2 * jp][1] = r[1];
+                    b[pl][2 * jp + 1][0] = r[2];
+                    b[pl][2 * jp + 1][1] = r[3];
+                }
             }
 #pragma unroll
-            for (int j = 0; j < NT; ++j) xh_frag_products<NS, MIN>(a, ws, b[j], xs[j], acc[i][j]);
+            for (int i = 0; i < MT; ++i) {
+                const int row = wr + 16 * i + (lane & 15);
+                const int c = (2 * ks + (lane >> 4)) ^ ((row >> 1) & 3);
+                uint32_t a[P][4];
+#pragma unroll
+                for (int pl = 0; pl < P; ++pl) rx_ldsm_x4(a[pl], reinterpret_cast<const uint16_t*>(&sm.a[st][pl][row][c]));
+#pragma unroll
+                for (int j = 0; j < NT; ++j) rx_mma_f16(acc[i][j], a[0], b[0][j][0], b[0][j][1]);
+                if constexpr (TERMS == 3) {
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) rx_mma_f16(acc[i][j], a[0], b[1][j][0], b[1][j][1]);
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) rx_mma_f16(acc[i][j], a[1], b[0][j][0], b[0][j][1]);
+                }
+            }
         }
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
-    __syncthreads();  // the tiles' memory becomes the epilogue's
-    float (*E)[BM + 4] = reinterpret_cast<float (*)[BM + 4]>(rx_xhu_smem);
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        const int t0 = wt + 8 * j + 2 * wq;
-        const float s0 = n0t + t0 < T ? __ldg(S + n0t + t0) : 0.0f;
-        const float s1 = n0t + t0 + 1 < T ? __ldg(S + n0t + t0 + 1) : 0.0f;
-#pragma unroll
-        for (int i = 0; i < MT; ++i)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                E[t0 + (e & 1)][wr + 16 * i + wg + 8 * (e >> 1)] = acc[i][j][e] * (e & 1 ? s1 : s0);
+    __syncthreads();  // the tiles' memory becomes the epilogue's: E, then the rows' and tokens' scales
+    float (*E)[BM + 4] = reinterpret_cast<float (*)[BM + 4]>(rx_pairs_smem);
+    float* rs = reinterpret_cast<float*>(rx_pairs_smem) + BN * (BM + 4);
+    float* ts = rs + BM;
+    const float* XS = reinterpret_cast<const float*>(X + 2LL * T * n_in);
+    for (int m = tid; m < BM; m += THREADS) {
+        const uint8_t* base;
+        const int row = row_of(m, base);
+        rs[m] = row < n ? reinterpret_cast<const float*>(base + plane)[row] : 0.0f;
     }
+    for (int nn = tid; nn < BN; nn += THREADS) ts[nn] = n0t + nn < T ? XS[n0t + nn] : 0.0f;
+    __syncthreads();
+    const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = wr + 16 * i + g + 8 * (e >> 1), t = wt + 8 * j + 2 * q + (e & 1);
+                E[t][r] = acc[i][j][e] * rs[r] * ts[t];
+            }
     __syncthreads();
     if (mode == 1) {  // output (token nn, row r < BM / 2) = silu(E[nn][r]) * E[nn][r + BM / 2]
 #pragma unroll 1
-        for (int g = tid; g < (BM / 2) * BN; g += THREADS) {
-            const int r = g % (BM / 2), nn = g / (BM / 2), row = m0 + r, tok = n0t + nn;
+        for (int gi = tid; gi < (BM / 2) * BN; gi += THREADS) {
+            const int r = gi % (BM / 2), nn = gi / (BM / 2), row = m0 + r, tok = n0t + nn;
             if (row < n && tok < T) y[(long long)tok * n + row] = rx_silu_mul(E[nn][r], E[nn][r + BM / 2]);
         }
         return;
     }
 #pragma unroll 1
-    for (int g = tid; g < BM * BN; g += THREADS) {
-        const int r = g % BM, nn = g / BM, row = m0 + r, tok = n0t + nn;
+    for (int gi = tid; gi < BM * BN; gi += THREADS) {
+        const int r = gi % BM, nn = gi / BM, row = m0 + r, tok = n0t + nn;
         if (row < n && tok < T) y[(long long)tok * n + row] = E[nn][r];
     }
 #endif
@@ -1271,6 +1330,12 @@ __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const u
         reflex_dequant_##name(const uint8_t* __restrict__ w, float* __restrict__ out, long long n) { \
         RX_PDL_ENTRY();                                                                              \
         dequant_body<TYPE>(w, out, n);                                                                \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(PAIRS_UNPACK_THREADS, 2)                             \
+        reflex_unpack_pairs_##name(const uint8_t* __restrict__ w, uint16_t* __restrict__ out,          \
+                                   int n_rows, int n_in, long long row_bytes, long long lo_off) {    \
+        RX_PDL_ENTRY();                                                                              \
+        unpack_pairs_body<TYPE>(w, out, n_rows, n_in, row_bytes, lo_off);                             \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(EMB_THREADS)                                         \
         reflex_embed_##name(const uint8_t* __restrict__ w, const int* __restrict__ ids,               \
@@ -1331,12 +1396,6 @@ __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const u
 // (x_rows: T, or T * k when x_per_expert) reflex_x_halves wrote. Need n_in % 32 == 0 (every such
 // type's rows are whole blocks).
 #define RX_QUANT_XH_KERNELS(name, TYPE)                                                               \
-    extern "C" __global__ void __launch_bounds__(DQ_THREADS)                                          \
-        reflex_qi_unpack_##name(const uint8_t* __restrict__ w, uint32_t* __restrict__ out, int n_rows, \
-                                int n_in, long long row_bytes) {                                      \
-        RX_PDL_ENTRY();                                                                              \
-        qi_unpack_body<TYPE>(w, out, n_rows, n_in, row_bytes);                                        \
-    }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(TILE_THREADS, 2)                                     \
         reflex_matmul_xh_##name(RX_MM_PARAMS) {                                                      \
         RX_PDL_ENTRY();                                                                              \
@@ -1411,21 +1470,20 @@ __device__ __forceinline__ void xhu_body(const uint8_t* __restrict__ w0, const u
         moe_body<TYPE, 4, true>(RX_MOE_ARGS);                                                         \
     }
 
-// The prefill tiles on x halves from unpacked weights (xhu_body), one pair per (SUB, MIN) of the
-// integer view: s32 (Q4_0, Q5_0, Q8_0, IQ4_XS), m32 (Q4_K, Q5_K), s16 (Q6_K). cuda/quant.cu
-// instantiates them; x, y, segments and modes as reflex_matmul_xh_<t>, the w_i unpacked.
-// reflex_matmul_xhu_<v>: 128 x 128 tiles, 8 warps of 64 rows x 32 tokens, one block an SM (its
-// registers); reflex_matmul_xhu64_<v>: 64 x 64 tiles, 4 warps of 32 x 32, for launches of too few
-// wide tiles to fill the GPU (and a device that cannot give a block the wide tile's shared
-// memory). Their shapes are quant_ops._XHU_FORMS.
-#define RX_QUANT_XHU_KERNEL(name, SUB, MIN)                                                           \
-    extern "C" __global__ void __launch_bounds__(256, 1) reflex_matmul_xhu_##name(RX_MM_PARAMS) {     \
+// The prefill GEMM on float16 pairs (pairs_body), in the common module (cuda/quant.cu): x and
+// segments as reflex_matmul_xh_<t>, x = reflex_x_pairs' planes, w_i = reflex_unpack_pairs_<t>'s.
+// reflex_matmul_f16x3 (three products a pair, ~float32) and reflex_matmul_f16x1 (hi only): 128 x
+// 128 tiles, 8 warps of 64 rows x 32 tokens, two blocks an SM; the _64 forms: 64 x 64 tiles, 4
+// warps of 32 x 32, for launches of too few wide tiles to fill the GPU. Shapes:
+// quant_ops._PAIRS_FORMS.
+#define RX_QUANT_PAIRS_KERNEL(name, TERMS, ST)                                                        \
+    extern "C" __global__ void __launch_bounds__(256, 2) reflex_matmul_##name(RX_MM_PARAMS) {         \
         RX_PDL_ENTRY();                                                                              \
-        xhu_body<SUB, MIN, 128, 128, 2, 4, 3, 8>(w0, w1, w2, reinterpret_cast<const uint32_t*>(x), y0, \
+        pairs_body<TERMS, 128, 128, 2, 4, ST, 8>(w0, w1, w2, reinterpret_cast<const uint16_t*>(x), y0, \
                                                  y1, y2, T, n_in, n0, n1, n2, mode);                 \
     }                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(128) reflex_matmul_xhu64_##name(RX_MM_PARAMS) {      \
+    extern "C" __global__ void __launch_bounds__(128, 4) reflex_matmul_##name##_64(RX_MM_PARAMS) {    \
         RX_PDL_ENTRY();                                                                              \
-        xhu_body<SUB, MIN, 64, 64, 2, 2, 3, 8>(w0, w1, w2, reinterpret_cast<const uint32_t*>(x), y0,   \
+        pairs_body<TERMS, 64, 64, 2, 2, ST, 8>(w0, w1, w2, reinterpret_cast<const uint16_t*>(x), y0,   \
                                                y1, y2, T, n_in, n0, n1, n2, mode);                   \
     }
