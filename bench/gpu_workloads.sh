@@ -5,7 +5,7 @@
 #      0.6B, 8B and 30B-A3B files are written (background);
 #   2. the GPU tests while it builds (TESTS: pytest paths in order, default tests/gpu; not the slow
 #      ones; at most TEST_S seconds, default 170);
-#   3. the warm 1518-token prefill of the 0.6B and 8B files with REFLEX_XH=0 and 1
+#   3. the warm 1518-token prefill of the 0.6B and 8B files with REFLEX_PAIRS=0 and 1
 #      (bench/warm_long.py, the median of its 3 repetitions; PREFILL_AB=0 leaves it out);
 #   4. W1-W4 (bench/coldstart.py --workloads) on the three files, reflex and llama-simple, 3 runs
 #      each, alternating;
@@ -31,7 +31,7 @@ cd /tmp  # never the source tree: its reflex_core has no kernels for this GPU
 setsid nohup python3 "$REPO/bench/make_models.py" "$MODELS" --which 0.6b,8b,30b > "$W/make_models.log" 2>&1 < /dev/null &
 nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee -a "$LOG"
 warm_long() {  # MODEL LABEL [VAR=value]: the warm 1518-token prefill, one line
-  env ${3:-REFLEX_XH=1} timeout 150 python3 "$REPO/bench/warm_long.py" "$1" "$2" 2>&1 | tail -1 | tee -a "$LOG"
+  env ${3:-REFLEX_PAIRS=1} timeout 150 python3 "$REPO/bench/warm_long.py" "$1" "$2" 2>&1 | tail -1 | tee -a "$LOG"
 }
 
 T=""; for t in ${TESTS:-tests/gpu}; do T="$T $REPO/$t"; done
@@ -41,11 +41,11 @@ say "tests exit $?"
 grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -20 | tee -a "$LOG"; tail -1 "$OUT/gpu-tests.log" | tee -a "$LOG"
 
 while pgrep -f "make_models.py" > /dev/null && [ ! -s "$M8" ]; do sleep 2; done
-[ "${PREFILL_AB:-1}" = 1 ] && say "warm 1518-token prefill, REFLEX_XH=0 and 1"
+[ "${PREFILL_AB:-1}" = 1 ] && say "warm 1518-token prefill, REFLEX_PAIRS=0 and 1"
 for m in "$M06" "$M8"; do
   [ "${PREFILL_AB:-1}" = 1 ] || break
-  warm_long "$m" "$(basename $m) XH=0" REFLEX_XH=0
-  warm_long "$m" "$(basename $m) XH=1"
+  warm_long "$m" "$(basename $m) PAIRS=0" REFLEX_PAIRS=0
+  warm_long "$m" "$(basename $m) PAIRS=1"
 done
 
 while pgrep -f "make_models.py" > /dev/null && [ $SECONDS -lt 360 ]; do sleep 2; done
@@ -71,8 +71,8 @@ for m in "$M06" "$M8" "$M30"; do
   echo "llama-simple $(basename $m), 1518-token prompt: $(timeout 60 $LS -m "$m" -n 1 "$LONGP" 2>&1 \
     | grep -E "prompt eval time" | tr -s ' ')" | tee -a "$LOG"
 done
-warm_long "$M30" "$(basename $M30) XH=1"
-[ "${PREFILL_AB:-1}" = 1 ] && warm_long "$M30" "$(basename $M30) XH=0" REFLEX_XH=0
+warm_long "$M30" "$(basename $M30) PAIRS=1"
+[ "${PREFILL_AB:-1}" = 1 ] && warm_long "$M30" "$(basename $M30) PAIRS=0" REFLEX_PAIRS=0
 for m in "$M06" "$M8" "$M30"; do
   echo "llama-simple $(basename $m), warm decode: $(timeout 60 $LS -m "$m" -n 33 "The capital of France is" 2>&1 \
     | grep -E " eval time" | grep -v prompt | tr -s ' ')" | tee -a "$LOG"

@@ -700,13 +700,9 @@ def test_matmul_xq(qk, name):
                                    atol=1e-6 * (np.abs(want).max() + 1), err_msg=f"{name} swiglu")
 
 
-def test_x_halves_kernel(cuda_ctx):
-    """reflex_x_halves == its NumPy twin bit for bit (halves, row scales, block sums): one block,
-    odd block counts, many rows, rows of every kind (tiny, huge, subnormal, zero, NaN, inf)."""
-    from reflex_core.testing.x_halves import x_halves
-
-    core = cuda_ctx.kernels("core")
-    rng = np.random.default_rng(1250)
+def _rows_of_every_kind(rng, T, n_in):
+    """T float32 rows of n_in, cycling through normal, wide-ranging, tiny, huge, subnormal, zero,
+    NaN and inf rows (the activation converters' inputs)."""
     kinds = [lambda n: rng.standard_normal(n),
              lambda n: rng.standard_normal(n) * np.exp2(rng.integers(-30, 30, n)),
              lambda n: rng.standard_normal(n) * 1e-36,
@@ -715,8 +711,18 @@ def test_x_halves_kernel(cuda_ctx):
              lambda n: np.zeros(n),
              lambda n: np.r_[np.nan, rng.standard_normal(n - 1)],
              lambda n: np.r_[rng.standard_normal(n - 1), -np.inf]]
+    return np.stack([kinds[t % len(kinds)](n_in) for t in range(T)]).astype(np.float32)
+
+
+def test_x_halves_kernel(cuda_ctx):
+    """reflex_x_halves == its NumPy twin bit for bit (halves, row scales, block sums): one block,
+    odd block counts, many rows, rows of every kind (tiny, huge, subnormal, zero, NaN, inf)."""
+    from reflex_core.testing.x_halves import x_halves
+
+    core = cuda_ctx.kernels("core")
+    rng = np.random.default_rng(1250)
     for T, n_in in ((1, 32), (3, 96), (8, 288), (65, 4096)):
-        x = np.stack([kinds[t % len(kinds)](n_in) for t in range(T)]).astype(np.float32)
+        x = _rows_of_every_kind(rng, T, n_in)
         _, xp = upload(cuda_ctx, x)
         out = cuda_ctx.alloc(quant_ops.x_halves_bytes(T, n_in))
         quant_ops.x_halves(core, xp, out, T, n_in)
@@ -804,16 +810,8 @@ def test_x_pairs_kernel(cuda_ctx):
 
     core = cuda_ctx.kernels("core")
     rng = np.random.default_rng(1260)
-    kinds = [lambda n: rng.standard_normal(n),
-             lambda n: rng.standard_normal(n) * np.exp2(rng.integers(-30, 30, n)),
-             lambda n: rng.standard_normal(n) * 1e-36,
-             lambda n: rng.standard_normal(n) * 1e30,
-             lambda n: np.full(n, 1e-44) * rng.integers(-3, 4, n),
-             lambda n: np.zeros(n),
-             lambda n: np.r_[np.nan, rng.standard_normal(n - 1)],
-             lambda n: np.r_[rng.standard_normal(n - 1), -np.inf]]
     for T, n_in in ((1, 4), (3, 96), (9, 292), (130, 4096)):
-        x = np.stack([kinds[t % len(kinds)](n_in) for t in range(T)]).astype(np.float32)
+        x = _rows_of_every_kind(rng, T, n_in)
         _, xp = upload(cuda_ctx, x)
         out = cuda_ctx.alloc(quant_ops.x_pairs_bytes(T, n_in))
         quant_ops.x_pairs(core, xp, out, T, n_in)
