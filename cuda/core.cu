@@ -1155,7 +1155,6 @@ RX_ATT_TILED(reflex_attention_tiled256, 16, 16, 256)
 // of 4, 16-byte aligned q and out (the launcher checks). grid (H, ceil(T / 16W)), block 32 W,
 // dynamic shared memory (16 W + 4 BK) * 2 * (DMAX + 8) * 2 bytes.
 
-
 // reflex_kv_halves: cells [0, n) of the K and V caches (rows of H_kv heads of d_k / d_v floats)
 // as float16 pairs, zeros past d: head g of cell c at kh + ((c H_kv + g) 2 + {0: hi, 1: lo}) DMAX
 // halves (vh the same for V). grid-stride over float4s, block 256.
@@ -1449,6 +1448,13 @@ extern "C" __global__ void reflex_x_limbs(const float* __restrict__ x, uint32_t*
     out[4 * rx_xq_slot(i >> 2) + part] = w;
 }
 
+// ------------------------------------------------------------------------------------------
+// float -> float16 bits, round to nearest even
+__device__ __forceinline__ uint32_t rx_f32_to_f16_rn(float v) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+}
 
 // x_halves: x [T, n_in] (n_in % 32 == 0) -> the prefill matmul's input for the integer weight
 // types (reflex_matmul_xh_<t>, reflex/quant_kernels.cuh). Per row a power-of-two scale s: with
@@ -1495,7 +1501,7 @@ extern "C" __global__ void __launch_bounds__(256) reflex_x_halves(const float* _
 // (the same rule: rx_pow2_scale) and each v = x / s as hi = half(v), lo = half(v - hi). Three
 // planes: hi [T][n_in] halves, then lo [T][n_in] halves, then s [T] floats (out + 4 T n_in
 // bytes). A NaN or inf in a row: s = NaN and every half 0. One 256-thread block per row.
-// NumPy twin: reflex_core.testing.f16_pairs.x_pairs.
+// NumPy twin: reflex_core.testing.f16_pairs.pairs.
 extern "C" __global__ void __launch_bounds__(256) reflex_x_pairs(const float* __restrict__ x, uint16_t* __restrict__ out,
                                                         int T, int n_in) {
     RX_PDL_ENTRY();

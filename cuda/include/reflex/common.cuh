@@ -336,13 +336,6 @@ __device__ __forceinline__ void rx_ldsm_x4_t(uint32_t (&r)[4], const uint16_t* p
 #endif
 
 #ifdef __CUDACC__
-// float -> float16 bits, round to nearest even
-__device__ __forceinline__ uint32_t rx_f32_to_f16_rn(float v) {
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-    return h;
-}
-
 // The power-of-two scale that brings a row into float16's range, from the float bits mb of its
 // largest |value| (a NaN's bits above inf's): with M < 2^e (frexp; e at least -112, so s and 1 / s
 // are normal floats) s = 2^(e-15), so every v = value / s has |v| < 2^15; M = 0: s = 1; a NaN or

@@ -544,31 +544,33 @@ __device__ __forceinline__ void tile_rows(const uint8_t* w0, const uint8_t* w1, 
     }
 }
 
-// A tile's outputs from E[token][tile row] (shared memory, complete): mode 0, y[token, m0 + r] =
-// E[nn][r]; mode 1, y[token, m0 + r] = silu(E[nn][r]) * E[nn][r + 32] (rows 0..31 gate, 32..63
-// up). Token nn of the tile is y row n0t + nn, or slots[nn] (GATHER). Rows >= n and tokens >= T
-// are left out; a token row at a time, so the stores are row-contiguous.
-template <bool GATHER>
-__device__ __forceinline__ void tile_store(const float (*E)[TILE_M + 4], float* __restrict__ y, int T, int n,
+// A tile's outputs from E[token][tile row] (shared memory, complete; BM rows x BN tokens, BM a
+// power of two, THREADS threads): mode 0, y[token, m0 + r] = E[nn][r]; mode 1, y[token, m0 + r]
+// = silu(E[nn][r]) * E[nn][r + BM / 2] (rows below BM / 2 gate, the rest up). Token nn of the
+// tile is y row n0t + nn, or slots[nn] (GATHER). Rows >= n and tokens >= T are left out; a token
+// row at a time, so the stores are row-contiguous.
+template <bool GATHER, int BM = TILE_M, int BN = TILE_N, int THREADS = TILE_THREADS>
+__device__ __forceinline__ void tile_store(const float (*E)[BM + 4], float* __restrict__ y, int T, int n,
                                            int m0, int n0t, int mode, const int* __restrict__ slots) {
+    static_assert((BM & (BM - 1)) == 0 && (BM / 2) * BN % THREADS == 0, "whole passes");
     const int tid = threadIdx.x;
     auto y_row = [&](int nn) -> long long {
         return GATHER ? (long long)__ldg(slots + nn) : (long long)(n0t + nn);
     };
-    if (mode == 1) {  // output (token nn, row r < 32) = silu(E[nn][r]) * E[nn][r + 32]
+    if (mode == 1) {  // output (token nn, row r < BM / 2) = silu(E[nn][r]) * E[nn][r + BM / 2]
 #pragma unroll 1
-        for (int p = 0; p < (TILE_M / 2) * TILE_N / TILE_THREADS; ++p) {
-            const int g = tid + p * TILE_THREADS;
-            const int r = g & (TILE_M / 2 - 1), nn = g / (TILE_M / 2);
+        for (int p = 0; p < (BM / 2) * BN / THREADS; ++p) {
+            const int g = tid + p * THREADS;
+            const int r = g & (BM / 2 - 1), nn = g / (BM / 2);
             const int row = m0 + r, tok = n0t + nn;
-            if (row < n && tok < T) y[y_row(nn) * n + row] = rx_silu_mul(E[nn][r], E[nn][r + TILE_M / 2]);
+            if (row < n && tok < T) y[y_row(nn) * n + row] = rx_silu_mul(E[nn][r], E[nn][r + BM / 2]);
         }
         return;
     }
 #pragma unroll 1
-    for (int p = 0; p < TILE_M * TILE_N / TILE_THREADS; ++p) {
-        const int g = tid + p * TILE_THREADS;
-        const int r = g & (TILE_M - 1), nn = g / TILE_M;
+    for (int p = 0; p < BM * BN / THREADS; ++p) {
+        const int g = tid + p * THREADS;
+        const int r = g & (BM - 1), nn = g / BM;
         const int row = m0 + r, tok = n0t + nn;
         if (row < n && tok < T) y[y_row(nn) * n + row] = E[nn][r];
     }
@@ -1295,19 +1297,7 @@ __device__ __forceinline__ void pairs_body(const uint8_t* __restrict__ w0, const
                 E[t][r] = acc[i][j][e] * rs[r] * ts[t];
             }
     __syncthreads();
-    if (mode == 1) {  // output (token nn, row r < BM / 2) = silu(E[nn][r]) * E[nn][r + BM / 2]
-#pragma unroll 1
-        for (int gi = tid; gi < (BM / 2) * BN; gi += THREADS) {
-            const int r = gi % (BM / 2), nn = gi / (BM / 2), row = m0 + r, tok = n0t + nn;
-            if (row < n && tok < T) y[(long long)tok * n + row] = rx_silu_mul(E[nn][r], E[nn][r + BM / 2]);
-        }
-        return;
-    }
-#pragma unroll 1
-    for (int gi = tid; gi < BM * BN; gi += THREADS) {
-        const int r = gi % BM, nn = gi / BM, row = m0 + r, tok = n0t + nn;
-        if (row < n && tok < T) y[(long long)tok * n + row] = E[nn][r];
-    }
+    tile_store<false, BM, BN, THREADS>(E, y, T, n, m0, n0t, mode, nullptr);
 #endif
 }
 
