@@ -43,6 +43,10 @@ from pathlib import Path
 MIN_SM = 80
 # Jetson-only targets: nobody runs Reflex there yet; leaving them out halves nothing but saves time.
 SKIP_SMS = {87, 88}
+# SASS targets built in their arch-specific form (sm_90a: Hopper's wgmma, which the prefill GEMM
+# uses where __CUDA_ARCH_FEAT_SM90_ALL is defined). The cubin still serves every sm_90 device and
+# keeps the plain name (NAME.sm_90.cubin); the PTX target stays the portable compute_XX.
+ARCH_SPECIFIC = {90: "90a"}
 
 
 class BuildError(RuntimeError):
@@ -118,7 +122,8 @@ def compile_module(nvcc: str, src: Path, out: Path, includes: list[Path], sms: l
     for inc in includes:
         cmd.append(f"-I{inc}")
     for sm in sms:
-        cmd.append(f"-gencode=arch=compute_{sm},code=sm_{sm}")
+        a = ARCH_SPECIFIC.get(sm, str(sm))
+        cmd.append(f"-gencode=arch=compute_{a},code=sm_{a}")
     cmd.append(f"-gencode=arch=compute_{ptx_sm},code=compute_{ptx_sm}")
     with tempfile.TemporaryDirectory(prefix="reflex-nvcc-") as keep:
         cmd += ["--keep", f"--keep-dir={keep}", "-o", str(out), str(src)]
@@ -128,7 +133,8 @@ def compile_module(nvcc: str, src: Path, out: Path, includes: list[Path], sms: l
         for sm in sms:
             # nvcc 13 names a kept cubin NAME.compute_XX.cubin, NAME.compute_XX.sm_XX.cubin
             # (when PTX of the same arch is built too) or NAME.sm_XX.cubin (a single target)
-            names = (f"compute_{sm}", f"compute_{sm}.sm_{sm}", f"sm_{sm}")
+            a = ARCH_SPECIFIC.get(sm, str(sm))
+            names = (f"compute_{a}", f"compute_{a}.sm_{a}", f"sm_{a}")
             cubin = next((c for c in (Path(keep) / f"{src.stem}.{n}.cubin" for n in names)
                           if c.is_file()), None)
             if cubin is None:

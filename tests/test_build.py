@@ -262,6 +262,18 @@ class _RecordingKernels:
         self.names.add(name)
 
 
+def test_sm_90_is_built_arch_specific(core_build):
+    """The sm_90 SASS target is built as sm_90a (_build.ARCH_SPECIFIC: the prefill GEMM's
+    warpgroup MMA exists only there) and keeps its plain name, the one the loader maps."""
+    from reflex_core import _build
+    from reflex_core.cuda import quant_ops as q
+
+    out, _ = core_build
+    assert _build.ARCH_SPECIFIC[90] == "90a"
+    for m in q.MODULES:
+        assert b"sm_90a" in (out / f"{m}.sm_90.cubin").read_bytes(), m
+
+
 def test_every_launcher_path_of_a_type_launches_kernels_of_its_module(core_build):
     """Each type's kernels -- what dequant, embed, the GEMV/tiled matmuls (one weight, three,
     SwiGLU) and the MoE gather (plain, SwiGLU) launch for it -- are all in the cubin of the

@@ -15,6 +15,7 @@
 //   rx_norm_load/_scale   an RMSNorm scale from block sums of squares, in one fixed order (device)
 //   rx_cp_async16/8/4     asynchronous global -> shared copies, zeros when refused (sm_80+)
 //   rx_mma_f16            one m16n8k16 float16 tensor-core product, f32 accumulation (sm_80+)
+//   rx_wg_mma, rx_wg_desc64  Hopper's warpgroup MMA on shared-memory tiles (sm_90a only)
 //   RX_PDL_ENTRY()        first statement of a core kernel: programmatic dependent launch
 //
 // Host builds that use the bit-exact helpers must compile with -ffp-contract=off (GCC contracts
@@ -306,6 +307,54 @@ __device__ __forceinline__ void rx_mma_f16(float* d, const uint32_t* a, uint32_t
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Hopper warpgroup MMA (sm_90a), float16 operands both in shared memory, f32 accumulators.
+// rx_wg_desc64: the descriptor of a K-major tile whose rows are 64 bytes (32 halves) in the
+// 64-byte swizzle (16-byte chunk c of row r at chunk c ^ ((r >> 1) & 3)), 8-row groups 512
+// bytes apart, the tile 512-byte aligned.
+__device__ __forceinline__ uint64_t rx_wg_desc64(const void* p) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(512 >> 4) << 32) |
+           ((uint64_t)2 << 62);
+}
+#define RX_WG_R8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
+                    "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+// d (64 x N of the warpgroup, N / 2 floats a thread: d[4j + e] is row 16 w + lane / 4 + 8 (e / 2),
+// column 8 j + 2 (lane % 4) + e % 2, w the warp in the group) += A (64 x 16) B (16 x N)
+template <int N>
+__device__ __forceinline__ void rx_wg_mma(float (&d)[N / 2], uint64_t da, uint64_t db);
+template <>
+__device__ __forceinline__ void rx_wg_mma<128>(float (&d)[64], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, 0;\n}\n"
+        : RX_WG_R8(0), RX_WG_R8(8), RX_WG_R8(16), RX_WG_R8(24), RX_WG_R8(32), RX_WG_R8(40),
+          RX_WG_R8(48), RX_WG_R8(56)
+        : "l"(da), "l"(db), "n"(1));
+}
+template <>
+__device__ __forceinline__ void rx_wg_mma<64>(float (&d)[32], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : RX_WG_R8(0), RX_WG_R8(8), RX_WG_R8(16), RX_WG_R8(24)
+        : "l"(da), "l"(db), "n"(1));
+}
+#undef RX_WG_R8
+__device__ __forceinline__ void rx_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void rx_wg_commit_wait() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+#endif
 __device__ __forceinline__ uint32_t rx_f16x2(float lo, float hi) {  // lo in the low half
     uint32_t r;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));

@@ -1138,7 +1138,9 @@ __device__ __forceinline__ void unpack_pairs_body(const uint8_t* __restrict__ w,
 // bytes (a plane) are copied in with cp.async, ST slices ahead of the math, chunk c of row m at
 // c ^ ((m >> 1) & 3) so that ldmatrix's 8 rows hit distinct banks; fragments come by ldmatrix.
 // Nothing is decoded in the loop: the weights' scales are the rows' s (every other scale is
-// inside the pairs). A block takes BM rows x BN tokens with WM x WN warps; the grid is
+// inside the pairs). Built for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL), the products are warpgroup MMA
+// on the same tiles instead (a warpgroup 64 tile rows and every token; the chunk swizzle above is
+// wgmma's 64-byte swizzle), the sums in the same order: the same bits. A block takes BM rows x BN tokens with WM x WN warps; the grid is
 // one-dimensional, row tiles in groups of GROUP varying fastest, so that the blocks running
 // together share their weight tiles and read x once a group. Each output's sums
 // run in the same order whatever the tile shape or segment, so every form and launch gives the
@@ -1229,7 +1231,20 @@ __device__ __forceinline__ void pairs_body(const uint8_t* __restrict__ w0, const
     const int lane = tid & 31, warp = tid >> 5;
     const int wr = (warp % WM) * (BM / WM), wt = (warp / WM) * (BN / WN);
     const bool active = n0t + wt < T;
-    float acc[MT][NT][4] = {};
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    // sm_90a: the same products as warpgroup MMA on the same tiles (they are the 64-byte
+    // swizzle's layout), warpgroup w taking tile rows 64 w .. 64 w + 63 and every token; each
+    // output's sums run in the same order (hh, hl, lh a k step of 16), so the bits are the same
+    constexpr bool WG = THREADS == 2 * BM && BM == BN && (BM == 128 || BM == 64);
+    float d[WG ? BN / 2 : 1];
+    if constexpr (WG) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
+    }
+#else
+    constexpr bool WG = false;
+#endif
+    float acc[WG ? 1 : MT][WG ? 1 : NT][4] = {};
 #pragma unroll
     for (int st = 0; st < ST - 1; ++st) load(st, st);
     for (int kb = 0; kb < nb; ++kb) {
@@ -1237,6 +1252,24 @@ __device__ __forceinline__ void pairs_body(const uint8_t* __restrict__ w0, const
         asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 2));  // this thread's copies of kb
         __syncthreads();  // everyone's; and stage (kb - 1) % ST is free again
         load(kb + ST - 1, (kb + ST - 1) % ST);
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+        if constexpr (WG) {
+            const int wg = warp >> 2;
+            rx_wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < 2; ++ks) {
+                const uint64_t ah = rx_wg_desc64((const uint8_t*)&sm.a[st][0][64 * wg][0] + 32 * ks);
+                const uint64_t bh = rx_wg_desc64((const uint8_t*)&sm.b[st][0][0][0] + 32 * ks);
+                rx_wg_mma<BN>(d, ah, bh);
+                if constexpr (TERMS == 3) {
+                    rx_wg_mma<BN>(d, ah, rx_wg_desc64((const uint8_t*)&sm.b[st][1][0][0] + 32 * ks));
+                    rx_wg_mma<BN>(d, rx_wg_desc64((const uint8_t*)&sm.a[st][1][64 * wg][0] + 32 * ks), bh);
+                }
+            }
+            rx_wg_commit_wait();
+            continue;
+        }
+#endif
         if (!active) continue;
 #pragma unroll
         for (int ks = 0; ks < 2; ++ks) {
@@ -1287,15 +1320,28 @@ __device__ __forceinline__ void pairs_body(const uint8_t* __restrict__ w0, const
     for (int nn = tid; nn < BN; nn += THREADS) ts[nn] = n0t + nn < T ? XS[n0t + nn] : 0.0f;
     __syncthreads();
     const int g = lane >> 2, q = lane & 3;
+    if constexpr (WG) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+        const int r0 = 64 * (warp >> 2) + 16 * (warp & 3) + g;
 #pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
+        for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int r = wr + 16 * i + g + 8 * (e >> 1), t = wt + 8 * j + 2 * q + (e & 1);
-                E[t][r] = acc[i][j][e] * rs[r] * ts[t];
+                const int r = r0 + 8 * (e >> 1), t = 8 * j + 2 * q + (e & 1);
+                E[t][r] = d[4 * j + e] * rs[r] * ts[t];
             }
+#endif
+    } else {
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = wr + 16 * i + g + 8 * (e >> 1), t = wt + 8 * j + 2 * q + (e & 1);
+                    E[t][r] = acc[i][j][e] * rs[r] * ts[t];
+                }
+    }
     __syncthreads();
     tile_store<false, BM, BN, THREADS>(E, y, T, n, m0, n0t, mode, nullptr);
 #endif
