@@ -49,6 +49,11 @@ SKIP_SMS = {87, 88}
 ARCH_SPECIFIC = {90: "90a"}
 
 
+def _sass_arch(sm: int) -> str:
+    """The arch name nvcc builds SASS target sm_XX as ("90a" for 90, else "XX")."""
+    return ARCH_SPECIFIC.get(sm, str(sm))
+
+
 class BuildError(RuntimeError):
     pass
 
@@ -122,8 +127,7 @@ def compile_module(nvcc: str, src: Path, out: Path, includes: list[Path], sms: l
     for inc in includes:
         cmd.append(f"-I{inc}")
     for sm in sms:
-        a = ARCH_SPECIFIC.get(sm, str(sm))
-        cmd.append(f"-gencode=arch=compute_{a},code=sm_{a}")
+        cmd.append(f"-gencode=arch=compute_{_sass_arch(sm)},code=sm_{_sass_arch(sm)}")
     cmd.append(f"-gencode=arch=compute_{ptx_sm},code=compute_{ptx_sm}")
     with tempfile.TemporaryDirectory(prefix="reflex-nvcc-") as keep:
         cmd += ["--keep", f"--keep-dir={keep}", "-o", str(out), str(src)]
@@ -133,7 +137,7 @@ def compile_module(nvcc: str, src: Path, out: Path, includes: list[Path], sms: l
         for sm in sms:
             # nvcc 13 names a kept cubin NAME.compute_XX.cubin, NAME.compute_XX.sm_XX.cubin
             # (when PTX of the same arch is built too) or NAME.sm_XX.cubin (a single target)
-            a = ARCH_SPECIFIC.get(sm, str(sm))
+            a = _sass_arch(sm)
             names = (f"compute_{a}", f"compute_{a}.sm_{a}", f"sm_{a}")
             cubin = next((c for c in (Path(keep) / f"{src.stem}.{n}.cubin" for n in names)
                           if c.is_file()), None)

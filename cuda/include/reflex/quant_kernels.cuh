@@ -1236,11 +1236,7 @@ __device__ __forceinline__ void pairs_body(const uint8_t* __restrict__ w0, const
     // swizzle's layout), warpgroup w taking tile rows 64 w .. 64 w + 63 and every token; each
     // output's sums run in the same order (hh, hl, lh a k step of 16), so the bits are the same
     constexpr bool WG = THREADS == 2 * BM && BM == BN && (BM == 128 || BM == 64);
-    float d[WG ? BN / 2 : 1];
-    if constexpr (WG) {
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
-    }
+    float d[WG ? BN / 2 : 1] = {};
 #else
     constexpr bool WG = false;
 #endif
