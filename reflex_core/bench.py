@@ -1,8 +1,9 @@
 """``reflex bench``: warm latencies in one process, and cold launches measured from outside.
 
 Warm (``reflex bench MODEL``): load once, then repeat prefill (a fresh cache each time, the
-prompt as one batch, the next token's id on the host), single-token decode steps, and a system1
-scoring pass; median and p90 in milliseconds. Every timed region ends with a host read of a
+prompt as one batch, the next token's id on the host), single-token greedy decode steps as
+``generate`` runs them (engine.decode_tokens: a step is the time from one token's arrival on the
+host to the next one's), and a system1 scoring pass; median and p90 in milliseconds. Every timed region ends with a host read of a
 result, so GPU work is included.
 
 Cold (``reflex bench --cold MODEL``): N fresh processes of ``reflex generate MODEL PROMPT -n 1``
@@ -65,11 +66,16 @@ def warm(path: str, backend: str = "auto", prompt: str = DEFAULT_PROMPT, reps: i
         state, nxt = prefill()
         pre.append((time.perf_counter() - t0) * 1e3)
         graph = engine.decode_graph(lm)  # as generate decodes (REFLEX_CUDA_GRAPHS=0: eager)
+        chain = None if graph is None else graph.device_pick(0.0, 0, 1.0, 0.0, None)
         try:
-            for _ in range(n_decode):
-                t0 = time.perf_counter()
-                nxt = ops.argmax(engine.decode_step(model, graph, state, nxt))[-1]
-                dec.append((time.perf_counter() - t0) * 1e3)
+            t0 = time.perf_counter()
+            tokens = engine.decode_tokens(model, state, graph, lambda x: ops.argmax(x)[-1], nxt,
+                                          n_decode + 1, chain)
+            next(tokens)  # nxt itself
+            for _ in tokens:  # the time from one token's arrival to the next's
+                t1 = time.perf_counter()
+                dec.append((t1 - t0) * 1e3)
+                t0 = t1
         finally:
             if graph is not None:
                 decode_note = graph.note

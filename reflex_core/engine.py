@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Sequence
+from typing import Any, Callable, Generator, Iterator, Sequence
 
 from .background import Background
 from .cuda.start import start as start_cuda
@@ -479,10 +479,16 @@ def generate_steps(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: 
         nxt = pick(logits)
     first_ms = since_process_start_ms()
     graph = decode_graph(lm) if n_new > 1 else None
+    # Steps chain on the device (the host one step ahead) when no pick needs the host: no
+    # penalty window, and no state kept (the step queued past the last token is never undone).
+    chain = None
+    if graph is not None and not keep_state and not sampling.penalty_on:
+        chain = graph.device_pick(sampling.temperature, sampling.top_k, sampling.top_p,
+                                  sampling.min_p, rng)
     try:
         with t.span("decode"):
             stop_reason = yield from _decode(model, state, graph, pick, out, nxt, n_new,
-                                             text_out, eog)
+                                             text_out, eog, chain)
     finally:
         if graph is not None:
             t.notes["decode"] = f"{graph.note}, {graph.steps} steps"
@@ -505,23 +511,48 @@ def generate_steps(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: 
 
 
 def _decode(model: Any, state: Any, graph: Any, pick: Callable[[Any], int], out: list[int],
-            nxt: int, n_new: int, text_out: Any, eog: Any) -> Generator[str, None, str]:
+            nxt: int, n_new: int, text_out: Any, eog: Any,
+            chain: Any = None) -> Generator[str, None, str]:
     """The decode loop of :func:`generate_steps` from its first sampled token ``nxt``: appends to
-    ``out``, yields text pieces when streaming, returns the stop reason. ``graph``: a
-    cuda_graph.DecodeGraph that runs the one-token steps, or None."""
-    while True:
-        out.append(nxt)
+    ``out``, yields text pieces when streaming, returns the stop reason. The steps as
+    :func:`decode_tokens` runs them."""
+    for tok in decode_tokens(model, state, graph, pick, nxt, n_new - len(out), chain):
+        out.append(tok)
         if text_out is not None:
-            piece = text_out.push(nxt)
+            piece = text_out.push(tok)
             if piece:
                 yield piece
             if text_out.stopped:
                 return "stop"
-        if nxt in eog:
+        if tok in eog:
             return "eog"
-        if len(out) >= n_new:
-            return "length"
-        nxt = pick(decode_step(model, graph, state, nxt))
+    return "length"
+
+
+def decode_tokens(model: Any, state: Any, graph: Any, pick: Callable[[Any], int], nxt: int,
+                  n: int, chain: Any = None) -> Iterator[int]:
+    """The ``n`` tokens from ``nxt`` (already picked: the first one) on, each picked by ``pick``
+    from the logits of a one-token step fed the one before; the caller stops iterating at a
+    stop. ``graph``: a cuda_graph.DecodeGraph that runs the steps, or None. ``chain`` (a
+    cuda_graph.DevicePick, with a graph): once the graph is captured the steps chain on the
+    device (DecodeGraph.queue) -- step k + 1 reads its token from the slot where step k's pick
+    put it and is queued before the host waits for that token, so the GPU never idles between
+    steps; ``pick`` then goes unused. A stop leaves at most one step queued past the last
+    token: its cell is written, so a caller chains only when the state is not kept."""
+    yield nxt
+    ticket = None
+    for k in range(1, n):
+        if chain is not None and graph.can_chain():
+            if ticket is None:
+                ticket = graph.queue(state.append([nxt]), chain, nxt)
+            after = None
+            if k + 1 < n:  # the token this ticket brings is not the last one wanted
+                after = graph.queue(state.append([0]), chain, None)  # 0: its id is on the device
+            nxt = graph.result(ticket)
+            ticket = after
+        else:
+            nxt = pick(decode_step(model, graph, state, nxt))
+        yield nxt
 
 
 def decode_step(model: Any, graph: Any, state: Any, token: int) -> Any:

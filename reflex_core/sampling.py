@@ -96,13 +96,18 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
+    @property
+    def penalty_on(self) -> bool:
+        """Whether step 1 penalises anything (it then reads the tokens generated so far)."""
+        return self.repeat_penalty != 1.0 and self.repeat_last_n != 0
+
     def penalised_ids(self, *context: Sequence[int]) -> list[int]:
         """The ids step 1 penalises, ascending and distinct: those among the last
         ``repeat_last_n`` tokens of ``context`` (its parts oldest first, e.g. an imported
         state's tokens, the prompt, the tokens generated so far); none when the penalty is off,
         so a caller launches nothing then."""
         left = self.repeat_last_n
-        if self.repeat_penalty == 1.0 or left == 0:
+        if not self.penalty_on:
             return []
         ids: set[int] = set()
         for part in reversed(context):  # newest part first: only the tail is read

@@ -531,6 +531,14 @@ class CudaOps(Ops):
         gp = self._graph_prepared
         if gp is not None and gp[0] is batch:  # a graph's capture: its inputs are in place
             return gp[1]
+        buf = self.prepared_words(batch)
+        dev = self._prepared_buffer(len(buf))
+        memory.htod(dev.ptr, buf)
+        return Prepared(batch, dev, len(batch.runs))
+
+    def prepared_words(self, batch: Batch) -> array:
+        """The int32 words of ``batch``'s Prepared buffer (layout: device_array.Prepared), its
+        mask checked against the batch's cells."""
         T = batch.n_tokens
         m = batch.mask
         if len(batch.positions) != T:
@@ -552,9 +560,7 @@ class CudaOps(Ops):
         for r in runs:
             buf.extend(r)
         buf.append(batch.cell0)
-        dev = self._prepared_buffer(len(buf))
-        memory.htod(dev.ptr, buf)
-        return Prepared(batch, dev, len(runs))
+        return buf
 
     def _prepared_buffer(self, n: int) -> DeviceArray:
         """A fresh int32 buffer; while a decode graph is being recorded or replayed
@@ -1090,19 +1096,28 @@ class CudaOps(Ops):
 
     def sample(self, logits, temperature: float, top_k: int, top_p: float, u: float,
                min_p: float = 0.0) -> int:
+        out = empty((1,), "i32")
+        scratch = None if temperature <= 0.0 else empty((self._rows(logits)[1],), "f64")
+        self.sample_into(logits, out.ptr, temperature, top_k, top_p, u, min_p, scratch)
+        return struct.unpack("<i", memory.dtoh(out.ptr, 4))[0]
+
+    def sample_into(self, logits, out_ptr: int, temperature: float, top_k: int, top_p: float,
+                    u: float, min_p: float, scratch) -> None:
+        """:meth:`sample`'s pick of the last row launched, its id written to device ``out_ptr``
+        (int32) and not copied back. ``scratch``: float64 [V] for a draw (temperature > 0), held
+        by the caller until the launch has run."""
         rows, V = self._rows(logits)
         if rows == 0:
             raise ValueError("sample: empty logits")
         row = logits.ptr + 4 * (rows - 1) * V
-        out = empty((1,), "i32")
         if temperature <= 0.0:
-            self.k.launch("reflex_argmax", 1, 1024, (row, out.ptr, V))
-        else:
-            pbuf = empty((V,), "f64")
-            self.k.launch("reflex_sample", 1, 512,
-                          (row, V, float(temperature), int(top_k), float(top_p),
-                           sampling.min_p_log(float(min_p)), float(u), pbuf.ptr, out.ptr))
-        return struct.unpack("<i", memory.dtoh(out.ptr, 4))[0]
+            self.k.launch("reflex_argmax", 1, 1024, (row, out_ptr, V))
+            return
+        if scratch is None or scratch.size < V:
+            raise ValueError(f"sample: a draw needs a float64 scratch of {V} values")
+        self.k.launch("reflex_sample", 1, 512,
+                      (row, V, float(temperature), int(top_k), float(top_p),
+                       sampling.min_p_log(float(min_p)), float(u), scratch.ptr, out_ptr))
 
     def repeat_penalty(self, logits, token_ids: Sequence[int], penalty: float) -> None:
         rows, V = self._rows(logits)

@@ -10,11 +10,17 @@ host's view of the step: everything that changes from one token to the next (the
 position, its cache cell, the attention mask) must reach the kernels through device memory --
 the batch's prepared buffer (device_array.Prepared), which is the same buffer for every step
 while a :class:`DecodeGraph` runs and is rewritten before each replay. That is checked, not
-assumed: the first steps run eagerly with every launch traced (kernel, grid, block, every
-argument) and every copy; the graph is captured from the next step only when the last two
-traces are equal and the only host copy was the batch's. Anything else -- a
-parameter that moves with the position, a copy to or from the host inside the forward, a
-failed capture -- leaves the job eager, with the reason in :attr:`DecodeGraph.note`.
+assumed: the first step runs eagerly with every launch traced (kernel, grid, block, every
+argument) and every copy, and the next one is captured with the same trace; the graph is kept
+only when the two traces are equal and the eager step's only host copy was the batch's. Where
+they differ, that step runs eagerly (traced) and the next one is captured and compared again,
+once. Anything else -- a parameter that moves with the position, a copy to or from the host
+inside the forward, a failed capture -- leaves the job eager, with the reason in
+:attr:`DecodeGraph.note`.
+
+Once captured, the steps can also be chained (:meth:`DecodeGraph.queue`): the next token is
+picked on the device straight into the slot the next replay reads, and the host queues step
+n + 1 before it reads step n's token, so the GPU never waits for the host between tokens.
 
 What the check cannot see is a launch that changes only at some later step (a kernel variant
 picked by context length, say): ops must pick their launches from the batch's shape alone
@@ -28,6 +34,7 @@ statement waits for that one's completion (RX_PDL_ENTRY, reflex/common.cuh).
 
 from __future__ import annotations
 
+import ctypes
 import os
 from typing import Any
 
@@ -35,12 +42,17 @@ from ..cuda import driver as _drv
 from ..cuda import memory, modules
 
 ENV = "REFLEX_CUDA_GRAPHS"
-# eager steps traced before a capture: the first one-token step creates what is made once per
-# batch shape (workspaces), the last two are compared
-EAGER_STEPS = 3
+# eager steps traced before the first capture; the captured step is compared with the last
+EAGER_STEPS = 1
+# captures tried: a first step that makes something once per batch shape differs from the next
+CAPTURES = 2
+# chained steps in flight at most (queue); each has its own pinned slot and event
+RING = 4
 # The captured step's core kernels launch with programmatic dependent launch on sm_90 and later
 # (cuda.modules.pdl); REFLEX_PDL=0 captures plain launches.
 PDL = os.environ.get("REFLEX_PDL", "1") != "0"
+# Chained steps (DecodeGraph.queue); REFLEX_DECODE_CHAIN=0 has every step wait for the host.
+CHAIN = os.environ.get("REFLEX_DECODE_CHAIN", "1") != "0"
 
 
 def enabled() -> bool:
@@ -64,6 +76,8 @@ class DecodeGraph:
         self._out: Any = None
         self._held: list[int] = []
         self._failed = False
+        self._captures = 0
+        self._chain: _Chain | None = None
         ops._fixed_prepared = {}
 
     # -- the step ---------------------------------------------------------------------------
@@ -84,16 +98,21 @@ class DecodeGraph:
             return self._out
         if self._failed or self._exec is not None:  # another shape than the graph's: eager
             return self._forward(batch, state)
+        if shape != self._shape:
+            self._traces.clear()
+            self._shape = shape
         if len(self._traces) < EAGER_STEPS:
-            return self._traced(batch, state, shape)
+            return self._traced(batch, state)
         if self._eligible():
-            out = self._capture(batch, state, shape)
+            out = self._capture(batch, state)
             if out is not None:
                 return out
+            if self._exec is None and self._captures < CAPTURES and not self._failed:
+                return self._traced(batch, state)  # this step eagerly; the next one captured
         self._failed = True
         return self._forward(batch, state)
 
-    def _traced(self, batch: Any, state: Any, shape: tuple[int, int]) -> Any:
+    def _traced(self, batch: Any, state: Any) -> Any:
         launches: list = []
         copies: list = []
         modules.launch_trace, memory.copy_trace = launches, copies
@@ -103,43 +122,46 @@ class DecodeGraph:
         finally:
             modules.launch_trace, memory.copy_trace = None, None
             temps = memory.record_end()
-        if shape != self._shape:
-            self._traces.clear()
-            self._shape = shape
-        self._traces.append(_canonical(launches, copies, temps))
+        self._traces.append(_canonical(launches, copies, temps, self._fixed()))
         return out
 
+    def _fixed(self) -> dict[int, int]:
+        """The prepared buffers a replay reads, address -> bytes (the same every step)."""
+        return {buf.ptr: buf.nbytes for buf in self.ops._fixed_prepared.values()}
+
     def _eligible(self) -> bool:
-        (l0, c0), (l1, c1) = self._traces[-2:]
-        if not l0:
+        """Whether the last eager step may be replayed: it launched kernels and its only host
+        copy was its batch, into the fixed buffer."""
+        launches, copies = self._traces[-1]
+        if not launches:
             self.note = "eager: the step launched no kernels"
             return False
-        if l0 != l1:
-            i = next((i for i, (a, b) in enumerate(zip(l0, l1)) if a != b), min(len(l0), len(l1)))
-            name = l0[i][0] if i < len(l0) else l1[i][0]
-            self.note = (f"eager: launch {i} ({name}) differs between two steps (a parameter "
-                         "follows the position on the host)")
-            return False
-        fixed = {buf.ptr for buf in self.ops._fixed_prepared.values()}
-        host = [c for c in c0 if c[0] != "dtod"]
-        if c0 != c1 or len(host) != 1 or host[0][0] != "htod" or host[0][1] not in fixed:
+        host = [c for c in copies if c[0] != "dtod"]
+        if len(host) != 1 or host[0][0] != "htod" or host[0][1] != ("prepared", 0):
             self.note = f"eager: the forward copies to or from the host ({len(host)} copies)"
             return False
         return True
 
-    def _capture(self, batch: Any, state: Any, shape: tuple[int, int]) -> Any:
+    def _capture(self, batch: Any, state: Any) -> Any:
+        """Capture this step, traced; keep the graph and launch it when its trace is the last
+        eager step's, else drop it (None; nothing of the step has run)."""
         d = _drv._d
         ops = self.ops
+        self._captures += 1
         pb = ops.prepare(batch)  # the step's inputs, before the capture: a copy is not captured
         if self._stream is None:
             # blocking (flags 0): ordered with the legacy stream the eager work and copies use
             self._stream = _drv.check(d.cuStreamCreate(0), "cuStreamCreate")
         legacy = _drv._STREAM
         ops._graph_prepared = (batch, pb)
+        launches: list = []
+        copies: list = []
         memory.record_begin()
         _drv._STREAM = self._stream
         modules.pdl = PDL and _drv.current_device().sm >= 90
-        captured = False
+        modules.launch_trace, memory.copy_trace = launches, copies
+        temps: dict[int, int] = {}
+        graph = None
         try:
             _drv.check(d.cuStreamBeginCapture(
                 self._stream, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED),
@@ -148,24 +170,82 @@ class DecodeGraph:
                 out = self._forward(batch, state)
             finally:
                 graph = _drv.check(d.cuStreamEndCapture(self._stream), "cuStreamEndCapture")
-            self._graph = graph
-            self._exec = _drv.check(d.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
-            captured = True
         except Exception as e:  # noqa: BLE001 - the job goes on eagerly
             self.note = f"eager: the capture failed ({str(e).splitlines()[0][:200]})"
+            self._failed = True
         finally:
             _drv._STREAM = legacy
             modules.pdl = False
+            modules.launch_trace, memory.copy_trace = None, None
             ops._graph_prepared = None
-            self._held = list(memory.record_end())
-            memory.hold(self._held)
-        if not captured:
+            temps = memory.record_end()
+        self._graph = graph
+        if not self._failed:
+            why = self._differs(_canonical(launches, copies, temps, self._fixed()))
+            if why is None:
+                try:
+                    self._exec = _drv.check(d.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+                except Exception as e:  # noqa: BLE001
+                    self.note = f"eager: the capture failed ({str(e).splitlines()[0][:200]})"
+                    self._failed = True
+            else:
+                self.note = why
+        if self._exec is None:  # nothing of the step ran: its blocks need no holding
             self._drop_graph()
             return None
+        self._held = list(temps)
+        memory.hold(self._held)
         self._out = out
-        self.note = f"graph (captured at step {self.steps})"
+        dropped = ("" if self._captures == 1
+                   else f"; the capture before it was dropped: {self.note.removeprefix('eager: ')}")
+        self.note = f"graph (captured at step {self.steps}{dropped})"
         _drv.check(d.cuGraphLaunch(self._exec, self._stream), "cuGraphLaunch")
         return out
+
+    def _differs(self, captured: tuple[list, list]) -> str | None:
+        """Why the captured step may not stand for the eager one before it (None: it may)."""
+        (l0, _), (l1, c1) = self._traces[-1], captured
+        if l0 != l1:
+            i = next((i for i, (a, b) in enumerate(zip(l0, l1)) if a != b), min(len(l0), len(l1)))
+            name = l0[i][0] if i < len(l0) else l1[i][0]
+            return (f"eager: launch {i} ({name}) differs between two steps (a parameter "
+                    "follows the position on the host)")
+        host = [c for c in c1 if c[0] != "dtod"]
+        if host:
+            return f"eager: the forward copies to or from the host ({len(host)} copies)"
+        return None
+
+    # -- chained steps ------------------------------------------------------------------------
+    def device_pick(self, temperature: float, top_k: int, top_p: float, min_p: float,
+                    rng: Any) -> "DevicePick | None":
+        """What :meth:`queue` needs to pick tokens on the device (draws from ``rng``), or None
+        when chaining is off (REFLEX_DECODE_CHAIN=0)."""
+        return DevicePick(temperature, top_k, top_p, min_p, rng) if CHAIN else None
+
+    def can_chain(self) -> bool:
+        """Whether :meth:`queue` may run the next steps: the graph is captured, and a pick from
+        its logits is a row of the model's embedding (the next replay reads it unchecked)."""
+        return (self._exec is not None and not self._failed
+                and self._out.shape[-1] == getattr(self.model, "n_vocab", None))
+
+    def queue(self, batch: Any, pick: "DevicePick", token: int | None) -> int:
+        """Queue one step of the graph's shape without waiting for anything: ``batch``'s
+        per-step values copied in, the graph replayed, the next token picked on the device
+        (``pick``) into the token slot the next replay reads, and that id copied back. ``token``:
+        the step's own token id when the host has it; None when it is the pick of the step
+        queued before (``batch`` then carries any id in its place). Returns the ticket that
+        :meth:`result` takes."""
+        if not self.can_chain() or (batch.n_tokens, len(batch.runs)) != self._shape:
+            raise RuntimeError("queue: no captured graph of this batch's shape")
+        if self._chain is None:
+            self._chain = _Chain(self._stream, self._out.shape[-1])
+            self.note += ", steps chained on the device"
+        self.steps += 1
+        return self._chain.queue(self, batch, pick, token)
+
+    def result(self, ticket: int) -> int:
+        """The token id picked by the queued step ``ticket`` (waits for that step)."""
+        return self._chain.result(ticket)
 
     # -- the end ------------------------------------------------------------------------------
     def _drop_graph(self) -> None:
@@ -185,23 +265,115 @@ class DecodeGraph:
     def close(self) -> None:
         """Free the graph and its blocks; the ops go back to a fresh prepared buffer per batch."""
         self.ops._fixed_prepared = None
+        if self._chain is not None:
+            self._chain.close()  # waits for the steps still queued
+            self._chain = None
         self._drop_graph()
         if self._stream is not None:
             _drv.check(_drv._d.cuStreamDestroy(self._stream), "cuStreamDestroy")
             self._stream = None
 
 
-def _canonical(launches: list, copies: list, temps: dict[int, int]) -> tuple[list, list]:
+class DevicePick:
+    """How a chained step picks its token on the device: the arguments of
+    CudaOps.sample_into (temperature <= 0: argmax), a fresh ``rng.random()`` per draw."""
+
+    def __init__(self, temperature: float, top_k: int, top_p: float, min_p: float,
+                 rng: Any) -> None:
+        self.temperature, self.top_k, self.top_p, self.min_p = temperature, top_k, top_p, min_p
+        self.rng = rng
+
+
+class _Chain:
+    """The chained steps' host side: per ring slot a pinned area (the batch's words going in,
+    the picked id coming back) and an event recorded after the slot's step."""
+
+    def __init__(self, stream: Any, n_vocab: int) -> None:
+        d = _drv._d
+        self.stream = stream
+        self.slot_bytes = 4096
+        self.host = _drv.check(d.cuMemHostAlloc(RING * self.slot_bytes, 0), "cuMemHostAlloc")
+        flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        self.events = [_drv.check(d.cuEventCreate(flags), "cuEventCreate") for _ in range(RING)]
+        self.used = [False] * RING
+        self.sent = 0
+        self.n_vocab = n_vocab
+        self.scratch: Any = None
+
+    def queue(self, g: DecodeGraph, batch: Any, pick: DevicePick, token: int | None) -> int:
+        d = _drv._d
+        ops = g.ops
+        ticket = self.sent
+        k = ticket % RING
+        if self.used[k]:  # its words may still be on their way in
+            _drv.check(d.cuEventSynchronize(self.events[k]), "cuEventSynchronize")
+        words = ops.prepared_words(batch)
+        n = len(words)
+        dev = ops._fixed_prepared.get(n)
+        if dev is None or 4 * n + 4 > self.slot_bytes:  # words, then the id in the last word
+            raise RuntimeError("queue: the batch does not fit the graph's prepared buffer")
+        host = self.host + k * self.slot_bytes
+        ctypes.memmove(host, words.buffer_info()[0], 4 * n)
+        skip = 0 if token is not None else batch.n_tokens  # the ids the step before picked
+        s = self.stream
+        _drv.check(d.cuMemcpyHtoDAsync(dev.ptr + 4 * skip, host + 4 * skip, 4 * (n - skip), s),
+                   "cuMemcpyHtoDAsync(decode step)")
+        _drv.check(d.cuGraphLaunch(g._exec, s), "cuGraphLaunch")
+        u = 0.0
+        if pick.temperature > 0.0:
+            u = pick.rng.random()
+            if self.scratch is None:
+                from .device_array import empty
+
+                self.scratch = empty((self.n_vocab,), "f64")
+        legacy = _drv._STREAM
+        _drv._STREAM = s
+        try:  # the pick's id goes where the next replay reads its token (one-token steps)
+            ops.sample_into(g._out, dev.ptr, pick.temperature, pick.top_k, pick.top_p, u,
+                            pick.min_p, self.scratch)
+        finally:
+            _drv._STREAM = legacy
+        _drv.check(d.cuMemcpyDtoHAsync(host + self.slot_bytes - 4, dev.ptr, 4, s),
+                   "cuMemcpyDtoHAsync(token)")
+        _drv.check(d.cuEventRecord(self.events[k], s), "cuEventRecord")
+        self.used[k] = True
+        self.sent += 1
+        return ticket
+
+    def result(self, ticket: int) -> int:
+        if not self.sent - RING <= ticket < self.sent:
+            raise RuntimeError(f"result: step {ticket} is not among the last {RING} queued")
+        k = ticket % RING
+        _drv.check(_drv._d.cuEventSynchronize(self.events[k]),
+                   "cuEventSynchronize (a kernel of the decode step may have failed)")
+        return ctypes.c_int32.from_address(self.host + k * self.slot_bytes + self.slot_bytes - 4).value
+
+    def close(self) -> None:
+        d = _drv._d
+        _drv.check(d.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+        for ev in self.events:
+            _drv.check(d.cuEventDestroy(ev), "cuEventDestroy")
+        _drv.check(d.cuMemFreeHost(self.host), "cuMemFreeHost")
+        self.scratch = None
+
+
+def _canonical(launches: list, copies: list, temps: dict[int, int],
+               fixed: dict[int, int]) -> tuple[list, list]:
     """A step's trace with every address inside a block the step allocated written as (block's
-    allocation index, offset): the caching allocator hands the same blocks out in another order
-    from one step to the next, and a graph replays whatever blocks its capture got."""
+    allocation index, offset), and inside a prepared buffer (``fixed``, made by the first step
+    and read by every replay) as ("prepared", offset): the caching allocator hands the same
+    blocks out in another order from one step to the next, and a graph replays whatever blocks
+    its capture got."""
     import bisect
 
-    starts = list(temps)
+    starts = [p for p in temps if p not in fixed]
     order = sorted(range(len(starts)), key=starts.__getitem__)
     lo = [starts[i] for i in order]
 
     def addr(v: int) -> Any:
+        for p, n in fixed.items():
+            if p <= v < p + n:
+                return ("prepared", v - p)
         j = bisect.bisect_right(lo, v) - 1
         if j >= 0:
             k = order[j]

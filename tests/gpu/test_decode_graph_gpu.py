@@ -1,7 +1,8 @@
 """Decode steps from a captured CUDA graph (reflex_core.backends.cuda_graph; the default):
 the same tokens as eager decoding for every family -- greedy and sampled, short and past the
-capture step, quantized weights -- the graph taken for every family (each
-reads every per-token value from device memory); the blocks a graph held go back to the
+capture step, quantized weights, chained on the device (the default) or each step waiting for
+the host -- the graph taken for every family (each reads every per-token value from device
+memory); a chain stopped early leaves nothing behind; the blocks a graph held go back to the
 allocator when the job ends."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from reflex_core import engine
+from reflex_core.backends import cuda_graph
 from reflex_core.cuda import memory
 from reflex_core.sampling import SamplingParams
 from reflex_core.timing import Timings
@@ -20,23 +22,27 @@ pytestmark = pytest.mark.gpu
 SAMPLED = SamplingParams(0.8, 40, 0.95, 1234)
 
 
-def run(lm, n, sampling, monkeypatch, graphs):
+def run(lm, n, sampling, monkeypatch, graphs, chain=True):
     monkeypatch.setenv("REFLEX_CUDA_GRAPHS", "1" if graphs else "0")
+    monkeypatch.setattr(cuda_graph, "CHAIN", chain)
     t = Timings()
     res = engine.generate(lm, PROMPT, n, sampling, timings=t)
     return res.token_ids, t.notes.get("decode", "")
 
 
 def check_graph_equals_eager(path, monkeypatch):
-    """24 tokens greedy and sampled: the same with decode graphs as with eager steps, and the
-    graph captured at step 4."""
+    """24 tokens greedy and sampled: the same with decode graphs, chained or not, as with eager
+    steps; the graph captured at step 2 (the first step's trace equals the captured one's)."""
     lm = engine.load(str(path), "cuda")[0]
     try:
         for sampling in (GREEDY, SAMPLED):
             eager, _ = run(lm, 24, sampling, monkeypatch, graphs=False)
             graphed, note = run(lm, 24, sampling, monkeypatch, graphs=True)
             assert graphed == eager, (path, sampling, note)
-            assert note.startswith("graph (captured at step 4)"), note
+            assert note == "graph (captured at step 2), steps chained on the device, 23 steps", note
+            unchained, note = run(lm, 24, sampling, monkeypatch, graphs=True, chain=False)
+            assert unchained == eager, (path, sampling, note)
+            assert note == "graph (captured at step 2), 23 steps", note
     finally:
         lm.close()
 
@@ -62,8 +68,8 @@ def test_short_jobs_never_capture_and_blocks_come_back(cuda_device, model_files,
     shape, seed = FAMILIES["qwen3"]
     lm = engine.load(str(model_files(shape, seed=seed)), "cuda")[0]
     try:
-        eager, _ = run(lm, 3, GREEDY, monkeypatch, graphs=False)
-        got, note = run(lm, 3, GREEDY, monkeypatch, graphs=True)
+        eager, _ = run(lm, 2, GREEDY, monkeypatch, graphs=False)
+        got, note = run(lm, 2, GREEDY, monkeypatch, graphs=True)
         assert got == eager and note.startswith("eager (not yet captured)"), note
         run(lm, 12, GREEDY, monkeypatch, graphs=True)  # warm the allocator's cache
         live = memory.pool_stats()["live_bytes"]
@@ -71,5 +77,47 @@ def test_short_jobs_never_capture_and_blocks_come_back(cuda_device, model_files,
         assert note.startswith("graph"), note
         assert memory.pool_stats()["live_bytes"] == live
         assert not memory._pool.held
+    finally:
+        lm.close()
+
+
+@pytest.mark.parametrize("stop_after", [4, 9])
+def test_a_chain_stopped_early_leaves_nothing_behind(cuda_device, model_files, monkeypatch,
+                                                     stop_after):
+    """A caller that stops taking tokens (a stop string, an end-of-generation token) with a
+    chained step still queued: the tokens so far are eager decoding's, the queued step finishes
+    before the graph goes, its blocks and pinned slots are given back, and the next job on the
+    same model decodes the same tokens again."""
+    shape, seed = FAMILIES["qwen3"]
+    lm = engine.load(str(model_files(shape, seed=seed)), "cuda")[0]
+    try:
+        eager, _ = run(lm, 16, GREEDY, monkeypatch, graphs=False)
+        run(lm, 16, GREEDY, monkeypatch, graphs=True)  # warm the allocator's cache
+        live = memory.pool_stats()["live_bytes"]
+        model, ops = lm.model, lm.ops
+        state = model.new_state(len(PROMPT) + 16)
+        batch = state.append(PROMPT)
+        first = ops.argmax(model.forward(batch, state, [batch.n_tokens - 1]))[-1]
+        graph = engine.decode_graph(lm)
+        chain = graph.device_pick(0.0, 0, 1.0, 0.0, None)
+        got = []
+        tokens = engine.decode_tokens(model, state, graph, lambda x: ops.argmax(x)[-1], first,
+                                      16, chain)
+        for tok in tokens:
+            got.append(tok)
+            if len(got) == stop_after:
+                break
+        tokens.close()
+        # tokens 2 and 3 came from the eager and the captured step, each later one from a queued
+        # step, and one more step is queued past the last token taken
+        assert graph._chain is not None and graph._chain.sent == stop_after - 2
+        graph.close()
+        # a closed generator may keep its locals (the state) until it goes (CPython 3.12)
+        del state, batch, tokens
+        assert got == eager[:stop_after]
+        assert memory.pool_stats()["live_bytes"] == live
+        assert not memory._pool.held
+        again, note = run(lm, 16, GREEDY, monkeypatch, graphs=True)
+        assert again == eager, note
     finally:
         lm.close()
