@@ -1,0 +1,71 @@
+"""Where a warm decode step's time goes inside its CUDA graph, one file on the GPU: the chained
+steps run under PyTorch's profiler (CUPTI records every kernel a graph replays, with its start
+and end), and each kernel is charged the time from the end of the kernel before it to its own
+end -- with programmatic dependent launch a kernel starts before the one ahead of it ends, so
+its own duration includes waiting. Needs torch (the device image's python3).
+
+usage: python3 bench/graph_timeline.py MODEL LABEL [--long] [--steps 24] [--top 16]
+Prints per token: the kernels by charged time (count, us charged, us from start to end), and
+the span from the first kernel's start to the last one's end.
+"""
+import argparse
+import collections
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from coldstart import LONG_PROMPT  # noqa: E402
+from reflex_core import engine  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("label")
+    ap.add_argument("--long", action="store_true")
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--top", type=int, default=16)
+    a = ap.parse_args()
+    torch.cuda.init()
+    lm, ids = engine.load(a.model, "cuda", prompt=LONG_PROMPT if a.long else "The capital of France is")
+    model, ops = lm.model, lm.ops
+    state = model.new_state(len(ids) + a.steps + 16)
+    b = state.append(ids)
+    nxt = ops.argmax(model.forward(b, state, [b.n_tokens - 1]))[-1]
+    graph = engine.decode_graph(lm)
+    pick = graph.device_pick(0.0, 0, 1.0, 0.0, None)
+    tokens = engine.decode_tokens(model, state, graph, lambda x: ops.argmax(x)[-1], nxt,
+                                  a.steps + 8, pick)
+    for _ in range(6):  # the eager step, the capture, the first chained ones
+        next(tokens)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        n = sum(1 for _ in tokens)
+    graph.close()
+    kern = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                   and e.time_range.elapsed_us() > 0),
+                  key=lambda e: e.time_range.start)
+    kern = [e for e in kern if "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+    charged: dict[str, float] = collections.defaultdict(float)
+    own: dict[str, float] = collections.defaultdict(float)
+    count: dict[str, int] = collections.Counter()
+    prev_end = None
+    for e in kern:
+        end = e.time_range.end
+        charged[e.name] += end - prev_end if prev_end is not None else e.time_range.elapsed_us()
+        own[e.name] += e.time_range.elapsed_us()
+        count[e.name] += 1
+        prev_end = max(prev_end or end, end)
+    span = (kern[-1].time_range.end - kern[0].time_range.start) / n
+    print(f"{a.label}{' long' if a.long else ''}: {n} steps, {len(kern) / n:.1f} kernels a step, "
+          f"{span:.1f} us a step from first start to last end")
+    for name, c in sorted(charged.items(), key=lambda kv: -kv[1])[:a.top]:
+        print(f"  {c / n:8.1f} us charged  {count[name] / n:5.1f}x  {own[name] / n:8.1f} us own  "
+              f"{name[:70]}")
+
+
+if __name__ == "__main__":
+    main()
