@@ -43,8 +43,6 @@ Kernels (launch shape)
                                                           grid 1, block 512             [PididddPP]
   reflex_moe_route      gating, bias, groups, top-k, renorm, scale
                                                           grid T, block 256             [PPPPiiiifii]
-  reflex_moe_router_route  one token's router product, then its route (the last block)
-                                                          grid ceil(E/8), block 256     [PPPiPPPiiiifiiP]
   reflex_moe_combine    sum_j w[t,j] * y[t,j,:]           grid (ceil(n/256), T), 256    [PPPii]
   reflex_moe_schedule   a MoE matmul's slots by expert    grid 1, block 1024            [PiiiPPPPi]
   reflex_lora_add       w += scale * L @ R (LoRA merge)   grid (n_in/32, n_out/32, E), (32, 8)  [PPPiiiiif]
@@ -1846,13 +1844,11 @@ reflex_sample(const float* __restrict__ x, int V, double temp, int top_k, double
 #define REFLEX_MOE_MAX_E 1024  // experts (the backend reads both limits from the manifest)
 #define REFLEX_MOE_MAX_K 64  // experts per token
 
-// The route of one token's logits lr (read through the L2: reflex_moe_router_route's last block
-// reads what the other blocks wrote), into ids / wout (k each); 256 threads.
-__device__ __forceinline__ void moe_route_row(const float* __restrict__ lr,
-                                              const float* __restrict__ bias, int* __restrict__ ids,
-                                              float* __restrict__ wout, int E, int k, int gating,
-                                              int norm, float scale, int n_group,
-                                              int n_group_used) {
+extern "C" __global__ void reflex_moe_route(const float* __restrict__ logits,
+                                            const float* __restrict__ bias, int* __restrict__ ids,
+                                            float* __restrict__ wout, int E, int k, int gating,
+                                            int norm, float scale, int n_group, int n_group_used) {
+    RX_PDL_ENTRY();
     __shared__ float sp[REFLEX_MOE_MAX_E];  // probs: the weights
     __shared__ float ss[REFLEX_MOE_MAX_E];  // selection scores
     __shared__ float gscore[REFLEX_MOE_MAX_E / 2];  // groups hold >= 2 experts
@@ -1861,14 +1857,15 @@ __device__ __forceinline__ void moe_route_row(const float* __restrict__ lr,
     __shared__ float red[32];
     __shared__ float selp[REFLEX_MOE_MAX_K];
     __shared__ int seli[REFLEX_MOE_MAX_K];
+    const float* lr = logits + (size_t)blockIdx.x * E;
     for (int e = threadIdx.x; e < E; e += blockDim.x) taken[e] = 0;
     if (gating == 1) {
         float mx = -INFINITY;
-        for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, __ldcg(lr + e));
+        for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, lr[e]);
         mx = block_max_f(mx, red);
         float s = 0.f;
         for (int e = threadIdx.x; e < E; e += blockDim.x) {
-            const float v = expf(__ldcg(lr + e) - mx);
+            const float v = expf(lr[e] - mx);
             sp[e] = v;
             s += v;
         }
@@ -1880,7 +1877,7 @@ __device__ __forceinline__ void moe_route_row(const float* __restrict__ lr,
         }
     } else {
         for (int e = threadIdx.x; e < E; e += blockDim.x) {
-            const float z = __ldcg(lr + e);
+            const float z = lr[e];
             float v;
             if (gating == 2) v = 1.0f / (1.0f + expf(-z));
             else if (gating == 4) v = sqrtf(z > 20.0f ? z : log1pf(expf(fminf(z, 20.0f))));
@@ -1955,70 +1952,10 @@ __device__ __forceinline__ void moe_route_row(const float* __restrict__ lr,
             float wv = selp[j];
             if (norm) wv = wv / div;
             if (sc) wv = wv * scale;
-            ids[j] = seli[j] < 0 ? 0 : seli[j];
-            wout[j] = wv;
+            ids[(size_t)blockIdx.x * k + j] = seli[j] < 0 ? 0 : seli[j];
+            wout[(size_t)blockIdx.x * k + j] = wv;
         }
     }
-}
-
-extern "C" __global__ void reflex_moe_route(const float* __restrict__ logits,
-                                            const float* __restrict__ bias, int* __restrict__ ids,
-                                            float* __restrict__ wout, int E, int k, int gating,
-                                            int norm, float scale, int n_group, int n_group_used) {
-    RX_PDL_ENTRY();
-    const size_t t = blockIdx.x;
-    moe_route_row(logits + t * E, bias, ids + t * k, wout + t * k, E, k, gating, norm, scale,
-                  n_group, n_group_used);
-}
-
-// ------------------------------------------------------------------------------------------
-// moe_router_route: one token's router product and its route in one launch (decode). Block b's
-// 8 warps each compute one logit, logits[e] = sum_i w[e, i] * x[i] for e = 8 b + warp (lane l
-// sums i = 4 l + 128 j .. + 3 in j order, float4 loads when n_in % 4 == 0 and both rows are
-// 16-byte aligned, else i = l + 32 j; then the warp's xor-shuffle sum); the last block to finish
-// (a counter every block bumps after its stores; that block puts it back to 0 for the next
-// launch) routes the E logits as reflex_moe_route does. grid ceil(E / 8), block 256.
-
-extern "C" __global__ void __launch_bounds__(256)
-    reflex_moe_router_route(const float* __restrict__ w, const float* __restrict__ x,
-                            float* __restrict__ logits, int n_in, const float* __restrict__ bias,
-                            int* __restrict__ ids, float* __restrict__ wout, int E, int k,
-                            int gating, int norm, float scale, int n_group, int n_group_used,
-                            unsigned int* __restrict__ counter) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int e = blockIdx.x * 8 + warp;
-    const float* row = w + (size_t)min(e, E - 1) * n_in;
-    // the router is read-only: its rows asked of the L2 before the wait for the kernel ahead
-    for (int b = 32 * lane; b < 4 * n_in; b += 32 * 32)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char*)row + b));
-    RX_PDL_ENTRY();
-    if (e < E) {
-        float s = 0.f;
-        if ((n_in & 3) == 0 && ((uintptr_t)row & 15u) == 0 && ((uintptr_t)x & 15u) == 0) {
-            const float4* r4 = (const float4*)row;
-            const float4* x4 = (const float4*)x;
-            for (int j = lane; j < n_in / 4; j += 32) {
-                const float4 a = r4[j], b = x4[j];
-                s = fmaf(a.x, b.x, s);
-                s = fmaf(a.y, b.y, s);
-                s = fmaf(a.z, b.z, s);
-                s = fmaf(a.w, b.w, s);
-            }
-        } else {
-            for (int i = lane; i < n_in; i += 32) s = fmaf(row[i], x[i], s);
-        }
-        s = warp_sum_f(s);
-        if (lane == 0) logits[e] = s;
-    }
-    __shared__ bool last;
-    __threadfence();  // this block's logits before its bump of the counter
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    moe_route_row(logits, bias, ids, wout, E, k, gating, norm, scale, n_group, n_group_used);
-    if (threadIdx.x == 0) *counter = 0u;
 }
 
 // ------------------------------------------------------------------------------------------

@@ -54,9 +54,6 @@ _PAIRS = os.environ.get("REFLEX_PAIRS", "1") != "0"
 # REFLEX_FUSE_NORM=0 launches reflex_add_rmsnorm instead (an A/B switch: the normed values differ
 # by rounding, the residual stream not at all).
 FUSE_NORM = os.environ.get("REFLEX_FUSE_NORM", "1") != "0"
-# One token's MoE router product and its route in one launch (reflex_moe_router_route) where
-# the router is F32; REFLEX_FUSE_ROUTE=0: the GEMV and reflex_moe_route apart.
-FUSE_ROUTE = os.environ.get("REFLEX_FUSE_ROUTE", "1") != "0"
 # The prefill's attention runs on the tensor cores (reflex_attention_mma128/256); REFLEX_ATT_MMA=0
 # keeps the float32 query tiles (an A/B switch: the two differ by rounding only).
 ATT_MMA = os.environ.get("REFLEX_ATT_MMA", "1") != "0"
@@ -171,9 +168,8 @@ def _attention_kernel(dk: int, dv: int, *ptrs: int) -> str:
 class _PendingGemv:
     """CudaOps.matmul of one token, deferred (its LazyArray's ``pending``): an add_rmsnorm that
     takes it as the branch output launches its residual-step form (``resnorm``,
-    quant_ops.fused_norm_launch "r") instead; a moe_route that takes an F32 router's product as
-    its logits launches reflex_moe_router_route instead; a reader of the product itself gets the
-    plain GEMV launched first (:meth:`ready`). Holds x until then."""
+    quant_ops.fused_norm_launch "r") instead; a reader of the product itself gets the plain
+    GEMV launched first (:meth:`ready`). Holds x until then."""
 
     __slots__ = ("ops", "m", "x", "w_ptr", "resnorm")
 
@@ -221,7 +217,6 @@ class CudaOps(Ops):
         self._fixed_prepared: dict[int, DeviceArray] | None = None  # cuda_graph.DecodeGraph
         self._graph_prepared: tuple | None = None  # (batch, Prepared) while a graph is captured
         self._att_done: Block | None = None  # the split attention's counters (_att_counters)
-        self._route_done: Block | None = None  # reflex_moe_router_route's (_route_counter)
         self.upload_info: dict = {}
         self._weights: dict[str, Weight] = {}
         self._f32: dict[str, DeviceArray] = {}
@@ -642,11 +637,6 @@ class CudaOps(Ops):
                 blk = Block(4 * n_out)
                 return LazyArray(blk.ptr, shape[:-1] + (n_out,), blk,
                                  _PendingGemv(self, m, x, w.data, rn), n_out)
-        if T == 1 and FUSE_ROUTE and m.ggml_type == _F32 and 0 < n_out <= limit("MOE_MAX_E"):
-            # one token, router-sized: deferred, in case moe_route takes it as its logits
-            blk = Block(4 * n_out)
-            return LazyArray(blk.ptr, shape[:-1] + (n_out,), blk,
-                             _PendingGemv(self, m, x, w.data, None), n_out)
         y = empty_f32(shape[:-1] + (n_out,), T * n_out)
         if T and n_out:
             self._matmul_launch(m, x, T, (w.data, 0, 0), (y.ptr, 0, 0), (n_out, 0, 0), False,
@@ -1041,26 +1031,11 @@ class CudaOps(Ops):
         bias_ptr = 0 if bias is None else self.f32_data(bias)  # 0: the kernel adds no bias
         ids = empty((T, k), "i32")
         w = empty((T, k))
-        counter = self._route_counter()  # made at the prefill's route, before any decode graph
-        p = logits.pending if type(logits) is LazyArray else None
-        if T == 1 and type(p) is _PendingGemv and p.m.ggml_type == _F32 and p.m.n_out == E:
-            logits.pending = None  # the launch below writes the logits too
-            self.k.launch("reflex_moe_router_route", (E + 7) // 8, 256,
-                          (p.w_ptr, p.x.ptr, logits.address, p.m.n_in, bias_ptr, ids.ptr, w.ptr,
-                           E, k, g, 1 if norm else 0, scale, G, used, counter))
-        elif T:
+        if T:
             self.k.launch("reflex_moe_route", T, 256,
                           (logits.ptr, bias_ptr, ids.ptr, w.ptr, E, k, g, 1 if norm else 0, scale,
                            G, used))
         return ids, w
-
-    def _route_counter(self) -> int:
-        """The block counter of reflex_moe_router_route (zero between launches: the last block
-        puts it back), made once."""
-        if self._route_done is None:
-            self._route_done = Block(4)
-            memory.memset(self._route_done.ptr, 0, 4)
-        return self._route_done.ptr
 
     def moe_matmul(self, x, w: Weight, ids) -> DeviceArray:
         return self._moe_matmul(x, w, None, ids)

@@ -1,7 +1,7 @@
-"""CudaOps against NumpyOps: weights (attach, weight, dequantize, embed, matmul, moe_matmul, the
-fused router route) on tiny random GGUFs, of types of both weight-kernel modules (quant,
-quant_lowbit: the latter loaded only for a file that has one of its types), batch preparation,
-views, and whole tiny models (prefill + decode + a tree batch).
+"""CudaOps against NumpyOps: weights (attach, weight, dequantize, embed, matmul, moe_matmul) on tiny
+random GGUFs, of types of both weight-kernel modules (quant, quant_lowbit: the latter loaded only
+for a file that has one of its types), batch preparation, views, and whole tiny models (prefill +
+decode + a tree batch).
 """
 
 from __future__ import annotations
@@ -154,52 +154,6 @@ def test_unsupported_type_names_tensor(attach_both, rng):
         [512, 1], NVFP4)})
     with pytest.raises(UnsupportedTensorType, match=r"blk\.0\.ffn_up\.weight.*NVFP4"):
         cuda_ops.weight("blk.0.ffn_up.weight")
-
-
-@pytest.mark.parametrize("n_in,E,k", [(2048, 128, 8), (200, 60, 4), (129, 8, 2), (64, 512, 10)])
-@pytest.mark.parametrize("gating,bias,groups", [("softmax", False, (0, 0)),
-                                                ("sigmoid", True, (4, 2)),
-                                                ("sqrt_softplus", False, (0, 0))])
-def test_moe_router_route_fused(attach_both, n_in, E, k, gating, bias, groups, rng):
-    """One token's F32 router product deferred into moe_route: one reflex_moe_router_route launch
-    (float4 and scalar rows, one to 64 blocks, bias and groups); its logits within float32
-    summation rounding of the float64 product, its route bit for bit reflex_moe_route's on those
-    logits and the twin's, and its block counter back at 0 for the next launch (run twice)."""
-    from reflex_core.backends import cuda_backend
-    from reflex_core.cuda import modules
-
-    tensors = {"router": rng.standard_normal((E, n_in)).astype(np.float32) * 0.1}
-    if bias:
-        tensors["bias"] = rng.standard_normal(E).astype(np.float32) * 0.1
-    cuda_ops, ref_ops = attach_both(tensors)
-    w = cuda_ops.weight("router")
-    b = cuda_ops.weight("bias") if bias else None
-    x = rng.standard_normal((1, n_in)).astype(np.float32)
-    runs = []
-    for _ in range(2):
-        trace: list = []
-        modules.launch_trace = trace
-        try:
-            logits = cuda_ops.matmul(cuda_ops.from_numpy(x), w)
-            ids, wt = cuda_ops.moe_route(logits, k, gating, True, 0.0, b, groups)
-        finally:
-            modules.launch_trace = None
-        assert [t[0] for t in trace] == ["reflex_moe_router_route"]
-        runs.append((cuda_ops.to_numpy(logits), cuda_ops.to_numpy(ids), cuda_ops.to_numpy(wt)))
-    assert all(np.array_equal(a, c) for a, c in zip(runs[0], runs[1]))
-    lg, ids, wt = runs[0]
-    want = x.astype(np.float64) @ tensors["router"].astype(np.float64).T
-    scale = np.abs(x).astype(np.float64) @ np.abs(tensors["router"]).astype(np.float64).T
-    assert (np.abs(lg - want) <= n_in * 2.0**-24 * scale).all()  # float32 summation's bound
-    unfused_ids, unfused_w = cuda_ops.moe_route(cuda_ops.from_numpy(lg), k, gating, True, 0.0, b,
-                                                groups)
-    assert np.array_equal(ids, cuda_ops.to_numpy(unfused_ids))
-    assert np.array_equal(wt, cuda_ops.to_numpy(unfused_w))
-    ids_r, w_r = ref_ops.moe_route(lg, k, gating, True, 0.0,
-                                   ref_ops.weight("bias") if bias else None, groups)
-    assert np.array_equal(np.sort(ids, 1), np.sort(ids_r, 1))
-    assert np.int32(0) == np.frombuffer(bytes(cuda_backend.memory.dtoh(
-        cuda_ops._route_counter(), 4)), np.int32)[0]
 
 
 @pytest.mark.parametrize("t", [F32, Q8_0, Q4_K, IQ4_XS], ids=lambda t: GGML_TYPES[t].name)
@@ -378,9 +332,8 @@ def test_launches_per_forward(model_files, cuda_ops, arch):
     each matmul launch of these Q8_0 weights on x halves, one reflex_x_halves before it:
     4 a dense layer (q/k/v, output, gate/up, down), 2 a MoE layer (q/k/v, output; the router
     is F32 and the experts take the MoE kernels). With REFLEX_ROPE_ATT=1, up to ROPE_ATT_MAX_T
-    tokens the q/k norms, RoPE and KV store run inside the attention's launch: one fewer. One
-    token's router product and route are one launch (REFLEX_FUSE_ROUTE): one fewer a MoE layer."""
-    from reflex_core.backends.cuda_backend import FUSE_ROUTE, ROPE_ATT, ROPE_ATT_MAX_T
+    tokens the q/k norms, RoPE and KV store run inside the attention's launch: one fewer."""
+    from reflex_core.backends.cuda_backend import ROPE_ATT, ROPE_ATT_MAX_T
     from reflex_core.cuda import modules
     from reflex_core.testing.modelwriter import ModelShape
 
@@ -397,5 +350,4 @@ def test_launches_per_forward(model_files, cuda_ops, arch):
         n0 = modules.launch_count()
         m.forward(b, st, rows)
         fused = 1 if ROPE_ATT and len(tokens) <= ROPE_ATT_MAX_T else 0
-        fused += 1 if arch == "qwen3moe" and FUSE_ROUTE and len(tokens) == 1 else 0
         assert modules.launch_count() - n0 == 3 + (per_layer - fused) * 3 + extra, (tokens, rows)
