@@ -20,19 +20,34 @@ from reflex_core import engine  # noqa: E402
 from reflex_core.cuda import driver as drv  # noqa: E402
 
 
-def main() -> None:
+def parser(steps: int) -> argparse.ArgumentParser:
+    """The arguments this script and graph_timeline.py share: MODEL LABEL [--long] [--steps]."""
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("label")
     ap.add_argument("--long", action="store_true")
-    ap.add_argument("--steps", type=int, default=48)
-    a = ap.parse_args()
-    prompt = LONG_PROMPT if a.long else "The capital of France is"
-    lm, ids = engine.load(a.model, "cuda", prompt=prompt)
+    ap.add_argument("--steps", type=int, default=steps)
+    return ap
+
+
+def load(model: str, long: bool, backend: str = "cuda"):
+    """(Loaded, prompt ids): ``model`` with the long prompt or the short one."""
+    return engine.load(model, backend, prompt=LONG_PROMPT if long else "The capital of France is")
+
+
+def prefilled(lm, ids, n_cells: int):
+    """A fresh state of ``n_cells`` with ``ids`` fed as one batch, and the greedy next token."""
     model, ops = lm.model, lm.ops
-    state = model.new_state(len(ids) + 2 * a.steps + 8)
+    state = model.new_state(n_cells)
     b = state.append(ids)
-    nxt = ops.argmax(model.forward(b, state, [b.n_tokens - 1]))[-1]
+    return state, ops.argmax(model.forward(b, state, [b.n_tokens - 1]))[-1]
+
+
+def main() -> None:
+    a = parser(48).parse_args()
+    lm, ids = load(a.model, a.long)
+    model, ops = lm.model, lm.ops
+    state, nxt = prefilled(lm, ids, len(ids) + 2 * a.steps + 8)
     graph = engine.decode_graph(lm)
     first, loop, parts = [], [], {"append": [], "prepare+launch": [], "argmax+copy": []}
     try:
@@ -64,9 +79,7 @@ def main() -> None:
         note = graph.note
     finally:
         graph.close()
-    state = model.new_state(len(ids) + a.steps + 8)
-    b = state.append(ids)
-    nxt = ops.argmax(model.forward(b, state, [b.n_tokens - 1]))[-1]
+    state, nxt = prefilled(lm, ids, len(ids) + a.steps + 8)
     graph = engine.decode_graph(lm)
     chained = []
     try:

@@ -8,7 +8,6 @@ usage: python3 bench/graph_timeline.py MODEL LABEL [--long] [--steps 24] [--top 
 Prints per token: the kernels by charged time (count, us charged, us from start to end), and
 the span from the first kernel's start to the last one's end.
 """
-import argparse
 import collections
 import sys
 from pathlib import Path
@@ -18,24 +17,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from coldstart import LONG_PROMPT  # noqa: E402
+from decode_gap import load, parser, prefilled  # noqa: E402
 from reflex_core import engine  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("model")
-    ap.add_argument("label")
-    ap.add_argument("--long", action="store_true")
-    ap.add_argument("--steps", type=int, default=24)
+    ap = parser(24)
     ap.add_argument("--top", type=int, default=16)
     a = ap.parse_args()
     torch.cuda.init()
-    lm, ids = engine.load(a.model, "cuda", prompt=LONG_PROMPT if a.long else "The capital of France is")
+    lm, ids = load(a.model, a.long)
     model, ops = lm.model, lm.ops
-    state = model.new_state(len(ids) + a.steps + 16)
-    b = state.append(ids)
-    nxt = ops.argmax(model.forward(b, state, [b.n_tokens - 1]))[-1]
+    state, nxt = prefilled(lm, ids, len(ids) + a.steps + 16)
     graph = engine.decode_graph(lm)
     pick = graph.device_pick(0.0, 0, 1.0, 0.0, None)
     tokens = engine.decode_tokens(model, state, graph, lambda x: ops.argmax(x)[-1], nxt,

@@ -3,8 +3,8 @@
 Warm (``reflex bench MODEL``): load once, then repeat prefill (a fresh cache each time, the
 prompt as one batch, the next token's id on the host), single-token greedy decode steps as
 ``generate`` runs them (engine.decode_tokens: a step is the time from one token's arrival on the
-host to the next one's), and a system1 scoring pass; median and p90 in milliseconds. Every timed region ends with a host read of a
-result, so GPU work is included.
+host to the next one's), and a system1 scoring pass; median and p90 in milliseconds. Every
+timed region ends with a host read of a result, so GPU work is included.
 
 Cold (``reflex bench --cold MODEL``): N fresh processes of ``reflex generate MODEL PROMPT -n 1``
 (or ``reflex system1`` with ``--system1``), wall time from ``subprocess`` launch to exit measured

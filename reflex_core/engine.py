@@ -514,9 +514,9 @@ def _decode(model: Any, state: Any, graph: Any, pick: Callable[[Any], int], out:
             nxt: int, n_new: int, text_out: Any, eog: Any,
             chain: Any = None) -> Generator[str, None, str]:
     """The decode loop of :func:`generate_steps` from its first sampled token ``nxt``: appends to
-    ``out``, yields text pieces when streaming, returns the stop reason. The steps as
-    :func:`decode_tokens` runs them."""
-    for tok in decode_tokens(model, state, graph, pick, nxt, n_new - len(out), chain):
+    ``out`` (empty at the start), yields text pieces when streaming, returns the stop reason. The
+    steps as :func:`decode_tokens` runs them."""
+    for tok in decode_tokens(model, state, graph, pick, nxt, n_new, chain):
         out.append(tok)
         if text_out is not None:
             piece = text_out.push(tok)

@@ -107,7 +107,7 @@ class DecodeGraph:
             out = self._capture(batch, state)
             if out is not None:
                 return out
-            if self._exec is None and self._captures < CAPTURES and not self._failed:
+            if self._captures < CAPTURES and not self._failed:
                 return self._traced(batch, state)  # this step eagerly; the next one captured
         self._failed = True
         return self._forward(batch, state)
@@ -160,7 +160,6 @@ class DecodeGraph:
         _drv._STREAM = self._stream
         modules.pdl = PDL and _drv.current_device().sm >= 90
         modules.launch_trace, memory.copy_trace = launches, copies
-        temps: dict[int, int] = {}
         graph = None
         try:
             _drv.check(d.cuStreamBeginCapture(
@@ -295,8 +294,7 @@ class _Chain:
         self.host = _drv.check(d.cuMemHostAlloc(RING * self.slot_bytes, 0), "cuMemHostAlloc")
         flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
         self.events = [_drv.check(d.cuEventCreate(flags), "cuEventCreate") for _ in range(RING)]
-        self.used = [False] * RING
-        self.sent = 0
+        self.sent = 0  # steps queued; step t uses slot t % RING
         self.n_vocab = n_vocab
         self.scratch: Any = None
 
@@ -305,14 +303,14 @@ class _Chain:
         ops = g.ops
         ticket = self.sent
         k = ticket % RING
-        if self.used[k]:  # its words may still be on their way in
+        if ticket >= RING:  # the slot's last step: its words may still be on their way in
             _drv.check(d.cuEventSynchronize(self.events[k]), "cuEventSynchronize")
         words = ops.prepared_words(batch)
         n = len(words)
         dev = ops._fixed_prepared.get(n)
         if dev is None or 4 * n + 4 > self.slot_bytes:  # words, then the id in the last word
             raise RuntimeError("queue: the batch does not fit the graph's prepared buffer")
-        host = self.host + k * self.slot_bytes
+        host = self._slot(k)
         ctypes.memmove(host, words.buffer_info()[0], 4 * n)
         skip = 0 if token is not None else batch.n_tokens  # the ids the step before picked
         s = self.stream
@@ -333,10 +331,8 @@ class _Chain:
                             pick.min_p, self.scratch)
         finally:
             _drv._STREAM = legacy
-        _drv.check(d.cuMemcpyDtoHAsync(host + self.slot_bytes - 4, dev.ptr, 4, s),
-                   "cuMemcpyDtoHAsync(token)")
+        _drv.check(d.cuMemcpyDtoHAsync(self._id(k), dev.ptr, 4, s), "cuMemcpyDtoHAsync(token)")
         _drv.check(d.cuEventRecord(self.events[k], s), "cuEventRecord")
-        self.used[k] = True
         self.sent += 1
         return ticket
 
@@ -346,7 +342,15 @@ class _Chain:
         k = ticket % RING
         _drv.check(_drv._d.cuEventSynchronize(self.events[k]),
                    "cuEventSynchronize (a kernel of the decode step may have failed)")
-        return ctypes.c_int32.from_address(self.host + k * self.slot_bytes + self.slot_bytes - 4).value
+        return ctypes.c_int32.from_address(self._id(k)).value
+
+    def _slot(self, k: int) -> int:
+        """Host address of ring slot ``k``: the step's words from its start."""
+        return self.host + k * self.slot_bytes
+
+    def _id(self, k: int) -> int:
+        """Host address of the id slot ``k``'s step picked: the slot's last word."""
+        return self._slot(k) + self.slot_bytes - 4
 
     def close(self) -> None:
         d = _drv._d
