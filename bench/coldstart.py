@@ -59,9 +59,9 @@ def engines(model: str, llama_simple: str | None, system1: bool,
                                      model, prompt, str(n)]
         except ImportError:
             pass
-    for spec in extra:  # NAME=COMMAND LINE with {model} and {prompt}
+    for spec in extra:  # NAME=COMMAND LINE with {model}, {prompt} and {n}
         name, line = spec.split("=", 1)
-        e[name] = [w.format(model=model, prompt=prompt) for w in shlex.split(line)]
+        e[name] = [w.format(model=model, prompt=prompt, n=n) for w in shlex.split(line)]
     return e
 
 
@@ -78,8 +78,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--idle-s", type=float, default=3.0)
     ap.add_argument("--extra", action="append", default=[], metavar="NAME=CMD",
-                    help="another engine: a command line with {model} and {prompt} (A/B runs: "
-                         "'reflex venv=/venv/bin/reflex generate {model} {prompt} -n 1')")
+                    help="another engine: a command line with {model}, {prompt} and {n} (the "
+                         "tokens to generate; A/B runs: 'reflex venv=/venv/bin/reflex generate "
+                         "{model} -p {prompt} -n {n}')")
     ap.add_argument("--only-extra", action="store_true", help="run only the --extra engines")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
