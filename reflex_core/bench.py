@@ -44,7 +44,6 @@ def warm(path: str, backend: str = "auto", prompt: str = DEFAULT_PROMPT, reps: i
     from . import engine, system1
 
     lm, ids = engine.load(path, backend, prompt=prompt)
-    engine.settle_upload(lm)  # warm figures: no pass waits for the weights
     ids = ids or []
     model, ops = lm.model, lm.ops
     cand_ids = system1.tokenize_candidates(lm.require_tokenizer(), candidates)

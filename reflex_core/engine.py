@@ -19,7 +19,6 @@ Nothing here imports numpy, gguf or huggingface_hub unless the CPU backend is ch
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 from dataclasses import dataclass, field
@@ -33,12 +32,6 @@ from .state import State
 from .timing import Timings, since_process_start_ms
 
 BACKENDS = ("auto", "cuda", "cpu")
-# REFLEX_STREAM_UPLOAD=1 queues the GPU's first forward pass while the weights still upload
-# (CudaOps.attach's streamed upload: each launch waits on the device for the chunks of the
-# tensors it reads). Off by default: on the H200 the driver calls of the forward stall behind the
-# upload's page pinning (cuMemAlloc 5-10 ms each), so it gained nothing (BENCHMARKS.md). With
-# LoRA adapters the merges wait for the upload anyway.
-STREAM_UPLOAD = os.environ.get("REFLEX_STREAM_UPLOAD", "0") == "1"
 
 
 @dataclass
@@ -279,9 +272,17 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
             if not str(e).startswith((str(path), str(getattr(g, "path", path)))):
                 raise type(e)(f"{path}: {e.without_cpu_hint()}", cpu_hint=e.cpu_hint) from None
             raise
-    if chosen == "cuda" and (adapters or not STREAM_UPLOAD):
-        with t.span("wait for the upload"):  # the LoRA merges run after it
-            ops.wait_attached()
+    if chosen == "cuda":
+        with t.span("wait for the upload"):
+            try:
+                ops.wait_attached()
+            except ReflexError:
+                # the driver pins the pages in the kernel: a file cut short under us is an
+                # error code there, not a SIGBUS (reflex_core.mapguard)
+                from .mapguard import check_unchanged
+
+                check_unchanged(g.path, len(g.mm))
+                raise
     if cuda_init is not None and chosen == "cuda":
         from .cuda.driver import INIT_STEPS
 
@@ -290,32 +291,16 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
         if cuda_init.loaded_on:
             t.notes["plugin kernels"] = ", ".join(f"{p} (loaded on the {w})"
                                                   for p, w in cuda_init.loaded_on.items())
-    if chosen == "cuda":
-        upload_note(ops, t.notes)
+    info = getattr(ops, "upload_info", None)
+    if info:
+        t.notes["upload"] = ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
+                                      for k, v in info.items())
     sys.setswitchinterval(0.005)
     # The prefetch is not joined here: its pass over pages the upload has already pinned grows
     # with the file and would sit on the first token's path. It only reads the mapping, which
     # stays until Loaded.close() joins it (a one-shot process exits with os._exit, ending it).
     return (Loaded(path, g, arch, model, ops, tok, chosen, device_name, notices, pref, lora_ids),
             prompt_ids)
-
-
-def upload_note(ops: Any, notes: dict[str, str]) -> None:
-    """--timings' "upload" line: the upload's figures, or that it is still streaming."""
-    info = ops.upload_info
-    notes["upload"] = (", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
-                                 for k, v in info.items())
-                       if info else "streaming beside the first forward")
-
-
-def settle_upload(lm: Loaded, notes: dict[str, str] | None = None) -> None:
-    """Join a streamed weight upload (CudaOps.wait_attached; at once when it has been joined
-    or on the CPU), e.g. after the first forward pass, whose launches waited for what they
-    read; ``notes`` gets the upload's figures."""
-    if lm.backend == "cuda":
-        lm.ops.wait_attached()
-        if notes is not None:
-            upload_note(lm.ops, notes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -493,7 +478,6 @@ def generate_steps(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: 
         logits = model.forward(batch, state, [batch.n_tokens - 1])
         nxt = pick(logits)
     first_ms = since_process_start_ms()
-    settle_upload(lm, t.notes)
     graph = decode_graph(lm) if n_new > 1 else None
     # Steps chain on the device (the host one step ahead) when no pick needs the host: no
     # penalty window, and no state kept (the step queued past the last token is never undone).

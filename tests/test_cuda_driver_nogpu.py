@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -407,39 +406,6 @@ class FakeDriver:
         self.registered = []
         self.events = []  # context synchronizations and unregistrations, in order
         self.CU_MEMHOSTREGISTER_READ_ONLY = 8
-        self.stream_flags = []
-        self.ev_log = []  # ("copy", dst) / ("record", event) in each stream's order, all streams
-        self.waits = []  # (stream, event) of cuStreamWaitEvent
-        self.destroyed = []
-        self._n_ev = iter(range(1, 1 << 30))
-        self._lock = threading.Lock()
-
-    class CUstream_flags:
-        CU_STREAM_NON_BLOCKING = 1
-
-    class CUevent_flags:
-        CU_EVENT_DISABLE_TIMING = 2
-
-    def cuEventCreate(self, flags):
-        with self._lock:
-            return (0, ("event", next(self._n_ev)))
-
-    def cuEventRecord(self, ev, stream):
-        with self._lock:
-            self.ev_log.append(("record", stream, ev))
-        return (0,)
-
-    def cuStreamWaitEvent(self, stream, ev, flags):
-        self.waits.append((stream, ev, len(self.launches)))  # launches queued before it
-        return (0,)
-
-    def cuMemcpyDtoDAsync(self, dst, src, n, stream):
-        self.copies.append((dst, src, n))
-        return (0,)
-
-    def cuEventDestroy(self, ev):
-        self.destroyed.append(ev)
-        return (0,)
 
     def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
         sig = f["sig"]
@@ -459,13 +425,10 @@ class FakeDriver:
         return (0,)
 
     def cuMemcpyHtoDAsync(self, dst, src, n, stream):
-        with self._lock:
-            self.copies.append((dst, src, n))
-            self.ev_log.append(("copy", stream, dst))
+        self.copies.append((dst, src, n))
         return (0,)
 
     def cuStreamCreate(self, flags):
-        self.stream_flags.append(flags)
         return (0, object())
 
     def cuStreamSynchronize(self, stream):
@@ -753,121 +716,6 @@ def test_failed_upload_waits_for_queued_copies_before_unpinning(fake, tmp_path, 
     unregistered = sorted(e[1] for e in fake.events[1:])
     assert unregistered == sorted(r[0] for r in fake.registered)  # every pinned chunk, after
     assert not [t for t in threading.enumerate() if t.name.startswith("reflex-upload")]
-
-
-def _mapped(tmp_path, n: int) -> mmap.mmap:
-    f = tmp_path / "w.bin"
-    f.write_bytes(os.urandom(n))
-    with open(f, "rb") as fh:
-        return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-
-
-def test_streamed_upload_publishes_each_chunk_after_its_copy(fake, tmp_path):
-    """With a progress, each chunk's event is recorded on its copy's stream right after the
-    copy and only then published; the copy streams do not synchronize with the launches'."""
-    P = mmap.PAGESIZE
-    mm = _mapped(tmp_path, 9 * P + 5)
-    base, _ = upload.buffer_address(mm)
-    off, n, dst = 100, 9 * P - 200, 0x40000
-    prog = upload.UploadProgress(base + off, n, chunk=2 * P)
-    assert prog.chunks_of(0, n) == range(0, 5) and prog.chunks_of(7, 7) == range(0)
-    info = upload.upload_host_region(dst, mm, off, n, chunk=2 * P, threads=3, progress=prog)
-    assert info["chunks"] == prog.n_chunks == 5
-    assert set(fake.stream_flags) == {FakeDriver.CUstream_flags.CU_STREAM_NON_BLOCKING}
-    for i in range(prog.n_chunks):
-        ev = prog.event(i)
-        [rec] = [e for e in fake.ev_log if e[0] == "record" and e[2] == ev]
-        on_stream = [e for e in fake.ev_log if e[1] is rec[1]]
-        before = on_stream[on_stream.index(rec) - 1]
-        assert before[0] == "copy"  # this chunk's copy, queued just before on the same stream
-        assert prog.chunks_of(before[2] - dst, before[2] - dst + 1) == range(i, i + 1)
-    with pytest.raises(ValueError, match="another range or chunk"):
-        upload.upload_host_region(dst, mm, off, n, chunk=P, progress=prog)
-    prog.close()
-    assert sorted(fake.destroyed) == sorted(prog_ev for prog_ev in
-                                            (e[2] for e in fake.ev_log if e[0] == "record"))
-
-
-def test_upload_gate_waits_for_the_chunks_of_the_tensors_queued_work_reads(fake):
-    """Each launch (and device copy) waits, on the device, for the chunks of every tensor it
-    has a pointer into -- once a chunk, before the launch --, blocking on the host until those
-    chunks are queued; other pointers pass; the gate goes once every chunk was waited for."""
-    P = mmap.PAGESIZE
-    prog = upload.UploadProgress(10 * P, 6 * P, chunk=P)  # chunk i: bytes [iP, (i+1)P)
-    dst = 0x100000
-    # tensors A [0, 1.5P), B [1.5P, 4P), C [5P, 6P); nothing in [4P, 5P)
-    g = upload.UploadGate(prog, dst, 6 * P, [(0, P + P // 2), (P + P // 2, 4 * P), (5 * P, 6 * P)])
-    g.install()
-    try:
-        assert upload.gate is g
-        k = _kernels()
-        for i in (1, 2, 3):
-            prog.queued(i, ("ev", i))
-        k.launch("reflex_add", 1, 32, (0x5000, dst + 2 * P + 8, 0x6000, 4))  # in B
-        assert fake.waits == [(None, ("ev", i), 0) for i in (1, 2, 3)]
-        k.launch("reflex_add", 1, 32, (dst + 4 * P - 1, 0x5000, 0x6000, 4))  # B again: waited
-        assert len(fake.waits) == 3 and len(fake.launches) == 2
-
-        def later() -> None:
-            time.sleep(0.05)
-            prog.queued(0, ("ev", 0))
-
-        th = threading.Thread(target=later)
-        th.start()
-        t0 = time.perf_counter()
-        k.launch("reflex_add", 1, 32, (0x5000, 0x6000, dst + 16, 4))  # A: chunks 0 and 1
-        th.join()
-        assert time.perf_counter() - t0 >= 0.04  # it waited for chunk 0 to be queued
-        assert fake.waits[3:] == [(None, ("ev", 0), 2)] and len(fake.launches) == 3
-        prog.queued(5, None)  # nothing to wait for on the device (a synchronous copy)
-        memory.dtod(0x9000, dst + 5 * P + 8, 16)  # a copy from C
-        assert len(fake.waits) == 4 and upload.gate is g
-        prog.queued(4, ("ev", 4))
-        memory.dtod(0x9000, dst + 4 * P + 3, 16)  # between tensors: its own chunk
-        assert fake.waits[4][1] == ("ev", 4)
-        assert upload.gate is None  # every chunk waited for
-    finally:
-        g.uninstall()
-
-
-def test_upload_gate_raises_the_uploads_error_and_goes(fake):
-    P = mmap.PAGESIZE
-    prog = upload.UploadProgress(0, 2 * P, chunk=P)
-    told = []
-
-    def on_error(e):
-        told.append(e)
-        raise CudaError(f"told: {e}")
-
-    g = upload.UploadGate(prog, 0x1000000, 2 * P, [(0, 2 * P)], on_error=on_error)
-    g.install()
-    try:
-        prog.failed(CudaError("copy failed"))
-        with pytest.raises(CudaError, match="told: copy failed"):
-            _kernels().launch("reflex_add", 1, 32, (0x1000000 + P, 0, 0, 4))
-        assert upload.gate is None and str(told[0]) == "copy failed" and not fake.launches
-    finally:
-        g.uninstall()
-
-
-def test_upload_gates_of_two_uploads_both_hold(fake):
-    """A second streamed upload's gate asks the first's too; either can go first."""
-    P = mmap.PAGESIZE
-    pa, pb = (upload.UploadProgress(0, P, chunk=P) for _ in range(2))
-    ga = upload.UploadGate(pa, 0x1000000, P, [(0, P)])
-    gb = upload.UploadGate(pb, 0x2000000, P, [(0, P)])
-    ga.install()
-    gb.install()
-    try:
-        pa.queued(0, ("a", 0))
-        memory.dtod(0x9000, 0x1000000, 4)
-        assert fake.waits[-1][1] == ("a", 0) and upload.gate is gb
-        pb.queued(0, ("b", 0))
-        memory.dtod(0x9000, 0x2000000, 4)
-        assert fake.waits[-1][1] == ("b", 0) and upload.gate is None
-    finally:
-        ga.uninstall()
-        gb.uninstall()
 
 
 @pytest.mark.parametrize("value,on", [(None, True), ("1", True), ("0", False)])

@@ -214,8 +214,6 @@ class CudaOps(Ops):
         self._data_offset = 0
         self._registration: Any = None
         self._unpin: Any = None  # the Background unpinning the upload's pages (attach)
-        self._upload: Any = None  # the Background of an attach(wait=False) copy
-        self._gate: Any = None  # its upload.UploadGate, until wait_attached
         self._fixed_prepared: dict[int, DeviceArray] | None = None  # cuda_graph.DecodeGraph
         self._graph_prepared: tuple | None = None  # (batch, Prepared) while a graph is captured
         self._att_done: Block | None = None  # the split attention's counters (_att_counters)
@@ -267,11 +265,9 @@ class CudaOps(Ops):
         host-registered copy of :func:`upload.upload_host_region`.
 
         ``wait=False`` returns once the device memory exists (weights can be bound: their
-        addresses are known) and leaves the copy running on a thread, streamed: until
-        :meth:`wait_attached` joins it, an :class:`upload.UploadGate` makes every kernel and
-        copy queued meanwhile wait for the chunks of the tensors it reads, so the first forward
-        pass runs beside the rest of the upload. The registration is released as soon as the
-        copy is done, unless ``keep_pinned`` (a one-shot process that exits right after its
+        addresses are known) and leaves the copy running on a thread; :meth:`wait_attached`
+        joins it (the engine binds the model meanwhile). The registration is released as soon as
+        the copy is done, unless ``keep_pinned`` (a one-shot process that exits right after its
         first result skips the unpinning). A registration must never outlive its mmap: CUDA
         would keep translating that virtual range to the old pages, and a later mapping at the
         same address would upload stale bytes."""
@@ -288,18 +284,9 @@ class CudaOps(Ops):
         modules.load_modules(self._quant_ops.modules_for(
             {t.ggml_type for t in gguf.tensors.values()}))
         self._blob = memory.mem_alloc_raw(size)
-        progress = None
-        if not wait:
-            addr, _ = upload.buffer_address(gguf.mm)
-            progress = upload.UploadProgress(addr + start, size)
-            self._gate = upload.UploadGate(
-                progress, self._blob, size,
-                [(int(t.offset) - start, int(t.offset) - start + int(t.nbytes))
-                 for t in gguf.tensors.values()], on_error=self._upload_failed)
-            self._gate.install()
 
         def copy() -> None:
-            info = upload.upload_host_region(self._blob, gguf.mm, start, size, progress=progress)
+            info = upload.upload_host_region(self._blob, gguf.mm, start, size)
             self._registration = info.pop("registration", None)
             self.upload_info = info
             if not keep_pinned:  # unpinned beside the first forward, not before it
@@ -315,35 +302,13 @@ class CudaOps(Ops):
         self._upload = Background(copy)
 
     def wait_attached(self) -> None:
-        """Block until an ``attach(wait=False)`` upload is complete (re-raising its error; one
-        that a change of the file under us explains is told as that), then run what waited for
-        it (the LoRA merges)."""
-        up, self._upload = self._upload, None
-        gate, self._gate = self._gate, None
+        """Block until an ``attach(wait=False)`` upload is complete (re-raising its error)."""
+        up, self._upload = getattr(self, "_upload", None), None
         if up is not None:
-            try:
-                up.wait()
-            except ReflexError:
-                # the driver pins the pages in the kernel: a file cut short under us is an error
-                # code there, not a SIGBUS (reflex_core.mapguard)
-                from ..mapguard import check_unchanged
-
-                if self.gguf is not None:
-                    check_unchanged(self.gguf.path, len(self.gguf.mm))
-                raise
-            finally:
-                if gate is not None:  # every copy has completed (or the context is broken)
-                    gate.uninstall()
-                    gate.progress.close()
+            up.wait()
         pending, self._after_upload = self._after_upload, []
         for run in pending:  # the LoRA merges (merge_lora), in order
             run()
-
-    def _upload_failed(self, error: BaseException) -> None:
-        """The streamed upload failed under a launch (UploadGate): join it and raise its
-        error as :meth:`wait_attached` tells it."""
-        self.wait_attached()
-        raise error
 
     def _unregister(self) -> None:
         t0 = time.perf_counter()
@@ -449,7 +414,7 @@ class CudaOps(Ops):
                                   (blob + slots[m.name], lp, rp, n_out, n_in, m.rank, rs_j, rs_i,
                                    float(m.scale)))
 
-        if self._upload is not None:
+        if getattr(self, "_upload", None) is not None:
             self._after_upload.append(launch)
         else:
             launch()

@@ -147,7 +147,6 @@ class DecodeGraph:
         eager step's, else drop it (None; nothing of the step has run)."""
         d = _drv._d
         ops = self.ops
-        ops.wait_attached()  # a capture must not wait on the streamed upload's events
         self._captures += 1
         pb = ops.prepare(batch)  # the step's inputs, before the capture: a copy is not captured
         if self._stream is None:

@@ -13,7 +13,6 @@ from typing import Any
 
 from ..errors import CudaError
 from . import driver as _drv
-from . import upload as _upload
 from .driver import check, ensure_context
 
 
@@ -199,8 +198,6 @@ def dtoh(src: int, nbytes: int, out: Any = None) -> Any:
     ensure_context()
     if copy_trace is not None:
         copy_trace.append(("dtoh", src, nbytes))
-    if _upload.gate is not None:
-        _upload.gate.need(src)
     if out is None:
         out = bytearray(nbytes)
     if nbytes:
@@ -215,8 +212,6 @@ def dtod(dst: int, src: int, nbytes: int) -> None:
     ensure_context()
     if copy_trace is not None:
         copy_trace.append(("dtod", dst, src, nbytes))
-    if _upload.gate is not None:
-        _upload.gate.need(src)
     if nbytes:
         check(_drv._d.cuMemcpyDtoDAsync(dst, src, nbytes, _drv._STREAM),
               f"cuMemcpyDtoDAsync({nbytes} bytes)")

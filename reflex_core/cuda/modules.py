@@ -37,7 +37,6 @@ from typing import Any, Sequence
 
 from ..errors import CudaError, CudaUnavailable
 from . import driver as _drv
-from . import upload as _upload
 from .manifest import (CORE_PACKAGE, CPU_HINT, SKIP_HINT, best_cubin, coverage_error,
                        image_for, kernels_dir, read_manifest)
 
@@ -65,7 +64,7 @@ class ParamPacker:
     """Kernel parameters of one signature: 8-byte slots in one ctypes buffer, plus a fixed
     ``void*[n]`` array pointing at them. ``pack(args)`` returns that array's address."""
 
-    __slots__ = ("sig", "st", "buf", "ptrs", "addr", "n", "ptr_slots")
+    __slots__ = ("sig", "st", "buf", "ptrs", "addr", "n")
 
     def __init__(self, sig: str):
         try:
@@ -75,7 +74,6 @@ class ParamPacker:
                              f"(use one of {''.join(_SLOT)})") from None
         self.sig = sig
         self.n = len(sig)
-        self.ptr_slots = tuple(i for i, c in enumerate(sig) if c == "P")
         self.st = struct.Struct(fmt)
         self.buf = ctypes.create_string_buffer(max(8, 8 * self.n))
         base = ctypes.addressof(self.buf)
@@ -191,8 +189,6 @@ class Kernels:
         if not getattr(_tls, "bound", False):
             _drv.ensure_context()
         _n_launches += 1
-        if _upload.gate is not None:  # a streamed upload: wait for the weights it reads
-            _upload.gate.need_args(args, p.ptr_slots)
         if launch_trace is not None:
             launch_trace.append((name, (gx, gy, gz, bx, by, bz, shmem), p.sig, tuple(args)))
         d = _drv._d

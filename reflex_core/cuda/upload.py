@@ -5,12 +5,6 @@ chunk by chunk with ``cuMemHostRegister(READ_ONLY)`` on several threads, each ch
 queued as soon as it is pinned (falling back to a pageable copy for a chunk whose registration
 is refused).
 
-Streamed: given an :class:`UploadProgress`, the upload records an event after each chunk's copy,
-and an :class:`UploadGate` installed as :data:`gate` makes the launches' stream wait for the
-chunks that each queued kernel or copy reads (``modules.Kernels.launch``, ``memory.dtod`` /
-``dtoh`` ask it), so a forward pass can be queued while the later chunks are still being pinned
-and copied: its first layers compute beside the rest of the upload.
-
 Threads: the upload's worker threads are joined before ``upload_host_region`` returns or
 raises, and no registration is released while a copy queued from it may still be running
 (after a failure the whole context is synchronized first). :func:`buffer_address` and
@@ -19,13 +13,12 @@ raises, and no registration is released while a copy queued from it may still be
 
 from __future__ import annotations
 
-import bisect
 import ctypes
 import mmap as _mmap
 import os
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any
 
 from . import driver as _drv
 from .driver import check, ensure_context
@@ -137,172 +130,20 @@ def _upload_threads() -> int:
     return 4
 
 
-def _chunk_bytes(chunk: int | None) -> int:
-    return max(_mmap.PAGESIZE, (chunk or UPLOAD_CHUNK) // _mmap.PAGESIZE * _mmap.PAGESIZE)
-
-
-class UploadProgress:
-    """How far a running :func:`upload_host_region` of ``[addr, addr + nbytes)`` has got: for
-    each chunk (the page-aligned spans it pins, in order), once its copy is queued, an event
-    that completes with the copy (None when nothing needs waiting for: an unregistered upload
-    copies synchronously). Made before the upload starts, with its ``chunk``, so that readers
-    can name the chunks of a byte range at once; :meth:`event` blocks until that chunk is
-    queued. :meth:`close` destroys the events once the upload has returned."""
-
-    def __init__(self, addr: int, nbytes: int, chunk: int | None = None):
-        self.chunk = _chunk_bytes(chunk)
-        self.start, length = page_range(addr, nbytes)
-        self.addr = addr
-        self.n_chunks = -(-length // self.chunk) if nbytes else 0
-        self._events: list = [None] * self.n_chunks
-        self._queued = bytearray(self.n_chunks)
-        self._error: BaseException | None = None
-        self._cv = threading.Condition()
-
-    def chunks_of(self, lo: int, hi: int) -> range:
-        """The chunks holding bytes ``[lo, hi)`` of the region (offsets from ``addr``)."""
-        if hi <= lo:
-            return range(0)
-        first = (self.addr + lo - self.start) // self.chunk
-        last = (self.addr + hi - 1 - self.start) // self.chunk
-        return range(max(0, first), min(self.n_chunks - 1, last) + 1)
-
-    def event(self, i: int) -> Any:
-        """Chunk ``i``'s event, once its copy is queued (re-raises the upload's error)."""
-        with self._cv:
-            while not self._queued[i] and self._error is None:
-                self._cv.wait()
-            if self._error is not None:
-                raise self._error
-            return self._events[i]
-
-    def queued(self, i: int, event: Any) -> None:
-        with self._cv:
-            self._events[i] = event
-            self._queued[i] = 1
-            self._cv.notify_all()
-
-    def failed(self, error: BaseException) -> None:
-        with self._cv:
-            if self._error is None:
-                self._error = error
-            self._cv.notify_all()
-
-    def close(self) -> None:
-        """Destroy the events (after the upload returned: every copy has completed)."""
-        events, self._events = self._events, [None] * self.n_chunks
-        for ev in events:
-            if ev is not None:
-                check(_drv._d.cuEventDestroy(ev), "cuEventDestroy")
-
-
-# The gate of the streamed upload in progress (None when there is none): Kernels.launch hands it
-# the pointer arguments of every launch, memory.dtod and dtoh the address they read.
-gate: "UploadGate | None" = None
-
-
-class UploadGate:
-    """Orders the GPU work queued during a streamed upload after the copies of what it reads.
-    For a device address inside the region, :meth:`need` takes the whole tensor that holds it
-    (``extents``: the (start, end) offsets of the file's tensors in the region), waits on the
-    host until the chunks holding it are queued, and makes the launches' stream wait for their
-    events -- once per chunk. When every chunk has been waited for, it uninstalls itself.
-    ``on_error`` gets the upload's error (and raises)."""
-
-    def __init__(self, progress: UploadProgress, dst: int, nbytes: int,
-                 extents: Sequence[tuple[int, int]], on_error: Any = None):
-        self.progress = progress
-        self.lo, self.hi = dst, dst + nbytes
-        ext = sorted((int(a), int(b)) for a, b in extents if b > a)
-        self._starts = [a for a, _ in ext]
-        self._ends = [b for _, b in ext]
-        self._waited = bytearray(progress.n_chunks)
-        self._left = progress.n_chunks
-        self._on_error = on_error
-        self._below: UploadGate | None = None
-
-    def install(self) -> None:
-        """Become :data:`gate`; one installed before (another backend's upload) is asked
-        after this one."""
-        global gate
-        if self._left:
-            self._below, gate = gate, self
-
-    def uninstall(self) -> None:
-        global gate
-        if gate is self:
-            gate = self._below
-        else:
-            g = gate
-            while g is not None and g._below is not self:
-                g = g._below
-            if g is not None:
-                g._below = self._below
-        self._below = None
-
-    def need(self, addr: int) -> None:
-        below = self._below
-        if below is not None:
-            below.need(addr)
-        if not (self.lo <= addr < self.hi):
-            return
-        off = addr - self.lo
-        i = bisect.bisect_right(self._starts, off) - 1
-        lo, hi = ((self._starts[i], self._ends[i]) if i >= 0 and off < self._ends[i]
-                  else (off, off + 1))
-        for c in self.progress.chunks_of(lo, hi):
-            if self._waited[c]:
-                continue
-            try:
-                ev = self.progress.event(c)
-            except BaseException as e:  # noqa: BLE001 - the upload's error, told by its owner
-                self.uninstall()
-                if self._on_error is not None:
-                    self._on_error(e)
-                raise
-            if ev is not None:
-                check(_drv._d.cuStreamWaitEvent(_drv._STREAM, ev, 0),
-                      "cuStreamWaitEvent(weight upload)")
-            self._waited[c] = 1
-            self._left -= 1
-        if not self._left:
-            self.uninstall()
-
-    def need_args(self, args: Sequence[Any], ptr_slots: Sequence[int]) -> None:
-        """:meth:`need` for each of a launch's pointer arguments."""
-        for k in ptr_slots:
-            self.need(args[k])
-
-
 def upload_host_region(dst: int, src: Any, offset: int, nbytes: int,
                        register: bool = True, chunk: int | None = None,
-                       threads: int | None = None,
-                       progress: UploadProgress | None = None) -> dict:
+                       threads: int | None = None) -> dict:
     """Copy ``src[offset : offset+nbytes]`` (an mmap or any buffer) to device ``dst``.
 
     The cold-path weight upload. The page-aligned range is cut into chunks (UPLOAD_CHUNK); a few
     worker threads each page-lock a chunk (``cuMemHostRegister`` READ_ONLY: CPU work, pinning
     the pages) and queue its copy on their own stream (``cuMemcpyHtoDAsync``: DMA), so pinning
     the next chunks overlaps the copies of the previous ones. A chunk whose registration is
-    refused is copied from pageable memory instead. The streams do not synchronize with the
-    legacy stream the launches use: work there that reads the weights before this returns must
-    wait for the chunks' events (``progress``, made with the same range and ``chunk``: an
-    :class:`UploadProgress` that gets them). Returns when every byte is on the device:
+    refused is copied from pageable memory instead. Returns when every byte is on the device:
     {"method", "register_ms" (summed over chunks), "copy_ms" (wall), "chunks", "threads",
     "registration", "why"}; the caller keeps "registration" and releases it (or lets the
     process exit). On a failure every worker is joined and every queued copy has finished
-    before the registrations are released and the first error is raised (and handed to
-    ``progress``)."""
-    try:
-        return _upload(dst, src, offset, nbytes, register, chunk, threads, progress)
-    except BaseException as e:
-        if progress is not None:
-            progress.failed(e)
-        raise
-
-
-def _upload(dst: int, src: Any, offset: int, nbytes: int, register: bool, chunk: int | None,
-            threads: int | None, progress: UploadProgress | None) -> dict:
+    before the registrations are released and the first error is raised."""
     ensure_context()
     d = _drv._d
     base, total = buffer_address(src)
@@ -313,18 +154,12 @@ def _upload(dst: int, src: Any, offset: int, nbytes: int, register: bool, chunk:
     if not (register and nbytes):
         if nbytes:
             check(d.cuMemcpyHtoD(dst, addr, nbytes), f"cuMemcpyHtoD(weights, {nbytes} bytes)")
-        if progress is not None:  # in the legacy stream's order already
-            for i in range(progress.n_chunks):
-                progress.queued(i, None)
         return {"method": "pageable", "register_ms": 0.0,
                 "copy_ms": (time.perf_counter() - t0) * 1e3, "chunks": 1, "threads": 0,
                 "registration": None, "why": "not requested"}
-    chunk = _chunk_bytes(chunk)
+    chunk = max(_mmap.PAGESIZE, (chunk or UPLOAD_CHUNK) // _mmap.PAGESIZE * _mmap.PAGESIZE)
     start, length = page_range(addr, nbytes)
     spans = [(s, min(chunk, start + length - s)) for s in range(start, start + length, chunk)]
-    if progress is not None and (progress.chunk, progress.start, progress.n_chunks) != (
-            chunk, start, len(spans)):
-        raise ValueError("upload_host_region: the progress was made for another range or chunk")
     n_threads = max(1, min(threads or _upload_threads(), len(spans)))
     lock = threading.Lock()
     todo = iter(range(len(spans)))
@@ -333,13 +168,11 @@ def _upload(dst: int, src: Any, offset: int, nbytes: int, register: bool, chunk:
     why: list[str] = []
     errors: list[BaseException] = []
     flags = d.CU_MEMHOSTREGISTER_READ_ONLY
-    no_timing = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
 
     def worker() -> None:
         try:
             ensure_context()
-            stream = check(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING),
-                           "cuStreamCreate")
+            stream = check(d.cuStreamCreate(0), "cuStreamCreate")
             try:
                 while not errors:  # another worker failed: queue nothing more
                     with lock:
@@ -355,27 +188,18 @@ def _upload(dst: int, src: Any, offset: int, nbytes: int, register: bool, chunk:
                         with lock:
                             regs.append(HostRegistration(s0, n, src))
                             reg_ms[0] += (r1 - r0) * 1e3
-                    else:  # copied from pageable memory (staged by the driver)
+                        check(d.cuMemcpyHtoDAsync(dst + (lo - addr), lo, hi - lo, stream),
+                              f"cuMemcpyHtoDAsync(weights, {hi - lo} bytes)")
+                    else:
                         with lock:
                             why.append(_drv.error_text(r[0]))
-                    check(d.cuMemcpyHtoDAsync(dst + (lo - addr), lo, hi - lo, stream),
-                          f"cuMemcpyHtoDAsync(weights, {hi - lo} bytes)")
-                    if progress is not None:
-                        # recorded before it is published: a stream waiting on an event not
-                        # yet recorded would wait for nothing
-                        ev = check(d.cuEventCreate(no_timing), "cuEventCreate")
-                        r = d.cuEventRecord(ev, stream)
-                        if r[0] != _drv._SUCCESS:
-                            d.cuEventDestroy(ev)
-                            check(r, "cuEventRecord")
-                        progress.queued(i, ev)  # owned by progress (destroyed by its close)
+                        check(d.cuMemcpyHtoD(dst + (lo - addr), lo, hi - lo),
+                              f"cuMemcpyHtoD(weights, {hi - lo} bytes)")
                 check(d.cuStreamSynchronize(stream), "cuStreamSynchronize")
             finally:
                 d.cuStreamDestroy(stream)  # its queued copies still complete
         except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
             errors.append(e)
-            if progress is not None:
-                progress.failed(e)
 
     pool = [threading.Thread(target=worker, name=f"reflex-upload-{k}", daemon=True)
             for k in range(n_threads - 1)]

@@ -55,39 +55,3 @@ def test_attach_without_waiting_then_forward(cuda_device, model_files):
         out.append(ops.to_numpy(m.forward(st.append([1, 2, 3, 4, 5]), st, [4])))
         ops.release()
     assert np.array_equal(out[0], out[1])
-
-
-@pytest.mark.parametrize("chunk", [1 << 12, 1 << 14])
-def test_forward_queued_during_a_streamed_upload_equals_a_waited_one(cuda_device, model_files,
-                                                                     monkeypatch, chunk):
-    """attach(wait=False) and the forward at once, before wait_attached: every launch that reads
-    a weight goes through the upload's gate (each chunk waited for on the device), and the
-    logits are the bits of a forward after a waited attach."""
-    import numpy as np
-
-    from reflex_core.backends import get_backend
-    from reflex_core.cuda import upload
-    from reflex_core.gguf import open_gguf
-    from reflex_core.registry import get_host
-    from reflex_core.testing.modelwriter import ModelShape
-
-    monkeypatch.setattr(upload, "UPLOAD_CHUNK", chunk)  # many chunks on a small file
-    path = model_files(ModelShape(), weight_type="Q8_0", seed=11)
-    g = open_gguf(path)
-    cls = get_host().resolve("qwen3").load_model_class()
-    out = []
-    for streamed in (False, True):
-        ops = get_backend("cuda")
-        ops.attach(g, wait=not streamed)
-        gate = ops._gate
-        assert (gate is not None) == streamed and (upload.gate is gate)
-        m = cls.load(g, ops)
-        st = m.new_state(7)
-        out.append(ops.to_numpy(m.forward(st.append([3, 1, 4, 1, 5, 9, 2]), st, [6])))
-        if streamed:
-            assert gate.progress.n_chunks > 1
-            assert gate._left < gate.progress.n_chunks  # the launches waited for chunks
-            ops.wait_attached()
-            assert upload.gate is None and ops._gate is None
-        ops.release()
-    assert np.array_equal(out[0], out[1])
