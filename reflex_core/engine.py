@@ -273,6 +273,9 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
                 raise type(e)(f"{path}: {e.without_cpu_hint()}", cpu_hint=e.cpu_hint) from None
             raise
     if chosen == "cuda":
+        # The whole upload, before any forward: a forward queued beside it (each launch waiting on
+        # the device for its chunks) gained nothing on the H200, whose driver stalls that
+        # forward's calls behind the upload's page pinning (BENCHMARKS.md, twentieth session).
         with t.span("wait for the upload"):
             try:
                 ops.wait_attached()
