@@ -44,6 +44,8 @@ Kernels (launch shape)
   reflex_moe_route      gating, bias, groups, top-k, renorm, scale
                                                           grid T, block 256             [PPPPiiiifii]
   reflex_moe_combine    sum_j w[t,j] * y[t,j,:]           grid (ceil(n/256), T), 256    [PPPii]
+  reflex_moe_combine_resnorm  one token's moe_combine, the residual add and the block sums of
+                        the next RMSNorm                  grid ceil(n/256), block 256   [PPPPPPPii]
   reflex_moe_schedule   a MoE matmul's slots by expert    grid 1, block 1024            [PiiiPPPPi]
   reflex_lora_add       w += scale * L @ R (LoRA merge)   grid (n_in/32, n_out/32, E), (32, 8)  [PPPiiiiif]
 
@@ -1835,10 +1837,13 @@ reflex_sample(const float* __restrict__ x, int V, double temp, int top_k, double
 // group-limited routing): each of the n_group consecutive groups of E / n_group (>= 2) experts
 // scores the sum of its two largest sel, a group is kept when fewer than n_group_used groups
 // beat it (a higher score, or an equal one at a lower index), the sel of the others become
-// -inf. k rounds of argmax over sel (largest, lowest index on ties; taken experts flagged; in
-// the first warp) pick the experts in descending order; weights = their unbiased probs (gating 3:
-// softmax over the k picked), / max(sum, 6.103515625e-5) when norm, * scale when scale is
-// neither 0 nor 1 (spec section 4.5). ids [T, k] int32, w [T, k] float32.
+// -inf. The experts are picked in descending order of sel (the lowest index first on ties, NaN
+// after every number, as a stable sort of -sel): with at most one expert a thread, each thread
+// counts the experts ahead of its own (its rank: one pass over sel, no serial rounds); with more,
+// k rounds of argmax over sel in the first warp (taken experts flagged). Weights = their
+// unbiased probs (gating 3: softmax over the k picked), / max(sum, 6.103515625e-5) when norm,
+// * scale when scale is neither 0 nor 1 (spec section 4.5), each computed by its own lane of the
+// first warp (the sums in pick order). ids [T, k] int32, w [T, k] float32.
 // E <= REFLEX_MOE_MAX_E, k <= REFLEX_MOE_MAX_K; the launcher validates the groups.
 
 #define REFLEX_MOE_MAX_E 1024  // experts (the backend reads both limits from the manifest)
@@ -1910,10 +1915,32 @@ extern "C" __global__ void reflex_moe_route(const float* __restrict__ logits,
             if (!gkept[e / per]) ss[e] = -INFINITY;
         __syncthreads();
     }
-    // The k rounds in the first warp alone (shuffles, no block barriers): lane l scans experts
-    // l, l + 32, ... in order, then the warp's (value desc, index asc) merge -- the same pick as a
-    // block argmax over the untaken experts.
-    if (threadIdx.x < 32) {
+    if (E <= (int)blockDim.x) {
+        // rank of expert e: the experts before it in (sel desc, index asc) order, NaN last
+        const int e = threadIdx.x;
+        if (e < E) {
+            const float v = ss[e];
+            int r = 0;
+            if (v == v) {
+                for (int h = 0; h < E; h++) {
+                    const float u = ss[h];
+                    r += h < e ? u >= v : u > v;
+                }
+            } else {
+                for (int h = 0; h < E; h++) {
+                    const float u = ss[h];
+                    r += u == u || h < e;
+                }
+            }
+            if (r < k) {
+                seli[r] = e;
+                selp[r] = sp[e];
+            }
+        }
+    } else if (threadIdx.x < 32) {
+        // k rounds in the first warp alone (shuffles, no block barriers): lane l scans experts
+        // l, l + 32, ... in order, then the warp's (value desc, index asc) merge -- the same
+        // pick as a block argmax over the untaken experts.
         for (int j = 0; j < k; j++) {
             float bv = -INFINITY;
             int bi = -1;
@@ -1936,19 +1963,22 @@ extern "C" __global__ void reflex_moe_route(const float* __restrict__ logits,
         }
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
+    // lane j of the first warp: pick j (and j + 32), its sums in pick order like the others'
+    if (threadIdx.x < 32) {
         if (gating == 3) {
             float m = -INFINITY;
             for (int j = 0; j < k; j++) m = fmaxf(m, selp[j]);
             float s = 0.f;
-            for (int j = 0; j < k; j++) { selp[j] = expf(selp[j] - m); s += selp[j]; }
-            for (int j = 0; j < k; j++) selp[j] = selp[j] / s;
+            for (int j = 0; j < k; j++) s += expf(selp[j] - m);
+            __syncwarp();
+            for (int j = threadIdx.x; j < k; j += 32) selp[j] = expf(selp[j] - m) / s;
+            __syncwarp();
         }
         float sum = 0.f;
         for (int j = 0; j < k; j++) sum += selp[j];
         const float div = fmaxf(sum, 6.103515625e-5f);
         const bool sc = scale != 0.0f && scale != 1.0f;
-        for (int j = 0; j < k; j++) {
+        for (int j = threadIdx.x; j < k; j += 32) {
             float wv = selp[j];
             if (norm) wv = wv / div;
             if (sc) wv = wv * scale;
@@ -1972,6 +2002,35 @@ extern "C" __global__ void reflex_moe_combine(const float* __restrict__ y, const
     float s = 0.f;
     for (int j = 0; j < k; j++) s += wt[j] * yt[(size_t)j * n];
     out[(size_t)t * n + c] = s;
+}
+
+// moe_combine_resnorm: a decode step's MoE output taken by the next add_rmsnorm (one token), in
+// the residual-step form of the GEMV_RESNORM GEMVs (reflex/quant_kernels.cuh), so that the next
+// RMSNorm needs no launch of its own and no one-block pass over the row: h[c] = a[c] + sum_{j<k}
+// w[j] * y[j, c] (the sum as reflex_moe_combine, then the add as reflex_add_rmsnorm), stored at
+// s; out[c] = h[c] * nw[c] (nw null: h[c]); part[block] = the block's sum of h^2 (its warps'
+// sums in order). The readers scale out by rx_norm_scale of part, as after those GEMVs.
+
+extern "C" __global__ void reflex_moe_combine_resnorm(const float* __restrict__ y,
+                                                      const float* __restrict__ w,
+                                                      const float* __restrict__ a,
+                                                      const float* __restrict__ nw,
+                                                      float* __restrict__ s, float* __restrict__ out,
+                                                      float* __restrict__ part, int k, int n) {
+    __shared__ float red[32];
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    const float wv = (nw != nullptr && c < n) ? __ldg(nw + c) : 1.0f;  // no kernel writes it
+    RX_PDL_ENTRY();
+    float h = 0.f;
+    if (c < n) {
+        float m = 0.f;
+        for (int j = 0; j < k; j++) m += w[j] * y[(size_t)j * n + c];
+        h = a[c] + m;
+        s[c] = h;
+        out[c] = nw != nullptr ? h * wv : h;
+    }
+    const float ss = block_sum_f(h * h, red);
+    if (threadIdx.x == 0) part[blockIdx.x] = ss;
 }
 
 // ------------------------------------------------------------------------------------------

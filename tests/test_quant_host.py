@@ -752,6 +752,65 @@ def test_residual_step_runs_inside_the_gemvs(quant_signatures, monkeypatch):
     assert [c[0] for c in k.calls[-2:]] == ["reflex_matmul_gemv1x_q4_k", "reflex_add_rmsnorm"]
 
 
+def test_moe_combine_step_runs_in_one_launch(quant_signatures, monkeypatch):
+    """CudaOps of one token: moe_combine is deferred; add_rmsnorm on it launches
+    reflex_moe_combine_resnorm (s = a + the sum, y = s * w, a block sum per 256 values) and no
+    norm kernel; a GEMV with a normed form reads y as after a residual-step GEMV; a reader of the
+    sum itself gets reflex_moe_combine once; two tokens or REFLEX_FUSE_NORM=0: no deferral."""
+    from reflex_core.backends import cuda_backend as cb
+    from reflex_core.backends import device_array as da
+    from reflex_core.cuda import quant_ops as q
+    from reflex_core.ops import Weight
+
+    top = [1 << 30]
+
+    def alloc(n):
+        top[0] += (n + 255) & ~255
+        return top[0] - ((n + 255) & ~255)
+
+    monkeypatch.setattr(da, "_alloc", alloc)
+    monkeypatch.setattr(da, "_free", lambda p: None)
+    monkeypatch.setattr(cb, "FUSE_NORM", True)
+    k = _FakeKernels(quant_signatures)
+    ops = object.__new__(cb.CudaOps)
+    ops.k, ops._quant_ops, ops._quant_k = k, q, {"quant": k, "quant_lowbit": k}
+    D, K = 2048 + 256, 8  # 9 block sums
+    y = da.DeviceArray(alloc(4 * K * D), (1, K, D), None)
+    wts = da.DeviceArray(alloc(4 * K), (1, K), None)
+    resid = da.DeviceArray(alloc(4 * D), (1, D), None)
+    h = ops.moe_combine(y, wts)
+    assert type(h) is da.LazyArray and ops.shape(h) == (1, D) and k.calls == []
+    s, yn = ops.add_rmsnorm(resid, h, None, 1e-6)
+    (name, grid, block, args), = k.calls
+    n_part = -(-D // 256)
+    assert name == "reflex_moe_combine_resnorm" and grid == (n_part, 1, 1) and block == (256, 1, 1)
+    assert args[:3] == (y.ptr, wts.ptr, resid.ptr) and args[3] == 0
+    assert args[4:6] == (s.ptr, yn.address) and args[7:] == (K, D)
+    assert type(yn.pending) is cb._NormScale and yn.pending.n_part == n_part
+    assert yn.pending.part == args[6] and type(s) is da.DeviceArray
+    # the next layer's q/k/v read y in their normed form
+    wq = Weight("q", 12, (D, 4096), 1 << 24, q.plan(12, (D, 4096), 1 << 24))
+    ops.matmul_many(yn, [wq])
+    name, _, _, margs = k.calls[-1]
+    assert name == "reflex_matmul_gemv1xn_q4_k" and margs[3] == yn.address
+    assert margs[-3:-1] == (args[6], n_part) and len(k.calls) == 2
+    # the sum itself, read: reflex_moe_combine, once
+    assert h.ptr == h.address and h.pending is None
+    assert k.calls[-1] == ("reflex_moe_combine", (n_part, 1, 1), (256, 1, 1),
+                           (y.ptr, wts.ptr, h.address, K, D))
+    assert h.ptr == h.address and len(k.calls) == 3
+    # two tokens, or the switch off: the plain launches
+    y2 = da.DeviceArray(alloc(8 * K * D), (2, K, D), None)
+    w2 = da.DeviceArray(alloc(8 * K), (2, K), None)
+    assert type(ops.moe_combine(y2, w2)) is da.DeviceArray
+    assert k.calls[-1][0] == "reflex_moe_combine" and k.calls[-1][1] == (n_part, 2)
+    monkeypatch.setattr(cb, "FUSE_NORM", False)
+    h = ops.moe_combine(y, wts)
+    assert type(h) is da.DeviceArray
+    ops.add_rmsnorm(resid, h, None, 1e-6)
+    assert [c[0] for c in k.calls[-2:]] == ["reflex_moe_combine", "reflex_add_rmsnorm"]
+
+
 def test_quant_ops_imports_no_numpy():
     code = ("import sys; import reflex_core.cuda.quant_ops; "
             "sys.exit(1 if 'numpy' in sys.modules else 0)")

@@ -50,7 +50,8 @@ _XH = os.environ.get("REFLEX_XH", "1") != "0"
 # they differ by rounding only)
 _PAIRS = os.environ.get("REFLEX_PAIRS", "1") != "0"
 # A decode step's residual add + RMSNorm runs inside the GEMVs around it (quant_ops.NORM_TYPES):
-# the output projection before it adds the residual, the GEMVs after it apply the norm's scale.
+# the output projection before it adds the residual (after a MoE FFN, the combine of its experts:
+# reflex_moe_combine_resnorm), the GEMVs after it apply the norm's scale.
 # REFLEX_FUSE_NORM=0 launches reflex_add_rmsnorm instead (an A/B switch: the normed values differ
 # by rounding, the residual stream not at all).
 FUSE_NORM = os.environ.get("REFLEX_FUSE_NORM", "1") != "0"
@@ -180,6 +181,22 @@ class _PendingGemv:
         m = self.m
         self.ops._matmul_launch(m, self.x, 1, (self.w_ptr, 0, 0), (arr.address, 0, 0),
                                 (m.n_out, 0, 0), False, m.gemv_w_ok)
+
+
+class _PendingCombine:
+    """CudaOps.moe_combine of one token, deferred (its LazyArray's ``pending``): an add_rmsnorm
+    that takes it as the branch output launches reflex_moe_combine_resnorm instead (the sum, the
+    residual add and the norm's block sums in one launch); a reader of the sum itself gets
+    reflex_moe_combine launched first (:meth:`ready`). Holds the expert outputs and weights."""
+
+    __slots__ = ("k", "y", "weights", "n_used", "n")
+
+    def __init__(self, k, y, weights, n_used: int, n: int):
+        self.k, self.y, self.weights, self.n_used, self.n = k, y, weights, n_used, n
+
+    def ready(self, arr: LazyArray) -> None:
+        self.k.launch("reflex_moe_combine", (self.n + 255) // 256, 256,
+                      (self.y.ptr, self.weights.ptr, arr.address, self.n_used, self.n))
 
 
 class _NormScale:
@@ -774,8 +791,11 @@ class CudaOps(Ops):
         size = a.size
         rows = size // n if n else 0
         wp = 0 if w is None else self._f32_vector(w, n)
-        if rows == 1 and type(b) is LazyArray and type(b.pending) is _PendingGemv:
-            return self._add_rmsnorm_fused(a, b.pending, wp, n, eps)
+        if rows == 1 and type(b) is LazyArray:
+            if type(b.pending) is _PendingGemv:
+                return self._add_rmsnorm_fused(a, b.pending, wp, n, eps)
+            if type(b.pending) is _PendingCombine:
+                return self._combine_resnorm(a, b.pending, wp, n, eps)
         # s and y from one allocation (s at a 256-byte aligned offset after y)
         off = (4 * size + 255) & ~255
         blk = Block(2 * off or 4)
@@ -800,6 +820,21 @@ class CudaOps(Ops):
         self._quant_ops.matmul_fused(self._qkern(m.module), pg.resnorm, m, pg.x.ptr,
                                      (pg.w_ptr, 0, 0), (y, 0, 0), (n, 0, 0), False, a.ptr, wp, s,
                                      part, n_part, 0.0)
+        shape = a.shape
+        return (DeviceArray(s, shape, blk, "f32", n),
+                LazyArray(y, shape, blk, _NormScale(self.k, part, n_part, n, eps), n))
+
+    def _combine_resnorm(self, a, pc: _PendingCombine, wp: int, n: int,
+                         eps: float) -> tuple[DeviceArray, LazyArray]:
+        """add_rmsnorm of one row whose branch output is a deferred moe_combine: s = a + the
+        weighted sum and y = s * w with the block sums of s^2 in one launch; y's scale is left
+        to its readers (:class:`_NormScale`). The deferred sum itself stays available."""
+        n_part = (n + 255) // 256
+        off = (4 * n + 255) & ~255
+        blk = Block(2 * off + 4 * n_part)
+        y, s, part = blk.ptr, blk.ptr + off, blk.ptr + 2 * off
+        self.k.launch("reflex_moe_combine_resnorm", n_part, 256,
+                      (pc.y.ptr, pc.weights.ptr, a.ptr, wp, s, y, part, pc.n_used, n))
         shape = a.shape
         return (DeviceArray(s, shape, blk, "f32", n),
                 LazyArray(y, shape, blk, _NormScale(self.k, part, n_part, n, eps), n))
@@ -1079,6 +1114,10 @@ class CudaOps(Ops):
         T, k, n = y.shape
         if weights.shape != (T, k):
             raise ValueError(f"moe_combine: weights {weights.shape}, expected [{T}, {k}]")
+        if T == 1 and FUSE_NORM and n:
+            # one token: deferred, in case an add_rmsnorm takes it as its branch output
+            blk = Block(4 * n)
+            return LazyArray(blk.ptr, (1, n), blk, _PendingCombine(self.k, y, weights, k, n), n)
         out = empty((T, n))
         if T and n:
             self.k.launch("reflex_moe_combine", ((n + 255) // 256, T), 256,

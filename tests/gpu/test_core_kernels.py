@@ -638,9 +638,59 @@ def test_moe_route_ties(cuda_ops, ref_ops):
     assert sorted(cuda_ops.to_numpy(ids_c)[1]) == sorted(ids_r[1]) == [0, 3, 9, 12]
 
 
+@pytest.mark.parametrize("E", [16, 300])
+def test_moe_route_nan_and_order(cuda_ops, ref_ops, E):
+    """The picks in descending order (ties: the lower index first), a NaN score after every
+    number, as the twin's stable sort: with one expert a thread (E = 16, the ranks) and with
+    more (E = 300, the rounds; no NaN there)."""
+    x = np.zeros((2, E), np.float32)
+    x[:, [2, 5, 7]] = [1.0, 3.0, 1.0]
+    if E <= 256:
+        x[1, 1] = np.nan
+    ids_c, w_c = cuda_ops.moe_route(cuda_ops.from_numpy(x), 5, "sigmoid")
+    ids_r, w_r = ref_ops.moe_route(x, 5, "sigmoid")
+    ids_c, w_c = cuda_ops.to_numpy(ids_c), cuda_ops.to_numpy(w_c)
+    assert ids_r.tolist() == [[5, 2, 7, 0, 1], [5, 2, 7, 0, 3] if E <= 256 else [5, 2, 7, 0, 1]]
+    assert ids_c.tolist() == ids_r.tolist()
+    close(w_c, w_r, 1e-6, 1e-7, "weights")
+
+
 @pytest.mark.parametrize("T,k,n", [(1, 1, 1), (7, 8, 1000), (64, 4, 257)])
 def test_moe_combine(cuda_ops, ref_ops, T, k, n, rng):
     y = rng.standard_normal((T, k, n)).astype(np.float32)
     w = rng.random((T, k)).astype(np.float32)
     got = cuda_ops.to_numpy(cuda_ops.moe_combine(cuda_ops.from_numpy(y), cuda_ops.from_numpy(w)))
     close(got, ref_ops.moe_combine(y, w), 1e-5, 1e-6, "moe_combine")
+
+
+@pytest.mark.parametrize("k,n", [(1, 7), (6, 1000), (8, 2048), (8, 4096 + 3)])
+def test_moe_combine_resnorm(attach_both, k, n, rng):
+    """One token's moe_combine taken by add_rmsnorm (reflex_moe_combine_resnorm): the sum s bit
+    for bit the CUDA moe_combine then add; a block sum per 256 values; the normed output (its
+    scale applied by reflex_norm_apply when read) vs the NumPy twin; the deferred sum itself
+    still readable afterwards."""
+    from reflex_core.backends.device_array import DeviceArray
+
+    y = rng.standard_normal((1, k, n)).astype(np.float32)
+    wts = rng.random((1, k)).astype(np.float32)
+    a = (rng.standard_normal((1, n)) * 3).astype(np.float32)
+    g = (1.0 + 0.3 * rng.standard_normal(n)).astype(np.float32)
+    cuda_ops, ref_ops = attach_both({"norm.weight": g})
+    dy, dw, da = cuda_ops.from_numpy(y), cuda_ops.from_numpy(wts), cuda_ops.from_numpy(a)
+    n_part = (n + 255) // 256
+    for wc, wr in ((cuda_ops.weight("norm.weight"), ref_ops.weight("norm.weight")), (None, None)):
+        h = cuda_ops.moe_combine(dy, dw)
+        s, yn = cuda_ops.add_rmsnorm(da, h, wc, 1e-6)
+        assert yn.pending.n_part == n_part
+        sums = cuda_ops.to_numpy(DeviceArray(yn.pending.part, (n_part,), s.owner, "f32", n_part))
+        s_ref, y_ref = ref_ops.add_rmsnorm(a, ref_ops.moe_combine(y, wts), wr, 1e-6)
+        got_s = cuda_ops.to_numpy(s)
+        close(got_s, s_ref, 1e-5, 1e-5, "moe_combine_resnorm sum")
+        plain = cuda_ops.to_numpy(cuda_ops.add(da, cuda_ops.moe_combine(dy, dw)))
+        close(got_s, plain, 0, 0, "moe_combine_resnorm sum vs moe_combine + add")
+        want = [np.sum(got_s[0, i:i + 256].astype(np.float64) ** 2) for i in range(0, n, 256)]
+        np.testing.assert_allclose(sums, want, rtol=2e-6)
+        close(cuda_ops.to_numpy(yn), y_ref, 1e-5, 1e-6,
+              f"moe_combine_resnorm norm w={wc is not None}")
+        assert h.pending is not None
+        close(cuda_ops.to_numpy(h), ref_ops.moe_combine(y, wts), 1e-5, 1e-6, "deferred sum")
