@@ -685,15 +685,13 @@ def test_fused_norm_launches(quant_signatures):
     assert q.fused_norm_launch(k, p, (4096, 0, 0), False, True, X + 4, "n") is None
 
 
-def test_residual_step_runs_inside_the_gemvs(quant_signatures, monkeypatch):
-    """CudaOps of one token: a matmul that the producer form fits is deferred; add_rmsnorm on it
-    launches that form (h = a + W x, y = h * w, the block sums) and no norm kernel; the GEMVs
-    that read y apply the scale themselves; any other reader of y gets reflex_norm_apply once,
-    in place, and the deferred product itself is still launched for a reader of it."""
+def _fake_cuda_ops(quant_signatures, monkeypatch):
+    """A CudaOps on fake kernels (launches recorded, arguments checked) and a fake allocator
+    (256-byte aligned addresses from 1 GiB up, nothing freed), REFLEX_FUSE_NORM on:
+    (kernels, ops, alloc)."""
     from reflex_core.backends import cuda_backend as cb
     from reflex_core.backends import device_array as da
     from reflex_core.cuda import quant_ops as q
-    from reflex_core.ops import Weight
 
     top = [1 << 30]
 
@@ -707,6 +705,20 @@ def test_residual_step_runs_inside_the_gemvs(quant_signatures, monkeypatch):
     k = _FakeKernels(quant_signatures)
     ops = object.__new__(cb.CudaOps)
     ops.k, ops._quant_ops, ops._quant_k = k, q, {"quant": k, "quant_lowbit": k}
+    return k, ops, alloc
+
+
+def test_residual_step_runs_inside_the_gemvs(quant_signatures, monkeypatch):
+    """CudaOps of one token: a matmul that the producer form fits is deferred; add_rmsnorm on it
+    launches that form (h = a + W x, y = h * w, the block sums) and no norm kernel; the GEMVs
+    that read y apply the scale themselves; any other reader of y gets reflex_norm_apply once,
+    in place, and the deferred product itself is still launched for a reader of it."""
+    from reflex_core.backends import cuda_backend as cb
+    from reflex_core.backends import device_array as da
+    from reflex_core.cuda import quant_ops as q
+    from reflex_core.ops import Weight
+
+    k, ops, alloc = _fake_cuda_ops(quant_signatures, monkeypatch)
     D, F = 4096, 12288
 
     def weight(name, n_in, n_out, at):
@@ -762,18 +774,7 @@ def test_moe_combine_step_runs_in_one_launch(quant_signatures, monkeypatch):
     from reflex_core.cuda import quant_ops as q
     from reflex_core.ops import Weight
 
-    top = [1 << 30]
-
-    def alloc(n):
-        top[0] += (n + 255) & ~255
-        return top[0] - ((n + 255) & ~255)
-
-    monkeypatch.setattr(da, "_alloc", alloc)
-    monkeypatch.setattr(da, "_free", lambda p: None)
-    monkeypatch.setattr(cb, "FUSE_NORM", True)
-    k = _FakeKernels(quant_signatures)
-    ops = object.__new__(cb.CudaOps)
-    ops.k, ops._quant_ops, ops._quant_k = k, q, {"quant": k, "quant_lowbit": k}
+    k, ops, alloc = _fake_cuda_ops(quant_signatures, monkeypatch)
     D, K = 2048 + 256, 8  # 9 block sums
     y = da.DeviceArray(alloc(4 * K * D), (1, K, D), None)
     wts = da.DeviceArray(alloc(4 * K), (1, K), None)
