@@ -976,6 +976,10 @@ class CudaOps(Ops):
                               "not supported by the CUDA kernels")
         if pb.n_kv > n_cells:
             raise ReflexError(f"attention over {pb.n_kv} cells, the cache has {n_cells}")
+        if self._att_done is None and attention_splits(1, H, n_cells) > 1:
+            # made by the prefill, so that a decode graph's first (traced) step allocates nothing
+            # that the captured one would not: else the first capture is dropped
+            self._att_counters()
         out = empty_f32((T, H * dv), T * H * dv)
         if T and H:
             ptrs = (q.ptr, k_cache.ptr, v_cache.ptr, out.ptr)
@@ -1008,7 +1012,8 @@ class CudaOps(Ops):
     def _att_counters(self) -> int:
         """The split attention's counters (ATT_COUNTERS int32, zero between launches: the last
         slice of each (token, head) sets its count back), made once, before any decode graph is
-        captured (the first steps of a DecodeGraph run eagerly)."""
+        captured: by the first attention over a cache that a decode step would split (the
+        prompt's, as a rule), else by the first eager step of a DecodeGraph."""
         if self._att_done is None:
             self._att_done = Block(4 * ATT_COUNTERS)
             memory.memset(self._att_done.ptr, 0, 4 * ATT_COUNTERS)

@@ -47,6 +47,28 @@ def check_graph_equals_eager(path, monkeypatch):
         lm.close()
 
 
+def test_graph_captured_at_step_2_over_a_split_cache(cuda_device, model_files, monkeypatch):
+    """A cache of 512 cells or more: the decode attention runs in slices with counters that the
+    prompt's attention makes, so the first traced step allocates nothing that the captured one
+    does not, and the graph is taken at step 2 as over a short cache; the tokens as eager."""
+    import dataclasses
+
+    from reflex_core.backends.cuda_backend import attention_splits
+
+    shape, seed = FAMILIES["qwen3"]
+    shape = dataclasses.replace(shape, context_length=1024)
+    n = 520
+    assert attention_splits(1, shape.n_head, len(PROMPT) + n) > 1
+    lm = engine.load(str(model_files(shape, seed=seed)), "cuda")[0]
+    try:  # the graph first: its ops have no counters yet
+        graphed, note = run(lm, n, GREEDY, monkeypatch, graphs=True)
+        assert note.startswith("graph (captured at step 2), steps chained on the device"), note
+        eager, _ = run(lm, n, GREEDY, monkeypatch, graphs=False)
+        assert graphed == eager
+    finally:
+        lm.close()
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("weight_type", ["F32", "Q8_0"])  # tiny shapes: 32-wide blocks
 def test_graph_decode_equals_eager(cuda_device, model_files, monkeypatch, family, weight_type):
