@@ -189,14 +189,15 @@ class _PendingCombine:
     residual add and the norm's block sums in one launch); a reader of the sum itself gets
     reflex_moe_combine launched first (:meth:`ready`). Holds the expert outputs and weights."""
 
-    __slots__ = ("k", "y", "weights", "n_used", "n")
+    __slots__ = ("k", "y", "weights")
 
-    def __init__(self, k, y, weights, n_used: int, n: int):
-        self.k, self.y, self.weights, self.n_used, self.n = k, y, weights, n_used, n
+    def __init__(self, k, y, weights):
+        self.k, self.y, self.weights = k, y, weights
 
     def ready(self, arr: LazyArray) -> None:
-        self.k.launch("reflex_moe_combine", (self.n + 255) // 256, 256,
-                      (self.y.ptr, self.weights.ptr, arr.address, self.n_used, self.n))
+        _, n_used, n = self.y.shape
+        self.k.launch("reflex_moe_combine", (n + 255) // 256, 256,
+                      (self.y.ptr, self.weights.ptr, arr.address, n_used, n))
 
 
 class _NormScale:
@@ -812,17 +813,12 @@ class CudaOps(Ops):
         form writes s = a + W x and y = s * w with the block sums of s^2; y's scale is left to
         its readers (:class:`_NormScale`). The deferred product itself stays available."""
         m = pg.m
-        name, grid, block, smem = pg.resnorm
-        n_part = grid[0]
-        off = (4 * n + 255) & ~255
-        blk = Block(2 * off + 4 * n_part)
-        y, s, part = blk.ptr, blk.ptr + off, blk.ptr + 2 * off
+        n_part = pg.resnorm[1][0]
+        s, y, part = self._resnorm_outputs(a.shape, n, n_part, eps)
         self._quant_ops.matmul_fused(self._qkern(m.module), pg.resnorm, m, pg.x.ptr,
-                                     (pg.w_ptr, 0, 0), (y, 0, 0), (n, 0, 0), False, a.ptr, wp, s,
-                                     part, n_part, 0.0)
-        shape = a.shape
-        return (DeviceArray(s, shape, blk, "f32", n),
-                LazyArray(y, shape, blk, _NormScale(self.k, part, n_part, n, eps), n))
+                                     (pg.w_ptr, 0, 0), (y.address, 0, 0), (n, 0, 0), False, a.ptr,
+                                     wp, s.ptr, part, n_part, 0.0)
+        return s, y
 
     def _combine_resnorm(self, a, pc: _PendingCombine, wp: int, n: int,
                          eps: float) -> tuple[DeviceArray, LazyArray]:
@@ -830,14 +826,22 @@ class CudaOps(Ops):
         weighted sum and y = s * w with the block sums of s^2 in one launch; y's scale is left
         to its readers (:class:`_NormScale`). The deferred sum itself stays available."""
         n_part = (n + 255) // 256
+        s, y, part = self._resnorm_outputs(a.shape, n, n_part, eps)
+        self.k.launch("reflex_moe_combine_resnorm", n_part, 256,
+                      (pc.y.ptr, pc.weights.ptr, a.ptr, wp, s.ptr, y.address, part,
+                       pc.y.shape[1], n))
+        return s, y
+
+    def _resnorm_outputs(self, shape: tuple, n: int, n_part: int,
+                         eps: float) -> tuple[DeviceArray, LazyArray, int]:
+        """The outputs of a one-row residual step, in one allocation: s (the new residual), y
+        (its h * w, the scale left to its readers: :class:`_NormScale`) and the address of the
+        ``n_part`` block sums of h^2 that the step's launch writes."""
         off = (4 * n + 255) & ~255
         blk = Block(2 * off + 4 * n_part)
         y, s, part = blk.ptr, blk.ptr + off, blk.ptr + 2 * off
-        self.k.launch("reflex_moe_combine_resnorm", n_part, 256,
-                      (pc.y.ptr, pc.weights.ptr, a.ptr, wp, s, y, part, pc.n_used, n))
-        shape = a.shape
         return (DeviceArray(s, shape, blk, "f32", n),
-                LazyArray(y, shape, blk, _NormScale(self.k, part, n_part, n, eps), n))
+                LazyArray(y, shape, blk, _NormScale(self.k, part, n_part, n, eps), n), part)
 
     def _rope_args(self, p: RopeParams) -> tuple:
         """(n_rot, neox, freq_base, freq_scale, ext_factor, attn_factor, corr_lo, corr_hi) of
@@ -1122,7 +1126,7 @@ class CudaOps(Ops):
         if T == 1 and FUSE_NORM and n:
             # one token: deferred, in case an add_rmsnorm takes it as its branch output
             blk = Block(4 * n)
-            return LazyArray(blk.ptr, (1, n), blk, _PendingCombine(self.k, y, weights, k, n), n)
+            return LazyArray(blk.ptr, (1, n), blk, _PendingCombine(self.k, y, weights), n)
         out = empty((T, n))
         if T and n:
             self.k.launch("reflex_moe_combine", ((n + 255) // 256, T), 256,
