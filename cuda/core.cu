@@ -1863,7 +1863,6 @@ extern "C" __global__ void reflex_moe_route(const float* __restrict__ logits,
     __shared__ float selp[REFLEX_MOE_MAX_K];
     __shared__ int seli[REFLEX_MOE_MAX_K];
     const float* lr = logits + (size_t)blockIdx.x * E;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) taken[e] = 0;
     if (gating == 1) {
         float mx = -INFINITY;
         for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, lr[e]);
@@ -1941,6 +1940,8 @@ extern "C" __global__ void reflex_moe_route(const float* __restrict__ logits,
         // k rounds in the first warp alone (shuffles, no block barriers): lane l scans experts
         // l, l + 32, ... in order, then the warp's (value desc, index asc) merge -- the same
         // pick as a block argmax over the untaken experts.
+        for (int e = threadIdx.x; e < E; e += 32) taken[e] = 0;
+        __syncwarp();
         for (int j = 0; j < k; j++) {
             float bv = -INFINITY;
             int bi = -1;

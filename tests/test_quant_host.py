@@ -633,10 +633,10 @@ def test_launcher_choices(quant_signatures):
 
 
 def test_fused_norm_launches(quant_signatures):
-    """The residual step's forms are those of the wide one-token GEMV the plain launch takes
-    (same grid, block and shared memory; the norm's arguments after the matmul's); none where
-    the plain launch is another GEMV, the type has none, or (producer) more than one weight or
-    SwiGLU."""
+    """The residual step's forms are those of the one-token GEMV the plain launch takes (same
+    grid, block and shared memory; the norm's arguments after the matmul's): producer and reader
+    of the wide GEMVs, the reader of the narrow gemv1s; none where the plain launch is another
+    GEMV, the type has none, or (producer) more than one weight, SwiGLU or narrow rows."""
     from reflex_core.cuda import quant_ops as q
 
     k = _FakeKernels(quant_signatures)
@@ -664,7 +664,11 @@ def test_fused_norm_launches(quant_signatures):
             (8, 1024, [W, W + 2, W + 4], [2048, 1024, 1024], False, "n", "gemv1ws"),
             (8, 2048, [W], [1024], False, "r", "gemv1ws"),
             (8, 1024, [W, W + 2], [3072, 3072], True, "n", "gemv1ws"),
-            (0, 512, [W], [1024], False, "r", "gemv1ws")):
+            (0, 512, [W], [1024], False, "r", "gemv1ws"),
+            (12, 2048, [W], [1023], False, "n", "gemv1s"),  # under GEMV_WIDE_MIN_ROWS
+            (0, 2048, [W], [128], False, "n", "gemv1s"),  # a MoE router
+            (14, 2048, [W, W + 210], [512, 256], False, "n", "gemv1s"),
+            (8, 1024, [W, W + 2], [300, 300], True, "n", "gemv1s")):
         plain, plain_smem, fused, fused_smem = both(t, n_in, ws, n_outs, swiglu, form)
         suffix = q._TYPES[t][0]
         assert plain[0] == f"reflex_matmul_{want}_{suffix}"
@@ -672,7 +676,7 @@ def test_fused_norm_launches(quant_signatures):
         assert fused[1:3] == plain[1:3] and fused_smem == plain_smem
         assert fused[3] == plain[3] + (R, WN, H, P, plain[1][0], 1e-6)
     for t, n_in, ws, n_outs, swiglu, form in (
-            (12, 2048, [W], [1023], False, "r"),  # gemv1s (under GEMV_WIDE_MIN_ROWS)
+            (12, 2048, [W], [1023], False, "r"),  # gemv1s: no producer form
             (12, 1024, [W], [4096], False, "n"),  # gemv1 (rows of few lane units)
             (8, 1024, [W, W + 2], [3072, 3072], True, "r"),  # a producer has one weight
             (8, 1024, [W, W + 2], [2048, 2048], False, "r"),
@@ -810,6 +814,53 @@ def test_moe_combine_step_runs_in_one_launch(quant_signatures, monkeypatch):
     assert type(h) is da.DeviceArray
     ops.add_rmsnorm(resid, h, None, 1e-6)
     assert [c[0] for c in k.calls[-2:]] == ["reflex_moe_combine", "reflex_add_rmsnorm"]
+
+
+def test_moe_layer_reads_the_norm_unapplied(quant_signatures, monkeypatch):
+    """CudaOps of one token: after a fused add_rmsnorm, the router's narrow GEMV and the experts'
+    gate/up GEMV on staged x (a K-quant) apply the norm's scale themselves, so the MoE layer
+    launches no reflex_norm_apply; experts without that form (Q8_0), x per expert, or two tokens
+    take the plain kernels on x made ready once."""
+    from reflex_core.backends import device_array as da
+    from reflex_core.cuda import quant_ops as q
+    from reflex_core.ops import Weight
+
+    k, ops, alloc = _fake_cuda_ops(quant_signatures, monkeypatch)
+    D, F, E, K = 2048, 768, 128, 8
+
+    def weight(name, t, ne, at):
+        return Weight(name, t, ne, at, q.plan(t, ne[:2], at) if len(ne) == 2 else None)
+
+    wo = weight("o", 12, (D, D), 1 << 24)
+    router = weight("router", 0, (D, E), 2 << 24)
+    gate, up = (weight(n, 12, (D, F, E), (3 + i) << 28) for i, n in enumerate(("gate", "up")))
+    gate8, up8 = (weight(n, 8, (D, F, E), (5 + i) << 28) for i, n in enumerate(("g8", "u8")))
+    x = da.DeviceArray(alloc(4 * D), (1, D), None)
+    resid = da.DeviceArray(alloc(4 * D), (1, D), None)
+    s, y = ops.add_rmsnorm(resid, ops.matmul(x, wo), None, 1e-6)
+    (_, grid, _, rargs), = k.calls
+    part, n_part = rargs[17], grid[0]
+    logits = ops.matmul(y, router)
+    name, grid, block, args = k.calls[-1]
+    assert name == "reflex_matmul_gemv1sn_f32" and args[3] == y.address and args[9] == E
+    assert args[-3:-1] == (part, n_part) and grid == (E // 4, 1, 1) and block == (128, 1, 1)
+    ids = da.DeviceArray(alloc(4 * K), (1, K), None, "i32")
+    g = ops.moe_matmul_swiglu(y, gate, up, ids)
+    name, grid, block, args = k.calls[-1]
+    assert name == "reflex_moe_matmulxn_q4_k" and args[:5] == (gate.data, up.data, y.address,
+                                                                ids.ptr, g.ptr)
+    assert args[-4:-1] == (1, part, n_part) and abs(args[-1] - 1e-6) < 1e-12
+    assert k.shmem[-1] == q.x_staged_bytes(12, D) and grid == (F // 8, K, 1)
+    assert len(k.calls) == 3 and type(logits) is da.DeviceArray and y.pending is not None
+    # Q8_0 experts have no staged form: x is normed once, in place, then the plain kernel
+    ops.moe_matmul_swiglu(y, gate8, up8, ids)
+    assert [c[0] for c in k.calls[-2:]] == ["reflex_norm_apply", "reflex_moe_matmul_q8_0"]
+    assert y.pending is None and k.calls[-1][3][2] == y.address
+    ops.moe_matmul_swiglu(y, gate, up, ids)  # x ready: the plain staged form
+    assert k.calls[-1][0] == "reflex_moe_matmulx_q4_k" and len(k.calls) == 6
+    with pytest.raises(ValueError, match="no normed form"):
+        q.moe_matmul(k, gate.data, 12, y.address, ids.ptr, g.ptr, 2, K, D, F, E,
+                     norm=(part, n_part, 1e-6))
 
 
 def test_quant_ops_imports_no_numpy():

@@ -1099,10 +1099,20 @@ class CudaOps(Ops):
         want = (T, k, n_in) if per_expert else (T, n_in)
         if x.shape != want:
             raise ValueError(f"moe_matmul: input shape {x.shape}, expected {list(want)}")
-        if x.ptr % 16:  # a row view of another array: the MoE kernels need 16-byte alignment
-            x = self._copy(x)
         y = empty_f32((T, k, n_out), T * k * n_out)
         q = self._quant_ops
+        if T == 1 and k and n_out and type(x) is LazyArray and type(x.pending) is _NormScale \
+                and x.address % 16 == 0 and q.moe_normed_ok(self._qkern_of(w.ggml_type),
+                                                            w.ggml_type, n_in):
+            # x a fused add_rmsnorm's output: the experts' GEMV applies its scale (as the dense
+            # GEMVs' normed forms), so no reflex_norm_apply
+            ns = x.pending
+            q.moe_matmul(self._qkern_of(w.ggml_type), w.data, w.ggml_type, x.address, ids.ptr,
+                         y.ptr, T, k, n_in, n_out, E, up_ptr=0 if up is None else up.data,
+                         norm=(ns.part, ns.n_part, ns.eps))
+            return y
+        if x.ptr % 16:  # a row view of another array: the MoE kernels need 16-byte alignment
+            x = self._copy(x)
         if T and k and q.moe_tiled_ok(T, k, E):  # long prompts: the slots grouped by expert
             order = empty((T * k,), "i32")
             tiles = empty((3 * q.moe_max_tiles(T * k, E),), "i32")

@@ -339,12 +339,14 @@ class MatPlan:
         self.tiled = f"reflex_matmul_tiled_{suffix}"
         # more than GEMV_MAX_T tokens on x halves (XH_TYPES), else None
         self.xh = f"reflex_matmul_xh_{suffix}" if ggml_type in XH_TYPES else None
-        # NORM_TYPES: the wide one-token GEMV's name -> its residual-step forms {"r": ..., "n": ...}
+        # NORM_TYPES: a one-token GEMV's name -> its residual-step forms {"r": ..., "n": ...}
+        # (the narrow gemv1s has the reader's alone)
         self.fused: dict[str, dict[str, str]] | None = None
         if ggml_type in NORM_TYPES:
             self.fused = {f"reflex_matmul_gemv1{f}_{suffix}":
                           {e: f"reflex_matmul_gemv1{f}{e}_{suffix}" for e in "rn"}
                           for f in (("ws", "x") if ggml_type in XS_CHUNK else ("ws",))}
+            self.fused[self.gemv1s] = {"n": f"reflex_matmul_gemv1sn_{suffix}"}
         self.error: str | None = None
         self.row_bytes = 0
         if len(ne) > 2 and any(v != 1 for v in ne[2:]):
@@ -401,14 +403,16 @@ def fused_norm_launch(kern, p: MatPlan, n_outs: tuple, swiglu: bool, gemv_w_ok: 
     """The residual-step form of the one-token GEMV :func:`matmul_planned` would launch, as
     (kernel, grid, block, dynamic shared memory), or None when that GEMV has none (a type outside
     NORM_TYPES, another GEMV). ``form`` "r": the producer (one weight, plain products; its grid
-    is the count of block sums it writes); "n": the reader of a normed x. Launch it with
-    :func:`matmul_fused`."""
+    is the count of block sums it writes; the wide GEMVs only); "n": the reader of a normed x
+    (the wide GEMVs and gemv1s). Launch it with :func:`matmul_fused`."""
     if p.fused is None or (form == "r" and (swiglu or n_outs[1] or n_outs[2])):
         return None
     c = _gemv1_wide(kern, p, n_outs, swiglu, gemv_w_ok, x_ptr)
-    if c is None:
+    if c is None and p.split == 2 and gemv_w_ok and x_ptr % 16 == 0:  # matmul_planned's gemv1s
+        c = p.gemv1s, (_gemv_grid_x(2, n_outs, swiglu), 1, 1), (_GEMV_THREADS, 1, 1), 0
+    name = None if c is None else p.fused[c[0]].get(form)
+    if name is None:
         return None
-    name = p.fused[c[0]][form]
     if c[3] and not kern.allow_shmem(name, c[3]):
         return None
     return (name,) + c[1:]
@@ -604,9 +608,20 @@ def matmul_pairs(kern, kern_common, p: MatPlan, xp_ptr: int, T: int, w_ptrs: tup
                         p.n_in, n0, n1, n2, 2 * p.n_in, 1 if swiglu else 0), smem)
 
 
+def moe_normed_ok(kern, ggml_type: int, n_in: int) -> bool:
+    """Whether one token's :func:`moe_matmul` of this type takes x as the output of a
+    residual-step GEMV with the norm's scale still to apply (``norm``: reflex_moe_matmulxn_<t>,
+    the staged x form of the K-quants with a reader form)."""
+    if not (GEMV_XS and ggml_type in XS_CHUNK and ggml_type in NORM_TYPES):
+        return False
+    nbytes = x_staged_bytes(ggml_type, n_in)
+    return nbytes <= XS_MAX_SHMEM and kern.allow_shmem(
+        f"reflex_moe_matmulxn_{_info(ggml_type)[0]}", nbytes)
+
+
 def moe_matmul(kern, w_ptr: int, ggml_type: int, x_ptr: int, ids_ptr: int, y_ptr: int, T: int,
                k: int, n_in: int, n_out: int, n_expert: int, x_per_expert: bool = False,
-               up_ptr: int = 0) -> None:
+               up_ptr: int = 0, norm: tuple | None = None) -> None:
     """MoE gather-matmul over the 3-D expert tensor ``w`` (ne ``[n_in, n_out, n_expert]``): for
     token t and slot j, ``y[t, j, :] = W[ids[t, j]] . x_row`` with ``x_row = x[t]`` (``x [T, n_in]``
     shared by the k slots) or ``x[t, j]`` (``x [T, k, n_in]``, ``x_per_expert=True``). ``ids`` is
@@ -614,7 +629,9 @@ def moe_matmul(kern, w_ptr: int, ggml_type: int, x_ptr: int, ids_ptr: int, y_ptr
     ``[T, k, n_out]`` float32. Only the selected experts' weights are read. An id outside
     ``[0, n_expert)`` yields NaN outputs for that slot. ``up_ptr`` (an expert tensor of the same
     type and shape): SwiGLU, ``y[t, j, :] = silu(W . x_row) * (W_up . x_row)`` in the same launch
-    (``w`` the gate experts)."""
+    (``w`` the gate experts). ``norm`` ``(part, n_part, eps)``: x is a residual-step GEMV's
+    ``h * w`` whose rows are scaled by the norm (:func:`matmul_fused`'s reader) as they are read;
+    only where :func:`moe_normed_ok` and for one token shared by the slots."""
     suffix, name, _, _, _ = _info(ggml_type)
     rb = row_bytes(ggml_type, n_in)
     _check_int32(T=T, k=k, n_in=n_in, n_out=n_out, n_expert=n_expert, slots=T * k)
@@ -628,6 +645,13 @@ def moe_matmul(kern, w_ptr: int, ggml_type: int, x_ptr: int, ids_ptr: int, y_ptr
     grid = (_gemv_grid_x(1, (n_out,), bool(up_ptr), _MOE_R), min(T * k, _MAX_GRID_Y), 1)
     args = (w_ptr, up_ptr, x_ptr, ids_ptr, y_ptr, T, k, n_in, n_out, rb, n_out * rb,
             1 if x_per_expert else 0, n_expert, 1 if up_ptr else 0)
+    if norm is not None:
+        if T != 1 or x_per_expert or not moe_normed_ok(kern, ggml_type, n_in):
+            raise ValueError(f"moe_matmul {name}: no normed form for T={T}, n_in={n_in}"
+                             f"{', x per expert' if x_per_expert else ''}")
+        kern.launch(f"reflex_moe_matmulxn_{suffix}", grid, (_GEMV_THREADS, 1, 1),
+                    args + tuple(norm), x_staged_bytes(ggml_type, n_in))
+        return
     if T == 1 and GEMV_XS and ggml_type in XS_CHUNK:  # on x limbs, as the dense gemv1x
         nbytes = x_staged_bytes(ggml_type, n_in)
         name_x = f"reflex_moe_matmulx_{suffix}"
@@ -706,6 +730,9 @@ def kernel_names(module: str = COMMON_MODULE) -> list[str]:
         if t in NORM_TYPES:
             names += [f"reflex_matmul_gemv1{f}{e}_{suffix}" for e in "rn"
                       for f in (("ws", "x") if t in XS_CHUNK else ("ws",))]
+            names.append(f"reflex_matmul_gemv1sn_{suffix}")
+            if t in XS_CHUNK:
+                names.append(f"reflex_moe_matmulxn_{suffix}")
         if t in XH_TYPES:
             names += [f"reflex_matmul_xh_{suffix}", f"reflex_moe_xh_{suffix}"]
     if module == COMMON_MODULE:

@@ -519,6 +519,19 @@ def test_residual_step_forms(qk, cuda_ctx, name):
         np.testing.assert_allclose(download(ctx, gp, 1100), want, rtol=4e-6,
                                    atol=1e-6 * (np.abs(want).max() + 1),
                                    err_msg=f"{name} reader swiglu n_part={n_part}")
+        # the narrow reader (gemv1sn: fewer rows than the wide forms take), three segments
+        narrow = (300, 45, 70)
+        c = quant_ops.fused_norm_launch(kern, p, narrow, False, True, xp, "n")
+        assert c is not None and c[0] == p.gemv1s.replace("gemv1s_", "gemv1sn_"), \
+            f"{name}: no narrow reader form"
+        yps = [upload(ctx, np.full(n, np.nan, np.float32))[1] for n in narrow]
+        quant_ops.matmul_fused(kern, c, p, xp, tuple(wps), tuple(yps), narrow, False, 0, 0, 0, pp,
+                               n_part, 1e-6)
+        plain = [upload(ctx, np.full(n, np.nan, np.float32))[1] for n in narrow]
+        matmul_multi(ctx, t, xp, 1, n_in, wps, plain, list(narrow))
+        for i, (yp, pl, n) in enumerate(zip(yps, plain, narrow)):
+            assert_bits_equal(download(ctx, yp, n), download(ctx, pl, n) * r,
+                              f"{name} narrow reader n_part={n_part} segment {i}")
         # reflex_norm_apply, in place
         _, ap = upload(ctx, x)
         cuda_ctx.kernels("core").launch("reflex_norm_apply", ((n_in + 255) // 256, 1, 1),
@@ -989,6 +1002,54 @@ def test_moe_matmul(qk, name):
     y = download(ctx, yp, k * n_out).reshape(k, n_out)
     assert np.isnan(y[1]).all()
     check_matmul(y[0][None], wf[1], x, f"{name} moe next to an invalid id")
+
+
+@pytest.mark.parametrize("name", [n for n in TYPES if TYPES[n] in quant_ops.XS_CHUNK
+                                  and TYPES[n] in quant_ops.NORM_TYPES])
+def test_moe_matmul_normed(qk, name):
+    """One token's MoE GEMV on the output of a residual-step GEMV (reflex_moe_matmulxn_<t>): the
+    plain launch's bits on the same x times rx_norm_scale of the block sums (9 and 300 of them),
+    SwiGLU within a few ulp of silu(g * r) * (u * r), with a repeated expert, an odd row count
+    and an invalid id (NaN rows); x is left as it was."""
+    ctx, kernels_of = qk
+    kern = kernels_of(name)
+    t = TYPES[name]
+    rng = np.random.default_rng(430 + t)
+    E, k, n_out = 6, 4, 77
+    for n_in in (768, 2048):
+        assert quant_ops.moe_normed_ok(kern, t, n_in), f"{name} n_in={n_in}: no normed form"
+        gate, up = (upload(ctx, random_weights(rng, name, E * n_out, n_in)[0])[1] for _ in "gu")
+        ids = np.array([[3, 3, 0, E]], np.int32)  # a repeated expert, an invalid id
+        _, ip = upload(ctx, ids)
+        x = (rng.standard_normal((1, n_in)) * 3).astype(np.float32)
+        for n_part in (9, 300):
+            part = (rng.random(n_part) * 50 * n_in / 2048).astype(np.float32)
+            _, pp = upload(ctx, part)
+            r = norm_scale_ref(part, n_in, 1e-6)
+            _, xp = upload(ctx, x)
+            outs = {}
+            for key, w_up, norm in (("n", 0, (pp, n_part, 1e-6)), ("n_swiglu", up, (pp, n_part, 1e-6)),
+                                    ("g", 0, None), ("u", up, None)):
+                yp = upload(ctx, np.full(k * n_out, np.nan, np.float32))[1]
+                if key == "u":  # the up experts alone
+                    quant_ops.moe_matmul(kern, up, t, xp, ip, yp, 1, k, n_in, n_out, E)
+                else:
+                    quant_ops.moe_matmul(kern, gate, t, xp, ip, yp, 1, k, n_in, n_out, E,
+                                         up_ptr=w_up, norm=norm)
+                outs[key] = download(ctx, yp, k * n_out)
+            what = f"{name} n_in={n_in} n_part={n_part}"
+            assert_bits_equal(download(ctx, xp, n_in), x[0], f"{what}: x left as it was")
+            for key in outs:
+                assert np.isnan(outs[key][3 * n_out:]).all(), f"{what} {key}: the invalid id"
+                assert not np.isnan(outs[key][:3 * n_out]).any(), f"{what} {key}"
+            ok = slice(0, 3 * n_out)
+            assert_bits_equal(outs["n"][ok], outs["g"][ok] * r, what)
+            g = outs["g"][ok].astype(np.float64) * float(r)
+            u = outs["u"][ok].astype(np.float64) * float(r)
+            want = g / (1 + np.exp(-g)) * u
+            np.testing.assert_allclose(outs["n_swiglu"][ok], want, rtol=4e-6,
+                                       atol=1e-6 * (np.abs(want).max() + 1),
+                                       err_msg=f"{what} swiglu")
 
 
 @pytest.mark.parametrize("name,xh", [("F32", False), ("Q8_0", False), ("Q8_0", True),

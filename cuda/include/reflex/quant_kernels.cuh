@@ -73,7 +73,11 @@
 //   weight, mode 0: h = resid + W x (h_out), y0 = h * nw (nw null: h), part[block] = the
 //   block's sum of h^2. "n": x is such a y0; the sums are scaled by rx_norm_scale(part, n_part,
 //   n_in, eps) before the stores (and the SwiGLU), so the outputs are those of rmsnorm(h) * nw.
-//   Launch shapes as gemv1ws / gemv1x.
+//   Launch shapes as gemv1ws / gemv1x. The same types' reflex_matmul_gemv1sn_<t>: "n" of gemv1s
+//   (fewer rows than the wide forms take), launched as gemv1s.
+//
+// reflex_moe_matmulxn_<t>(reflex_moe_matmulx_<t>'s parameters, part, n_part, eps)    (T = 1)
+//   Q4_K, Q5_K, Q6_K: reflex_moe_matmulx_<t> on such a y0, its sums scaled as the "n" forms'.
 //
 // reflex_matmul_tiled_<t>(w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, n2, row_bytes, mode)
 //   (any T; prefill) Shared-memory GEMM tile: a 256-thread block computes 64 weight rows x 64
@@ -453,13 +457,24 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
 
 // XS (one token, the K-quants of XS_CHUNK): x as limbs staged in shared memory, as gemv_body's
 // XS form (the block's warps write them for each slot whose x differs from the last one's).
-template <int TYPE, int R = GEMV_R, bool XS = false>
+// NORMED (XS only): x is the output of a residual-step GEMV (GEMV_RESNORM's y0); as in gemv_body's
+// GEMV_NORMED, the sums are scaled by rx_norm_scale(part[0 .. n_part)) before the stores (and the
+// SwiGLU), the scale computed by warp 0 while the block stages x.
+template <int TYPE, int R = GEMV_R, bool XS = false, bool NORMED = false>
 __device__ __forceinline__ void moe_body(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_up,
                                          const float* __restrict__ x, const int* __restrict__ ids,
                                          float* __restrict__ y, int T, int k, int n_in, int n_out,
                                          long long row_bytes, long long expert_bytes,
-                                         int x_per_expert, int n_expert, int mode) {
+                                         int x_per_expert, int n_expert, int mode,
+                                         const float* __restrict__ part = nullptr, int n_part = 0,
+                                         float eps = 0.0f) {
+    static_assert(!NORMED || XS, "the normed form stages x");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float pv[RX_NORM_PV];
+    __shared__ float norm_r;
+    if constexpr (NORMED) {
+        if (warp == 0) rx_norm_load(part, n_part, pv);
+    }
     // mode 0: rows row0 .. row0 + R - 1 of W_e; mode 1: gate_e and up_e rows row0 .. + R/2 - 1
     const int nr = mode == 1 ? R / 2 : R;  // output rows a warp
     const int row0 = (blockIdx.x * GEMV_WARPS + warp) * nr;
@@ -490,7 +505,14 @@ __device__ __forceinline__ void moe_body(const uint8_t* __restrict__ w, const ui
         if constexpr (XS) {
             if (xrow != staged) {
                 __syncthreads();  // the last slot's readers are done
-                rx_stage_x_limbs<TYPE, GEMV_WARPS * 32>(xs, n_in);
+                rx_stage_x_limbs<TYPE, GEMV_WARPS * 32, false>(xs, n_in);
+                if constexpr (NORMED) {
+                    if (warp == 0 && staged < 0) {
+                        const float r = rx_norm_scale(part, n_part, pv, n_in, eps);
+                        if (lane == 0) norm_r = r;
+                    }
+                }
+                __syncthreads();
                 staged = xrow;
             }
             rx_gemv_rows_limbs<TYPE, R>(rp, rx_x_staged_words(), live ? n_in : 0, lane, 32, acc);
@@ -498,6 +520,10 @@ __device__ __forceinline__ void moe_body(const uint8_t* __restrict__ w, const ui
             rx_gemv_rows<TYPE, 1, R>(rp, xs, 1, n_in, lane, 32, acc);
         }
         gemv_sums<1, 1>(acc);
+        if constexpr (NORMED) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r][0] *= norm_r;
+        }
         if (live) gemv_store<1>(acc, mode == 1, ys, 1, n_out, row0);
     }
 }
@@ -1481,8 +1507,25 @@ __device__ __forceinline__ void pairs_body(const uint8_t* __restrict__ w0, const
         reflex_matmul_gemv1##FORM##n_##name(RX_MM_NORM_PARAMS) {                                     \
         gemv_body<TYPE, 1, 2, false, 4, XS, WARPS, GEMV_NORMED>(RX_MM_NORM_ARGS);                     \
     }
-#define RX_QUANT_NORM_KERNELS(name, TYPE) RX_QUANT_NORM_FORMS(ws, name, TYPE, false, GEMV_WARPS)
-#define RX_QUANT_XS_NORM_KERNELS(name, TYPE) RX_QUANT_NORM_FORMS(x, name, TYPE, true, GEMVX_WARPS)
+// reflex_matmul_gemv1sn_<t>: the reader form of gemv1s (launches with fewer rows than
+// quant_ops.GEMV_WIDE_MIN_ROWS: a MoE router, a narrow v); no producer form (an output projection
+// has the model's width).
+#define RX_QUANT_NORM_KERNELS(name, TYPE)                                                             \
+    RX_QUANT_NORM_FORMS(ws, name, TYPE, false, GEMV_WARPS)                                            \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
+        reflex_matmul_gemv1sn_##name(RX_MM_NORM_PARAMS) {                                            \
+        gemv_body<TYPE, 1, 2, false, GEMV_R, false, GEMV_WARPS, GEMV_NORMED>(RX_MM_NORM_ARGS);         \
+    }
+// reflex_moe_matmulxn_<t>: reflex_moe_matmulx_<t> on the output of a residual-step GEMV (moe_body's
+// NORMED form; the norm's arguments after the MoE ones).
+#define RX_QUANT_XS_NORM_KERNELS(name, TYPE)                                                          \
+    RX_QUANT_NORM_FORMS(x, name, TYPE, true, GEMVX_WARPS)                                             \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 4)                                  \
+        reflex_moe_matmulxn_##name(RX_MOE_PARAMS, const float* __restrict__ part, int n_part,         \
+                                   float eps) {                                                       \
+        RX_PDL_ENTRY();                                                                              \
+        moe_body<TYPE, 4, true, true>(RX_MOE_ARGS, part, n_part, eps);                                \
+    }
 
 // The one-token GEMV on x limbs staged in shared memory (gemv_body's XS form), for the K-quants
 // with an integer view (cuda/quant.cu: Q4_K, Q5_K, Q6_K): GEMVX_WARPS warps a block, two a row
