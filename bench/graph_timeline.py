@@ -4,9 +4,11 @@ and end), and each kernel is charged the time from the end of the kernel before 
 end -- with programmatic dependent launch a kernel starts before the one ahead of it ends, so
 its own duration includes waiting. Needs torch (the device image's python3).
 
-usage: python3 bench/graph_timeline.py MODEL LABEL [--long] [--steps 24] [--top 16]
+usage: python3 bench/graph_timeline.py MODEL LABEL [--long] [--steps 24] [--top 16] [--seq N]
 Prints per token: the kernels by charged time (count, us charged, us from start to end), and
-the span from the first kernel's start to the last one's end.
+the span from the first kernel's start to the last one's end. --seq N: then the first N kernels
+of one step in launch order (a step starts at its embedding's kernel), each with its start and
+end from the step's start, its own time and its charged time.
 """
 import collections
 import sys
@@ -24,6 +26,7 @@ from reflex_core import engine  # noqa: E402
 def main() -> None:
     ap = parser(24)
     ap.add_argument("--top", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=0)
     a = ap.parse_args()
     torch.cuda.init()
     lm, ids = load(a.model, a.long)
@@ -58,6 +61,18 @@ def main() -> None:
     for name, c in sorted(charged.items(), key=lambda kv: -kv[1])[:a.top]:
         print(f"  {c / n:8.1f} us charged  {count[name] / n:5.1f}x  {own[name] / n:8.1f} us own  "
               f"{name[:70]}")
+    starts = [i for i, e in enumerate(kern) if e.name.startswith("reflex_embed")]
+    if a.seq and len(starts) >= 3:
+        i0 = starts[-3]
+        t0 = kern[i0].time_range.start
+        prev = kern[i0 - 1].time_range.end if i0 else t0
+        print(f"one step's first {a.seq} kernels: start, end (us from the step's start), own, "
+              f"charged")
+        for e in kern[i0:min(i0 + a.seq, starts[-2])]:
+            r = e.time_range
+            print(f"  {r.start - t0:8.1f} {r.end - t0:8.1f} {r.elapsed_us():7.1f} "
+                  f"{r.end - max(prev, r.start) if r.end > prev else 0.0:7.1f}  {e.name[:60]}")
+            prev = max(prev, r.end)
 
 
 if __name__ == "__main__":
