@@ -329,6 +329,8 @@ def rope_params(meta: Meta, n_rot: int, mode: str = "neox", yarn_log_mul: float 
     if ext_factor != 0.0 and n_ctx_orig <= 0:
         raise meta.error("YaRN rope scaling needs rope.scaling.original_context_length or "
                           "context_length")
+    if ext_factor != 0.0 and base == 1.0:  # YaRN's ramp divides by log(freq_base)
+        raise meta.error(f"{meta.key('rope.freq_base')} = 1 leaves YaRN rope scaling undefined")
     if not (abs(freq_scale) <= F32_MAX and abs(attn_factor) <= F32_MAX):
         raise meta.error(f"RoPE scaling ({meta.key(factor_key)} = {factor}, "
                           f"{meta.key('rope.scaling.attn_factor')}) is out of float32's range")

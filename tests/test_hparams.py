@@ -160,6 +160,14 @@ def test_rope_params_yarn(fake_gguf):
     d.set("deepseek2.rope.scaling.factor", 40.0, T_FLOAT32)
     pd = rope_params(Meta(d, "deepseek2"), 64, "norm", yarn_log_mul=0.707)
     assert pd.attn_factor == pytest.approx(1 / (1 + 0.1 * math.log(40.0)))
+    # freq_base 1: YaRN's ramp (a division by log(freq_base)) is undefined -- a one-line error
+    # (found by the hparams fuzz target as a ZeroDivisionError in the first forward)
+    g.set("qwen3.rope.freq_base", 1.0, T_FLOAT32)
+    with pytest.raises(ModelError, match=r"^[^\n]*rope\.freq_base = 1 leaves YaRN rope scaling "
+                                         r"undefined$"):
+        rope_params(Meta(g, "qwen3"), 64)
+    g.set("qwen3.rope.scaling.type", "linear", T_STRING)  # plain RoPE with base 1: allowed
+    assert rope_params(Meta(g, "qwen3"), 64).freq_base == 1.0
 
 
 def test_rope_params_bad_type(fake_gguf):
