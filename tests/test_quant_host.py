@@ -453,7 +453,9 @@ class _FakeKernels:
 
         packer(self.signatures[name]).pack(args)  # struct.error on a count or type mismatch
         assert shmem <= self.allowed.get(name, 32 << 10), f"{name}: {shmem} bytes not allowed"
-        grid, block = ((v, 1, 1) if type(v) is int else tuple(v) for v in (grid, block))
+        # as Kernels.launch reads them: an int or (x[, y[, z]]), the missing sizes 1
+        grid, block = ((v, 1, 1) if type(v) is int else (tuple(v) + (1, 1))[:3]
+                       for v in (grid, block))
         self.calls.append((name, grid, block, tuple(args)))
         self.shmem.append(shmem)
 
@@ -808,7 +810,7 @@ def test_moe_combine_step_runs_in_one_launch(quant_signatures, monkeypatch):
     y2 = da.DeviceArray(alloc(8 * K * D), (2, K, D), None)
     w2 = da.DeviceArray(alloc(8 * K), (2, K), None)
     assert type(ops.moe_combine(y2, w2)) is da.DeviceArray
-    assert k.calls[-1][0] == "reflex_moe_combine" and k.calls[-1][1] == (n_part, 2)
+    assert k.calls[-1][0] == "reflex_moe_combine" and k.calls[-1][1] == (n_part, 2, 1)
     monkeypatch.setattr(cb, "FUSE_NORM", False)
     h = ops.moe_combine(y, wts)
     assert type(h) is da.DeviceArray

@@ -195,9 +195,15 @@ class _PendingCombine:
         self.k, self.y, self.weights = k, y, weights
 
     def ready(self, arr: LazyArray) -> None:
-        _, n_used, n = self.y.shape
-        self.k.launch("reflex_moe_combine", (n + 255) // 256, 256,
-                      (self.y.ptr, self.weights.ptr, arr.address, n_used, n))
+        _combine_launch(self.k, self.y, self.weights, arr.address)
+
+
+def _combine_launch(k, y, weights, out_ptr: int) -> None:
+    """The weighted sum of the expert outputs ``y [T, k, n]`` by ``weights [T, k]`` into
+    ``out_ptr`` ([T, n] float32): one reflex_moe_combine launch."""
+    T, n_used, n = y.shape
+    k.launch("reflex_moe_combine", ((n + 255) // 256, T), 256,
+             (y.ptr, weights.ptr, out_ptr, n_used, n))
 
 
 class _NormScale:
@@ -1101,32 +1107,32 @@ class CudaOps(Ops):
             raise ValueError(f"moe_matmul: input shape {x.shape}, expected {list(want)}")
         y = empty_f32((T, k, n_out), T * k * n_out)
         q = self._quant_ops
-        if T == 1 and k and n_out and type(x) is LazyArray and type(x.pending) is _NormScale \
-                and x.address % 16 == 0 and q.moe_normed_ok(self._qkern_of(w.ggml_type),
-                                                            w.ggml_type, n_in):
+        kern = self._qkern_of(w.ggml_type)  # up (if any) is of w's type: the same module
+        norm = None
+        if T == 1 and type(x) is LazyArray and type(x.pending) is _NormScale \
+                and x.address % 16 == 0 and q.moe_normed_ok(kern, w.ggml_type, n_in):
             # x a fused add_rmsnorm's output: the experts' GEMV applies its scale (as the dense
             # GEMVs' normed forms), so no reflex_norm_apply
             ns = x.pending
-            q.moe_matmul(self._qkern_of(w.ggml_type), w.data, w.ggml_type, x.address, ids.ptr,
-                         y.ptr, T, k, n_in, n_out, E, up_ptr=0 if up is None else up.data,
-                         norm=(ns.part, ns.n_part, ns.eps))
-            return y
-        if x.ptr % 16:  # a row view of another array: the MoE kernels need 16-byte alignment
-            x = self._copy(x)
+            norm, x_ptr = (ns.part, ns.n_part, ns.eps), x.address
+        else:
+            if x.ptr % 16:  # a row view of another array: the MoE kernels need 16-byte alignment
+                x = self._copy(x)
+            x_ptr = x.ptr
         if T and k and q.moe_tiled_ok(T, k, E):  # long prompts: the slots grouped by expert
             order = empty((T * k,), "i32")
             tiles = empty((3 * q.moe_max_tiles(T * k, E),), "i32")
             n_tiles = empty((1,), "i32")
             halves = None
             if w.ggml_type in q.XH_TYPES and _XH:  # the expert tiles on x halves
-                halves = self._x_halves(x.ptr, T * k if per_expert else T, n_in)
-            q.moe_matmul_grouped(self._qkern_of(w.ggml_type), self.k, w.data, w.ggml_type, x.ptr,
-                                 ids.ptr, y.ptr, T, k, n_in, n_out, E, order.ptr, tiles.ptr,
-                                 n_tiles.ptr, per_expert, up_ptr=0 if up is None else up.data,
+                halves = self._x_halves(x_ptr, T * k if per_expert else T, n_in)
+            q.moe_matmul_grouped(kern, self.k, w.data, w.ggml_type, x_ptr, ids.ptr, y.ptr, T, k,
+                                 n_in, n_out, E, order.ptr, tiles.ptr, n_tiles.ptr, per_expert,
+                                 up_ptr=0 if up is None else up.data,
                                  xh_ptr=0 if halves is None else halves.ptr)
-        elif T and k:  # up (if any) is of w's type: the same module
-            q.moe_matmul(self._qkern_of(w.ggml_type), w.data, w.ggml_type, x.ptr, ids.ptr, y.ptr,
-                         T, k, n_in, n_out, E, per_expert, up_ptr=0 if up is None else up.data)
+        elif T and k:
+            q.moe_matmul(kern, w.data, w.ggml_type, x_ptr, ids.ptr, y.ptr, T, k, n_in, n_out, E,
+                         per_expert, up_ptr=0 if up is None else up.data, norm=norm)
         return y
 
     def moe_combine(self, y, weights) -> DeviceArray:
@@ -1139,8 +1145,7 @@ class CudaOps(Ops):
             return LazyArray(blk.ptr, (1, n), blk, _PendingCombine(self.k, y, weights), n)
         out = empty((T, n))
         if T and n:
-            self.k.launch("reflex_moe_combine", ((n + 255) // 256, T), 256,
-                          (y.ptr, weights.ptr, out.ptr, k, n))
+            _combine_launch(self.k, y, weights, out.ptr)
         return out
 
     # --- results to the host ----------------------------------------------------------------

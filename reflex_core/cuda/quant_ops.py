@@ -398,6 +398,18 @@ def _gemv1_wide(kern, p: MatPlan, n_outs: tuple, swiglu: bool, gemv_w_ok: bool,
     return p.gemv1ws, (_gemv_grid_x(2, n_outs, swiglu, 4), 1, 1), (_GEMV_THREADS, 1, 1), 0
 
 
+def _gemv_small(p: MatPlan, T: int, n_outs: tuple, swiglu: bool, gemv_w_ok: bool,
+                x_ptr: int) -> tuple | None:
+    """(kernel, grid, block, dynamic shared memory) of the GEMV that :func:`matmul_planned`
+    launches for ``T`` tokens on float x where no wide or x-limbs form applies (one token:
+    gemv1s for rows of ``p.split`` 2, else gemv1..8), or None (the tiled kernel's sizes)."""
+    if not (T <= GEMV_MAX_T and gemv_w_ok and x_ptr % 16 == 0):
+        return None
+    ks = p.split if T == 1 else 1
+    name = p.gemv1s if ks == 2 else p.gemv[_TT_INDEX[T]]
+    return name, (_gemv_grid_x(ks, n_outs, swiglu), 1, 1), (_GEMV_THREADS, 1, 1), 0
+
+
 def fused_norm_launch(kern, p: MatPlan, n_outs: tuple, swiglu: bool, gemv_w_ok: bool,
                       x_ptr: int, form: str) -> tuple | None:
     """The residual-step form of the one-token GEMV :func:`matmul_planned` would launch, as
@@ -407,10 +419,9 @@ def fused_norm_launch(kern, p: MatPlan, n_outs: tuple, swiglu: bool, gemv_w_ok: 
     (the wide GEMVs and gemv1s). Launch it with :func:`matmul_fused`."""
     if p.fused is None or (form == "r" and (swiglu or n_outs[1] or n_outs[2])):
         return None
-    c = _gemv1_wide(kern, p, n_outs, swiglu, gemv_w_ok, x_ptr)
-    if c is None and p.split == 2 and gemv_w_ok and x_ptr % 16 == 0:  # matmul_planned's gemv1s
-        c = p.gemv1s, (_gemv_grid_x(2, n_outs, swiglu), 1, 1), (_GEMV_THREADS, 1, 1), 0
-    name = None if c is None else p.fused[c[0]].get(form)
+    c = (_gemv1_wide(kern, p, n_outs, swiglu, gemv_w_ok, x_ptr)
+         or _gemv_small(p, 1, n_outs, swiglu, gemv_w_ok, x_ptr))
+    name = None if c is None else p.fused.get(c[0], {}).get(form)
     if name is None:
         return None
     if c[3] and not kern.allow_shmem(name, c[3]):
@@ -472,10 +483,9 @@ def matmul_planned(kern, p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: 
         name, grid, block, smem = wide
         kern.launch(name, grid, block, args, smem)
         return
-    if T <= GEMV_MAX_T and gemv_w_ok and x_ptr % 16 == 0:
-        ks = p.split if T == 1 else 1
-        name = p.gemv1s if ks == 2 else p.gemv[_TT_INDEX[T]]
-        kern.launch(name, (_gemv_grid_x(ks, n_outs, swiglu), 1, 1), (_GEMV_THREADS, 1, 1), args)
+    small = _gemv_small(p, T, n_outs, swiglu, gemv_w_ok, x_ptr)
+    if small is not None:
+        kern.launch(small[0], small[1], small[2], args)
         return
     gx, gy = _tile_grid(T, n_outs, swiglu)
     if T > GEMV_MAX_T and xq_ptr and p.xh is not None and xq_ptr % 16 == 0:

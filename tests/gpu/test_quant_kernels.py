@@ -499,16 +499,23 @@ def test_residual_step_forms(qk, cuda_ctx, name):
         _, pp = upload(ctx, part)
         r = norm_scale_ref(part, n_in, 1e-6)
         p = quant_ops.plan(t, (n_in, n_outs[0]), wps[0])
-        c = quant_ops.fused_norm_launch(kern, p, n_outs, False, True, xp, "n")
-        assert c is not None, f"{name}: no reader form"
-        yps = [upload(ctx, np.full(n, np.nan, np.float32))[1] for n in n_outs]
-        quant_ops.matmul_fused(kern, c, p, xp, tuple(wps), tuple(yps), n_outs, False, 0, 0, 0, pp,
-                               n_part, 1e-6)
-        plain = [upload(ctx, np.full(n, np.nan, np.float32))[1] for n in n_outs]
-        matmul_multi(ctx, t, xp, 1, n_in, wps, plain, list(n_outs))
-        for i, (yp, pl, n) in enumerate(zip(yps, plain, n_outs)):
-            assert_bits_equal(download(ctx, yp, n), download(ctx, pl, n) * r,
-                              f"{name} reader n_part={n_part} segment {i}")
+
+        def reader(outs, what):
+            """The reader form of the launch of wps with these rows: the plain launch's bits times
+            r, three segments. Returns its kernel and the plain outputs."""
+            c = quant_ops.fused_norm_launch(kern, p, outs, False, True, xp, "n")
+            assert c is not None, f"{name}: no {what} form"
+            yps = [upload(ctx, np.full(n, np.nan, np.float32))[1] for n in outs]
+            quant_ops.matmul_fused(kern, c, p, xp, tuple(wps), tuple(yps), outs, False, 0, 0, 0,
+                                   pp, n_part, 1e-6)
+            plain = [upload(ctx, np.full(n, np.nan, np.float32))[1] for n in outs]
+            matmul_multi(ctx, t, xp, 1, n_in, wps, plain, list(outs))
+            for i, (yp, pl, n) in enumerate(zip(yps, plain, outs)):
+                assert_bits_equal(download(ctx, yp, n), download(ctx, pl, n) * r,
+                                  f"{name} {what} n_part={n_part} segment {i}")
+            return c[0], plain
+
+        _, plain = reader(n_outs, "reader")
         # SwiGLU: gate = segment 0's weight, up = its first rows again (another weight's rows)
         c = quant_ops.fused_norm_launch(kern, p, (1100, 0, 0), True, True, xp, "n")
         gp = upload(ctx, np.full(1100, np.nan, np.float32))[1]
@@ -519,19 +526,9 @@ def test_residual_step_forms(qk, cuda_ctx, name):
         np.testing.assert_allclose(download(ctx, gp, 1100), want, rtol=4e-6,
                                    atol=1e-6 * (np.abs(want).max() + 1),
                                    err_msg=f"{name} reader swiglu n_part={n_part}")
-        # the narrow reader (gemv1sn: fewer rows than the wide forms take), three segments
-        narrow = (300, 45, 70)
-        c = quant_ops.fused_norm_launch(kern, p, narrow, False, True, xp, "n")
-        assert c is not None and c[0] == p.gemv1s.replace("gemv1s_", "gemv1sn_"), \
-            f"{name}: no narrow reader form"
-        yps = [upload(ctx, np.full(n, np.nan, np.float32))[1] for n in narrow]
-        quant_ops.matmul_fused(kern, c, p, xp, tuple(wps), tuple(yps), narrow, False, 0, 0, 0, pp,
-                               n_part, 1e-6)
-        plain = [upload(ctx, np.full(n, np.nan, np.float32))[1] for n in narrow]
-        matmul_multi(ctx, t, xp, 1, n_in, wps, plain, list(narrow))
-        for i, (yp, pl, n) in enumerate(zip(yps, plain, narrow)):
-            assert_bits_equal(download(ctx, yp, n), download(ctx, pl, n) * r,
-                              f"{name} narrow reader n_part={n_part} segment {i}")
+        # the narrow reader (gemv1sn: fewer rows than the wide forms take)
+        kname, _ = reader((300, 45, 70), "narrow reader")
+        assert kname == p.gemv1s.replace("gemv1s_", "gemv1sn_"), f"{name}: {kname}"
         # reflex_norm_apply, in place
         _, ap = upload(ctx, x)
         cuda_ctx.kernels("core").launch("reflex_norm_apply", ((n_in + 255) // 256, 1, 1),
