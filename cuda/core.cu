@@ -19,6 +19,8 @@ Kernels (launch shape)
   reflex_kv_write       K and V rows into cache cells     grid ceil(n/256)<=4096, 256   [PPPPii]
   reflex_qk_norm_rope_store  per-head RMSNorm + RoPE of q and k, K/V into the cache
                                                           grid (H + H_kv, T), 128|256   [PPPPPPPPPiiiiiiifdddddd]
+  reflex_qk_norm_rope_rows  the same for many tokens, a warp a head
+                                                          grid (ceil((H + H_kv)/8), T), 256  [PPPPPPPPPiiiiiiifdddddd]
   reflex_attention      masked GQA softmax attention, S slices of the cells merged by the
                         last block of each (h, t)         grid (H, T, S), block 256     [PPPPPPPPPiiiif]
   reflex_attention_vec128 / _vec256  the same, float4 rows, 4 cells a warp at a time (head
@@ -450,6 +452,85 @@ extern "C" __global__ void reflex_qk_norm_rope_store(
         const float* vs = v + ((size_t)t * H_kv + h) * dv;
         float* vd = vc + (cell * H_kv + h) * dv;
         for (int i = threadIdx.x; i < dv; i += blockDim.x) vd[i] = vs[i];
+    }
+}
+
+// qk_norm_rope_rows: reflex_qk_norm_rope_store for a prefill's many (head, token) rows, a warp a
+// head and 8 heads of a token a block: grid (ceil((H + H_kv) / 8), T), 256 threads. The block
+// computes the rotation of each pair (reflex_rope's float64 angle) once for its 8 heads, in
+// shared memory; a warp stages its head, sums the squares in reflex_qk_norm_rope_store's order
+// (chunk c < B / 32: the dims 32c + lane + kB of each lane, B = 128 for d_k <= 128, else 256;
+// the chunk by the butterfly; the chunks in order), normalises, rotates and stores as there:
+// the same bits, one block for 8 heads where that kernel takes a block a head (a decode step's
+// few heads finish sooner there, on a thread a dim).
+#define QKR_ROWS_WARPS 8
+
+extern "C" __global__ void __launch_bounds__(QKR_ROWS_WARPS * 32) reflex_qk_norm_rope_rows(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ qn_w, const float* __restrict__ kn_w, float* __restrict__ q_out,
+    float* __restrict__ kc, float* __restrict__ vc, const int* __restrict__ cell0,
+    const int* __restrict__ pos, int H, int H_kv,
+    int dk, int dv, int qn, int kn, int n_rot, int neox, float eps, double freq_base,
+    double freq_scale, double ext_factor, double attn_factor, double corr_lo, double corr_hi) {
+    RX_PDL_ENTRY();
+    __shared__ float xs[QKR_ROWS_WARPS][REFLEX_QKR_MAX_HEAD];
+    __shared__ float2 rot[REFLEX_QKR_MAX_HEAD / 2];  // pair i: (cos, sin) * mscale
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = blockIdx.y;
+    const int hh = blockIdx.x * QKR_ROWS_WARPS + warp;
+    const double p = (double)pos[t];
+    const RopeArgs ra = {n_rot, neox, freq_base, freq_scale, ext_factor, attn_factor, corr_lo,
+                         corr_hi};
+    for (int i = threadIdx.x; i < n_rot / 2; i += blockDim.x) {
+        int i0, i1;
+        float cs, sn;
+        rx_rope_pair(ra, p, i, i0, i1, cs, sn);
+        rot[i] = make_float2(cs, sn);
+    }
+    const bool live = hh < H + H_kv;
+    const bool is_q = hh < H;
+    const int h = is_q ? hh : hh - H;
+    const int nh = is_q ? H : H_kv;
+    const size_t cell = (size_t)cell0[0] + t;
+    float* x = xs[warp];
+    if (live) {
+        // 1. stage (+ RMSNorm)
+        const float* src = (is_q ? q : k) + ((size_t)t * nh + h) * dk;
+        const bool norm = is_q ? qn != 0 : kn != 0;
+        const float* nw = is_q ? qn_w : kn_w;
+        const int B = dk <= 128 ? 128 : 256;
+        float ss = 0.f;
+        for (int c = 0; c < B / 32; c++) {
+            float part = 0.f;
+            for (int e = 32 * c + lane; e < dk; e += B) {
+                const float xv = src[e];
+                x[e] = xv;
+                part += xv * xv;
+            }
+            ss += warp_sum_f(part);
+        }
+        if (norm) {  // each lane its own dims (e % 32 == lane): no barrier
+            const float r = 1.0f / sqrtf(ss / (float)dk + eps);
+            for (int e = lane; e < dk; e += 32) x[e] = nw != nullptr ? x[e] * r * nw[e] : x[e] * r;
+        }
+    }
+    __syncthreads();  // the rotations and every warp's head
+    if (!live) return;
+    // 2. RoPE (reflex_rope's arithmetic) into the destination
+    float* dst = is_q ? q_out + ((size_t)t * H + h) * dk : kc + (cell * H_kv + h) * dk;
+    const int half = n_rot / 2;
+    for (int i = lane; i < half; i += 32) {
+        const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        const float2 r = rot[i];
+        const float a = x[i0], b = x[i1];
+        dst[i0] = a * r.x - b * r.y;
+        dst[i1] = a * r.y + b * r.x;
+    }
+    for (int e = n_rot + lane; e < dk; e += 32) dst[e] = x[e];
+    // 3. V of this KV head
+    if (!is_q) {
+        const float* vs = v + ((size_t)t * H_kv + h) * dv;
+        float* vd = vc + (cell * H_kv + h) * dv;
+        for (int e = lane; e < dv; e += 32) vd[e] = vs[e];
     }
 }
 

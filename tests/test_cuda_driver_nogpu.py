@@ -762,6 +762,20 @@ def test_attention_splits(T, H, n_cells, want, monkeypatch):
     assert attention_splits(T, H, n_cells) == want
 
 
+@pytest.mark.parametrize("T,dk,want", [
+    (1, 128, ("reflex_qk_norm_rope_store", 1, 128)),  # decode: a block a head, a thread a dim
+    (15, 192, ("reflex_qk_norm_rope_store", 1, 256)),
+    (16, 128, ("reflex_qk_norm_rope_rows", 8, 256)),  # a prefill: a warp a head, 8 a block
+    (1518, 512, ("reflex_qk_norm_rope_rows", 8, 256)),
+])
+def test_qk_norm_rope_kernel_choice(T, dk, want):
+    """The attention prologue's kernel (heads a block, threads) for T tokens of head size dk:
+    the GPU tests check that both give the same bits."""
+    from reflex_core.backends.cuda_backend import qkr_kernel
+
+    assert qkr_kernel(T, dk) == want
+
+
 @pytest.mark.parametrize("T,dk,dv,ptr,want", [
     (1, 128, 128, 0, None),  # decode: the flash-decoding kernel
     (15, 128, 128, 0, None),

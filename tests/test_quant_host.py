@@ -891,6 +891,21 @@ def test_quant_module_builds_cleanly(tmp_path):
     assert not missing, f"kernels missing from quant.cu: {missing}"
 
 
+@pytest.mark.parametrize("n_rows,n_in,team", [
+    (12288, 4096, 32),  # 8B gate/up: rows enough for a warp each
+    (4096, 12288, 64),
+    (1024, 3072, 256),  # few rows: the block's 8 warps on one
+    (2048, 1024, 128),
+    (7, 96, 32),  # no more threads than the row has groups of 4
+    (7, 256, 64),
+])
+def test_unpack_team(n_rows, n_in, team):
+    """Threads a row of reflex_unpack_pairs_<t>: more than a warp only for launches of few rows."""
+    from reflex_core.cuda import quant_ops as q
+
+    assert q.unpack_team(n_rows, n_in) == team
+
+
 def test_pairs_launches(quant_signatures):
     """Long prompts, any weight type: each weight unpacked into float16 pairs in scratch
     (256-byte aligned slots in launch order: hi plane, row scales, lo plane for three terms),
@@ -916,9 +931,10 @@ def test_pairs_launches(quant_signatures):
                    False, S, terms=3)
     offs = [S, S + slots[0], S + slots[0] + slots[1]]
     assert [c[0] for c in k.calls] == ["reflex_unpack_pairs_q4_k"] * 3 + ["reflex_matmul_f16x3_64"]
-    for c, w, n, o in zip(k.calls, (W, W + 4096, W + 8192), (2048, 1001, 7), offs):
-        assert c[3] == (w, o, n, 1024, p.row_bytes, q.pairs_lo_offset(n, 1024))
-        assert c[1] == (-(-n // 8), 1, 1)  # rows of <= 1536 elements: a warp each, 8 a block
+    for c, w, n, o, team in zip(k.calls, (W, W + 4096, W + 8192), (2048, 1001, 7), offs,
+                                (128, 256, 256)):
+        assert c[3] == (w, o, n, 1024, p.row_bytes, q.pairs_lo_offset(n, 1024), team)
+        assert c[1] == (-(-n // (256 // team)), 1, 1)  # 256 / team rows a block
     name, grid, block, args = k.calls[-1]
     assert grid == ((2048 // 64 + (1001 + 63) // 64 + 1) * ((300 + 63) // 64), 1, 1)
     assert block == (128, 1, 1) and k.shmem[-1] == q.pairs_smem_bytes("_64", 3) == 3 * 2 * 128 * 64
@@ -927,8 +943,8 @@ def test_pairs_launches(quant_signatures):
     k.calls.clear()  # a 1518-token prompt over 4096 rows of 4096: 32 x 12 wide tiles
     p4 = q.plan(12, (4096, 4096), W)
     q.matmul_pairs(k, k, p4, XP, 1518, (W, 0, 0), (Y, 0, 0), (4096, 0, 0), False, S, terms=1)
-    assert k.calls[0][:2] == ("reflex_unpack_pairs_q4_k", (4096, 1, 1))  # a block a row
-    assert k.calls[0][3][-1] == 0  # one term: no lo plane
+    assert k.calls[0][:2] == ("reflex_unpack_pairs_q4_k", (1024, 1, 1))  # 64 threads a row
+    assert k.calls[0][3][-2:] == (0, 64)  # one term: no lo plane
     name, grid, block, args = k.calls[-1]
     assert (name, grid, block) == ("reflex_matmul_f16x1", (32 * 12, 1, 1), (256, 1, 1))
     assert k.shmem[-1] == q.pairs_smem_bytes("", 1) == 4 * (128 * 132 + 256)

@@ -115,6 +115,18 @@ def attention_splits(T: int, H: int, n_cells: int) -> int:
     return max(1, want)
 
 
+QKR_ROWS_MIN_T = 16  # tokens from which the prologue takes reflex_qk_norm_rope_rows
+
+
+def qkr_kernel(T: int, dk: int) -> tuple[str, int, int]:
+    """The attention prologue's kernel for T tokens of head size dk, its heads a block and its
+    threads: a prefill's many heads a warp each (reflex_qk_norm_rope_rows, 8 heads a block), a
+    decode step's few a block each, a thread a dim (reflex_qk_norm_rope_store): the same bits."""
+    if T >= QKR_ROWS_MIN_T:
+        return "reflex_qk_norm_rope_rows", 8, 256
+    return "reflex_qk_norm_rope_store", 1, 128 if dk <= 128 else 256
+
+
 ROPE_ATT_MAX_T = 4  # tokens of one reflex_rope_attention_vec launch (cuda/core.cu)
 # REFLEX_ROPE_ATT=1: a decode step's q/k norms, RoPE and cache write run inside its attention
 # launch (rope_attention). Off by default: on the H200 it saved 11-16 us a token on the
@@ -937,7 +949,8 @@ class CudaOps(Ops):
             "qk_norm_rope_store", q, k, v, q_norm, k_norm, pb, rope, k_cache, v_cache)
         out = empty_f32(q.shape, q.size)
         if T:
-            self.k.launch("reflex_qk_norm_rope_store", (H + Hkv, T), 128 if dk <= 128 else 256,
+            kernel, per_block, threads = qkr_kernel(T, dk)
+            self.k.launch(kernel, (-(-(H + Hkv) // per_block), T), threads,
                           (q.ptr, k.ptr, v.ptr, qn, kn, out.ptr, k_cache.ptr, v_cache.ptr,
                            pb.cell0_dev, pb.positions, H, Hkv, dk, dv,
                            0 if q_norm is None else 1, 0 if k_norm is None else 1, n_rot, neox,

@@ -516,7 +516,7 @@ _PAIRS_FORMS = {"": (128, 128, 256), "_64": (64, 64, 128)}
 _PAIRS_STAGES = {3: 3, 1: 4}  # RX_QUANT_PAIRS_KERNEL's ST for each TERMS
 PAIRS_WIDE_MIN_BLOCKS = 264
 _PAIRS_UNPACK_THREADS = 256
-_PAIRS_WARP_ROW_MAX = 1536  # PAIRS_WARP_ROW_MAX: rows up to this many elements take a warp each
+_PAIRS_UNPACK_FILL = 1 << 18  # threads worth keeping busy: about 2048 on each SM of an H100 / H200
 
 
 def pairs_lo_offset(n_rows: int, n_in: int) -> int:
@@ -554,12 +554,23 @@ def unpack_pairs(kern, w_ptr: int, ggml_type: int, out_ptr: int, n_rows: int, n_
     type's module, ``out`` 256-byte aligned)."""
     _check_int32(rows=n_rows, elements=n_rows * n_in)
     if n_rows and n_in:
-        per_block = 8 if n_in <= _PAIRS_WARP_ROW_MAX else 1  # a warp a row, or a block
-        grid = min(-(-n_rows // per_block), 65535)
+        team = unpack_team(n_rows, n_in)
+        grid = min(-(-n_rows // (_PAIRS_UNPACK_THREADS // team)), 65535)
         kern.launch(f"reflex_unpack_pairs_{_info(ggml_type)[0]}", (grid, 1, 1),
                     (_PAIRS_UNPACK_THREADS, 1, 1),
                     (w_ptr, out_ptr, n_rows, n_in, row_bytes(ggml_type, n_in),
-                     pairs_lo_offset(n_rows, n_in) if lo else 0))
+                     pairs_lo_offset(n_rows, n_in) if lo else 0, team))
+
+
+def unpack_team(n_rows: int, n_in: int) -> int:
+    """Threads that unpack one row (reflex_unpack_pairs_<t>'s team): a warp, or as many warps
+    (up to the block's 8) as a launch of few rows needs to fill _PAIRS_UNPACK_FILL threads,
+    no more than the row has groups of 4 for."""
+    team = 32
+    while (team < _PAIRS_UNPACK_THREADS and n_rows * team < _PAIRS_UNPACK_FILL
+           and 2 * team <= n_in // 4):
+        team *= 2
+    return team
 
 
 def pairs_bytes(p: MatPlan, T: int, n_outs: tuple, swiglu: bool, terms: int = PAIRS_TERMS) -> int:

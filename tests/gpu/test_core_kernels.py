@@ -175,6 +175,8 @@ QKR_CASES = [  # (T, cell0, H, Hkv, d, dv)
     (5, 2, 4, 2, 192, 128),  # d_k != d_v, d_k > 128 (256-thread blocks)
     (3, 1, 2, 1, 40, 72),  # head sizes not a multiple of 32
     (300, 11, 16, 8, 128, 128),
+    (2, 1, 4, 2, 320, 64),  # d_k > 256: two dims a thread of the 256-thread sum
+    (20, 0, 3, 1, 512, 96),
 ]
 QKR_IDS = [f"{'big-' if c[0] >= 300 else ''}T{c[0]}-c{c[1]}-H{c[2]}/{c[3]}-d{c[4]}/{c[5]}"
            for c in QKR_CASES]
@@ -184,10 +186,14 @@ QKR_ROPES = ["neox", "norm-partial", "neox-yarn", "norm-yarn-ds"]
 @pytest.mark.parametrize("norms", ["qk", "none", "q"])
 @pytest.mark.parametrize("rope", QKR_ROPES)
 @pytest.mark.parametrize("T,cell0,H,Hkv,d,dv", QKR_CASES, ids=QKR_IDS)
-def test_qk_norm_rope_store(attach_both, T, cell0, H, Hkv, d, dv, rope, norms, rng):
+def test_qk_norm_rope_store(attach_both, T, cell0, H, Hkv, d, dv, rope, norms, rng,
+                            monkeypatch):
     """The fused attention prologue vs the NumPy twin (rmsnorm, rope, kv_write) and vs the CUDA
     unfused ops (bit-identical for d <= 256): returned q, the cache's K and V rows written, and
-    the cells around them untouched."""
+    the cells around them untouched; reflex_qk_norm_rope_rows (a warp a head) and
+    reflex_qk_norm_rope_store (a block a head): the same bits."""
+    from reflex_core.backends import cuda_backend
+
     p = ROPES[rope]
     if p.n_rot > d:
         p = RopeParams(n_rot=d - d % 2, mode=p.mode, freq_base=p.freq_base,
@@ -230,6 +236,17 @@ def test_qk_norm_rope_store(attach_both, T, cell0, H, Hkv, d, dv, rope, norms, r
     close(cuda_ops.to_numpy(got), cuda_ops.to_numpy(u), 1e-6, 1e-6, "q vs unfused")
     close(kc, cuda_ops.to_numpy(caches[1].k[1]), 1e-6, 1e-6, "k cache vs unfused")
     close(cuda_ops.to_numpy(caches[1].v[1]), cr.v[1], 0, 0, "v cache (unfused)")
+    # the other kernel (a block a head below QKR_ROWS_MIN_T tokens, a warp a head from it)
+    kernel = cuda_backend.qkr_kernel(T, d)[0]
+    monkeypatch.setattr(cuda_backend, "QKR_ROWS_MIN_T", 1 if T < cuda_backend.QKR_ROWS_MIN_T
+                        else 10**9)
+    assert cuda_backend.qkr_kernel(T, d)[0] != kernel
+    other = KVBuffers(cuda_ops, 2, n_cells, Hkv, d, dv)
+    got2 = cuda_ops.qk_norm_rope_store(dq, dk_, dv_, qn[0], kn[0], eps, pc, p, other.k[1],
+                                       other.v[1])
+    np.testing.assert_array_equal(cuda_ops.to_numpy(got2), cuda_ops.to_numpy(got))
+    np.testing.assert_array_equal(cuda_ops.to_numpy(other.k[1]), kc)
+    np.testing.assert_array_equal(cuda_ops.to_numpy(other.v[1]), cuda_ops.to_numpy(caches[0].v[1]))
 
 
 def test_qk_norm_rope_store_errors(cuda_ops):

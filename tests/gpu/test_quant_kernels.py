@@ -836,10 +836,11 @@ def test_x_pairs_kernel(cuda_ctx):
 
 
 @pytest.mark.parametrize("name", list(TYPES))
-def test_unpack_pairs(qk, name):
+def test_unpack_pairs(qk, name, monkeypatch):
     """reflex_unpack_pairs_<t> == the twin's pairs of the exactly dequantized rows, bit for bit
-    (hi plane, scales, lo plane), rows with one block and with many, a row count past one grid
-    stride is not needed (grid-stride rows: 3 rows on 2 blocks checked through n_rows > grid)."""
+    (hi plane, scales, lo plane): rows with one block and with many, the launcher's team of
+    threads a row and each team size (32 to 256) over a row count that leaves a block's last
+    teams without a row."""
     from reflex_core.testing.f16_pairs import pairs
 
     ctx, kernels_of = qk
@@ -847,8 +848,15 @@ def test_unpack_pairs(qk, name):
     t = TYPES[name]
     rng = np.random.default_rng(1600 + t)
     bs = qinfo(name)[0]
-    for n_rows, n_in in ((1, max(bs, 32)), (7, 3 * max(bs, 32)), (300, 4096 + max(bs, 32))):
+    launcher_team = quant_ops.unpack_team
+    cases = [(None, 1, max(bs, 32)), (None, 7, 3 * max(bs, 32)), (None, 300, 4096 + max(bs, 32)),
+             (None, 2001, 96)] + [(team, 131, 5 * max(bs, 32)) for team in (32, 64, 128, 256)]
+    for team, n_rows, n_in in cases:
         n_in -= n_in % 32
+        if n_in % bs:
+            continue
+        monkeypatch.setattr(quant_ops, "unpack_team",
+                            launcher_team if team is None else lambda r, n, team=team: team)
         raw, wf = random_weights(rng, name, n_rows, n_in)
         _, wp = upload(ctx, raw)
         lo_off = quant_ops.pairs_lo_offset(n_rows, n_in)
@@ -856,7 +864,7 @@ def test_unpack_pairs(qk, name):
         out = upload(ctx, np.full(nbytes // 4, np.nan, np.float32))[1]
         quant_ops.unpack_pairs(kern, wp, t, out, n_rows, n_in)
         hi, lo, s = pairs(wf)
-        what = f"{name} {n_rows} x {n_in}"
+        what = f"{name} {n_rows} x {n_in}, team {team or launcher_team(n_rows, n_in)}"
         assert np.array_equal(download(ctx, out, n_rows * n_in, np.uint16),
                               hi.view(np.uint16).reshape(-1)), f"{what}: hi plane"
         assert np.array_equal(download(ctx, out + lo_off, n_rows * n_in, np.uint16),

@@ -98,7 +98,7 @@
 //   outputs silu(g) * u; grid = (ceil(n0/32), ceil(T/64)).
 //   No alignment assumptions (also the fallback for misaligned inputs).
 //
-// reflex_unpack_pairs_<t>(w, out, n_rows, n_in, row_bytes, lo_off)
+// reflex_unpack_pairs_<t>(w, out, n_rows, n_in, row_bytes, lo_off, team)
 //   The weight's rows as the float16 pairs of the prefill GEMM below: a power-of-two scale a
 //   row, hi and lo planes (unpack_pairs_body). Every type.
 //
@@ -1072,27 +1072,20 @@ __device__ __forceinline__ void xh_body(const uint8_t* __restrict__ w0, const ui
 // Row r's values w (decoded exactly, rx_q::dec4 / dec1) get reflex_x_pairs' rule: the power-of-two
 // scale s of the row's largest |w| (rx_pow2_scale), v = w / s, hi = half(v), lo = half(v - hi);
 // a row with a NaN or inf: s = NaN and zeros. Every type has it (the decode is the dequant's).
-// Rows of up to PAIRS_WARP_ROW_MAX elements take a warp each (8 rows a block), longer ones a
-// 256-thread block each (quant_ops.unpack_pairs sizes the grid; both stride over the rows). A
-// thread decodes its first PAIRS_UNPACK_HELD groups of 4 of the row into registers (a block's
-// row up to 12288 elements: all of it), every load issued before the row's maximum is reduced,
-// and converts them from there; the rest of a longer row is decoded again for the conversion.
+// A row takes a team of `team` threads (32, 64, 128 or 256: quant_ops.unpack_pairs picks it so
+// that a launch of few rows still keeps the GPU's threads busy), 256 / team rows a block, the
+// blocks striding over the rows. The team decodes its row twice, once for the largest |w| and
+// once for the pairs (the second reading hits the caches): no values held in registers between
+// the two, so 2048 threads an SM fit, the row's loads spread over them.
 #define PAIRS_UNPACK_THREADS 256
-#define PAIRS_UNPACK_HELD 12
-#define PAIRS_WARP_ROW_MAX (32 * 4 * PAIRS_UNPACK_HELD)
 template <int TYPE>
 __device__ __forceinline__ void unpack_pairs_body(const uint8_t* __restrict__ w, uint16_t* __restrict__ out,
                                                   int n_rows, int n_in, long long row_bytes,
-                                                  long long lo_off) {
+                                                  long long lo_off, int team) {
     typedef rx_q<TYPE> Q;
-    constexpr int U = PAIRS_UNPACK_HELD;
     __shared__ int red[PAIRS_UNPACK_THREADS / 32];
-    const int tid = threadIdx.x, lane = tid & 31, n4 = n_in >> 2;
-    const bool by_warp = n_in <= PAIRS_WARP_ROW_MAX;
-    // a row's workers: its warp's lanes, or the block's threads
-    const int me = by_warp ? lane : tid, workers = by_warp ? 32 : PAIRS_UNPACK_THREADS;
-    const int r0 = by_warp ? blockIdx.x * (PAIRS_UNPACK_THREADS / 32) + (tid >> 5) : blockIdx.x;
-    const int r_step = by_warp ? gridDim.x * (PAIRS_UNPACK_THREADS / 32) : gridDim.x;
+    const int tid = threadIdx.x, n4 = n_in >> 2;
+    const int teams = PAIRS_UNPACK_THREADS / team, me = tid % team, warps = team >> 5;
     float* scales = reinterpret_cast<float*>(out + (long long)n_rows * n_in);
     auto dec = [&](const uint8_t* wr, int k, float (&v)[4]) {
         if constexpr (Q::QK == 1) {
@@ -1102,55 +1095,45 @@ __device__ __forceinline__ void unpack_pairs_body(const uint8_t* __restrict__ w,
             Q::dec4(wr + (k / Q::QK) * Q::TS, k % Q::QK, v);
         }
     };
-    for (int r = r0; r < n_rows; r += r_step) {
-        const uint8_t* wr = w + r * row_bytes;
-        float held[U][4];
+    // every block runs the same number of rounds (the team reduction synchronizes the block)
+    for (int base = blockIdx.x * teams; base < n_rows; base += gridDim.x * teams) {
+        const int r = base + tid / team;
+        const bool live = r < n_rows;
+        const uint8_t* wr = w + (long long)(live ? r : 0) * row_bytes;
         int mb = 0;
+        if (live) {
+#pragma unroll 4
+            for (int g = me; g < n4; g += team) {
+                float v[4];
+                dec(wr, 4 * g, v);
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int g = me + workers * u;
-            if (g < n4) {
-                dec(wr, 4 * g, held[u]);
-#pragma unroll
-                for (int c = 0; c < 4; ++c) mb = max(mb, __float_as_int(held[u][c]) & 0x7fffffff);
+                for (int c = 0; c < 4; ++c) mb = max(mb, __float_as_int(v[c]) & 0x7fffffff);
             }
-        }
-        for (int g = me + workers * U; g < n4; g += workers) {
-            float v[4];
-            dec(wr, 4 * g, v);
-#pragma unroll
-            for (int c = 0; c < 4; ++c) mb = max(mb, __float_as_int(v[c]) & 0x7fffffff);
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, o));
-        if (!by_warp) {
-            if (lane == 0) red[tid >> 5] = mb;
+        if (warps > 1) {
+            if ((tid & 31) == 0) red[tid >> 5] = mb;
             __syncthreads();
-#pragma unroll
-            for (int i = 0; i < PAIRS_UNPACK_THREADS / 32; ++i) mb = max(mb, red[i]);
-            __syncthreads();  // red is the next row's
+            const int w0 = (tid >> 5) / warps * warps;
+            for (int i = 0; i < warps; ++i) mb = max(mb, red[w0 + i]);
+            __syncthreads();  // red is the next round's
         }
+        if (!live) continue;
         float s, inv;
         const bool finite = rx_pow2_scale((uint32_t)mb, s, inv);
         if (me == 0) scales[r] = s;
         uint2* hi = reinterpret_cast<uint2*>(out + (long long)r * n_in);
         uint2* lo = reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(out) + lo_off) + (long long)r * n4;
-        auto put = [&](int g, const float (&v)[4]) {
+#pragma unroll 4
+        for (int g = me; g < n4; g += team) {
+            float v[4];
+            dec(wr, 4 * g, v);
             uint2 h, l;  // a non-finite row: zeros (0 * inf would be NaN)
             rx_split_f16x2(finite ? v[0] * inv : 0.0f, finite ? v[1] * inv : 0.0f, h.x, l.x);
             rx_split_f16x2(finite ? v[2] * inv : 0.0f, finite ? v[3] * inv : 0.0f, h.y, l.y);
             hi[g] = h;
             if (lo_off) lo[g] = l;
-        };
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int g = me + workers * u;
-            if (g < n4) put(g, held[u]);
-        }
-        for (int g = me + workers * U; g < n4; g += workers) {
-            float v[4];
-            dec(wr, 4 * g, v);
-            put(g, v);
         }
     }
 }
@@ -1389,11 +1372,12 @@ __device__ __forceinline__ void pairs_body(const uint8_t* __restrict__ w0, const
         RX_PDL_ENTRY();                                                                              \
         dequant_body<TYPE>(w, out, n);                                                                \
     }                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(PAIRS_UNPACK_THREADS, 2)                             \
+    extern "C" __global__ void __launch_bounds__(PAIRS_UNPACK_THREADS)                                \
         reflex_unpack_pairs_##name(const uint8_t* __restrict__ w, uint16_t* __restrict__ out,          \
-                                   int n_rows, int n_in, long long row_bytes, long long lo_off) {    \
+                                   int n_rows, int n_in, long long row_bytes, long long lo_off,      \
+                                   int team) {                                                       \
         RX_PDL_ENTRY();                                                                              \
-        unpack_pairs_body<TYPE>(w, out, n_rows, n_in, row_bytes, lo_off);                             \
+        unpack_pairs_body<TYPE>(w, out, n_rows, n_in, row_bytes, lo_off, team);                       \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(EMB_THREADS)                                         \
         reflex_embed_##name(const uint8_t* __restrict__ w, const int* __restrict__ ids,               \
