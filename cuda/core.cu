@@ -18,9 +18,9 @@ Kernels (launch shape)
   reflex_rope           NEOX / NORM rotation, YaRN        grid (H, T), block 128        [PPPiiiidddddd]
   reflex_kv_write       K and V rows into cache cells     grid ceil(n/256)<=4096, 256   [PPPPii]
   reflex_qk_norm_rope_store  per-head RMSNorm + RoPE of q and k, K/V into the cache
-                                                          grid (H + H_kv, T), 128|256   [PPPPPPPPPiiiiiiifdddddd]
+                                                          grid (H + H_kv, T), 128|256   [PPPPPPPPPPiiiiiiiifdddddd]
   reflex_qk_norm_rope_rows  the same for many tokens, a warp a head
-                                                          grid (ceil((H + H_kv)/8), T), 256  [PPPPPPPPPiiiiiiifdddddd]
+                                                          grid (ceil((H + H_kv)/8), T), 256  [PPPPPPPPPPiiiiiiiifdddddd]
   reflex_attention      masked GQA softmax attention, S slices of the cells merged by the
                         last block of each (h, t)         grid (H, T, S), block 256     [PPPPPPPPPiiiif]
   reflex_attention_vec128 / _vec256  the same, float4 rows, 4 cells a warp at a time (head
@@ -402,14 +402,16 @@ extern "C" __global__ void reflex_kv_write(const float* __restrict__ k, const fl
 // for d_k <= 128, else 256.
 
 #define REFLEX_QKR_MAX_HEAD 512
+// the parameters of reflex_qk_norm_rope_store and reflex_qk_norm_rope_rows
+#define RX_QKR_PARAMS                                                                              \
+    const float *__restrict__ q, const float *__restrict__ k, const float *__restrict__ v,        \
+        const float *__restrict__ qn_w, const float *__restrict__ kn_w,                            \
+        float *__restrict__ q_out, float *__restrict__ kc, float *__restrict__ vc,                 \
+        const int *__restrict__ cell0, const int *__restrict__ pos, int H, int H_kv, int dk,       \
+        int dv, int qn, int kn, int n_rot, int neox, float eps, double freq_base,                  \
+        double freq_scale, double ext_factor, double attn_factor, double corr_lo, double corr_hi
 
-extern "C" __global__ void reflex_qk_norm_rope_store(
-    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    const float* __restrict__ qn_w, const float* __restrict__ kn_w, float* __restrict__ q_out,
-    float* __restrict__ kc, float* __restrict__ vc, const int* __restrict__ cell0,
-    const int* __restrict__ pos, int H, int H_kv,
-    int dk, int dv, int qn, int kn, int n_rot, int neox, float eps, double freq_base,
-    double freq_scale, double ext_factor, double attn_factor, double corr_lo, double corr_hi) {
+extern "C" __global__ void reflex_qk_norm_rope_store(RX_QKR_PARAMS) {
     RX_PDL_ENTRY();
     __shared__ float xs[REFLEX_QKR_MAX_HEAD];
     __shared__ float red[32];
@@ -465,13 +467,8 @@ extern "C" __global__ void reflex_qk_norm_rope_store(
 // few heads finish sooner there, on a thread a dim).
 #define QKR_ROWS_WARPS 8
 
-extern "C" __global__ void __launch_bounds__(QKR_ROWS_WARPS * 32) reflex_qk_norm_rope_rows(
-    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    const float* __restrict__ qn_w, const float* __restrict__ kn_w, float* __restrict__ q_out,
-    float* __restrict__ kc, float* __restrict__ vc, const int* __restrict__ cell0,
-    const int* __restrict__ pos, int H, int H_kv,
-    int dk, int dv, int qn, int kn, int n_rot, int neox, float eps, double freq_base,
-    double freq_scale, double ext_factor, double attn_factor, double corr_lo, double corr_hi) {
+extern "C" __global__ void __launch_bounds__(QKR_ROWS_WARPS * 32)
+reflex_qk_norm_rope_rows(RX_QKR_PARAMS) {
     RX_PDL_ENTRY();
     __shared__ float xs[QKR_ROWS_WARPS][REFLEX_QKR_MAX_HEAD];
     __shared__ float2 rot[REFLEX_QKR_MAX_HEAD / 2];  // pair i: (cos, sin) * mscale
