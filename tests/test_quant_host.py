@@ -896,8 +896,8 @@ def test_quant_module_builds_cleanly(tmp_path):
     (4096, 12288, 64),
     (1024, 3072, 256),  # few rows: the block's 8 warps on one
     (2048, 1024, 128),
-    (7, 96, 32),  # no more threads than the row has groups of 4
-    (7, 256, 64),
+    (7, 96, 32),  # no more threads than the row has runs of 8 values
+    (7, 512, 64),
 ])
 def test_unpack_team(n_rows, n_in, team):
     """Threads a row of reflex_unpack_pairs_<t>: more than a warp only for launches of few rows."""
@@ -932,7 +932,7 @@ def test_pairs_launches(quant_signatures):
     offs = [S, S + slots[0], S + slots[0] + slots[1]]
     assert [c[0] for c in k.calls] == ["reflex_unpack_pairs_q4_k"] * 3 + ["reflex_matmul_f16x3_64"]
     for c, w, n, o, team in zip(k.calls, (W, W + 4096, W + 8192), (2048, 1001, 7), offs,
-                                (128, 256, 256)):
+                                (128, 128, 128)):
         assert c[3] == (w, o, n, 1024, p.row_bytes, q.pairs_lo_offset(n, 1024), team)
         assert c[1] == (-(-n // (256 // team)), 1, 1)  # 256 / team rows a block
     name, grid, block, args = k.calls[-1]

@@ -565,10 +565,10 @@ def unpack_pairs(kern, w_ptr: int, ggml_type: int, out_ptr: int, n_rows: int, n_
 def unpack_team(n_rows: int, n_in: int) -> int:
     """Threads that unpack one row (reflex_unpack_pairs_<t>'s team): a warp, or as many warps
     (up to the block's 8) as a launch of few rows needs to fill _PAIRS_UNPACK_FILL threads,
-    no more than the row has groups of 4 for."""
+    no more than the row has runs of 8 values for (a thread's step)."""
     team = 32
     while (team < _PAIRS_UNPACK_THREADS and n_rows * team < _PAIRS_UNPACK_FILL
-           and 2 * team <= n_in // 4):
+           and 2 * team <= n_in // 8):
         team *= 2
     return team
 

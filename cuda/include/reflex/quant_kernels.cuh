@@ -1076,7 +1076,9 @@ __device__ __forceinline__ void xh_body(const uint8_t* __restrict__ w0, const ui
 // that a launch of few rows still keeps the GPU's threads busy), 256 / team rows a block, the
 // blocks striding over the rows. The team decodes its row twice, once for the largest |w| and
 // once for the pairs (the second reading hits the caches): no values held in registers between
-// the two, so 2048 threads an SM fit, the row's loads spread over them.
+// the two, so 2048 threads an SM fit, the row's loads spread over them. A thread takes 8
+// consecutive values at a time (two decodes that share their block's header loads, one 16-byte
+// store a plane).
 #define PAIRS_UNPACK_THREADS 256
 template <int TYPE>
 __device__ __forceinline__ void unpack_pairs_body(const uint8_t* __restrict__ w, uint16_t* __restrict__ out,
@@ -1084,7 +1086,7 @@ __device__ __forceinline__ void unpack_pairs_body(const uint8_t* __restrict__ w,
                                                   long long lo_off, int team) {
     typedef rx_q<TYPE> Q;
     __shared__ int red[PAIRS_UNPACK_THREADS / 32];
-    const int tid = threadIdx.x, n4 = n_in >> 2;
+    const int tid = threadIdx.x, n8 = n_in >> 3;  // a thread takes 8 values (n_in % 32 == 0)
     const int teams = PAIRS_UNPACK_THREADS / team, me = tid % team, warps = team >> 5;
     float* scales = reinterpret_cast<float*>(out + (long long)n_rows * n_in);
     auto dec = [&](const uint8_t* wr, int k, float (&v)[4]) {
@@ -1102,12 +1104,13 @@ __device__ __forceinline__ void unpack_pairs_body(const uint8_t* __restrict__ w,
         const uint8_t* wr = w + (long long)(live ? r : 0) * row_bytes;
         int mb = 0;
         if (live) {
-#pragma unroll 4
-            for (int g = me; g < n4; g += team) {
-                float v[4];
-                dec(wr, 4 * g, v);
+#pragma unroll 2
+            for (int g = me; g < n8; g += team) {
+                float v[2][4];
+                dec(wr, 8 * g, v[0]);
+                dec(wr, 8 * g + 4, v[1]);
 #pragma unroll
-                for (int c = 0; c < 4; ++c) mb = max(mb, __float_as_int(v[c]) & 0x7fffffff);
+                for (int c = 0; c < 8; ++c) mb = max(mb, __float_as_int(v[c >> 2][c & 3]) & 0x7fffffff);
             }
         }
 #pragma unroll
@@ -1123,17 +1126,19 @@ __device__ __forceinline__ void unpack_pairs_body(const uint8_t* __restrict__ w,
         float s, inv;
         const bool finite = rx_pow2_scale((uint32_t)mb, s, inv);
         if (me == 0) scales[r] = s;
-        uint2* hi = reinterpret_cast<uint2*>(out + (long long)r * n_in);
-        uint2* lo = reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(out) + lo_off) + (long long)r * n4;
-#pragma unroll 4
-        for (int g = me; g < n4; g += team) {
-            float v[4];
-            dec(wr, 4 * g, v);
-            uint2 h, l;  // a non-finite row: zeros (0 * inf would be NaN)
-            rx_split_f16x2(finite ? v[0] * inv : 0.0f, finite ? v[1] * inv : 0.0f, h.x, l.x);
-            rx_split_f16x2(finite ? v[2] * inv : 0.0f, finite ? v[3] * inv : 0.0f, h.y, l.y);
-            hi[g] = h;
-            if (lo_off) lo[g] = l;
+        uint4* hi = reinterpret_cast<uint4*>(out + (long long)r * n_in);
+        uint4* lo = reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(out) + lo_off) + (long long)r * n8;
+#pragma unroll 2
+        for (int g = me; g < n8; g += team) {
+            float v[8];
+            dec(wr, 8 * g, *reinterpret_cast<float(*)[4]>(v));
+            dec(wr, 8 * g + 4, *reinterpret_cast<float(*)[4]>(v + 4));
+            uint32_t h[4], l[4];  // a non-finite row: zeros (0 * inf would be NaN)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                rx_split_f16x2(finite ? v[2 * c] * inv : 0.0f, finite ? v[2 * c + 1] * inv : 0.0f, h[c], l[c]);
+            hi[g] = make_uint4(h[0], h[1], h[2], h[3]);
+            if (lo_off) lo[g] = make_uint4(l[0], l[1], l[2], l[3]);
         }
     }
 }
