@@ -410,51 +410,75 @@ extern "C" __global__ void reflex_kv_write(const float* __restrict__ k, const fl
         const int *__restrict__ cell0, const int *__restrict__ pos, int H, int H_kv, int dk,       \
         int dv, int qn, int kn, int n_rot, int neox, float eps, double freq_base,                  \
         double freq_scale, double ext_factor, double attn_factor, double corr_lo, double corr_hi
+// the RopeArgs of those parameters
+#define RX_QKR_ROPE \
+    RopeArgs { n_rot, neox, freq_base, freq_scale, ext_factor, attn_factor, corr_lo, corr_hi }
+
+// Row hh of token t of the prologue (hh < H: query head hh, else KV head hh - H): where it is
+// read from and stored to, and its norm. The KV heads' values are copied by qkr_copy_v.
+struct QkrRow {
+    const float* src;  // q's or k's head
+    float* dst;        // q_out's row, or the key cache's at cell (*cell0 + t)
+    const float* nw;   // the norm's weight (null: none)
+    bool norm, is_q;
+    int h;  // the head among its kind
+};
+
+__device__ __forceinline__ QkrRow qkr_row(int hh, int t, size_t cell, const float* q,
+                                          const float* k, const float* qn_w, const float* kn_w,
+                                          float* q_out, float* kc, int H, int H_kv, int dk, int qn,
+                                          int kn) {
+    QkrRow r;
+    r.is_q = hh < H;
+    r.h = r.is_q ? hh : hh - H;
+    r.src = (r.is_q ? q + ((size_t)t * H + r.h) * dk : k + ((size_t)t * H_kv + r.h) * dk);
+    r.dst = r.is_q ? q_out + ((size_t)t * H + r.h) * dk : kc + (cell * H_kv + r.h) * dk;
+    r.norm = r.is_q ? qn != 0 : kn != 0;
+    r.nw = r.is_q ? qn_w : kn_w;
+    return r;
+}
+#define RX_QKR_ROW(hh, t, cell) qkr_row(hh, t, cell, q, k, qn_w, kn_w, q_out, kc, H, H_kv, dk, qn, kn)
+
+// KV head h's value of token t into the value cache at `cell`, elements first, first + step, ...
+__device__ __forceinline__ void qkr_copy_v(const float* __restrict__ v, float* __restrict__ vc,
+                                           int t, size_t cell, int H_kv, int h, int dv, int first,
+                                           int step) {
+    const float* vs = v + ((size_t)t * H_kv + h) * dv;
+    float* vd = vc + (cell * H_kv + h) * dv;
+    for (int i = first; i < dv; i += step) vd[i] = vs[i];
+}
 
 extern "C" __global__ void reflex_qk_norm_rope_store(RX_QKR_PARAMS) {
     RX_PDL_ENTRY();
     __shared__ float xs[REFLEX_QKR_MAX_HEAD];
     __shared__ float red[32];
-    const int hh = blockIdx.x, t = blockIdx.y;
-    const bool is_q = hh < H;
-    const int h = is_q ? hh : hh - H;
-    const int nh = is_q ? H : H_kv;
+    const int t = blockIdx.y;
     const size_t cell = (size_t)cell0[0] + t;
-    const float* src = (is_q ? q : k) + ((size_t)t * nh + h) * dk;
-    float* dst = is_q ? q_out + ((size_t)t * H + h) * dk : kc + (cell * H_kv + h) * dk;
-    const bool norm = is_q ? qn != 0 : kn != 0;
-    const float* nw = is_q ? qn_w : kn_w;
+    const QkrRow row = RX_QKR_ROW(blockIdx.x, t, cell);
 
     // 1. stage (+ RMSNorm)
     float ss = 0.f;
     for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-        const float x = src[i];
+        const float x = row.src[i];
         xs[i] = x;
         ss += x * x;
     }
-    if (norm) {  // block-uniform
+    if (row.norm) {  // block-uniform
         ss = block_sum_f(ss, red);  // its __syncthreads also publishes xs
         const float r = 1.0f / sqrtf(ss / (float)dk + eps);
         for (int i = threadIdx.x; i < dk; i += blockDim.x) {
             // own elements only: no barrier needed between this read and write
-            xs[i] = nw != nullptr ? xs[i] * r * nw[i] : xs[i] * r;
+            xs[i] = row.nw != nullptr ? xs[i] * r * row.nw[i] : xs[i] * r;
         }
     }
     __syncthreads();
 
     // 2. RoPE (reflex_rope's arithmetic)
-    const double p = (double)pos[t];
-    const RopeArgs ra = {n_rot, neox, freq_base, freq_scale, ext_factor, attn_factor, corr_lo,
-                         corr_hi};
-    rx_rope_head(ra, p, xs, dst);
-    for (int i = n_rot + threadIdx.x; i < dk; i += blockDim.x) dst[i] = xs[i];
+    rx_rope_head(RX_QKR_ROPE, (double)pos[t], xs, row.dst);
+    for (int i = n_rot + threadIdx.x; i < dk; i += blockDim.x) row.dst[i] = xs[i];
 
     // 3. V of this KV head
-    if (!is_q) {
-        const float* vs = v + ((size_t)t * H_kv + h) * dv;
-        float* vd = vc + (cell * H_kv + h) * dv;
-        for (int i = threadIdx.x; i < dv; i += blockDim.x) vd[i] = vs[i];
-    }
+    if (!row.is_q) qkr_copy_v(v, vc, t, cell, H_kv, row.h, dv, threadIdx.x, blockDim.x);
 }
 
 // qk_norm_rope_rows: reflex_qk_norm_rope_store for a prefill's many (head, token) rows, a warp a
@@ -475,45 +499,39 @@ reflex_qk_norm_rope_rows(RX_QKR_PARAMS) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = blockIdx.y;
     const int hh = blockIdx.x * QKR_ROWS_WARPS + warp;
     const double p = (double)pos[t];
-    const RopeArgs ra = {n_rot, neox, freq_base, freq_scale, ext_factor, attn_factor, corr_lo,
-                         corr_hi};
     for (int i = threadIdx.x; i < n_rot / 2; i += blockDim.x) {
         int i0, i1;
         float cs, sn;
-        rx_rope_pair(ra, p, i, i0, i1, cs, sn);
+        rx_rope_pair(RX_QKR_ROPE, p, i, i0, i1, cs, sn);
         rot[i] = make_float2(cs, sn);
     }
     const bool live = hh < H + H_kv;
-    const bool is_q = hh < H;
-    const int h = is_q ? hh : hh - H;
-    const int nh = is_q ? H : H_kv;
     const size_t cell = (size_t)cell0[0] + t;
+    const QkrRow row = RX_QKR_ROW(hh, t, cell);
     float* x = xs[warp];
     if (live) {
         // 1. stage (+ RMSNorm)
-        const float* src = (is_q ? q : k) + ((size_t)t * nh + h) * dk;
-        const bool norm = is_q ? qn != 0 : kn != 0;
-        const float* nw = is_q ? qn_w : kn_w;
         const int B = dk <= 128 ? 128 : 256;
         float ss = 0.f;
         for (int c = 0; c < B / 32; c++) {
             float part = 0.f;
             for (int e = 32 * c + lane; e < dk; e += B) {
-                const float xv = src[e];
+                const float xv = row.src[e];
                 x[e] = xv;
                 part += xv * xv;
             }
             ss += warp_sum_f(part);
         }
-        if (norm) {  // each lane its own dims (e % 32 == lane): no barrier
+        if (row.norm) {  // each lane its own dims (e % 32 == lane): no barrier
             const float r = 1.0f / sqrtf(ss / (float)dk + eps);
-            for (int e = lane; e < dk; e += 32) x[e] = nw != nullptr ? x[e] * r * nw[e] : x[e] * r;
+            for (int e = lane; e < dk; e += 32)
+                x[e] = row.nw != nullptr ? x[e] * r * row.nw[e] : x[e] * r;
         }
     }
     __syncthreads();  // the rotations and every warp's head
     if (!live) return;
     // 2. RoPE (reflex_rope's arithmetic) into the destination
-    float* dst = is_q ? q_out + ((size_t)t * H + h) * dk : kc + (cell * H_kv + h) * dk;
+    float* dst = row.dst;
     const int half = n_rot / 2;
     for (int i = lane; i < half; i += 32) {
         const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
@@ -524,11 +542,7 @@ reflex_qk_norm_rope_rows(RX_QKR_PARAMS) {
     }
     for (int e = n_rot + lane; e < dk; e += 32) dst[e] = x[e];
     // 3. V of this KV head
-    if (!is_q) {
-        const float* vs = v + ((size_t)t * H_kv + h) * dv;
-        float* vd = vc + (cell * H_kv + h) * dv;
-        for (int e = lane; e < dv; e += 32) vd[e] = vs[e];
-    }
+    if (!row.is_q) qkr_copy_v(v, vc, t, cell, H_kv, row.h, dv, lane, 32);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -833,10 +847,8 @@ __device__ __forceinline__ void rope_attention_prologue(float (*rows)[32 * C4],
     if (sl == 0 && h == g * G) {
         const size_t cell = (size_t)in.c0 + t;
         float* kd = in.kc + (cell * H_kv + g) * dk;
-        float* vd = in.vc + (cell * H_kv + g) * dv;
-        const float* vs = in.v + ((size_t)t * H_kv + g) * dv;
         for (int e = threadIdx.x; e < dk; e += blockDim.x) kd[e] = rows[1 + t][e];
-        for (int e = threadIdx.x; e < dv; e += blockDim.x) vd[e] = vs[e];
+        qkr_copy_v(in.v, in.vc, t, cell, H_kv, g, dv, threadIdx.x, blockDim.x);
     }
 }
 

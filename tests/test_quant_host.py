@@ -528,12 +528,17 @@ def test_launcher_choices(quant_signatures):
     q.moe_matmul(k, W, 8, X, 4 << 20, Y, 3, 8, 2048, 768, 128, up_ptr=W + 4096)  # SwiGLU
     name, grid, block, args = k.calls[-1]
     assert grid == (96, 24, 1) and args[1] == W + 4096 and args[-1] == 1  # 8 outputs a block
-    # one token of a K-quant: on x limbs staged in shared memory (reflex_moe_matmulx_<t>)
+    # one token of a K-quant: on x limbs staged in shared memory (reflex_moe_matmulx_<t>), the
+    # slots sharing x MOE_SLOTS_A_BLOCK (2) a block, those with an x each one a block
     q.moe_matmul(k, W, 12, X, 4 << 20, Y, 1, 8, 2048, 768, 128, up_ptr=W + 4096)
     name, grid, block, args = k.calls[-1]
-    assert name == "reflex_moe_matmulx_q4_k" and grid == (96, 8, 1) and k.shmem[-1] == 4 * 2048
+    assert name == "reflex_moe_matmulx_q4_k" and grid == (96, 4, 1) and k.shmem[-1] == 4 * 2048
+    q.moe_matmul(k, W, 12, X, 4 << 20, Y, 1, 7, 2048, 768, 128)
+    assert k.calls[-1][:2] == ("reflex_moe_matmulx_q4_k", (48, 4, 1))
     q.moe_matmul(k, W, 14, X, 4 << 20, Y, 1, 8, 768, 2048, 128, x_per_expert=True)
-    assert k.calls[-1][0] == "reflex_moe_matmulx_q6_k" and k.shmem[-1] == 4 * 1024
+    assert k.calls[-1][:2] == ("reflex_moe_matmulx_q6_k", (128, 8, 1)) and k.shmem[-1] == 4 * 1024
+    q.moe_matmul(k, W, 8, X, 4 << 20, Y, 1, 8, 2048, 768, 128)  # no staged x: a slot a block
+    assert k.calls[-1][:2] == ("reflex_moe_matmul_q8_0", (48, 8, 1))
     q.moe_matmul(k, W, 12, X, 4 << 20, Y, 2, 8, 2048, 768, 128)
     assert k.calls[-1][0] == "reflex_moe_matmul_q4_k" and k.shmem[-1] == 0
     q.moe_matmul(k, W, 8, X, 4 << 20, Y, 3, 8, 2048, 768, 128, up_ptr=W + 4096)
@@ -852,7 +857,8 @@ def test_moe_layer_reads_the_norm_unapplied(quant_signatures, monkeypatch):
     assert name == "reflex_moe_matmulxn_q4_k" and args[:5] == (gate.data, up.data, y.address,
                                                                 ids.ptr, g.ptr)
     assert args[-4:-1] == (1, part, n_part) and abs(args[-1] - 1e-6) < 1e-12
-    assert k.shmem[-1] == q.x_staged_bytes(12, D) and grid == (F // 8, K, 1)
+    assert k.shmem[-1] == q.x_staged_bytes(12, D)
+    assert grid == (F // 8, -(-K // q.MOE_SLOTS_A_BLOCK), 1)  # slots sharing x, 2 a block
     assert len(k.calls) == 3 and type(logits) is da.DeviceArray and y.pending is not None
     # Q8_0 experts have no staged form: x is normed once, in place, then the plain kernel
     ops.moe_matmul_swiglu(y, gate8, up8, ids)

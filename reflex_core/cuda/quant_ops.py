@@ -91,6 +91,12 @@ _GEMV_THREADS = 128  # 4 warps
 _GEMV_WARPS = 4
 _GEMV_R = 2  # weight rows per warp (SwiGLU: gate and up of one output row)
 _MOE_R = 4  # the MoE GEMV's rows per warp (SwiGLU: gate and up of two output rows)
+# Slots a block of the one-token MoE GEMV on staged x takes when its k slots share x (the
+# experts' gate/up): x is staged once for them, the grid's height ceil(k / MOE_SLOTS_A_BLOCK).
+# On the H200, 30B-A3B-shaped decode (8 slots; BENCHMARKS.md, 2026-12-04): 2 a block 2.202
+# ms/token against 2.248 at 1; 3 and 4 a block were slower than 2 in the same builds (too few
+# blocks).
+MOE_SLOTS_A_BLOCK = 2
 # The one-token GEMV with two warps a row group (gemv1s) takes four rows a group instead of two
 # (gemv1ws: each x load serves twice the rows, and the L1's traffic in x bounds this GEMV) when
 # a launch has at least this many weight rows; fewer rows leave too few warps to cover the
@@ -663,21 +669,25 @@ def moe_matmul(kern, w_ptr: int, ggml_type: int, x_ptr: int, ids_ptr: int, y_ptr
         raise ValueError(f"moe_matmul {name}: weights at {w_ptr:#x} / activations at {x_ptr:#x} "
                          f"are not aligned as the kernel needs (see reflex_core.cuda.quant_ops), "
                          f"or n_in={n_in} is not a multiple of 8")
-    grid = (_gemv_grid_x(1, (n_out,), bool(up_ptr), _MOE_R), min(T * k, _MAX_GRID_Y), 1)
+    gx = _gemv_grid_x(1, (n_out,), bool(up_ptr), _MOE_R)
+    grid = (gx, min(T * k, _MAX_GRID_Y), 1)
+    # staged x shared by one token's slots: MOE_SLOTS_A_BLOCK slots a block
+    grid_xs = (gx, (k + MOE_SLOTS_A_BLOCK - 1) // MOE_SLOTS_A_BLOCK, 1) \
+        if T == 1 and not x_per_expert else grid
     args = (w_ptr, up_ptr, x_ptr, ids_ptr, y_ptr, T, k, n_in, n_out, rb, n_out * rb,
             1 if x_per_expert else 0, n_expert, 1 if up_ptr else 0)
     if norm is not None:
         if T != 1 or x_per_expert or not moe_normed_ok(kern, ggml_type, n_in):
             raise ValueError(f"moe_matmul {name}: no normed form for T={T}, n_in={n_in}"
                              f"{', x per expert' if x_per_expert else ''}")
-        kern.launch(f"reflex_moe_matmulxn_{suffix}", grid, (_GEMV_THREADS, 1, 1),
+        kern.launch(f"reflex_moe_matmulxn_{suffix}", grid_xs, (_GEMV_THREADS, 1, 1),
                     args + tuple(norm), x_staged_bytes(ggml_type, n_in))
         return
     if T == 1 and GEMV_XS and ggml_type in XS_CHUNK:  # on x limbs, as the dense gemv1x
         nbytes = x_staged_bytes(ggml_type, n_in)
         name_x = f"reflex_moe_matmulx_{suffix}"
         if nbytes <= XS_MAX_SHMEM and kern.allow_shmem(name_x, nbytes):
-            kern.launch(name_x, grid, (_GEMV_THREADS, 1, 1), args, nbytes)
+            kern.launch(name_x, grid_xs, (_GEMV_THREADS, 1, 1), args, nbytes)
             return
     kern.launch(f"reflex_moe_matmul_{suffix}", grid, (_GEMV_THREADS, 1, 1), args)
 

@@ -1057,6 +1057,40 @@ def test_moe_matmul_normed(qk, name):
                                        err_msg=f"{what} swiglu")
 
 
+@pytest.mark.parametrize("name", [n for n in TYPES if TYPES[n] in quant_ops.XS_CHUNK])
+def test_moe_matmul_slots_a_block(qk, name, monkeypatch):
+    """One token's MoE GEMV on staged x whose k slots share x, a block taking 1, 2, 3 or all of
+    them (quant_ops.MOE_SLOTS_A_BLOCK; x staged once a block): the same bits every way, the
+    plain, SwiGLU and normed forms, with a repeated expert and an invalid id among the slots."""
+    ctx, kernels_of = qk
+    kern = kernels_of(name)
+    t = TYPES[name]
+    rng = np.random.default_rng(450 + t)
+    E, k, n_out, n_in = 9, 8, 45, 2048
+    gate, up = (upload(ctx, random_weights(rng, name, E * n_out, n_in)[0])[1] for _ in "gu")
+    ids = np.array([[4, 1, 4, 8, E, 0, 7, 2]], np.int32)
+    _, ip = upload(ctx, ids)
+    _, xp = upload(ctx, rng.standard_normal((1, n_in)).astype(np.float32))
+    part = (rng.random(33) * 50).astype(np.float32)
+    _, pp = upload(ctx, part)
+    normed = quant_ops.moe_normed_ok(kern, t, n_in)
+    forms = [("plain", 0, None), ("swiglu", up, None)] + (
+        [("normed", up, (pp, 33, 1e-6))] if normed else [])
+    first = {}
+    for spb in (1, 2, 3, 8):
+        monkeypatch.setattr(quant_ops, "MOE_SLOTS_A_BLOCK", spb)
+        for key, w_up, norm in forms:
+            yp = upload(ctx, np.zeros(k * n_out, np.float32))[1]
+            quant_ops.moe_matmul(kern, gate, t, xp, ip, yp, 1, k, n_in, n_out, E, up_ptr=w_up,
+                                 norm=norm)
+            y = download(ctx, yp, k * n_out).reshape(k, n_out)
+            assert np.isnan(y[4]).all() and not np.isnan(np.delete(y, 4, 0)).any(), f"{key} {spb}"
+            if spb == 1:
+                first[key] = y
+            else:
+                assert_bits_equal(y, first[key], f"{name} {key}: {spb} slots a block")
+
+
 @pytest.mark.parametrize("name,xh", [("F32", False), ("Q8_0", False), ("Q8_0", True),
                                      ("Q4_K", False), ("Q4_K", True), ("Q6_K", False), ("Q6_K", True),
                                      ("Q3_K", False), ("IQ4_XS", False), ("IQ4_XS", True),

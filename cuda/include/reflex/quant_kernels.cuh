@@ -1089,12 +1089,19 @@ __device__ __forceinline__ void unpack_pairs_body(const uint8_t* __restrict__ w,
     const int tid = threadIdx.x, n8 = n_in >> 3;  // a thread takes 8 values (n_in % 32 == 0)
     const int teams = PAIRS_UNPACK_THREADS / team, me = tid % team, warps = team >> 5;
     float* scales = reinterpret_cast<float*>(out + (long long)n_rows * n_in);
-    auto dec = [&](const uint8_t* wr, int k, float (&v)[4]) {
+    // values k .. k + 7 of row wr (two decodes of 4: a block's header loads serve both)
+    auto dec8 = [&](const uint8_t* wr, int k, float (&v)[8]) {
+        float(&a)[4] = *reinterpret_cast<float(*)[4]>(v);
+        float(&b)[4] = *reinterpret_cast<float(*)[4]>(v + 4);
         if constexpr (Q::QK == 1) {
 #pragma unroll
-            for (int c = 0; c < 4; ++c) v[c] = Q::dec1(wr, k + c);
+            for (int c = 0; c < 4; ++c) {
+                a[c] = Q::dec1(wr, k + c);
+                b[c] = Q::dec1(wr, k + 4 + c);
+            }
         } else {
-            Q::dec4(wr + (k / Q::QK) * Q::TS, k % Q::QK, v);
+            Q::dec4(wr + (k / Q::QK) * Q::TS, k % Q::QK, a);
+            Q::dec4(wr + ((k + 4) / Q::QK) * Q::TS, (k + 4) % Q::QK, b);
         }
     };
     // every block runs the same number of rounds (the team reduction synchronizes the block)
@@ -1106,11 +1113,10 @@ __device__ __forceinline__ void unpack_pairs_body(const uint8_t* __restrict__ w,
         if (live) {
 #pragma unroll 2
             for (int g = me; g < n8; g += team) {
-                float v[2][4];
-                dec(wr, 8 * g, v[0]);
-                dec(wr, 8 * g + 4, v[1]);
+                float v[8];
+                dec8(wr, 8 * g, v);
 #pragma unroll
-                for (int c = 0; c < 8; ++c) mb = max(mb, __float_as_int(v[c >> 2][c & 3]) & 0x7fffffff);
+                for (int c = 0; c < 8; ++c) mb = max(mb, __float_as_int(v[c]) & 0x7fffffff);
             }
         }
 #pragma unroll
@@ -1131,8 +1137,7 @@ __device__ __forceinline__ void unpack_pairs_body(const uint8_t* __restrict__ w,
 #pragma unroll 2
         for (int g = me; g < n8; g += team) {
             float v[8];
-            dec(wr, 8 * g, *reinterpret_cast<float(*)[4]>(v));
-            dec(wr, 8 * g + 4, *reinterpret_cast<float(*)[4]>(v + 4));
+            dec8(wr, 8 * g, v);
             uint32_t h[4], l[4];  // a non-finite row: zeros (0 * inf would be NaN)
 #pragma unroll
             for (int c = 0; c < 4; ++c)
