@@ -65,7 +65,9 @@
 //   writes x's limbs in its lanes' load order to shared memory (rx_x_limb_run, a thread a run of
 //   16), then each lane sums byte products on them (rx_gemv_rows_limbs). Grid as gemv1ws with
 //   16 rows a block (mode 1: 8 outputs). reflex_moe_matmulx_<t>: reflex_moe_matmul_<t> (below)
-//   the same way, for one token.
+//   the same way, for one token; a block restages x only when its next slot's x differs, so
+//   where the slots share x the launcher gives a block several (quant_ops.MOE_SLOTS_A_BLOCK:
+//   grid.y = ceil(k / it)).
 //
 // reflex_matmul_gemv1{ws,x}{r,n}_<t>(the same, resid, nw, h_out, part, n_part, eps)  (T = 1)
 //   The types of RX_QUANT_NORM_KERNELS / RX_QUANT_XS_NORM_KERNELS (cuda/quant.cu): gemv1ws /
