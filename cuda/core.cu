@@ -112,7 +112,8 @@ __device__ __forceinline__ float block_sum_f(float v, float* red) {
     if (lane == 0) red[warp] = v;
     __syncthreads();
     float r = 0.f;
-    for (int w = 0; w < nw; w++) r += red[w];  // same order in every thread
+#pragma unroll 8
+    for (int w = 0; w < nw; w++) r += red[w];  // same order in every thread (unrolled: loads first)
     __syncthreads();
     return r;
 }
@@ -134,6 +135,7 @@ __device__ __forceinline__ float block_max_f(float v, float* red) {
     if (lane == 0) red[warp] = v;
     __syncthreads();
     float r = red[0];
+#pragma unroll 8
     for (int w = 1; w < nw; w++) r = fmaxf(r, red[w]);
     __syncthreads();
     return r;
@@ -1945,7 +1947,7 @@ extern "C" __global__ void reflex_moe_route(const float* __restrict__ logits,
                                             int norm, float scale, int n_group, int n_group_used) {
     RX_PDL_ENTRY();
     __shared__ float sp[REFLEX_MOE_MAX_E];  // probs: the weights
-    __shared__ float ss[REFLEX_MOE_MAX_E];  // selection scores
+    __shared__ __align__(16) float ss[REFLEX_MOE_MAX_E];  // selection scores (read 4 at a time)
     __shared__ float gscore[REFLEX_MOE_MAX_E / 2];  // groups hold >= 2 experts
     __shared__ unsigned char gkept[REFLEX_MOE_MAX_E / 2];
     __shared__ unsigned char taken[REFLEX_MOE_MAX_E];
@@ -1955,11 +1957,15 @@ extern "C" __global__ void reflex_moe_route(const float* __restrict__ logits,
     const float* lr = logits + (size_t)blockIdx.x * E;
     if (gating == 1) {
         float mx = -INFINITY;
-        for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, lr[e]);
+        for (int e = threadIdx.x; e < E; e += blockDim.x) {
+            const float z = lr[e];
+            sp[e] = z;  // read back below by the same thread
+            mx = fmaxf(mx, z);
+        }
         mx = block_max_f(mx, red);
         float s = 0.f;
         for (int e = threadIdx.x; e < E; e += blockDim.x) {
-            const float v = expf(lr[e] - mx);
+            const float v = expf(sp[e] - mx);
             sp[e] = v;
             s += v;
         }
@@ -2009,18 +2015,21 @@ extern "C" __global__ void reflex_moe_route(const float* __restrict__ logits,
         const int e = threadIdx.x;
         if (e < E) {
             const float v = ss[e];
+            const bool num = v == v;
+            // ahead of e: a larger sel, an equal one at a lower index; for a NaN e every number
+            // and the NaNs at a lower index
+            auto ahead = [&](float u, int h) -> int {
+                return num ? (h < e ? u >= v : u > v) : (u == u || h < e);
+            };
             int r = 0;
-            if (v == v) {
-                for (int h = 0; h < E; h++) {
-                    const float u = ss[h];
-                    r += h < e ? u >= v : u > v;
-                }
-            } else {
-                for (int h = 0; h < E; h++) {
-                    const float u = ss[h];
-                    r += u == u || h < e;
-                }
+            const int E4 = E & ~3;
+            // four sel a shared load, unrolled so that the loads run ahead of the compares
+#pragma unroll 8
+            for (int h = 0; h < E4; h += 4) {
+                const float4 u = *reinterpret_cast<const float4*>(ss + h);
+                r += ahead(u.x, h) + ahead(u.y, h + 1) + ahead(u.z, h + 2) + ahead(u.w, h + 3);
             }
+            for (int h = E4; h < E; h++) r += ahead(ss[h], h);
             if (r < k) {
                 seli[r] = e;
                 selp[r] = sp[e];
@@ -2066,6 +2075,7 @@ extern "C" __global__ void reflex_moe_route(const float* __restrict__ logits,
             __syncwarp();
         }
         float sum = 0.f;
+#pragma unroll 8
         for (int j = 0; j < k; j++) sum += selp[j];
         const float div = fmaxf(sum, 6.103515625e-5f);
         const bool sc = scale != 0.0f && scale != 1.0f;

@@ -487,24 +487,11 @@ __device__ __forceinline__ void moe_body(const uint8_t* __restrict__ w, const ui
     for (int slot = blockIdx.y; slot < n_slots; slot += gridDim.y) {
         const int e = __ldg(ids + slot);  // same for the whole block
         float* ys = y + (long long)slot * n_out;
-        if (e < 0 || e >= n_expert) {
-            if (live && lane < nr && row0 + lane < n_out) ys[row0 + lane] = rx_nan();
-            continue;
-        }
         const int xrow = x_per_expert ? slot : slot / k;
         const float* xs = x + (long long)xrow * n_in;
-        const long long eo = (long long)e * expert_bytes;
-        const uint8_t* rp[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            if (mode == 1) {
-                rp[r] = (r & 1 ? w_up : w) + eo + (long long)min(row0 + r / 2, n_out - 1) * row_bytes;
-            } else {
-                rp[r] = w + eo + (long long)min(row0 + r, n_out - 1) * row_bytes;
-            }
-        }
-        float acc[R][1];
         if constexpr (XS) {
+            // x is staged before e is used, so that x's loads overlap the load of e (x does not
+            // depend on it)
             if (xrow != staged) {
                 __syncthreads();  // the last slot's readers are done
                 rx_stage_x_limbs<TYPE, GEMV_WARPS * 32, false>(xs, n_in);
@@ -517,6 +504,23 @@ __device__ __forceinline__ void moe_body(const uint8_t* __restrict__ w, const ui
                 __syncthreads();
                 staged = xrow;
             }
+        }
+        if (e < 0 || e >= n_expert) {
+            if (live && lane < nr && row0 + lane < n_out) ys[row0 + lane] = rx_nan();
+            continue;
+        }
+        const long long eo = (long long)e * expert_bytes;
+        const uint8_t* rp[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            if (mode == 1) {
+                rp[r] = (r & 1 ? w_up : w) + eo + (long long)min(row0 + r / 2, n_out - 1) * row_bytes;
+            } else {
+                rp[r] = w + eo + (long long)min(row0 + r, n_out - 1) * row_bytes;
+            }
+        }
+        float acc[R][1];
+        if constexpr (XS) {
             rx_gemv_rows_limbs<TYPE, R>(rp, rx_x_staged_words(), live ? n_in : 0, lane, 32, acc);
         } else {
             rx_gemv_rows<TYPE, 1, R>(rp, xs, 1, n_in, lane, 32, acc);
