@@ -342,18 +342,26 @@ __device__ __forceinline__ void rx_rope_pair(const RopeArgs& ra, double p, int i
     i1 = ra.neox ? i + half : 2 * i + 1;
 }
 
+// Dims (i0, i1) of src rotated by (cos, sin) = (cs, sn) into dst.
+__device__ __forceinline__ void rx_rope_apply(const float* __restrict__ src,
+                                              float* __restrict__ dst, int i0, int i1, float cs,
+                                              float sn) {
+    const float a = src[i0], b = src[i1];
+    dst[i0] = a * cs - b * sn;
+    dst[i1] = a * sn + b * cs;
+}
+
 // A head's first n_rot dims rotated from src to dst (another row), the block's threads a pair
-// each in turn; the dims past n_rot are the caller's.
+// each in turn from pair `first` on (threadIdx.x, or beyond the pair a thread did itself); the
+// dims past n_rot are the caller's.
 __device__ __forceinline__ void rx_rope_head(const RopeArgs& ra, double p,
                                              const float* __restrict__ src,
-                                             float* __restrict__ dst) {
-    for (int i = threadIdx.x; i < ra.n_rot / 2; i += blockDim.x) {
+                                             float* __restrict__ dst, int first) {
+    for (int i = first; i < ra.n_rot / 2; i += blockDim.x) {
         int i0, i1;
         float cs, sn;
         rx_rope_pair(ra, p, i, i0, i1, cs, sn);
-        const float a = src[i0], b = src[i1];
-        dst[i0] = a * cs - b * sn;
-        dst[i1] = a * sn + b * cs;
+        rx_rope_apply(src, dst, i0, i1, cs, sn);
     }
 }
 
@@ -370,7 +378,7 @@ extern "C" __global__ void reflex_rope(const float* __restrict__ x, float* __res
     const double p = (double)pos[t];
     const RopeArgs ra = {n_rot, neox, freq_base, freq_scale, ext_factor, attn_factor, corr_lo,
                          corr_hi};
-    rx_rope_head(ra, p, xr, yr);
+    rx_rope_head(ra, p, xr, yr, threadIdx.x);
     for (int i = n_rot + threadIdx.x; i < d; i += blockDim.x) yr[i] = xr[i];
 }
 
@@ -451,10 +459,17 @@ __device__ __forceinline__ void qkr_copy_v(const float* __restrict__ v, float* _
 }
 
 extern "C" __global__ void reflex_qk_norm_rope_store(RX_QKR_PARAMS) {
+    const int t = blockIdx.y;
+    // Before the wait for the kernel ahead: the rotation of this thread's pair (threadIdx.x), its
+    // float64 pow and sincos. The position is the batch's prepared buffer, which only the host's
+    // copies write, before a step's kernels, so it may be read before RX_PDL_ENTRY.
+    const bool pre = (int)threadIdx.x < n_rot / 2;
+    int pi0 = 0, pi1 = 0;
+    float pcs = 0.f, psn = 0.f;
+    if (pre) rx_rope_pair(RX_QKR_ROPE, (double)pos[t], threadIdx.x, pi0, pi1, pcs, psn);
     RX_PDL_ENTRY();
     __shared__ float xs[REFLEX_QKR_MAX_HEAD];
     __shared__ float red[32];
-    const int t = blockIdx.y;
     const size_t cell = (size_t)cell0[0] + t;
     const QkrRow row = RX_QKR_ROW(blockIdx.x, t, cell);
 
@@ -475,8 +490,9 @@ extern "C" __global__ void reflex_qk_norm_rope_store(RX_QKR_PARAMS) {
     }
     __syncthreads();
 
-    // 2. RoPE (reflex_rope's arithmetic)
-    rx_rope_head(RX_QKR_ROPE, (double)pos[t], xs, row.dst);
+    // 2. RoPE (reflex_rope's arithmetic): the pair rotated above, then any further ones
+    if (pre) rx_rope_apply(xs, row.dst, pi0, pi1, pcs, psn);
+    rx_rope_head(RX_QKR_ROPE, (double)pos[t], xs, row.dst, threadIdx.x + blockDim.x);
     for (int i = n_rot + threadIdx.x; i < dk; i += blockDim.x) row.dst[i] = xs[i];
 
     // 3. V of this KV head

@@ -41,7 +41,8 @@
 // are visible (before reading or writing anything it may touch), then let the next kernel's
 // launch begin (it waits the same way, so it cannot start work before this one completes).
 // Without that launch attribute, or before sm_90, both are no-ops. Only reads of data that no
-// kernel writes (the weights) may come before it.
+// kernel writes may come before it: the weights, and the batch's prepared buffer (positions,
+// cells, mask), which the host's copies write before a step's kernels run.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define RX_PDL_ENTRY()                                                   \
     do {                                                                 \
