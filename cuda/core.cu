@@ -461,17 +461,19 @@ __device__ __forceinline__ void qkr_copy_v(const float* __restrict__ v, float* _
 extern "C" __global__ void reflex_qk_norm_rope_store(RX_QKR_PARAMS) {
     const int t = blockIdx.y;
     // Before the wait for the kernel ahead: the rotation of this thread's pair (threadIdx.x), its
-    // float64 pow and sincos. The position is the batch's prepared buffer, which only the host's
-    // copies write, before a step's kernels, so it may be read before RX_PDL_ENTRY.
+    // float64 pow and sincos, and the norm weight of its first element. The position and cell
+    // are the batch's prepared buffer, which only the host's copies write, before a step's
+    // kernels, so they may be read before RX_PDL_ENTRY.
     const bool pre = (int)threadIdx.x < n_rot / 2;
     int pi0 = 0, pi1 = 0;
     float pcs = 0.f, psn = 0.f;
     if (pre) rx_rope_pair(RX_QKR_ROPE, (double)pos[t], threadIdx.x, pi0, pi1, pcs, psn);
+    const size_t cell = (size_t)cell0[0] + t;
+    const QkrRow row = RX_QKR_ROW(blockIdx.x, t, cell);
+    const float nw0 = row.norm && row.nw != nullptr && (int)threadIdx.x < dk ? row.nw[threadIdx.x] : 0.f;
     RX_PDL_ENTRY();
     __shared__ float xs[REFLEX_QKR_MAX_HEAD];
     __shared__ float red[32];
-    const size_t cell = (size_t)cell0[0] + t;
-    const QkrRow row = RX_QKR_ROW(blockIdx.x, t, cell);
 
     // 1. stage (+ RMSNorm)
     float ss = 0.f;
@@ -485,7 +487,8 @@ extern "C" __global__ void reflex_qk_norm_rope_store(RX_QKR_PARAMS) {
         const float r = 1.0f / sqrtf(ss / (float)dk + eps);
         for (int i = threadIdx.x; i < dk; i += blockDim.x) {
             // own elements only: no barrier needed between this read and write
-            xs[i] = row.nw != nullptr ? xs[i] * r * row.nw[i] : xs[i] * r;
+            xs[i] = row.nw != nullptr ? xs[i] * r * (i == (int)threadIdx.x ? nw0 : row.nw[i])
+                                      : xs[i] * r;
         }
     }
     __syncthreads();
