@@ -871,6 +871,50 @@ def test_moe_layer_reads_the_norm_unapplied(quant_signatures, monkeypatch):
                      norm=(part, n_part, 1e-6))
 
 
+def test_qkv_with_another_v_type_is_one_launch(quant_signatures, monkeypatch):
+    """CudaOps.matmul_many of one token on a fused norm's output: q and k of Q4_K and v of Q6_K
+    (an 8B Q4_K_M file's layer) in one reflex_matmul_gemv1xn_q4_k_q6_k launch, its grid the two
+    types' gemv1xn grids end to end and its shared memory the larger; a v that alone would take
+    the narrow gemv1sn (a 30B-A3B file's 512 rows) keeps two launches, as does x made ready."""
+    from reflex_core.backends import device_array as da
+    from reflex_core.cuda import quant_ops as q
+    from reflex_core.ops import Weight
+
+    k, ops, alloc = _fake_cuda_ops(quant_signatures, monkeypatch)
+    D = 4096
+
+    def weight(name, t, n_out, at):
+        return Weight(name, t, (D, n_out), at, q.plan(t, (D, n_out), at))
+
+    x = da.DeviceArray(alloc(4 * D), (1, D), None)
+    resid = da.DeviceArray(alloc(4 * D), (1, D), None)
+    wo = weight("o", 12, D, 1 << 24)
+    _, y = ops.add_rmsnorm(resid, ops.matmul(x, wo), None, 1e-6)
+    (_, grid, _, rargs), = k.calls
+    part, n_part = rargs[17], grid[0]
+    wq, wk = weight("q", 12, 4096, 2 << 24), weight("k", 12, 1024, 3 << 24)
+    wv = weight("v", 14, 1024, 4 << 24)
+    qq, kk, vv = ops.matmul_many(y, [wq, wk, wv])
+    name, grid, block, args = k.calls[-1]
+    assert len(k.calls) == 2 and name == "reflex_matmul_gemv1xn_q4_k_q6_k"
+    assert grid == (4096 // 16 + 1024 // 16 + 1024 // 16, 1, 1) and block == (256, 1, 1)
+    assert k.shmem[-1] == max(q.x_staged_bytes(12, D), q.x_staged_bytes(14, D))
+    assert args[:7] == (wq.data, wk.data, wv.data, y.address, qq.ptr, kk.ptr, vv.ptr)
+    assert args[9:13] == (4096, 1024, 1024, wq.meta.row_bytes)
+    assert args[-4:-2] == (part, n_part) and abs(args[-2] - 1e-6) < 1e-12
+    assert args[-1] == wv.meta.row_bytes
+    assert y.pending is not None  # the norm's scale still applied by the readers
+    # a narrow v: the q/k launch and v's own narrow reader
+    wv2 = weight("v2", 14, 512, 5 << 24)
+    ops.matmul_many(y, [wq, wk, wv2])
+    assert [c[0] for c in k.calls[-2:]] == ["reflex_matmul_gemv1xn_q4_k",
+                                            "reflex_matmul_gemv1sn_q6_k"]
+    # x ready: the plain launches, one a type
+    x2 = da.DeviceArray(alloc(4 * D), (1, D), None)
+    ops.matmul_many(x2, [wq, wk, wv])
+    assert [c[0] for c in k.calls[-2:]] == ["reflex_matmul_gemv1x_q4_k", "reflex_matmul_gemv1x_q6_k"]
+
+
 def test_quant_ops_imports_no_numpy():
     code = ("import sys; import reflex_core.cuda.quant_ops; "
             "sys.exit(1 if 'numpy' in sys.modules else 0)")

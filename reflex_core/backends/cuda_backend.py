@@ -723,8 +723,10 @@ class CudaOps(Ops):
         return halves
 
     def matmul_many(self, x, ws: Sequence[Weight]) -> list:
-        """Weights of the same GGML type go in one launch (up to three: q/k/v); bit-identical to
-        separate matmuls. The outputs share one allocation (256-byte aligned offsets)."""
+        """Weights of the same GGML type go in one launch (up to three: q/k/v), and one token's
+        q/k/v on a fused norm's output whose v is another K-quant too (quant_ops.mixed_norm_launch);
+        bit-identical to separate matmuls. The outputs share one allocation (256-byte aligned
+        offsets)."""
         shape = x.shape
         lead, n_in = shape[:-1], shape[-1]
         T = x.size // n_in if n_in else 0
@@ -758,6 +760,22 @@ class CudaOps(Ops):
                                 tuple(y.ptr for y in outs) + pad,
                                 tuple(m.n_out for m in metas) + pad, False, gemv_ok)
             return outs
+        if (n == 3 and T == 1 and ws[0].ggml_type == ws[1].ggml_type and type(x) is LazyArray
+                and type(x.pending) is _NormScale):
+            # q and k of one K-quant and v of another (Q6_K) on a fused norm's output: one launch
+            # where each would take gemv1xn alone (the same bits)
+            qo = self._quant_ops
+            kern = self._qkern(metas[0].module)
+            n_outs = tuple(m.n_out for m in metas)
+            c = qo.mixed_norm_launch(kern, metas[0], metas[2], n_outs,
+                                     metas[0].gemv_w_ok and metas[1].gemv_w_ok,
+                                     metas[2].gemv_w_ok, x.address)
+            if c is not None:
+                ns = x.pending
+                qo.matmul_mixed(kern, c, metas[0], metas[2], x.address,
+                                tuple(w.data for w in ws), tuple(y.ptr for y in outs), n_outs,
+                                ns.part, ns.n_part, ns.eps)
+                return outs
         groups: dict[int, list[int]] = {}
         for i, w in enumerate(ws):
             groups.setdefault(w.ggml_type, []).append(i)

@@ -449,6 +449,43 @@ def matmul_fused(kern, launch: tuple, p: MatPlan, x_ptr: int, w_ptrs: tuple, y_p
                 + (resid, nw, h_out, part, n_part, eps), smem)
 
 
+# One token's q/k/v on a normed x whose v is another K-quant than q and k (a Q4_K_M or Q5_K_M
+# file's Q6_K attn_v), in one launch: (type of q and k, type of v) -> the kernel's suffix
+MIXED_XS = {12: {14: "q4_k_q6_k"}, 13: {14: "q5_k_q6_k"}}
+
+
+def mixed_norm_launch(kern, pa: MatPlan, pb: MatPlan, n_outs: tuple, a_w_ok: bool, b_w_ok: bool,
+                      x_ptr: int) -> tuple | None:
+    """The one launch (kernel, grid, block, dynamic shared memory) of
+    reflex_matmul_gemv1xn_<a>_<b> for weights 0 and 1 planned with ``pa`` and weight 2 with
+    ``pb`` on a normed x (the reader form), or None unless the two weights of ``pa`` and the one
+    of ``pb`` would each take gemv1xn launched alone (:func:`fused_norm_launch`): then every
+    output has the bits of that launch. Launch it with :func:`matmul_mixed`."""
+    suffix = MIXED_XS.get(pa.ggml_type, {}).get(pb.ggml_type)
+    if suffix is None or pa.n_in != pb.n_in or pa.module != pb.module:
+        return None
+    n0, n1, n2 = n_outs
+    ca = fused_norm_launch(kern, pa, (n0, n1, 0), False, a_w_ok, x_ptr, "n")
+    cb = fused_norm_launch(kern, pb, (n2, 0, 0), False, b_w_ok, x_ptr, "n")
+    if (ca is None or cb is None or ca[0] != f"reflex_matmul_gemv1xn_{_info(pa.ggml_type)[0]}"
+            or cb[0] != f"reflex_matmul_gemv1xn_{_info(pb.ggml_type)[0]}"):
+        return None
+    name, smem = f"reflex_matmul_gemv1xn_{suffix}", max(ca[3], cb[3])
+    if not kern.allow_shmem(name, smem):
+        return None
+    return name, (ca[1][0] + cb[1][0], 1, 1), ca[2], smem
+
+
+def matmul_mixed(kern, launch: tuple, pa: MatPlan, pb: MatPlan, x_ptr: int, w_ptrs: tuple,
+                 y_ptrs: tuple, n_outs: tuple, part: int, n_part: int, eps: float) -> None:
+    """:func:`mixed_norm_launch`'s launch: ``y_i = rmsnorm-scaled x . W_i^T`` as
+    :func:`matmul_fused`'s reader, weights 0 and 1 of ``pa``'s type, weight 2 of ``pb``'s."""
+    name, grid, block, smem = launch
+    kern.launch(name, grid, block,
+                _mm_args(pa, x_ptr, 1, w_ptrs, y_ptrs, n_outs, False)
+                + (0, 0, 0, part, n_part, eps, pb.row_bytes), smem)
+
+
 def _mm_args(p: MatPlan, x_ptr: int, T: int, w_ptrs: tuple, y_ptrs: tuple, n_outs: tuple,
              swiglu: bool) -> tuple:
     """The weight matmul kernels' 14 arguments (RX_MM_PARAMS): weights, x, outputs, T, n_in,
@@ -766,6 +803,7 @@ def kernel_names(module: str = COMMON_MODULE) -> list[str]:
                 names.append(f"reflex_moe_matmulxn_{suffix}")
         if t in XH_TYPES:
             names += [f"reflex_matmul_xh_{suffix}", f"reflex_moe_xh_{suffix}"]
+        names += [f"reflex_matmul_gemv1xn_{v}" for v in MIXED_XS.get(t, {}).values()]
     if module == COMMON_MODULE:
         names += [f"reflex_matmul_f16x{t}{f}" for t in _PAIRS_STAGES for f in _PAIRS_FORMS]
     return names

@@ -1057,6 +1057,48 @@ def test_moe_matmul_normed(qk, name):
                                        err_msg=f"{what} swiglu")
 
 
+@pytest.mark.parametrize("a,b", [(a, b) for a in TYPES for b in TYPES
+                                 if quant_ops.MIXED_XS.get(TYPES[a], {}).get(TYPES[b])])
+def test_gemv1xn_mixed(qk, a, b):
+    """One token's q/k/v on a normed x whose v is another K-quant, in one launch
+    (reflex_matmul_gemv1xn_<a>_<b>): each output has the bits of its weight's own gemv1xn launch,
+    with odd row counts (a partial last block in each type's blocks); none where v alone would
+    take the narrow gemv1sn (its bits differ)."""
+    ctx, kernels_of = qk
+    kern = kernels_of(a)
+    assert kernels_of(b) is kern, "both types in one module"
+    ta, tb = TYPES[a], TYPES[b]
+    rng = np.random.default_rng(490 + ta)
+    n_in = 2048
+    part = (rng.random(33) * 50).astype(np.float32)
+    _, pp = upload(ctx, part)
+    _, xp = upload(ctx, rng.standard_normal((1, n_in)).astype(np.float32))
+    for n_outs in ((1027, 45, 1029), (2048, 512, 1024)):
+        raws = [random_weights(rng, a if i < 2 else b, n, n_in)[0] for i, n in enumerate(n_outs)]
+        wps = tuple(upload(ctx, raw)[1] for raw in raws)
+        pa = quant_ops.plan(ta, (n_in, n_outs[0]), wps[0])
+        pb = quant_ops.plan(tb, (n_in, n_outs[2]), wps[2])
+        c = quant_ops.mixed_norm_launch(kern, pa, pb, n_outs, True, True, xp)
+        assert c is not None and c[0] == f"reflex_matmul_gemv1xn_{a.lower()}_{b.lower()}"
+        yps = tuple(upload(ctx, np.full(n, np.nan, np.float32))[1] for n in n_outs)
+        quant_ops.matmul_mixed(kern, c, pa, pb, xp, wps, yps, n_outs, pp, 33, 1e-6)
+        # each type alone, its own reader launch
+        want = [upload(ctx, np.full(n, np.nan, np.float32))[1] for n in n_outs]
+        for p, ws, ys, outs in ((pa, (wps[0], wps[1], 0), (want[0], want[1], 0),
+                                 (n_outs[0], n_outs[1], 0)),
+                                (pb, (wps[2], 0, 0), (want[2], 0, 0), (n_outs[2], 0, 0))):
+            one = quant_ops.fused_norm_launch(kern, p, outs, False, True, xp, "n")
+            assert one is not None and "gemv1xn_" in one[0]
+            quant_ops.matmul_fused(kern, one, p, xp, ws, ys, outs, False, 0, 0, 0, pp, 33, 1e-6)
+        for i, n in enumerate(n_outs):
+            got = download(ctx, yps[i], n)
+            assert not np.isnan(got).any(), f"{a}/{b} {n_outs} segment {i}"
+            assert_bits_equal(got, download(ctx, want[i], n), f"{a}/{b} {n_outs} segment {i}")
+    # a v of fewer rows than the wide forms take: no mixed launch
+    pb = quant_ops.plan(tb, (n_in, 512), 0)
+    assert quant_ops.mixed_norm_launch(kern, pa, pb, (2048, 512, 512), True, True, xp) is None
+
+
 @pytest.mark.parametrize("name", [n for n in TYPES if TYPES[n] in quant_ops.XS_CHUNK])
 def test_moe_matmul_slots_a_block(qk, name, monkeypatch):
     """One token's MoE GEMV on staged x whose k slots share x, a block taking 1, 2, 3 or all of

@@ -1545,6 +1545,28 @@ __device__ __forceinline__ void pairs_body(const uint8_t* __restrict__ w0, const
         moe_body<TYPE, 4, true>(RX_MOE_ARGS);                                                         \
     }
 
+// reflex_matmul_gemv1xn_<a>_<b>: one token's q/k/v GEMV on a normed x (gemv1xn) whose third
+// weight is of another K-quant (a Q4_K_M file's Q6_K attn_v): blocks below b01 = the block count
+// of segments 0 and 1 are gemv1xn_<a>'s over them (w0, w1; row_bytes), the rest gemv1xn_<b>'s
+// over segment 2 (w2; row_bytes_b), so each output has the bits of its weight's own gemv1xn
+// launch and the step saves a launch. Dynamic shared memory: the larger of the two types' staged
+// x. Three blocks an SM, as each type's own form.
+#define RX_QUANT_XS_MIXED_KERNEL(na, TA, nb, TB)                                                      \
+    extern "C" __global__ void __launch_bounds__(GEMVX_WARPS * 32, 3)                                 \
+        reflex_matmul_gemv1xn_##na##_##nb(RX_MM_NORM_PARAMS, long long row_bytes_b) {               \
+        constexpr int RPB = GEMVX_WARPS / 2 * 4; /* rows a block: its row groups of 4 */              \
+        const int b01 = (n0 + RPB - 1) / RPB + (n1 + RPB - 1) / RPB;                                  \
+        if ((int)blockIdx.x < b01) {                                                                  \
+            gemv_body<TA, 1, 2, false, 4, true, GEMVX_WARPS, GEMV_NORMED>(                           \
+                w0, w1, w2, x, y0, y1, y2, T, n_in, n0, n1, 0, row_bytes, mode, resid, nw, h_out,     \
+                part, n_part, eps);                                                                   \
+        } else { /* segment 0 stands for the blocks below b01: seg_select gives segment 2 the rest */ \
+            gemv_body<TB, 1, 2, false, 4, true, GEMVX_WARPS, GEMV_NORMED>(                           \
+                w2, w2, w2, x, y2, y2, y2, T, n_in, b01 * RPB, 0, n2, row_bytes_b, mode, resid, nw,   \
+                h_out, part, n_part, eps);                                                            \
+        }                                                                                             \
+    }
+
 // The prefill GEMM on float16 pairs (pairs_body), in the common module (cuda/quant.cu): x and
 // segments as reflex_matmul_xh_<t>, x = reflex_x_pairs' planes, w_i = reflex_unpack_pairs_<t>'s.
 // reflex_matmul_f16x3 (three products a pair, ~float32) and reflex_matmul_f16x1 (hi only): 128 x
