@@ -467,8 +467,9 @@ def mixed_norm_launch(kern, pa: MatPlan, pb: MatPlan, n_outs: tuple, a_w_ok: boo
     n0, n1, n2 = n_outs
     ca = fused_norm_launch(kern, pa, (n0, n1, 0), False, a_w_ok, x_ptr, "n")
     cb = fused_norm_launch(kern, pb, (n2, 0, 0), False, b_w_ok, x_ptr, "n")
-    if (ca is None or cb is None or ca[0] != f"reflex_matmul_gemv1xn_{_info(pa.ggml_type)[0]}"
-            or cb[0] != f"reflex_matmul_gemv1xn_{_info(pb.ggml_type)[0]}"):
+    # each the reader form of its plan's gemv1x (p.fused names it)
+    if (ca is None or cb is None or ca[0] != pa.fused.get(pa.gemv1x, {}).get("n")
+            or cb[0] != pb.fused.get(pb.gemv1x, {}).get("n")):
         return None
     name, smem = f"reflex_matmul_gemv1xn_{suffix}", max(ca[3], cb[3])
     if not kern.allow_shmem(name, smem):
