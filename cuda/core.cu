@@ -39,6 +39,8 @@ Kernels (launch shape)
   reflex_x_pairs        x rows as scaled float16 pairs in planes (the prefill GEMM's input)
                                                           grid T, block 256             [PPii]
   reflex_argmax         first index of the row maximum    grid rows, block 1024         [PPi]
+  reflex_argmax_split   the same for one row, its blocks' pairs merged by the last one
+                                                          grid ceil(n/4096), block 256  [PPiPP]
   reflex_token_logprobs log_softmax(x)[target] per row    grid rows, block 1024         [PPPi]
   reflex_repeat_penalty x[id] / or * penalty, each id    grid ceil(n/256), block 256   [PPif]
   reflex_sample         temperature/top-k/top-p/min-p draw
@@ -1686,6 +1688,55 @@ extern "C" __global__ void reflex_argmax(const float* __restrict__ x, int* __res
     }
     block_argmax(best, bi, rv, ri);
     if (threadIdx.x == 0) out[blockIdx.x] = bi < 0 ? 0 : bi;
+}
+
+// argmax_split: one row over gridDim.x blocks (a decode step's 150k-token row kept one SM busy
+// for 12 us). Block b scans its contiguous REFLEX_ARGMAX_SPLIT_CHUNK elements (each thread its strided
+// ARGMAX_UNROLL loads at once), leaves its pair in part (value, index as bits), counts itself
+// in at done[0], and the last block merges the gridDim.x pairs and sets the count back to 0.
+// The merge's order (value desc, index asc) is total, so the answer is reflex_argmax's.
+#define ARGMAX_SPLIT_THREADS 256
+#define REFLEX_ARGMAX_SPLIT_CHUNK 4096  // ARGMAX_SPLIT_THREADS * ARGMAX_UNROLL (the backend reads it)
+static_assert(REFLEX_ARGMAX_SPLIT_CHUNK == ARGMAX_SPLIT_THREADS * ARGMAX_UNROLL, "a block's elements");
+
+extern "C" __global__ void __launch_bounds__(ARGMAX_SPLIT_THREADS)
+    reflex_argmax_split(const float* __restrict__ x, int* __restrict__ out, int n,
+                        float* __restrict__ part, int* __restrict__ done) {
+    RX_PDL_ENTRY();
+    __shared__ float rv[32];
+    __shared__ int ri[32];
+    __shared__ int s_last;
+    const int base = blockIdx.x * REFLEX_ARGMAX_SPLIT_CHUNK;
+    float v[ARGMAX_UNROLL];
+#pragma unroll
+    for (int u = 0; u < ARGMAX_UNROLL; u++) {
+        const int i = base + threadIdx.x + u * ARGMAX_SPLIT_THREADS;
+        v[u] = i < n ? x[i] : 0.0f;
+    }
+    float best = -INFINITY;
+    int bi = -1;
+#pragma unroll
+    for (int u = 0; u < ARGMAX_UNROLL; u++) {
+        const int i = base + threadIdx.x + u * ARGMAX_SPLIT_THREADS;
+        if (i < n && (bi < 0 || v[u] > best)) { best = v[u]; bi = i; }
+    }
+    block_argmax(best, bi, rv, ri);
+    if (threadIdx.x == 0) {
+        part[2 * blockIdx.x] = best;
+        part[2 * blockIdx.x + 1] = __int_as_float(bi);
+        __threadfence();  // the pair is visible before the count
+        s_last = atomicAdd(done, 1) == (int)gridDim.x - 1;
+        if (s_last) *done = 0;
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    best = -INFINITY;
+    bi = -1;
+    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x)  // the other blocks' pairs: L2
+        argmax_merge(best, bi, __ldcg(part + 2 * b), __float_as_int(__ldcg(part + 2 * b + 1)));
+    block_argmax(best, bi, rv, ri);
+    if (threadIdx.x == 0) out[0] = bi < 0 ? 0 : bi;
 }
 
 // ------------------------------------------------------------------------------------------

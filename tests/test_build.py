@@ -237,8 +237,8 @@ def test_every_launched_kernel_is_in_the_manifest_with_its_arity(core_manifest):
     assert not missing, f"launched but not built: {missing}"
     assert set(quant_ops.MODULES) <= set(core_manifest["modules"])
     # the limits the backend checks against are the kernels' own
-    assert set(limits) == {"ATT_MAX_HEAD", "ATT_MAX_SPLITS", "QKR_MAX_HEAD", "MOE_MAX_E",
-                           "MOE_MAX_K"}
+    assert set(limits) == {"ARGMAX_SPLIT_CHUNK", "ATT_MAX_HEAD", "ATT_MAX_SPLITS",
+                           "QKR_MAX_HEAD", "MOE_MAX_E", "MOE_MAX_K"}
     assert all(name in core_manifest["limits"] for name in limits)
     assert core_manifest["limits"]["ATT_MAX_HEAD"] == 256
 

@@ -875,7 +875,8 @@ def test_qkv_with_another_v_type_is_one_launch(quant_signatures, monkeypatch):
     """CudaOps.matmul_many of one token on a fused norm's output: q and k of Q4_K and v of Q6_K
     (an 8B Q4_K_M file's layer) in one reflex_matmul_gemv1xn_q4_k_q6_k launch, its grid the two
     types' gemv1xn grids end to end and its shared memory the larger; a v that alone would take
-    the narrow gemv1sn (a 30B-A3B file's 512 rows) keeps two launches, as does x made ready."""
+    the narrow gemv1sn (a 30B-A3B file's 512 rows) too (the launch's rows choose the form); q and
+    k that alone would take the narrow form, or x made ready, keep a launch a type."""
     from reflex_core.backends import device_array as da
     from reflex_core.cuda import quant_ops as q
     from reflex_core.ops import Weight
@@ -904,11 +905,18 @@ def test_qkv_with_another_v_type_is_one_launch(quant_signatures, monkeypatch):
     assert args[-4:-2] == (part, n_part) and abs(args[-2] - 1e-6) < 1e-12
     assert args[-1] == wv.meta.row_bytes
     assert y.pending is not None  # the norm's scale still applied by the readers
-    # a narrow v: the q/k launch and v's own narrow reader
+    # a narrow v: still one launch, v's blocks of its type's gemv1xn
     wv2 = weight("v2", 14, 512, 5 << 24)
+    n_calls = len(k.calls)
     ops.matmul_many(y, [wq, wk, wv2])
-    assert [c[0] for c in k.calls[-2:]] == ["reflex_matmul_gemv1xn_q4_k",
-                                            "reflex_matmul_gemv1sn_q6_k"]
+    name, grid, _, args = k.calls[-1]
+    assert len(k.calls) == n_calls + 1 and name == "reflex_matmul_gemv1xn_q4_k_q6_k"
+    assert grid == (4096 // 16 + 1024 // 16 + 512 // 16, 1, 1) and args[9:12] == (4096, 1024, 512)
+    # narrow q and k: a launch a type
+    wq3, wk3 = weight("q3", 12, 512, 6 << 24), weight("k3", 12, 256, 7 << 24)
+    ops.matmul_many(y, [wq3, wk3, wv])
+    assert [c[0] for c in k.calls[-2:]] == ["reflex_matmul_gemv1sn_q4_k",
+                                            "reflex_matmul_gemv1xn_q6_k"]
     # x ready: the plain launches, one a type
     x2 = da.DeviceArray(alloc(4 * D), (1, D), None)
     ops.matmul_many(x2, [wq, wk, wv])

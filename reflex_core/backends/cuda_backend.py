@@ -99,6 +99,7 @@ def weight_offset(info: Any, ggml_type: int, ne: tuple, start: int, size: int) -
 
 SPLIT_CELLS = 256  # cache cells per attention split, for a few tokens over a long cache
 SPLIT_BLOCKS = 264  # blocks worth filling: two per SM of an H100 / H200
+ARGMAX_SPLIT_MAX_BLOCKS = 1024  # rows of up to 4M logits; longer ones take one block
 ATT_COUNTERS = 4096  # (token, head) slots of the split attention's counters (CudaOps._att_done)
 
 
@@ -253,6 +254,7 @@ class CudaOps(Ops):
         self._fixed_prepared: dict[int, DeviceArray] | None = None  # cuda_graph.DecodeGraph
         self._graph_prepared: tuple | None = None  # (batch, Prepared) while a graph is captured
         self._att_done: Block | None = None  # the split attention's counters (_att_counters)
+        self._argmax_part: Block | None = None  # the split argmax's count and pairs (_argmax_row)
         self.upload_info: dict = {}
         self._weights: dict[str, Weight] = {}
         self._f32: dict[str, DeviceArray] = {}
@@ -724,9 +726,11 @@ class CudaOps(Ops):
 
     def matmul_many(self, x, ws: Sequence[Weight]) -> list:
         """Weights of the same GGML type go in one launch (up to three: q/k/v), and one token's
-        q/k/v on a fused norm's output whose v is another K-quant too (quant_ops.mixed_norm_launch);
-        bit-identical to separate matmuls. The outputs share one allocation (256-byte aligned
-        offsets)."""
+        q/k/v on a fused norm's output whose v is another K-quant too (quant_ops.mixed_norm_launch).
+        Each output has the bits of its weight's own matmul, except that the launch's rows choose
+        a one-token GEMV's form: a v narrower than the wide GEMVs take alone (fewer than
+        quant_ops.GEMV_WIDE_MIN_ROWS rows) is read by the wide form beside q and k. The outputs
+        share one allocation (256-byte aligned offsets)."""
         shape = x.shape
         lead, n_in = shape[:-1], shape[-1]
         T = x.size // n_in if n_in else 0
@@ -763,7 +767,7 @@ class CudaOps(Ops):
         if (n == 3 and T == 1 and ws[0].ggml_type == ws[1].ggml_type and type(x) is LazyArray
                 and type(x.pending) is _NormScale):
             # q and k of one K-quant and v of another (Q6_K) on a fused norm's output: one launch
-            # where each would take gemv1xn alone (the same bits)
+            # where q and k take gemv1xn
             qo = self._quant_ops
             kern = self._qkern(metas[0].module)
             n_outs = tuple(m.n_out for m in metas)
@@ -1185,8 +1189,26 @@ class CudaOps(Ops):
         if rows == 0:
             return []
         out = empty((rows,), "i32")
-        self.k.launch("reflex_argmax", rows, 1024, (logits.ptr, out.ptr, n))
+        if rows == 1:
+            self._argmax_row(logits.ptr, out.ptr, n)
+        else:
+            self.k.launch("reflex_argmax", rows, 1024, (logits.ptr, out.ptr, n))
         return list(struct.unpack(f"<{rows}i", memory.dtoh(out.ptr, 4 * rows)))
+
+    def _argmax_row(self, row: int, out_ptr: int, n: int) -> None:
+        """The first index of one row's maximum into device ``out_ptr``: over many blocks where
+        the row has many (the last block merges their pairs in a scratch made at the first
+        such call, before any decode graph captures one), else one block."""
+        blocks = -(-n // limit("ARGMAX_SPLIT_CHUNK"))
+        if blocks < 2 or blocks > ARGMAX_SPLIT_MAX_BLOCKS:
+            self.k.launch("reflex_argmax", 1, 1024, (row, out_ptr, n))
+            return
+        if self._argmax_part is None:
+            # [0]: the blocks' count (back to 0 after each launch); from 16: the pairs
+            self._argmax_part = Block(16 + 8 * ARGMAX_SPLIT_MAX_BLOCKS)
+            memory.memset(self._argmax_part.ptr, 0, 16)
+        p = self._argmax_part.ptr
+        self.k.launch("reflex_argmax_split", blocks, 256, (row, out_ptr, n, p + 16, p))
 
     def sample(self, logits, temperature: float, top_k: int, top_p: float, u: float,
                min_p: float = 0.0) -> int:
@@ -1205,7 +1227,7 @@ class CudaOps(Ops):
             raise ValueError("sample: empty logits")
         row = logits.ptr + 4 * (rows - 1) * V
         if temperature <= 0.0:
-            self.k.launch("reflex_argmax", 1, 1024, (row, out_ptr, V))
+            self._argmax_row(row, out_ptr, V)
             return
         if scratch is None or scratch.size < V:
             raise ValueError(f"sample: a draw needs a float64 scratch of {V} values")

@@ -390,13 +390,14 @@ def _tile_grid(T: int, n_outs: tuple, swiglu: bool) -> tuple[int, int]:
 
 
 def _gemv1_wide(kern, p: MatPlan, n_outs: tuple, swiglu: bool, gemv_w_ok: bool,
-                x_ptr: int) -> tuple | None:
+                x_ptr: int, launch_rows: int = 0) -> tuple | None:
     """(kernel, grid, block, dynamic shared memory) of the wide one-token GEMV (gemv1x or
     gemv1ws) that :func:`matmul_planned` launches for these weights on float x, or None when it
-    launches another kernel."""
+    launches another kernel. ``launch_rows``: where these weights share a launch with others,
+    the launch's rows (they choose the form)."""
     n0, n1, n2 = n_outs
-    if not (p.split == 2 and gemv_w_ok and x_ptr % 16 == 0
-            and (2 * n0 if swiglu else n0 + n1 + n2) >= GEMV_WIDE_MIN_ROWS):
+    rows = max(launch_rows, 2 * n0 if swiglu else n0 + n1 + n2)
+    if not (p.split == 2 and gemv_w_ok and x_ptr % 16 == 0 and rows >= GEMV_WIDE_MIN_ROWS):
         return None
     if p.gemv1x is not None and kern.allow_shmem(p.gemv1x, p.x_staged):
         return (p.gemv1x, (_gemv_grid_x(2, n_outs, swiglu, 4, _GEMVX_WARPS), 1, 1),
@@ -458,18 +459,20 @@ def mixed_norm_launch(kern, pa: MatPlan, pb: MatPlan, n_outs: tuple, a_w_ok: boo
                       x_ptr: int) -> tuple | None:
     """The one launch (kernel, grid, block, dynamic shared memory) of
     reflex_matmul_gemv1xn_<a>_<b> for weights 0 and 1 planned with ``pa`` and weight 2 with
-    ``pb`` on a normed x (the reader form), or None unless the two weights of ``pa`` and the one
-    of ``pb`` would each take gemv1xn launched alone (:func:`fused_norm_launch`): then every
-    output has the bits of that launch. Launch it with :func:`matmul_mixed`."""
+    ``pb`` on a normed x (the reader form), or None unless the two weights of ``pa`` take gemv1xn
+    launched alone (:func:`fused_norm_launch`) and ``pb``'s type has a gemv1xn for its weight.
+    Each output has the bits of its type's gemv1xn over its rows. As in one type's q/k/v launch,
+    the launch's rows choose the form: a v of fewer rows than the wide forms take alone (a
+    30B-A3B file's 512) is read by gemv1xn here too. Launch it with :func:`matmul_mixed`."""
     suffix = MIXED_XS.get(pa.ggml_type, {}).get(pb.ggml_type)
     if suffix is None or pa.n_in != pb.n_in or pa.module != pb.module:
         return None
     n0, n1, n2 = n_outs
     ca = fused_norm_launch(kern, pa, (n0, n1, 0), False, a_w_ok, x_ptr, "n")
-    cb = fused_norm_launch(kern, pb, (n2, 0, 0), False, b_w_ok, x_ptr, "n")
+    cb = _gemv1_wide(kern, pb, (n2, 0, 0), False, b_w_ok, x_ptr, n0 + n1 + n2)
     # each the reader form of its plan's gemv1x (p.fused names it)
     if (ca is None or cb is None or ca[0] != pa.fused.get(pa.gemv1x, {}).get("n")
-            or cb[0] != pb.fused.get(pb.gemv1x, {}).get("n")):
+            or cb[0] != pb.gemv1x or not pb.fused.get(pb.gemv1x, {}).get("n")):
         return None
     name, smem = f"reflex_matmul_gemv1xn_{suffix}", max(ca[3], cb[3])
     if not kern.allow_shmem(name, smem):

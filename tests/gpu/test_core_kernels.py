@@ -554,6 +554,29 @@ def test_argmax(cuda_ops, ref_ops, rows, V, rng):
     assert cuda_ops.argmax(cuda_ops.from_numpy(xn)) == [0]
 
 
+@pytest.mark.parametrize("V", [4097, 8192, 3 * 4096 + 1, 65531, V_BIG])
+def test_argmax_split(cuda_ops, ref_ops, V, rng):
+    """One row of more than one reflex_argmax_split block: the blocks' pairs merged by the last,
+    its count set back for the next launch (several launches in a row, the maximum in each
+    block, ties across blocks, sample_into's greedy path)."""
+    for case in range(6):
+        x = rng.standard_normal((1, V)).astype(np.float32)
+        if case == 1:  # the maximum in the last, partial block
+            x[0, -1] = 9.0
+        elif case == 2:  # a tie across blocks: the first index wins
+            x[0, [V - 2, V // 2 + 3, 4096]] = 9.0
+        elif case == 3:  # every value equal
+            x[:] = -2.5
+        elif case == 4:
+            x[0, 0] = 9.0
+        got = cuda_ops.argmax(cuda_ops.from_numpy(x))
+        assert got == ref_ops.argmax(x), case
+    out = cuda_ops.empty((1,), "i32")
+    x = rng.standard_normal((1, V)).astype(np.float32)
+    cuda_ops.sample_into(cuda_ops.from_numpy(x), out.ptr, 0.0, 0, 1.0, 0.0, 0.0, None)
+    assert cuda_ops.to_numpy(out).tolist() == [int(np.argmax(x))]
+
+
 @pytest.mark.parametrize("rows,V", [(1, 10), (7, 1000), (4, V_BIG)],
                          ids=["1x10", "7x1000", "big-4xV"])
 def test_token_logprobs(cuda_ops, ref_ops, rows, V, rng):

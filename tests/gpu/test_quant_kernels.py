@@ -1062,8 +1062,8 @@ def test_moe_matmul_normed(qk, name):
 def test_gemv1xn_mixed(qk, a, b):
     """One token's q/k/v on a normed x whose v is another K-quant, in one launch
     (reflex_matmul_gemv1xn_<a>_<b>): each output has the bits of its weight's own gemv1xn launch,
-    with odd row counts (a partial last block in each type's blocks); none where v alone would
-    take the narrow gemv1sn (its bits differ)."""
+    with odd row counts (a partial last block in each type's blocks), v's too where it alone
+    would take the narrow gemv1sn (the launch's rows choose the form); none where q and k would."""
     ctx, kernels_of = qk
     kern = kernels_of(a)
     assert kernels_of(b) is kern, "both types in one module"
@@ -1073,7 +1073,7 @@ def test_gemv1xn_mixed(qk, a, b):
     part = (rng.random(33) * 50).astype(np.float32)
     _, pp = upload(ctx, part)
     _, xp = upload(ctx, rng.standard_normal((1, n_in)).astype(np.float32))
-    for n_outs in ((1027, 45, 1029), (2048, 512, 1024)):
+    for n_outs in ((1027, 45, 1029), (2048, 512, 1024), (2048, 512, 512), (1027, 45, 301)):
         raws = [random_weights(rng, a if i < 2 else b, n, n_in)[0] for i, n in enumerate(n_outs)]
         wps = tuple(upload(ctx, raw)[1] for raw in raws)
         pa = quant_ops.plan(ta, (n_in, n_outs[0]), wps[0])
@@ -1088,15 +1088,19 @@ def test_gemv1xn_mixed(qk, a, b):
                                  (n_outs[0], n_outs[1], 0)),
                                 (pb, (wps[2], 0, 0), (want[2], 0, 0), (n_outs[2], 0, 0))):
             one = quant_ops.fused_norm_launch(kern, p, outs, False, True, xp, "n")
+            if p is pb and sum(outs) < quant_ops.GEMV_WIDE_MIN_ROWS:  # v's gemv1xn all the same
+                wide = quant_ops._gemv1_wide(kern, p, outs, False, True, xp,
+                                             quant_ops.GEMV_WIDE_MIN_ROWS)
+                one = (p.fused[p.gemv1x]["n"],) + wide[1:]
             assert one is not None and "gemv1xn_" in one[0]
             quant_ops.matmul_fused(kern, one, p, xp, ws, ys, outs, False, 0, 0, 0, pp, 33, 1e-6)
         for i, n in enumerate(n_outs):
             got = download(ctx, yps[i], n)
             assert not np.isnan(got).any(), f"{a}/{b} {n_outs} segment {i}"
             assert_bits_equal(got, download(ctx, want[i], n), f"{a}/{b} {n_outs} segment {i}")
-    # a v of fewer rows than the wide forms take: no mixed launch
-    pb = quant_ops.plan(tb, (n_in, 512), 0)
-    assert quant_ops.mixed_norm_launch(kern, pa, pb, (2048, 512, 512), True, True, xp) is None
+    # q and k of fewer rows than the wide forms take: no mixed launch
+    pa = quant_ops.plan(ta, (n_in, 512), 0)
+    assert quant_ops.mixed_norm_launch(kern, pa, pb, (512, 256, 1024), True, True, xp) is None
 
 
 @pytest.mark.parametrize("name", [n for n in TYPES if TYPES[n] in quant_ops.XS_CHUNK])

@@ -1549,7 +1549,8 @@ __device__ __forceinline__ void pairs_body(const uint8_t* __restrict__ w0, const
 // weight is of another K-quant (a Q4_K_M file's Q6_K attn_v): blocks below b01 = the block count
 // of segments 0 and 1 are gemv1xn_<a>'s over them (w0, w1; row_bytes), the rest gemv1xn_<b>'s
 // over segment 2 (w2; row_bytes_b), so each output has the bits of its weight's own gemv1xn
-// launch and the step saves a launch. Dynamic shared memory: the larger of the two types' staged
+// launch (whatever v's rows: the launcher's rule, quant_ops.mixed_norm_launch) and the step saves
+// a launch. Dynamic shared memory: the larger of the two types' staged
 // x. Three blocks an SM, as each type's own form.
 #define RX_QUANT_XS_MIXED_KERNEL(na, TA, nb, TB)                                                      \
     extern "C" __global__ void __launch_bounds__(GEMVX_WARPS * 32, 3)                                 \
