@@ -1690,8 +1690,8 @@ extern "C" __global__ void reflex_argmax(const float* __restrict__ x, int* __res
     if (threadIdx.x == 0) out[blockIdx.x] = bi < 0 ? 0 : bi;
 }
 
-// argmax_split: one row over gridDim.x blocks (a decode step's 150k-token row kept one SM busy
-// for 12 us). Block b scans its contiguous REFLEX_ARGMAX_SPLIT_CHUNK elements (each thread its strided
+// argmax_split: one row over gridDim.x blocks (one block over a decode step's 151936 logits kept
+// one SM busy for 12 us). Block b scans its contiguous REFLEX_ARGMAX_SPLIT_CHUNK elements (each thread its strided
 // ARGMAX_UNROLL loads at once), leaves its pair in part (value, index as bits), counts itself
 // in at done[0], and the last block merges the gridDim.x pairs and sets the count back to 0.
 // The merge's order (value desc, index asc) is total, so the answer is reflex_argmax's.

@@ -1198,7 +1198,8 @@ class CudaOps(Ops):
     def _argmax_row(self, row: int, out_ptr: int, n: int) -> None:
         """The first index of one row's maximum into device ``out_ptr``: over many blocks where
         the row has many (the last block merges their pairs in a scratch made at the first
-        such call, before any decode graph captures one), else one block."""
+        such call; the pick runs after a decode graph's replay, never inside a capture), else
+        one block."""
         blocks = -(-n // limit("ARGMAX_SPLIT_CHUNK"))
         if blocks < 2 or blocks > ARGMAX_SPLIT_MAX_BLOCKS:
             self.k.launch("reflex_argmax", 1, 1024, (row, out_ptr, n))
