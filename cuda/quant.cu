@@ -8,12 +8,12 @@
 // reflex_moe_tiled_<t>; the types with an integer view (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K) also
 // reflex_matmul_xh_<t> and reflex_moe_xh_<t>, the prefill tiles on x halves (reflex_x_halves,
 // cuda/core.cu); the K-quants (Q4_K, Q5_K, Q6_K) the one-token GEMVs on x limbs staged in shared
-// memory, reflex_matmul_gemv1x_<t> and reflex_moe_matmulx_<t>; the types a decode step's residual
-// projections and norm readers mostly have (F32, F16, Q8_0 and the K-quants) the residual step
-// fused into the wide one-token GEMVs, reflex_matmul_gemv1ws{r,n}_<t> (and
-// reflex_matmul_gemv1x{r,n}_<t> for the K-quants, and reflex_matmul_gemv1xn_q{4,5}_k_q6_k for
-// q/k/v launches whose v is Q6_K); and once, for every type, the prefill GEMM on
-// float16 pairs, reflex_matmul_f16x{3,1}{,_64} (its weights from reflex_unpack_pairs_<t>). Their
+// memory, reflex_matmul_gemv1x{,4,1}_<t> and reflex_moe_matmulx_<t>; the types a decode step's
+// residual projections and norm readers mostly have (F32, F16, Q8_0 and the K-quants) the residual
+// step fused into the wide one-token GEMVs, reflex_matmul_gemv1ws{r,n}_<t> (and
+// reflex_matmul_gemv1x{,4}{r,n}_<t> and gemv1x1n_<t> for the K-quants, and
+// reflex_matmul_gemv1xn_q{4,5}_k_q6_k for q/k/v launches whose v is Q6_K); and once, for every
+// type, the prefill GEMM on float16 pairs, reflex_matmul_f16x{3,1}{,_64} (its weights from reflex_unpack_pairs_<t>). Their
 // algorithm, parameters and launch shapes are documented with their bodies in
 // reflex/quant_kernels.cuh. Launchers (which module serves which type):
 // reflex_core/cuda/quant_ops.py.

@@ -227,10 +227,11 @@ def test_every_launched_kernel_is_in_the_manifest_with_its_arity(core_manifest):
     assert len(weight_kernels) == (12 * len(quant_ops.SUPPORTED_TYPES)
                                    + 2 * len(quant_ops.XQ_TYPES)  # + gemvq1{,s}
                                    + 2 * len(quant_ops.XH_TYPES)  # + xh, moe_xh
-                                   + 2 * len(quant_ops.XS_CHUNK)  # + gemv1x, moe_matmulx
+                                   # + gemv1x{,4,1}, moe_matmulx
+                                   + 4 * len(quant_ops.XS_CHUNK)
                                    + 3 * len(quant_ops.NORM_TYPES)  # + gemv1ws{r,n}, gemv1sn
-                                   # + gemv1x{r,n}, moe_matmulxn
-                                   + 3 * len(quant_ops.NORM_TYPES & set(quant_ops.XS_CHUNK))
+                                   # + gemv1x{,4}{r,n}, gemv1x1n, moe_matmulxn
+                                   + 6 * len(quant_ops.NORM_TYPES & set(quant_ops.XS_CHUNK))
                                    + sum(len(v) for v in quant_ops.MIXED_XS.values())
                                    + 4)  # the pairs GEMM: f16x{3,1}{,_64}
     missing = sorted(n for n in literals | weight_kernels if n not in kernels)

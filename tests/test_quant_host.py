@@ -440,6 +440,10 @@ class _FakeKernels:
         self.shmem = []  # each launch's dynamic shared memory, in calls' order
         self.allowed = {}  # allow_shmem: name -> bytes
         self.optin = 227 << 10  # the device's opt-in limit (an H100 / H200's)
+        self.sms = 132  # an H100 / H200 SXM's multiprocessors
+
+    def multiprocessors(self):
+        return self.sms
 
     def allow_shmem(self, name, nbytes):
         assert name in self.signatures
@@ -567,7 +571,9 @@ def test_launcher_choices(quant_signatures):
     _matmul(q, k, [W], 12, X, [Y], 1, 2048, [1024])
     assert k.calls[-1][:2] == ("reflex_matmul_gemv1x_q4_k", (64, 1, 1))
     _matmul(q, k, [W], 14, X, [Y], 1, 12288 + 256, [1024])  # partial chunks: whole ones staged
-    assert k.calls[-1][0] == "reflex_matmul_gemv1x_q6_k" and k.shmem[-1] == 4 * 13312
+    # (64 gemv1x blocks of rows of 392 units: the x4 shape, 8 rows a block)
+    assert k.calls[-1][:3] == ("reflex_matmul_gemv1x4_q6_k", (128, 1, 1), (256, 1, 1))
+    assert k.shmem[-1] == 4 * 13312
     _matmul(q, k, [W], 14, X, [Y], 1, 51200 + 256, [1024])  # more than XS_MAX_SHMEM
     assert k.calls[-1][0] == "reflex_matmul_gemv1ws_q6_k" and k.shmem[-1] == 0
     k.optin = 99 << 10  # a device that allows less (sm_86 / sm_89): the float GEMV
@@ -668,6 +674,17 @@ def test_fused_norm_launches(quant_signatures):
             (12, 2048, [W], [1024], False, "n", "gemv1x"),
             (12, 2048, [W, W + 16], [512, 512], True, "n", "gemv1x"),
             (14, 12288 + 256, [W], [4096], False, "r", "gemv1x"),
+            # at most one gemv1x block an SM (132 here), four warps' units a lane: x4
+            (12, 4096, [W], [2048], False, "r", "gemv1x4"),
+            (14, 4096, [W], [2112], False, "n", "gemv1x4"),
+            (12, 4096, [W], [2113], False, "r", "gemv1x"),
+            (12, 2048, [W], [2048], False, "r", "gemv1x"),  # a unit a lane for two warps only
+            (12, 4096, [W, W + 16], [1056, 1056], True, "n", "gemv1x4"),
+            # 12 waves of x1 blocks (32 rows): an LM head
+            (14, 2048, [W], [151936], False, "n", "gemv1x1"),
+            (14, 4096, [W], [12 * 132 * 32], False, "n", "gemv1x1"),
+            (14, 4096, [W], [12 * 132 * 32 - 32], False, "n", "gemv1x"),
+            (12, 4096, [W, W + 16], [12288, 12288], True, "n", "gemv1x"),
             (8, 1024, [W, W + 2, W + 4], [2048, 1024, 1024], False, "n", "gemv1ws"),
             (8, 2048, [W], [1024], False, "r", "gemv1ws"),
             (8, 1024, [W, W + 2], [3072, 3072], True, "n", "gemv1ws"),
@@ -684,6 +701,7 @@ def test_fused_norm_launches(quant_signatures):
         assert fused[3] == plain[3] + (R, WN, H, P, plain[1][0], 1e-6)
     for t, n_in, ws, n_outs, swiglu, form in (
             (12, 2048, [W], [1023], False, "r"),  # gemv1s: no producer form
+            (14, 2048, [W], [151936], False, "r"),  # gemv1x1 (heads): none either
             (12, 1024, [W], [4096], False, "n"),  # gemv1 (rows of few lane units)
             (8, 1024, [W, W + 2], [3072, 3072], True, "r"),  # a producer has one weight
             (8, 1024, [W, W + 2], [2048, 2048], False, "r"),
@@ -915,12 +933,19 @@ def test_qkv_with_another_v_type_is_one_launch(quant_signatures, monkeypatch):
     # narrow q and k: a launch a type
     wq3, wk3 = weight("q3", 12, 512, 6 << 24), weight("k3", 12, 256, 7 << 24)
     ops.matmul_many(y, [wq3, wk3, wv])
+    # (v alone: 64 gemv1x blocks of 4096-wide rows, at most one an SM: the x4 shape)
     assert [c[0] for c in k.calls[-2:]] == ["reflex_matmul_gemv1sn_q4_k",
-                                            "reflex_matmul_gemv1xn_q6_k"]
+                                            "reflex_matmul_gemv1x4n_q6_k"]
+    # q and k that alone would take the x4 shape: one launch, gemv1x's shape
+    wq4, wk4 = weight("q4", 12, 1024, 8 << 24), weight("k4", 12, 512, 9 << 24)
+    ops.matmul_many(y, [wq4, wk4, wv2])
+    name, grid, _, _ = k.calls[-1]
+    assert name == "reflex_matmul_gemv1xn_q4_k_q6_k" and grid == ((1024 + 512 + 512) // 16, 1, 1)
     # x ready: the plain launches, one a type
     x2 = da.DeviceArray(alloc(4 * D), (1, D), None)
     ops.matmul_many(x2, [wq, wk, wv])
-    assert [c[0] for c in k.calls[-2:]] == ["reflex_matmul_gemv1x_q4_k", "reflex_matmul_gemv1x_q6_k"]
+    assert [c[0] for c in k.calls[-2:]] == ["reflex_matmul_gemv1x_q4_k",
+                                            "reflex_matmul_gemv1x4_q6_k"]
 
 
 def test_quant_ops_imports_no_numpy():

@@ -57,6 +57,19 @@ def _shmem_optin() -> int:
     return _optin
 
 
+_sms: int | None = None  # the device's multiprocessors
+
+
+def _multiprocessors() -> int:
+    global _sms
+    if _sms is None:
+        d = _drv._d
+        _sms = int(_drv.check(d.cuDeviceGetAttribute(
+            d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            _drv.current_device().handle), "cuDeviceGetAttribute(multiprocessor count)"))
+    return _sms
+
+
 _SLOT = {"P": "Q", "i": "i4x", "I": "I4x", "q": "q", "Q": "Q", "f": "f4x", "d": "d"}
 
 
@@ -132,6 +145,10 @@ class Kernels:
                                 f"kernels ({e})") from None
             self._fns[name] = f
         return f
+
+    def multiprocessors(self) -> int:
+        """The device's multiprocessor count (launchers size their blocks by it)."""
+        return _multiprocessors()
 
     def allow_shmem(self, name: str, nbytes: int) -> bool:
         """Let ``name`` launch with ``nbytes`` of dynamic shared memory: past the default 48 KB a

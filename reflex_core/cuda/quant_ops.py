@@ -288,6 +288,16 @@ def x_halves(core, x_ptr: int, out_ptr: int, T: int, n_in: int) -> None:
 # type -> elements of x a chunk of the staged order (rx_x_lanes<T>: 32 units of 32).
 XS_CHUNK = {12: 1024, 13: 1024, 14: 1024}  # Q4_K, Q5_K, Q6_K
 _GEMVX_WARPS = 8  # GEMVX_WARPS
+# gemv1x's other block shapes (reflex_matmul_gemv1x4_<t>, gemv1x1_<t>: warps a row group). A launch
+# that gemv1x would give at most one block an SM takes x4 where each of its four warps still
+# gets a unit a lane (n_in >= GEMVX4_MIN_IN); one of at least GEMVX1_MIN_WAVES blocks an SM in
+# the x1 shape takes x1. On the H200 (BENCHMARKS.md, 2026-12-04): the 30B-A3B-shaped output
+# projection (2048 rows of 4096, 128 gemv1x blocks) in x4 took a decode step from 2.037 to 2.020
+# ms; the Q6_K heads in x1 (151936 rows of 2048 / 4096) about 20 us off the 30B-A3B's and the
+# 8B's step. x1 at fewer waves was slower (the 8B's at 0.8 waves: 3.16 ms against 2.49), and x4
+# at more blocks too (the 8B's 256-block ones: 2.65).
+GEMVX4_MIN_IN = 4 * 32 * 32
+GEMVX1_MIN_WAVES = 12
 XS_MAX_SHMEM = 200 << 10  # the staged x of one block (the H100/H200 allow 227 KB; a device that
 # allows less than a launch needs gets the float GEMV: Kernels.allow_shmem says so)
 # REFLEX_GEMV_XS=0 keeps those types on the float GEMV (an A/B switch: they differ by rounding)
@@ -320,8 +330,8 @@ class MatPlan:
     ``error`` is why the weight cannot be a matmul operand (None when it can)."""
 
     __slots__ = ("ggml_type", "module", "n_in", "n_out", "n_elements", "row_bytes", "gemv",
-                 "gemv1s", "gemv1ws", "gemv1x", "x_staged", "gemvq", "split", "tiled", "xh",
-                 "fused", "gemv_w_ok", "error")
+                 "gemv1s", "gemv1ws", "gemv1x", "gemv1x4", "gemv1x1", "x_staged", "gemvq", "split",
+                 "tiled", "xh", "fused", "gemv_w_ok", "error")
 
     def __init__(self, ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight"):
         suffix, tname, bs, _, align = _info(ggml_type)
@@ -336,8 +346,10 @@ class MatPlan:
         self.gemv = tuple(f"reflex_matmul_gemv{tt}_{suffix}" for tt in (1, 2, 4, 8))
         self.gemv1s = f"reflex_matmul_gemv1s_{suffix}"  # T = 1, two warps a row pair
         self.gemv1ws = f"reflex_matmul_gemv1ws_{suffix}"  # T = 1, two warps a row group of 4
-        # ... on x limbs staged in shared memory (XS_CHUNK types), else None; x_staged: its bytes
+        # ... on x limbs staged in shared memory (XS_CHUNK types), else None; x_staged: its bytes;
+        # gemv1x4 / gemv1x1: its other block shapes (_gemv1_wide picks one)
         self.gemv1x: str | None = None
+        self.gemv1x4 = self.gemv1x1 = ""
         self.x_staged = 0
         # T = 1 on x limbs (XQ_TYPES): (one warp, two warps) a row pair, else None
         self.gemvq = ((f"reflex_matmul_gemvq1_{suffix}", f"reflex_matmul_gemvq1s_{suffix}")
@@ -351,8 +363,10 @@ class MatPlan:
         if ggml_type in NORM_TYPES:
             self.fused = {f"reflex_matmul_gemv1{f}_{suffix}":
                           {e: f"reflex_matmul_gemv1{f}{e}_{suffix}" for e in "rn"}
-                          for f in (("ws", "x") if ggml_type in XS_CHUNK else ("ws",))}
+                          for f in (("ws", "x", "x4") if ggml_type in XS_CHUNK else ("ws",))}
             self.fused[self.gemv1s] = {"n": f"reflex_matmul_gemv1sn_{suffix}"}
+            if ggml_type in XS_CHUNK:  # x1 is for LM heads: no producer form
+                self.fused[f"reflex_matmul_gemv1x1_{suffix}"] = {"n": f"reflex_matmul_gemv1x1n_{suffix}"}
         self.error: str | None = None
         self.row_bytes = 0
         if len(ne) > 2 and any(v != 1 for v in ne[2:]):
@@ -370,6 +384,8 @@ class MatPlan:
             nbytes = x_staged_bytes(ggml_type, self.n_in)
             if nbytes <= XS_MAX_SHMEM:
                 self.gemv1x, self.x_staged = f"reflex_matmul_gemv1x_{suffix}", nbytes
+                self.gemv1x4 = f"reflex_matmul_gemv1x4_{suffix}"
+                self.gemv1x1 = f"reflex_matmul_gemv1x1_{suffix}"
 
 
 def plan(ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight") -> MatPlan:
@@ -390,18 +406,29 @@ def _tile_grid(T: int, n_outs: tuple, swiglu: bool) -> tuple[int, int]:
 
 
 def _gemv1_wide(kern, p: MatPlan, n_outs: tuple, swiglu: bool, gemv_w_ok: bool,
-                x_ptr: int, launch_rows: int = 0) -> tuple | None:
-    """(kernel, grid, block, dynamic shared memory) of the wide one-token GEMV (gemv1x or
-    gemv1ws) that :func:`matmul_planned` launches for these weights on float x, or None when it
-    launches another kernel. ``launch_rows``: where these weights share a launch with others,
-    the launch's rows (they choose the form)."""
+                x_ptr: int, launch_rows: int = 0, shared: bool = False) -> tuple | None:
+    """(kernel, grid, block, dynamic shared memory) of the wide one-token GEMV (gemv1x in one of
+    its block shapes, or gemv1ws) that :func:`matmul_planned` launches for these weights on float
+    x, or None when it launches another kernel. ``shared``: these weights share a launch with
+    others (gemv1xn_<a>_<b>: gemv1x's shape); ``launch_rows``: then the launch's rows (they
+    choose the form)."""
     n0, n1, n2 = n_outs
     rows = max(launch_rows, 2 * n0 if swiglu else n0 + n1 + n2)
     if not (p.split == 2 and gemv_w_ok and x_ptr % 16 == 0 and rows >= GEMV_WIDE_MIN_ROWS):
         return None
     if p.gemv1x is not None and kern.allow_shmem(p.gemv1x, p.x_staged):
-        return (p.gemv1x, (_gemv_grid_x(2, n_outs, swiglu, 4, _GEMVX_WARPS), 1, 1),
-                (32 * _GEMVX_WARPS, 1, 1), p.x_staged)
+        block = (32 * _GEMVX_WARPS, 1, 1)
+        if not shared:
+            sms = kern.multiprocessors()
+            grid = _gemv_grid_x(2, n_outs, swiglu, 4, _GEMVX_WARPS)
+            if grid <= sms and p.n_in >= GEMVX4_MIN_IN and kern.allow_shmem(p.gemv1x4, p.x_staged):
+                return (p.gemv1x4, (_gemv_grid_x(4, n_outs, swiglu, 4, _GEMVX_WARPS), 1, 1), block,
+                        p.x_staged)
+            grid = _gemv_grid_x(1, n_outs, swiglu, 4, _GEMVX_WARPS)
+            if grid >= GEMVX1_MIN_WAVES * sms and kern.allow_shmem(p.gemv1x1, p.x_staged):
+                return p.gemv1x1, (grid, 1, 1), block, p.x_staged
+        return (p.gemv1x, (_gemv_grid_x(2, n_outs, swiglu, 4, _GEMVX_WARPS), 1, 1), block,
+                p.x_staged)
     return p.gemv1ws, (_gemv_grid_x(2, n_outs, swiglu, 4), 1, 1), (_GEMV_THREADS, 1, 1), 0
 
 
@@ -418,15 +445,16 @@ def _gemv_small(p: MatPlan, T: int, n_outs: tuple, swiglu: bool, gemv_w_ok: bool
 
 
 def fused_norm_launch(kern, p: MatPlan, n_outs: tuple, swiglu: bool, gemv_w_ok: bool,
-                      x_ptr: int, form: str) -> tuple | None:
+                      x_ptr: int, form: str, shared: bool = False) -> tuple | None:
     """The residual-step form of the one-token GEMV :func:`matmul_planned` would launch, as
     (kernel, grid, block, dynamic shared memory), or None when that GEMV has none (a type outside
     NORM_TYPES, another GEMV). ``form`` "r": the producer (one weight, plain products; its grid
     is the count of block sums it writes; the wide GEMVs only); "n": the reader of a normed x
-    (the wide GEMVs and gemv1s). Launch it with :func:`matmul_fused`."""
+    (the wide GEMVs and gemv1s). ``shared`` as :func:`_gemv1_wide`'s. Launch it with
+    :func:`matmul_fused`."""
     if p.fused is None or (form == "r" and (swiglu or n_outs[1] or n_outs[2])):
         return None
-    c = (_gemv1_wide(kern, p, n_outs, swiglu, gemv_w_ok, x_ptr)
+    c = (_gemv1_wide(kern, p, n_outs, swiglu, gemv_w_ok, x_ptr, shared=shared)
          or _gemv_small(p, 1, n_outs, swiglu, gemv_w_ok, x_ptr))
     name = None if c is None else p.fused.get(c[0], {}).get(form)
     if name is None:
@@ -460,7 +488,8 @@ def mixed_norm_launch(kern, pa: MatPlan, pb: MatPlan, n_outs: tuple, a_w_ok: boo
     """The one launch (kernel, grid, block, dynamic shared memory) of
     reflex_matmul_gemv1xn_<a>_<b> for weights 0 and 1 planned with ``pa`` and weight 2 with
     ``pb`` on a normed x (the reader form), or None unless the two weights of ``pa`` take gemv1xn
-    launched alone (:func:`fused_norm_launch`) and ``pb``'s type has a gemv1xn for its weight.
+    in a launch of its shape (:func:`fused_norm_launch`, shared) and ``pb``'s type has a gemv1xn
+    for its weight.
     Each output has the bits of its type's gemv1xn over its rows. As in one type's q/k/v launch,
     the launch's rows choose the form: a v of fewer rows than the wide forms take alone (a
     30B-A3B file's 512) is read by gemv1xn here too. Launch it with :func:`matmul_mixed`."""
@@ -468,8 +497,8 @@ def mixed_norm_launch(kern, pa: MatPlan, pb: MatPlan, n_outs: tuple, a_w_ok: boo
     if suffix is None or pa.n_in != pb.n_in or pa.module != pb.module:
         return None
     n0, n1, n2 = n_outs
-    ca = fused_norm_launch(kern, pa, (n0, n1, 0), False, a_w_ok, x_ptr, "n")
-    cb = _gemv1_wide(kern, pb, (n2, 0, 0), False, b_w_ok, x_ptr, n0 + n1 + n2)
+    ca = fused_norm_launch(kern, pa, (n0, n1, 0), False, a_w_ok, x_ptr, "n", shared=True)
+    cb = _gemv1_wide(kern, pb, (n2, 0, 0), False, b_w_ok, x_ptr, n0 + n1 + n2, shared=True)
     # each the reader form of its plan's gemv1x (p.fused names it)
     if (ca is None or cb is None or ca[0] != pa.fused.get(pa.gemv1x, {}).get("n")
             or cb[0] != pb.gemv1x or not pb.fused.get(pb.gemv1x, {}).get("n")):
@@ -798,13 +827,14 @@ def kernel_names(module: str = COMMON_MODULE) -> list[str]:
         if t in XQ_TYPES:
             names += [f"reflex_matmul_gemvq1_{suffix}", f"reflex_matmul_gemvq1s_{suffix}"]
         if t in XS_CHUNK:
-            names += [f"reflex_matmul_gemv1x_{suffix}", f"reflex_moe_matmulx_{suffix}"]
+            names += [f"reflex_matmul_gemv1x{f}_{suffix}" for f in ("", "4", "1")]
+            names.append(f"reflex_moe_matmulx_{suffix}")
         if t in NORM_TYPES:
             names += [f"reflex_matmul_gemv1{f}{e}_{suffix}" for e in "rn"
-                      for f in (("ws", "x") if t in XS_CHUNK else ("ws",))]
+                      for f in (("ws", "x", "x4") if t in XS_CHUNK else ("ws",))]
             names.append(f"reflex_matmul_gemv1sn_{suffix}")
             if t in XS_CHUNK:
-                names.append(f"reflex_moe_matmulxn_{suffix}")
+                names += [f"reflex_matmul_gemv1x1n_{suffix}", f"reflex_moe_matmulxn_{suffix}"]
         if t in XH_TYPES:
             names += [f"reflex_matmul_xh_{suffix}", f"reflex_moe_xh_{suffix}"]
         names += [f"reflex_matmul_gemv1xn_{v}" for v in MIXED_XS.get(t, {}).values()]

@@ -373,11 +373,13 @@ def test_gemv_wide_bit_identical(qk, name):
 
 @pytest.mark.parametrize("name", [n for n in TYPES if TYPES[n] in quant_ops.XS_CHUNK])
 def test_gemv_staged_limbs(qk, name):
-    """The one-token GEMV on x limbs staged in shared memory (gemv1x) against the float64 matmul,
-    for rows of whole and partial chunks of the staged order (2048, 2304, 3328, 12288 elements),
-    three segments with odd row counts, x with a zero run, a run of subnormals and (a second x)
-    one of huge values; SwiGLU within a few ulp of silu(y) * y of its own plain launch (gate and
-    up the same weight); and the backend's launch takes it for a launch of many rows."""
+    """The one-token GEMV on x limbs staged in shared memory in its three block shapes (gemv1x:
+    two warps a row group of 4, gemv1x4: four, gemv1x1: one) against the float64 matmul, for rows
+    of whole and partial chunks of the staged order (2048, 2304, 3328, 12288 elements), three
+    segments with odd row counts, x with a zero run, a run of subnormals and (a second x) one of
+    huge values; SwiGLU within a few ulp of silu(y) * y of its own plain launch (gate and up the
+    same weight); and the backend's launch is the shape quant_ops._gemv1_wide picks, bit for
+    bit."""
     ctx, kernels_of = qk
     kern = kernels_of(name)
     t = TYPES[name]
@@ -395,30 +397,72 @@ def test_gemv_staged_limbs(qk, name):
         x[0, 256:272] = rng.standard_normal(16) * 1e-40  # subnormals
         big = x.copy()
         big[0, 512:528] *= 1e30
-        kern.allow_shmem(p.gemv1x, p.x_staged)
+        shapes = ((p.gemv1x, 2), (p.gemv1x4, 4), (p.gemv1x1, 1))
+        for kname, _ in shapes:
+            assert kern.allow_shmem(kname, p.x_staged)
 
-        def run(xv, swiglu):  # into fresh NaN outputs: a row left unwritten shows
+        def run(kname, ks, xv, swiglu):  # into fresh NaN outputs: a row left unwritten shows
             _, xp = upload(ctx, xv)
             yps = [upload(ctx, np.full(n, np.nan, np.float32))[1] for n in n_outs]
             outs = (n_outs[0], 0, 0) if swiglu else n_outs
-            kern.launch(p.gemv1x, (quant_ops._gemv_grid_x(2, outs, swiglu, 4, 8), 1, 1), (256, 1, 1),
+            kern.launch(kname, (quant_ops._gemv_grid_x(ks, outs, swiglu, 4, 8), 1, 1), (256, 1, 1),
                         (wps[0], wps[0] if swiglu else wps[1], wps[2], xp, *yps, 1, n_in, *outs, rb,
                          1 if swiglu else 0), p.x_staged)
             return xp, [download(ctx, yp, n) for yp, n in zip(yps, n_outs)]
 
-        for xv in (x, big):
-            _, ys = run(xv, False)
-            for i, ((_, wf), y) in enumerate(zip(pairs, ys)):
-                check_matmul(y.reshape(1, -1), wf, xv, f"{name} gemv1x n_in={n_in} segment {i}")
-        xp, g = run(x, True)  # gate and up both segment 0's weight: silu(y0) * y0
-        _, ys = run(x, False)
-        y0 = ys[0].astype(np.float64)
-        want = y0 / (1 + np.exp(-y0)) * y0
-        np.testing.assert_allclose(g[0], want, rtol=4e-6, atol=1e-6 * (np.abs(want).max() + 1),
-                                   err_msg=f"{name} gemv1x swiglu n_in={n_in}")
+        plain = {}
+        for kname, ks in shapes:
+            for xv in (x, big):
+                _, ys = run(kname, ks, xv, False)
+                for i, ((_, wf), y) in enumerate(zip(pairs, ys)):
+                    check_matmul(y.reshape(1, -1), wf, xv, f"{kname} n_in={n_in} segment {i}")
+            xp, g = run(kname, ks, x, True)  # gate and up both segment 0's weight: silu(y0) * y0
+            _, ys = run(kname, ks, x, False)
+            plain[kname] = ys[0]
+            y0 = ys[0].astype(np.float64)
+            want = y0 / (1 + np.exp(-y0)) * y0
+            np.testing.assert_allclose(g[0], want, rtol=4e-6, atol=1e-6 * (np.abs(want).max() + 1),
+                                       err_msg=f"{kname} swiglu n_in={n_in}")
         yp = ctx.alloc(4 * 1100)
         matmul(ctx, wps[0], t, xp, yp, 1, n_in, 1100)
-        assert_bits_equal(download(ctx, yp, 1100), ys[0], f"{name} matmul T=1 n_in={n_in}")
+        picked = quant_ops._gemv1_wide(kern, p, (1100, 0, 0), False, True, xp)[0]
+        assert picked == (p.gemv1x4 if n_in >= quant_ops.GEMVX4_MIN_IN else p.gemv1x), picked
+        assert_bits_equal(download(ctx, yp, 1100), plain[picked], f"{name} matmul T=1 n_in={n_in}")
+
+
+@pytest.mark.parametrize("name", [n for n in TYPES if TYPES[n] in quant_ops.XS_CHUNK])
+def test_gemv_staged_limbs_head_shape(qk, name):
+    """A launch of GEMVX1_MIN_WAVES waves of 32-row blocks (an LM head) takes gemv1x1, plain and
+    as the norm's reader: against the float64 matmul (every row: a partial last block), the
+    reader the plain launch's bits times rx_norm_scale."""
+    ctx, kernels_of = qk
+    kern = kernels_of(name)
+    t = TYPES[name]
+    rng = np.random.default_rng(280 + t)
+    n_in = 2048
+    n_out = quant_ops.GEMVX1_MIN_WAVES * kern.multiprocessors() * 32 - 13
+    raw, wf = random_weights(rng, name, n_out, n_in)
+    _, wp = upload(ctx, raw)
+    p = quant_ops.plan(t, (n_in, n_out), wp)
+    x = rng.standard_normal((1, n_in)).astype(np.float32)
+    _, xp = upload(ctx, x)
+    yp = upload(ctx, np.full(n_out, np.nan, np.float32))[1]
+    matmul(ctx, wp, t, xp, yp, 1, n_in, n_out)
+    y = download(ctx, yp, n_out)
+    check_matmul(y.reshape(1, -1), wf, x, f"{name} head-shaped launch")
+    part = (rng.random(40) * 50).astype(np.float32)
+    _, pp = upload(ctx, part)
+    c = quant_ops.fused_norm_launch(kern, p, (n_out, 0, 0), False, True, xp, "n")
+    assert c is not None and c[0] == f"reflex_matmul_gemv1x1n_{quant_ops._TYPES[t][0]}", c
+    assert quant_ops.fused_norm_launch(kern, p, (n_out, 0, 0), False, True, xp, "r") is None
+    np_ = upload(ctx, np.full(n_out, np.nan, np.float32))[1]
+    quant_ops.matmul_fused(kern, c, p, xp, (wp, 0, 0), (np_, 0, 0), (n_out, 0, 0), False, 0, 0, 0,
+                           pp, 40, 1e-6)
+    assert_bits_equal(download(ctx, np_, n_out), y * norm_scale_ref(part, n_in, 1e-6),
+                      f"{name} head-shaped reader")
+    # one block fewer than the waves: gemv1x
+    c = quant_ops.fused_norm_launch(kern, p, (n_out - 32 * 20, 0, 0), False, True, xp, "n")
+    assert c[0] == f"reflex_matmul_gemv1xn_{quant_ops._TYPES[t][0]}", c
 
 
 def norm_scale_ref(part, n, eps):

@@ -69,9 +69,19 @@
 //   where the slots share x the launcher gives a block several (quant_ops.MOE_SLOTS_A_BLOCK:
 //   grid.y = ceil(k / it)).
 //
-// reflex_matmul_gemv1{ws,x}{r,n}_<t>(the same, resid, nw, h_out, part, n_part, eps)  (T = 1)
+// reflex_matmul_gemv1x4_<t>, reflex_matmul_gemv1x1_<t>(as gemv1x)                    (T = 1)
+//   gemv1x with four warps a row group (8 rows a block, mode 1: 4 outputs) and with one (32
+//   rows, mode 1: 16 outputs), three blocks an SM (80 registers; rx_sm_blocks). The launcher
+//   takes x4 for a launch that gemv1x would give one block an SM or less (an output projection
+//   of a model narrower than its attention: each warp's chain of units is half as long, two
+//   blocks an SM instead of one) and x1 for a launch of many waves (an LM head: x staged once
+//   for 32 rows instead of 16); quant_ops._gemv1_wide has the rule. Each has its own
+//   summation order. Residual-step forms: gemv1x4{r,n}, gemv1x1n (below).
+//
+// reflex_matmul_gemv1{ws,x,x4}{r,n}_<t>, reflex_matmul_gemv1x1n_<t>(the same, resid, nw, h_out,
+//   part, n_part, eps)                                                          (T = 1)
 //   The types of RX_QUANT_NORM_KERNELS / RX_QUANT_XS_NORM_KERNELS (cuda/quant.cu): gemv1ws /
-//   gemv1x with a decode step's residual add and RMSNorm folded in (gemv_body's EPI). "r", one
+//   gemv1x (x4, x1) with a decode step's residual add and RMSNorm folded in (gemv_body's EPI). "r", one
 //   weight, mode 0: h = resid + W x (h_out), y0 = h * nw (nw null: h), part[block] = the
 //   block's sum of h^2. "n": x is such a y0; the sums are scaled by rx_norm_scale(part, n_part,
 //   n_in, eps) before the stores (and the SwiGLU), so the outputs are those of rmsnorm(h) * nw.
@@ -349,7 +359,8 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
                                           float eps = 0.0f) {
     static_assert(R % 2 == 0 && R * TT <= 32, "row pairs; a lane an output");
     static_assert(!(XQ && XS) && (!XS || TT == 1), "one x form; staged x: one token");
-    static_assert(EPI == GEMV_PLAIN || (TT == 1 && KS > 1 && !XQ), "fused norm: one token, KS > 1");
+    static_assert(EPI == GEMV_PLAIN || (TT == 1 && (KS > 1 || XS) && !XQ),
+                  "fused norm: one token, on float x KS > 1");
     constexpr int GROUPS = WARPS / KS;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int group = warp / KS, slice = warp % KS;
@@ -1520,6 +1531,18 @@ __device__ __forceinline__ void pairs_body(const uint8_t* __restrict__ w0, const
 // NORMED form; the norm's arguments after the MoE ones).
 #define RX_QUANT_XS_NORM_KERNELS(name, TYPE)                                                          \
     RX_QUANT_NORM_FORMS(x, name, TYPE, true, GEMVX_WARPS)                                             \
+    extern "C" __global__ void __launch_bounds__(GEMVX_WARPS * 32, rx_sm_blocks<TYPE, 3>::value)      \
+        reflex_matmul_gemv1x4r_##name(RX_MM_NORM_PARAMS) {                                           \
+        gemv_body<TYPE, 1, 4, false, 4, true, GEMVX_WARPS, GEMV_RESNORM>(RX_MM_NORM_ARGS);            \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMVX_WARPS * 32, rx_sm_blocks<TYPE, 3>::value)      \
+        reflex_matmul_gemv1x4n_##name(RX_MM_NORM_PARAMS) {                                           \
+        gemv_body<TYPE, 1, 4, false, 4, true, GEMVX_WARPS, GEMV_NORMED>(RX_MM_NORM_ARGS);             \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMVX_WARPS * 32, rx_sm_blocks<TYPE, 3>::value)      \
+        reflex_matmul_gemv1x1n_##name(RX_MM_NORM_PARAMS) {                                           \
+        gemv_body<TYPE, 1, 1, false, 4, true, GEMVX_WARPS, GEMV_NORMED>(RX_MM_NORM_ARGS);             \
+    }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 4)                                  \
         reflex_moe_matmulxn_##name(RX_MOE_PARAMS, const float* __restrict__ part, int n_part,         \
                                    float eps) {                                                       \
@@ -1534,12 +1557,29 @@ __device__ __forceinline__ void pairs_body(const uint8_t* __restrict__ w0, const
 // bits of its run's largest value, the products exact). reflex_moe_matmulx_<t>: the MoE gather
 // GEMV the same way (moe_body's XS form; as reflex_moe_matmul_<t>, for one token).
 #define GEMVX_WARPS 8
+// Blocks an SM that a staged-x GEMV is compiled for (N, its launch bounds): N = 3 for the 8-warp
+// gemv1x4 / gemv1x1, 6 for the 4-warp moe_matmulx, both 80 registers a thread. (A 30B-A3B-shaped
+// down projection, 8 slots of 2048 rows of 768, is 1024 blocks: at the 4 an SM that the registers
+// the compiler takes when free allow, two waves on an H200; at 6, 1.3.) Q5_K's units hold one
+// more 16-byte load (the high bits) and spill at 80 registers: two thirds of N.
+template <int TYPE, int N>
+struct rx_sm_blocks {
+    static constexpr int value = TYPE == RX_Q5_K ? N * 2 / 3 : N;
+};
 #define RX_QUANT_XS_KERNEL(name, TYPE)                                                                \
     extern "C" __global__ void __launch_bounds__(GEMVX_WARPS * 32)                                    \
         reflex_matmul_gemv1x_##name(RX_MM_PARAMS) {                                                  \
         gemv_body<TYPE, 1, 2, false, 4, true, GEMVX_WARPS>(RX_MM_ARGS);                               \
     }                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 4)                                  \
+    extern "C" __global__ void __launch_bounds__(GEMVX_WARPS * 32, rx_sm_blocks<TYPE, 3>::value)      \
+        reflex_matmul_gemv1x4_##name(RX_MM_PARAMS) {                                                 \
+        gemv_body<TYPE, 1, 4, false, 4, true, GEMVX_WARPS>(RX_MM_ARGS);                               \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMVX_WARPS * 32, rx_sm_blocks<TYPE, 3>::value)      \
+        reflex_matmul_gemv1x1_##name(RX_MM_PARAMS) {                                                 \
+        gemv_body<TYPE, 1, 1, false, 4, true, GEMVX_WARPS>(RX_MM_ARGS);                               \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, rx_sm_blocks<TYPE, 6>::value)        \
         reflex_moe_matmulx_##name(RX_MOE_PARAMS) {                                                   \
         RX_PDL_ENTRY();                                                                              \
         moe_body<TYPE, 4, true>(RX_MOE_ARGS);                                                         \
