@@ -639,7 +639,7 @@ def test_launcher_choices(quant_signatures):
     q.dequant(k, W, 14, 256 * 3, Y)
     assert k.calls[-1][:2] == ("reflex_dequant_q6_k", (1, 1, 1))
     q.embed(k, W, 2, X, Y, 5, 64, n_vocab=100)
-    assert k.calls[-1][0] == "reflex_embed_q4_0" and k.calls[-1][3][-2:] == (36, 100)
+    assert k.calls[-1][0] == "reflex_embed_q4_0" and k.calls[-1][3][5:] == (36, 100, 0, 0, 0)
     with pytest.raises(UnsupportedTensorType):
         q.plan(40, (256, 4), W)  # NVFP4
     assert "not a positive multiple of the block size 256" in q.plan(12, (1000, 4), W).error
@@ -791,6 +791,52 @@ def test_residual_step_runs_inside_the_gemvs(quant_signatures, monkeypatch):
     assert type(o) is da.DeviceArray
     s3, y3 = ops.add_rmsnorm(resid, o, None, 1e-6)
     assert [c[0] for c in k.calls[-2:]] == ["reflex_matmul_gemv1x_q4_k", "reflex_add_rmsnorm"]
+
+
+def test_first_norm_runs_inside_the_embedding(quant_signatures, monkeypatch):
+    """CudaOps of one token: embed is deferred; an rmsnorm of it launches the embedding's norm
+    form (the row, y = row * w, its block sums) and no norm kernel, and the GEMV that reads y
+    applies the scale itself; a reader of the row gets the plain embedding once; two tokens or
+    REFLEX_FUSE_NORM=0: no deferral."""
+    from types import SimpleNamespace
+
+    from reflex_core.backends import cuda_backend as cb
+    from reflex_core.backends import device_array as da
+    from reflex_core.cuda import quant_ops as q
+    from reflex_core.ops import Weight
+
+    k, ops, alloc = _fake_cuda_ops(quant_signatures, monkeypatch)
+    D, V = 2048, 1000
+    emb = Weight("token_embd", 14, (D, V), 1 << 24, q.plan(14, (D, V), 1 << 24))
+    wq = Weight("q", 12, (D, 4096), 2 << 24, q.plan(12, (D, 4096), 2 << 24))
+    ids = alloc(64)
+    pb = SimpleNamespace(n_tokens=1, tok_min=5, tok_max=5, tokens=ids)
+    x = ops.embed(emb, pb)
+    assert type(x) is da.LazyArray and k.calls == []
+    y = ops.rmsnorm(x, None, 1e-6)
+    (name, grid, block, args), = k.calls
+    n_part = q.embed_blocks(14, D)
+    assert name == "reflex_embed_q6_k" and grid == (n_part, 1, 1) == (4, 1, 1)
+    assert args[:3] == (emb.data, ids, x.address) and args[7:9] == (0, y.address)
+    assert x.pending is None and type(y.pending) is cb._NormScale
+    part = k.calls[0][3][9]
+    assert part and y.address < part
+    assert ops.matmul(y, wq).ptr  # read: its launch
+    name, _, _, args = k.calls[-1]
+    assert name == "reflex_matmul_gemv1xn_q4_k" and args[3] == y.address
+    assert args[-3:-1] == (part, n_part) and len(k.calls) == 2
+    # a reader of the row itself: the plain embedding, once
+    x = ops.embed(emb, pb)
+    assert ops.view(x, (D,)).ptr == x.address and x.pending is None
+    assert k.calls[-1][0] == "reflex_embed_q6_k" and k.calls[-1][3][7:] == (0, 0, 0)
+    assert len(k.calls) == 3
+    # two tokens, or REFLEX_FUSE_NORM=0: launched at once, the norm its own launch
+    x = ops.embed(emb, SimpleNamespace(n_tokens=2, tok_min=5, tok_max=9, tokens=ids))
+    assert type(x) is da.DeviceArray and len(k.calls) == 4
+    monkeypatch.setattr(cb, "FUSE_NORM", False)
+    x = ops.embed(emb, pb)
+    ops.rmsnorm(x, None, 1e-6)
+    assert [c[0] for c in k.calls[-2:]] == ["reflex_embed_q6_k", "reflex_rmsnorm"]
 
 
 def test_moe_combine_step_runs_in_one_launch(quant_signatures, monkeypatch):

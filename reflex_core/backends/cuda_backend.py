@@ -196,6 +196,27 @@ class _PendingGemv:
                                 (m.n_out, 0, 0), False, m.gemv_w_ok)
 
 
+class _PendingEmbed:
+    """CudaOps.embed of one token, deferred (its LazyArray's ``pending``): an rmsnorm of the row
+    launches the embedding's norm form instead (quant_ops.embed ``norm``: the row, y = row * w and
+    the norm's block sums in one launch, y's scale left to its readers as after a residual-step
+    GEMV), so a decode step's first norm needs no launch of its own; any other reader gets the
+    plain embedding launched first (:meth:`ready`)."""
+
+    __slots__ = ("ops", "w", "ids")
+
+    def __init__(self, ops: "CudaOps", w: Weight, ids: int):
+        self.ops, self.w, self.ids = ops, w, ids
+
+    def launch(self, out_ptr: int, norm: tuple | None = None) -> None:
+        w = self.w
+        self.ops._quant_ops.embed(self.ops._qkern_of(w.ggml_type), w.data, w.ggml_type, self.ids,
+                                  out_ptr, 1, w.ne[0], w.ne[1], norm)
+
+    def ready(self, arr: LazyArray) -> None:
+        self.launch(arr.address)
+
+
 class _PendingCombine:
     """CudaOps.moe_combine of one token, deferred (its LazyArray's ``pending``): an add_rmsnorm
     that takes it as the branch output launches reflex_moe_combine_resnorm instead (the sum, the
@@ -652,6 +673,9 @@ class CudaOps(Ops):
         if T and (pb.tok_min < 0 or pb.tok_max >= n_vocab):
             bad = pb.tok_min if pb.tok_min < 0 else pb.tok_max
             raise ReflexError(f"token id {bad} is out of range for {w.name!r} ({n_vocab} rows)")
+        if T == 1 and FUSE_NORM:  # one token: deferred, in case an rmsnorm takes it
+            blk = Block(4 * n_embd)
+            return LazyArray(blk.ptr, (1, n_embd), blk, _PendingEmbed(self, w, pb.tokens), n_embd)
         out = empty((T, n_embd))
         if T:
             self._quant_ops.embed(self._qkern_of(w.ggml_type), w.data, w.ggml_type, pb.tokens,
@@ -818,6 +842,14 @@ class CudaOps(Ops):
         n = shape[-1] if shape else 1
         rows = x.size // n if n else 0
         wp = 0 if w is None else self._f32_vector(w, n)
+        if rows == 1 and type(x) is LazyArray and type(x.pending) is _PendingEmbed:
+            pe, x.pending = x.pending, None
+            n_part = self._quant_ops.embed_blocks(pe.w.ggml_type, n)
+            off = (4 * n + 255) & ~255  # y, then the block sums
+            blk = Block(off + 4 * n_part)
+            pe.launch(x.address, (wp, blk.ptr, blk.ptr + off))
+            return LazyArray(blk.ptr, shape, blk,
+                             _NormScale(self.k, blk.ptr + off, n_part, n, eps), n)
         y = empty_f32(shape, x.size)
         if rows:
             self.k.launch("reflex_rmsnorm", rows, 1024 if n >= 4096 else 256,

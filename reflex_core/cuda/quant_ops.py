@@ -199,23 +199,34 @@ def dequant(kern, w_ptr: int, ggml_type: int, n_elements: int, out_ptr: int) -> 
                 (w_ptr, out_ptr, n_elements))
 
 
+def embed_blocks(ggml_type: int, n_embd: int) -> int:
+    """The blocks of one token's :func:`embed` launch: the block sums its ``norm`` form writes."""
+    bs = _TYPES[ggml_type][2]
+    work = n_embd if bs == 1 else n_embd // 4
+    return min((work + _EMB_THREADS - 1) // _EMB_THREADS, 1024)
+
+
 def embed(kern, w_ptr: int, ggml_type: int, ids_ptr: int, out_ptr: int, n_tokens: int,
-          n_embd: int, n_vocab: int | None = None) -> None:
+          n_embd: int, n_vocab: int | None = None, norm: tuple | None = None) -> None:
     """``out[t, :] = dequant(W[ids[t], :])`` for ``w`` of ne ``[n_embd, n_vocab]`` (int32 ids on the
     device, float32 ``out [n_tokens, n_embd]``), bit-exact. Pass ``n_vocab``: an id outside
-    ``[0, n_vocab)`` then yields a NaN row instead of reading out of bounds."""
+    ``[0, n_vocab)`` then yields a NaN row instead of reading out of bounds. ``norm`` ``(nw, y,
+    part)``, one token: also the outputs of a residual-step producer for the RMSNorm of ``out``
+    (:func:`matmul_fused`'s): ``y = out * nw`` (nw 0: out) and the launch's
+    :func:`embed_blocks` block sums of ``out^2`` at ``part``."""
     suffix, _, _, _, _ = _info(ggml_type)
     rb = row_bytes(ggml_type, n_embd)
     n_rows = _INT32_MAX if n_vocab is None else n_vocab
     _check_int32(n_tokens=n_tokens, n_embd=n_embd, n_vocab=n_rows)
+    if norm is not None and n_tokens != 1:
+        raise ValueError(f"embed: the norm's form is for one token, not {n_tokens}")
     if n_tokens == 0:
         return
-    bs = _TYPES[ggml_type][2]
-    work = n_embd if bs == 1 else n_embd // 4
-    gx = min((work + _EMB_THREADS - 1) // _EMB_THREADS, 1024)
+    gx = embed_blocks(ggml_type, n_embd)
     gy = min(n_tokens, _MAX_GRID_Y)
+    nw, y, part = norm if norm is not None else (0, 0, 0)
     kern.launch(f"reflex_embed_{suffix}", (gx, gy, 1), (_EMB_THREADS, 1, 1),
-                (w_ptr, ids_ptr, out_ptr, n_tokens, n_embd, rb, n_rows))
+                (w_ptr, ids_ptr, out_ptr, n_tokens, n_embd, rb, n_rows, nw, y, part))
 
 
 def _gemv_ok(ggml_type: int, w_ptr: int, x_ptr: int, n_in: int) -> bool:

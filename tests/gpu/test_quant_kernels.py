@@ -276,6 +276,65 @@ def test_embed(qk, name):
     assert_bits_equal(got[[0, 3]], wf[[1, 2]], f"{name} embed around invalid ids")
 
 
+@pytest.mark.parametrize("name", list(TYPES))
+def test_embed_norm_form(qk, name):
+    """One token's embedding with the first RMSNorm's residual-step outputs (quant_ops.embed
+    ``norm``): the row bit for bit, y = row * w (and the row itself without w) bit for bit, and
+    embed_blocks block sums of row^2 in the kernel's order (each thread's elements in order, the
+    warps' butterfly sums in order), for rows of one block and of several (a partial last one)."""
+    ctx, kernels_of = qk
+    kern = kernels_of(name)
+    t = TYPES[name]
+    rng = np.random.default_rng(60 + t)
+    f = np.float32
+    qk_ = 1 if name in FLOAT_TYPES else qinfo(name)[0]
+    for n_embd in sorted({max(qk_, 8) * (1 + 32 // max(qk_, 8)), qk_ * (2048 // qk_ + 1)}):
+        V = 9
+        raw, wf = random_weights(rng, name, V, n_embd, 0, 20)
+        _, wp = upload(ctx, raw)
+        _, ip = upload(ctx, np.array([7], np.int32))
+        nw = (rng.standard_normal(n_embd) * 0.5 + 1).astype(np.float32)
+        _, nwp = upload(ctx, nw)
+        nb = quant_ops.embed_blocks(t, n_embd)
+        for wptr in (nwp, 0):
+            out, yp, pp = (upload(ctx, np.full(n, np.nan, np.float32))[1]
+                           for n in (n_embd, n_embd, nb))
+            quant_ops.embed(kern, wp, t, ip, out, 1, n_embd, V, (wptr, yp, pp))
+            h = wf[7].astype(np.float32)
+            assert_bits_equal(download(ctx, out, n_embd), h, f"{name} embed row n={n_embd}")
+            want_y = h * nw if wptr else h
+            assert_bits_equal(download(ctx, yp, n_embd), want_y, f"{name} embed y n={n_embd}")
+            # the kernel's order: thread i of block b takes groups g = b * 128 + i + k * stride
+            per = 1 if qk_ == 1 else 4
+            stride = nb * 128
+            want = []
+            for b in range(nb):
+                warps = []
+                for w0 in range(0, 128, 32):
+                    lanes = []
+                    for i in range(w0, w0 + 32):
+                        s = f(0.0)
+                        for g in range(b * 128 + i, n_embd // per, stride):
+                            for c in range(per):
+                                v = h[g * per + c]
+                                s = f(s + f(v * v))  # the kernel fuses it: a few ulp
+                        lanes.append(s)
+                    for o in (16, 8, 4, 2, 1):
+                        lanes = [f(lanes[j] + lanes[j ^ o]) for j in range(32)]
+                    warps.append(lanes[0])
+                tot = f(0.0)
+                for v in warps:
+                    tot = f(tot + v)
+                want.append(tot)
+            got = download(ctx, pp, nb)
+            np.testing.assert_allclose(got, np.array(want, np.float32), rtol=2e-6,
+                                       err_msg=f"{name} embed block sums n={n_embd}")
+            np.testing.assert_allclose(np.sum(got, dtype=np.float64),
+                                       np.sum(h.astype(np.float64) ** 2), rtol=1e-5)
+    with pytest.raises(ValueError, match="one token"):
+        quant_ops.embed(kern, wp, t, ip, out, 2, n_embd, V, (0, yp, pp))
+
+
 # ----------------------------------------------------------------------------------------------
 # matmul
 

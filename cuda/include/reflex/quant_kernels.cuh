@@ -13,9 +13,12 @@
 //   Grid-stride loop, 256 threads/block; one thread per 4 consecutive elements (one float4
 //   store) for quantized types, one element per thread for float types.
 //
-// reflex_embed_<t>(w, ids, out, n_tokens, n_embd, row_bytes, n_rows)
+// reflex_embed_<t>(w, ids, out, n_tokens, n_embd, row_bytes, n_rows, nw, y, part)
 //   out[t, :] = dequant(row ids[t]) (bit-exact). grid.y strides over tokens, grid.x over the row
 //   (128 threads/block, 4 elements per thread). An id outside [0, n_rows) gives a NaN row.
+//   part not null (one token, grid.y 1): also the first RMSNorm's residual-step outputs, as a
+//   GEMV_RESNORM producer leaves them (h = out): y = h * nw (nw null: h) and part[block] = the
+//   block's sum of h^2 (each thread's elements in order, the warps' butterfly sums in order).
 //
 // Matmuls: up to 3 weights of the same type and n_in against one x, in one launch. Segment i
 // (i < 3) is w_i (n_i output rows) -> y_i [T, n_i]; n_i = 0 leaves a segment out (one weight:
@@ -184,17 +187,30 @@ __device__ __forceinline__ void dequant_body(const uint8_t* __restrict__ w, floa
 template <int TYPE>
 __device__ __forceinline__ void embed_body(const uint8_t* __restrict__ w, const int* __restrict__ ids,
                                            float* __restrict__ out, int n_tokens, int n_embd,
-                                           long long row_bytes, int n_rows) {
+                                           long long row_bytes, int n_rows,
+                                           const float* __restrict__ nw, float* __restrict__ yn,
+                                           float* __restrict__ part) {
     typedef rx_q<TYPE> Q;
     const int stride = gridDim.x * blockDim.x;
     const int i0 = blockIdx.x * blockDim.x + threadIdx.x;
+    const bool norm = part != nullptr;  // the launcher passes it for one token only
+    float sq = 0.0f;
+    // the norm's outputs of element e (value h)
+    auto normed = [&](int e, float h) {
+        yn[e] = nw != nullptr ? h * __ldg(nw + e) : h;
+        sq += h * h;
+    };
     for (int tok = blockIdx.y; tok < n_tokens; tok += gridDim.y) {
         const int id = __ldg(ids + tok);
         const bool ok = id >= 0 && id < n_rows;
         const uint8_t* row = w + (long long)(ok ? id : 0) * row_bytes;
         float* o = out + (long long)tok * n_embd;
         if constexpr (Q::QK == 1) {
-            for (int e = i0; e < n_embd; e += stride) o[e] = ok ? Q::dec1(row, e) : rx_nan();
+            for (int e = i0; e < n_embd; e += stride) {
+                const float h = ok ? Q::dec1(row, e) : rx_nan();
+                o[e] = h;
+                if (norm) normed(e, h);
+            }
         } else {
             const bool vec = ((uintptr_t)o & 15u) == 0;
             for (int g = i0; g < n_embd / 4; g += stride) {
@@ -212,7 +228,23 @@ __device__ __forceinline__ void embed_body(const uint8_t* __restrict__ w, const 
 #pragma unroll
                     for (int c = 0; c < 4; ++c) o[e + c] = y[c];
                 }
+                if (norm) {
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) normed(e + c, y[c]);
+                }
             }
+        }
+    }
+    if (norm) {  // block-uniform
+        __shared__ float wsum[EMB_THREADS / 32];
+        sq = rx_warp_sum(sq);
+        if ((threadIdx.x & 31) == 0) wsum[threadIdx.x >> 5] = sq;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float t = 0.0f;
+#pragma unroll
+            for (int i = 0; i < EMB_THREADS / 32; ++i) t += wsum[i];
+            part[blockIdx.x] = t;
         }
     }
 }
@@ -1409,9 +1441,10 @@ __device__ __forceinline__ void pairs_body(const uint8_t* __restrict__ w0, const
     extern "C" __global__ void __launch_bounds__(EMB_THREADS)                                         \
         reflex_embed_##name(const uint8_t* __restrict__ w, const int* __restrict__ ids,               \
                             float* __restrict__ out, int n_tokens, int n_embd, long long row_bytes,   \
-                            int n_rows) {                                                            \
+                            int n_rows, const float* __restrict__ nw, float* __restrict__ y,          \
+                            float* __restrict__ part) {                                               \
         RX_PDL_ENTRY();                                                                              \
-        embed_body<TYPE>(w, ids, out, n_tokens, n_embd, row_bytes, n_rows);                           \
+        embed_body<TYPE>(w, ids, out, n_tokens, n_embd, row_bytes, n_rows, nw, y, part);              \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                     \
         reflex_matmul_gemv1_##name(RX_MM_PARAMS) {                                                   \
