@@ -537,7 +537,7 @@ def test_allow_shmem_opts_in_once_within_the_device_limit(fake, monkeypatch):
     """Kernels.allow_shmem: up to 32 KB nothing to do; past it the kernel's dynamic shared memory
     attribute is set once per size (the largest kept), after asking the device's opt-in limit
     once; a size over that limit is refused (False, nothing set) so the caller takes another
-    kernel."""
+    kernel. Kernels.multiprocessors asks the device once too."""
     import types
 
     asked, attrs = [], []
@@ -551,13 +551,14 @@ def test_allow_shmem_opts_in_once_within_the_device_limit(fake, monkeypatch):
         return (0,)
 
     monkeypatch.setattr(fake, "CUdevice_attribute", types.SimpleNamespace(
-        CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN="optin"), raising=False)
+        CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN="optin",
+        CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT="sms"), raising=False)
     monkeypatch.setattr(fake, "CUfunction_attribute", types.SimpleNamespace(
         CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES="maxdyn"), raising=False)
     monkeypatch.setattr(fake, "cuDeviceGetAttribute", get_attr, raising=False)
     monkeypatch.setattr(fake, "cuFuncSetAttribute", set_attr, raising=False)
     monkeypatch.setattr(driver, "current_device", lambda: types.SimpleNamespace(handle="dev0"))
-    monkeypatch.setattr(modules, "_optin", None)
+    monkeypatch.setattr(modules, "_attrs", {})
     k = _kernels()
     assert k.allow_shmem("reflex_add", 32 << 10) and asked == [] and attrs == []
     assert k.allow_shmem("reflex_add", 48 << 10)
@@ -566,6 +567,9 @@ def test_allow_shmem_opts_in_once_within_the_device_limit(fake, monkeypatch):
     assert not k.allow_shmem("reflex_add", 99 << 10)  # no room left for static shared memory
     assert asked == [("optin", "dev0")]
     assert attrs == [("reflex_add", "maxdyn", 48 << 10), ("reflex_add", "maxdyn", 64 << 10)]
+    # the multiprocessor count (the GEMV launchers' block shapes): asked once as well
+    assert k.multiprocessors() == 99 << 10 and k.multiprocessors() == 99 << 10
+    assert asked == [("optin", "dev0"), ("sms", "dev0")]
 
 
 def test_launch_rejects_bad_args(fake):

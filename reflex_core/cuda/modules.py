@@ -44,30 +44,23 @@ from .manifest import (CORE_PACKAGE, CPU_HINT, SKIP_HINT, best_cubin, coverage_e
 # is 48 KB less the kernel's static shared memory: kept under it)
 _SHMEM_DEFAULT = 32 << 10
 _SHMEM_STATIC_MARGIN = 1 << 10  # room left for a kernel's own static shared memory
-_optin: int | None = None  # the device's largest shared memory a block may opt in to
+_attrs: dict[str, int] = {}  # the device's attributes asked so far, by CUdevice_attribute name
+
+
+def _device_attribute(name: str) -> int:
+    """The current device's CUdevice_attribute ``name``, asked once."""
+    v = _attrs.get(name)
+    if v is None:
+        d = _drv._d
+        v = _attrs[name] = int(_drv.check(d.cuDeviceGetAttribute(
+            getattr(d.CUdevice_attribute, name), _drv.current_device().handle),
+            f"cuDeviceGetAttribute({name})"))
+    return v
 
 
 def _shmem_optin() -> int:
-    global _optin
-    if _optin is None:
-        d = _drv._d
-        _optin = int(_drv.check(d.cuDeviceGetAttribute(
-            d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-            _drv.current_device().handle), "cuDeviceGetAttribute(shared memory per block, opt-in)"))
-    return _optin
-
-
-_sms: int | None = None  # the device's multiprocessors
-
-
-def _multiprocessors() -> int:
-    global _sms
-    if _sms is None:
-        d = _drv._d
-        _sms = int(_drv.check(d.cuDeviceGetAttribute(
-            d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            _drv.current_device().handle), "cuDeviceGetAttribute(multiprocessor count)"))
-    return _sms
+    """The largest shared memory a block may opt in to."""
+    return _device_attribute("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
 
 
 _SLOT = {"P": "Q", "i": "i4x", "I": "I4x", "q": "q", "Q": "Q", "f": "f4x", "d": "d"}
@@ -148,7 +141,7 @@ class Kernels:
 
     def multiprocessors(self) -> int:
         """The device's multiprocessor count (launchers size their blocks by it)."""
-        return _multiprocessors()
+        return _device_attribute("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT")
 
     def allow_shmem(self, name: str, nbytes: int) -> bool:
         """Let ``name`` launch with ``nbytes`` of dynamic shared memory: past the default 48 KB a
