@@ -13,9 +13,9 @@
 // step fused into the wide one-token GEMVs, reflex_matmul_gemv1ws{r,n}_<t> (and
 // reflex_matmul_gemv1x{,4}{r,n}_<t> and gemv1x1n_<t> for the K-quants, and
 // reflex_matmul_gemv1xn_q{4,5}_k_q6_k for q/k/v launches whose v is Q6_K); and once, for every
-// type, the prefill GEMM on float16 pairs, reflex_matmul_f16x{3,1}{,_64} (its weights from reflex_unpack_pairs_<t>). Their
-// algorithm, parameters and launch shapes are documented with their bodies in
-// reflex/quant_kernels.cuh. Launchers (which module serves which type):
+// type, the prefill GEMM on float16 pairs, reflex_matmul_f16x{3,1}{,_64} (its weights from
+// reflex_unpack_pairs_<t>). Their algorithm, parameters and launch shapes are documented with
+// their bodies in reflex/quant_kernels.cuh. Launchers (which module serves which type):
 // reflex_core/cuda/quant_ops.py.
 #define REFLEX_QUANTS_COMMON_ONLY
 #include "reflex/quant_kernels.cuh"

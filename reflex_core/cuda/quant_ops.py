@@ -304,9 +304,9 @@ _GEMVX_WARPS = 8  # GEMVX_WARPS
 # gets a unit a lane (n_in >= GEMVX4_MIN_IN); one of at least GEMVX1_MIN_WAVES blocks an SM in
 # the x1 shape takes x1. On the H200 (BENCHMARKS.md, 2026-12-04): the 30B-A3B-shaped output
 # projection (2048 rows of 4096, 128 gemv1x blocks) in x4 took a decode step from 2.037 to 2.020
-# ms; the Q6_K heads in x1 (151936 rows of 2048 / 4096) about 20 us off the 30B-A3B's and the
-# 8B's step. x1 at fewer waves was slower (the 8B's at 0.8 waves: 3.16 ms against 2.49), and x4
-# at more blocks too (the 8B's 256-block ones: 2.65).
+# ms; the Q6_K heads in x1 (151936 rows of 2048 / 4096) took 14-19 us off the 30B-A3B's and the
+# 8B's step. x1 on few blocks was slower (the 8B's output and down projections, 128 x1 blocks
+# each: 3.16 ms against 2.49), and x4 on more blocks too (the 8B's 256-block ones: 2.65).
 GEMVX4_MIN_IN = 4 * 32 * 32
 GEMVX1_MIN_WAVES = 12
 XS_MAX_SHMEM = 200 << 10  # the staged x of one block (the H100/H200 allow 227 KB; a device that
@@ -377,7 +377,8 @@ class MatPlan:
                           for f in (("ws", "x", "x4") if ggml_type in XS_CHUNK else ("ws",))}
             self.fused[self.gemv1s] = {"n": f"reflex_matmul_gemv1sn_{suffix}"}
             if ggml_type in XS_CHUNK:  # x1 is for LM heads: no producer form
-                self.fused[f"reflex_matmul_gemv1x1_{suffix}"] = {"n": f"reflex_matmul_gemv1x1n_{suffix}"}
+                x1 = f"reflex_matmul_gemv1x1_{suffix}"
+                self.fused[x1] = {"n": f"reflex_matmul_gemv1x1n_{suffix}"}
         self.error: str | None = None
         self.row_bytes = 0
         if len(ne) > 2 and any(v != 1 for v in ne[2:]):

@@ -84,8 +84,8 @@
 // reflex_matmul_gemv1{ws,x,x4}{r,n}_<t>, reflex_matmul_gemv1x1n_<t>(the same, resid, nw, h_out,
 //   part, n_part, eps)                                                          (T = 1)
 //   The types of RX_QUANT_NORM_KERNELS / RX_QUANT_XS_NORM_KERNELS (cuda/quant.cu): gemv1ws /
-//   gemv1x (x4, x1) with a decode step's residual add and RMSNorm folded in (gemv_body's EPI). "r", one
-//   weight, mode 0: h = resid + W x (h_out), y0 = h * nw (nw null: h), part[block] = the
+//   gemv1x (x4, x1) with a decode step's residual add and RMSNorm folded in (gemv_body's EPI).
+//   "r", one weight, mode 0: h = resid + W x (h_out), y0 = h * nw (nw null: h), part[block] = the
 //   block's sum of h^2. "n": x is such a y0; the sums are scaled by rx_norm_scale(part, n_part,
 //   n_in, eps) before the stores (and the SwiGLU), so the outputs are those of rmsnorm(h) * nw.
 //   Launch shapes as gemv1ws / gemv1x. The same types' reflex_matmul_gemv1sn_<t>: "n" of gemv1s
