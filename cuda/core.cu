@@ -1691,9 +1691,10 @@ extern "C" __global__ void reflex_argmax(const float* __restrict__ x, int* __res
 }
 
 // argmax_split: one row over gridDim.x blocks (one block over a decode step's 151936 logits kept
-// one SM busy for 12 us). Block b scans its contiguous REFLEX_ARGMAX_SPLIT_CHUNK elements (each thread its strided
-// ARGMAX_UNROLL loads at once), leaves its pair in part (value, index as bits), counts itself
-// in at done[0], and the last block merges the gridDim.x pairs and sets the count back to 0.
+// one SM busy for 12 us). Block b scans its contiguous REFLEX_ARGMAX_SPLIT_CHUNK elements (each
+// thread its strided ARGMAX_UNROLL loads at once), leaves its pair in part (value, index as
+// bits), counts itself in at done[0], and the last block merges the gridDim.x pairs and sets the
+// count back to 0.
 // The merge's order (value desc, index asc) is total, so the answer is reflex_argmax's.
 #define ARGMAX_SPLIT_THREADS 256
 #define REFLEX_ARGMAX_SPLIT_CHUNK 4096  // ARGMAX_SPLIT_THREADS * ARGMAX_UNROLL (the backend reads it)

@@ -544,7 +544,7 @@ def test_allow_shmem_opts_in_once_within_the_device_limit(fake, monkeypatch):
 
     def get_attr(attr, dev):
         asked.append((attr, dev))
-        return (0, 99 << 10)
+        return (0, {"optin": 99 << 10, "sms": 132}[attr])
 
     def set_attr(f, attr, value):
         attrs.append((f["name"], attr, value))
@@ -568,7 +568,7 @@ def test_allow_shmem_opts_in_once_within_the_device_limit(fake, monkeypatch):
     assert asked == [("optin", "dev0")]
     assert attrs == [("reflex_add", "maxdyn", 48 << 10), ("reflex_add", "maxdyn", 64 << 10)]
     # the multiprocessor count (the GEMV launchers' block shapes): asked once as well
-    assert k.multiprocessors() == 99 << 10 and k.multiprocessors() == 99 << 10
+    assert k.multiprocessors() == 132 and k.multiprocessors() == 132
     assert asked == [("optin", "dev0"), ("sms", "dev0")]
 
 

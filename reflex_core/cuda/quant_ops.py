@@ -360,7 +360,8 @@ class MatPlan:
         # ... on x limbs staged in shared memory (XS_CHUNK types), else None; x_staged: its bytes;
         # gemv1x4 / gemv1x1: its other block shapes (_gemv1_wide picks one)
         self.gemv1x: str | None = None
-        self.gemv1x4 = self.gemv1x1 = ""
+        self.gemv1x4: str | None = None
+        self.gemv1x1: str | None = None
         self.x_staged = 0
         # T = 1 on x limbs (XQ_TYPES): (one warp, two warps) a row pair, else None
         self.gemvq = ((f"reflex_matmul_gemvq1_{suffix}", f"reflex_matmul_gemvq1s_{suffix}")
@@ -430,17 +431,16 @@ def _gemv1_wide(kern, p: MatPlan, n_outs: tuple, swiglu: bool, gemv_w_ok: bool,
         return None
     if p.gemv1x is not None and kern.allow_shmem(p.gemv1x, p.x_staged):
         block = (32 * _GEMVX_WARPS, 1, 1)
+        grid = _gemv_grid_x(2, n_outs, swiglu, 4, _GEMVX_WARPS)
         if not shared:
             sms = kern.multiprocessors()
-            grid = _gemv_grid_x(2, n_outs, swiglu, 4, _GEMVX_WARPS)
             if grid <= sms and p.n_in >= GEMVX4_MIN_IN and kern.allow_shmem(p.gemv1x4, p.x_staged):
                 return (p.gemv1x4, (_gemv_grid_x(4, n_outs, swiglu, 4, _GEMVX_WARPS), 1, 1), block,
                         p.x_staged)
-            grid = _gemv_grid_x(1, n_outs, swiglu, 4, _GEMVX_WARPS)
-            if grid >= GEMVX1_MIN_WAVES * sms and kern.allow_shmem(p.gemv1x1, p.x_staged):
-                return p.gemv1x1, (grid, 1, 1), block, p.x_staged
-        return (p.gemv1x, (_gemv_grid_x(2, n_outs, swiglu, 4, _GEMVX_WARPS), 1, 1), block,
-                p.x_staged)
+            grid1 = _gemv_grid_x(1, n_outs, swiglu, 4, _GEMVX_WARPS)
+            if grid1 >= GEMVX1_MIN_WAVES * sms and kern.allow_shmem(p.gemv1x1, p.x_staged):
+                return p.gemv1x1, (grid1, 1, 1), block, p.x_staged
+        return p.gemv1x, (grid, 1, 1), block, p.x_staged
     return p.gemv1ws, (_gemv_grid_x(2, n_outs, swiglu, 4), 1, 1), (_GEMV_THREADS, 1, 1), 0
 
 
@@ -501,8 +501,7 @@ def mixed_norm_launch(kern, pa: MatPlan, pb: MatPlan, n_outs: tuple, a_w_ok: boo
     reflex_matmul_gemv1xn_<a>_<b> for weights 0 and 1 planned with ``pa`` and weight 2 with
     ``pb`` on a normed x (the reader form), or None unless the two weights of ``pa`` take gemv1xn
     in a launch of its shape (:func:`fused_norm_launch`, shared) and ``pb``'s type has a gemv1xn
-    for its weight.
-    Each output has the bits of its type's gemv1xn over its rows. As in one type's q/k/v launch,
+    for its weight. Each output has the bits of its type's gemv1xn over its rows. As in one type's q/k/v launch,
     the launch's rows choose the form: a v of fewer rows than the wide forms take alone (a
     30B-A3B file's 512) is read by gemv1xn here too. Launch it with :func:`matmul_mixed`."""
     suffix = MIXED_XS.get(pa.ggml_type, {}).get(pb.ggml_type)

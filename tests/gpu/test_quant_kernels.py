@@ -1193,7 +1193,7 @@ def test_gemv1xn_mixed(qk, a, b):
             one = quant_ops.fused_norm_launch(kern, p, outs, False, True, xp, "n")
             if p is pb and sum(outs) < quant_ops.GEMV_WIDE_MIN_ROWS:  # v's gemv1xn all the same
                 wide = quant_ops._gemv1_wide(kern, p, outs, False, True, xp,
-                                             quant_ops.GEMV_WIDE_MIN_ROWS)
+                                             quant_ops.GEMV_WIDE_MIN_ROWS, shared=True)
                 one = (p.fused[p.gemv1x]["n"],) + wide[1:]
             assert one is not None and "gemv1xn_" in one[0]
             quant_ops.matmul_fused(kern, one, p, xp, ws, ys, outs, False, 0, 0, 0, pp, 33, 1e-6)
