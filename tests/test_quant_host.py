@@ -399,27 +399,40 @@ def test_gemv_on_x_limbs(lib):
         _check_matmul(y[None, :], wf, x, f"IQ4_XS limbs n_in={n_in} ks={ks}")
 
 
+def _special_runs(rng, x):
+    """x, then x with a run of zeros (and one half zero), then with a run of subnormals, then with
+    a run of huge values. The bound is relative to sum |x| |w|, which the huge run dominates: so
+    the other runs are checked without it first."""
+    out = [x.copy()]
+    x = x.copy()
+    x[0, 16:48] = 0.0
+    out.append(x.copy())
+    x[0, 64:80] = rng.standard_normal(16) * 1e-40
+    out.append(x.copy())
+    x[0, 128:144] *= 1e30
+    out.append(x)
+    return out
+
+
 @pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
 def test_gemv_on_staged_limbs(lib, name):
     """The K-quants' one-token GEMV on x limbs in the lanes' order (rx_x_limb_run writing every
     lane slot's runs, then rx_gemv_rows_limbs, on the host): within the float GEMV's bound of the
-    float64 product, one and two warps a row pair, rows that end inside a chunk, runs of zeros,
-    of subnormals and of huge values; a NaN in x gives NaN."""
+    float64 product, one and two warps a row pair, rows that end inside a chunk, x plain and
+    with runs of zeros, of subnormals and of huge values (_special_runs); a NaN in x gives NaN."""
     from reflex_core.cuda.quant_ops import x_staged_bytes
 
     t = TYPES[name]
     rng = np.random.default_rng(1600 + t)
     for n_in, n_out, ks in ((256, 3, 1), (768, 5, 1), (2048, 4, 2), (4864, 3, 2), (12288, 2, 2)):
-        raw, wf, x = _gemv_case(rng, name, n_in, n_out, 1)
-        x[0, 16:48] = 0.0
-        x[0, 64:80] = rng.standard_normal(16) * 1e-40
-        x[0, 128:144] *= 1e30
-        staged = np.zeros(x_staged_bytes(t, n_in) // 4, np.uint32)
-        y = np.full(n_out, np.nan, np.float32)
+        raw, wf, plain = _gemv_case(rng, name, n_in, n_out, 1)
         raw = np.ascontiguousarray(raw)
-        assert lib.rx_host_gemv_xs(t, _ptr(raw), _ptr(x), _ptr(staged), _ptr(y), n_in, n_out,
-                                   raw.shape[1], ks) == 0
-        _check_matmul(y[None, :], wf, x, f"{name} staged limbs n_in={n_in} ks={ks}")
+        staged = np.zeros(x_staged_bytes(t, n_in) // 4, np.uint32)
+        for x in _special_runs(rng, plain):
+            y = np.full(n_out, np.nan, np.float32)
+            assert lib.rx_host_gemv_xs(t, _ptr(raw), _ptr(x), _ptr(staged), _ptr(y), n_in, n_out,
+                                       raw.shape[1], ks) == 0
+            _check_matmul(y[None, :], wf, x, f"{name} staged limbs n_in={n_in} ks={ks}")
     x[0, 200] = np.nan
     assert lib.rx_host_gemv_xs(t, _ptr(raw), _ptr(x), _ptr(staged), _ptr(y), n_in, n_out,
                                raw.shape[1], 2) == 0
