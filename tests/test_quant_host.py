@@ -95,6 +95,8 @@ def lib(tmp_path_factory):
     so.rx_host_gemv_xq.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                    ctypes.c_int, ctypes.c_longlong, ctypes.c_int]
     so.rx_host_gemv_xq.restype = ctypes.c_int
+    so.rx_host_stage_xs.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    so.rx_host_xs_elem.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
     so.rx_host_gemv_xs.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                    ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
                                    ctypes.c_int]
@@ -412,6 +414,59 @@ def _special_runs(rng, x):
     x[0, 128:144] *= 1e30
     out.append(x)
     return out
+
+
+def _runs_of_every_kind(rng, n):
+    """n floats (n % 16 == 0) in runs of 16 of every kind: normal, wide-ranging, tiny, huge,
+    subnormal, all zero, NaN, inf, rint's ties, the largest value at a power of two."""
+    kinds = [lambda: rng.standard_normal(16),
+             lambda: rng.standard_normal(16) * np.exp2(rng.integers(-30, 30, 16)),
+             lambda: rng.standard_normal(16) * 1e-30,
+             lambda: rng.standard_normal(16) * 1e30,
+             lambda: np.full(16, 1e-44) * rng.integers(-3, 4, 16),
+             lambda: np.zeros(16),
+             lambda: np.r_[np.nan, rng.standard_normal(15)],
+             lambda: np.r_[rng.standard_normal(15), -np.inf],
+             lambda: np.r_[1.0, (np.arange(15) + 0.5) * 2.0 ** -21],
+             lambda: np.r_[4.0, -4.0, rng.uniform(-4, 4, 14)]]
+    return np.concatenate([kinds[i % len(kinds)]() for i in range(n // 16)]).astype(np.float32)
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
+def test_staged_limbs_match_the_twin(lib, name):
+    """rx_x_limb_run (the K-quants' staged x) against the x limbs' NumPy rule
+    (testing.x_limbs.scaled_ints) per run of 16, bit for bit: every slot of every chunk of
+    whole and partial chunks holds bytes 0-2 of its run's integers, the run's first slot its
+    scale, its second the sum of its integers; runs past the row are zeros."""
+    from reflex_core.cuda.quant_ops import x_staged_bytes
+    from reflex_core.testing.x_limbs import scaled_ints
+
+    t = TYPES[name]
+    rng = np.random.default_rng(1650 + t)
+    for n_in in (256, 2304, 4096):
+        x = _runs_of_every_kind(rng, n_in)
+        staged = np.full(x_staged_bytes(t, n_in) // 4, 0xDEADBEEF, np.uint32)
+        assert lib.rx_host_stage_xs(t, _ptr(x), n_in, _ptr(staged)) == 0
+        slots = staged.reshape(-1, 256, 4)  # [chunk][slot][word]
+        seen = []
+        for c in range(slots.shape[0]):
+            for h in (0, 1):
+                for lane in range(32):
+                    e = lib.rx_host_xs_elem(t, c, 32 * h + lane)
+                    run = slots[c, [32 * (2 * k + h) + lane for k in range(4)]]  # [step][word]
+                    b = run[:, :3, None] >> np.array([0, 8, 16, 24], np.uint32) & np.uint32(0xFF)
+                    hi = b[:, 2].astype(np.int64)
+                    X = (np.where(hi >= 128, hi - 256, hi) * 65536 + b[:, 1].astype(np.int64) * 256
+                         + b[:, 0].astype(np.int64)).reshape(-1)
+                    want_x = x[e:e + 16] if e < n_in else np.zeros(16, np.float32)
+                    s_bits, want = scaled_ints(want_x[None, :])
+                    what = f"{name} n_in={n_in} chunk {c} run {h} lane {lane} (x[{e}:])"
+                    assert (X == want[0]).all(), what
+                    assert run[0, 3] == s_bits[0], what
+                    assert int(run[1, 3].view(np.int32)) == int(want[0].sum()), what
+                    assert (run[2:, 3] == 0).all(), what
+                    seen += [e] if e < n_in else []
+        assert sorted(seen) == list(range(0, n_in, 16)), f"{name} n_in={n_in}: the runs' starts"
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])

@@ -33,14 +33,11 @@ def words_for(n: int) -> int:
     return -(-n // CHUNK) * CHUNK
 
 
-def x_limbs(x) -> np.ndarray:
-    """uint32 [words_for(n)] x limbs of the float32 values ``x`` (flattened; n % 32 == 0); the
-    slots of a last partial chunk that no group fills are 0 (the kernel leaves them as they
-    were)."""
-    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
-    if x.size % BLOCK:
-        raise ValueError(f"x_limbs: {x.size} elements is not a multiple of {BLOCK}")
-    b = x.reshape(-1, BLOCK)
+def scaled_ints(b) -> tuple[np.ndarray, np.ndarray]:
+    """The rule for each row of ``b`` (float32 [rows, size]): its scale s's bits (uint32 [rows])
+    and integers X (int64 [rows, size]). The staged runs of the K-quants' one-token GEMV
+    (``rx_x_limb_run``, runs of 16) follow it too."""
+    b = np.asarray(b, dtype=np.float32)
     with np.errstate(invalid="ignore"):
         m = np.abs(b).max(axis=1)
     finite = np.isfinite(m)
@@ -55,6 +52,18 @@ def x_limbs(x) -> np.ndarray:
     s[live] = np.ldexp(np.float32(1.0), (e - 22).astype(np.int32)).astype(np.float32)
     s_bits = s.view(np.uint32).copy()
     s_bits[~finite] = _NAN_BITS
+    return s_bits, X
+
+
+def x_limbs(x) -> np.ndarray:
+    """uint32 [words_for(n)] x limbs of the float32 values ``x`` (flattened; n % 32 == 0); the
+    slots of a last partial chunk that no group fills are 0 (the kernel leaves them as they
+    were)."""
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    if x.size % BLOCK:
+        raise ValueError(f"x_limbs: {x.size} elements is not a multiple of {BLOCK}")
+    b = x.reshape(-1, BLOCK)
+    s_bits, X = scaled_ints(b)
     u = (X & 0xFFFFFFFF).astype(np.uint64).reshape(-1, 4)  # groups of 4 elements
     words = np.empty((u.shape[0], 4), np.uint32)
     for i in range(3):

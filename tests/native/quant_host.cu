@@ -179,15 +179,40 @@ extern "C" int rx_host_gemv_xq(const uint8_t* w, const uint32_t* xq, float* y, i
     });
 }
 
+// The staging alone (rx_x_limb_run for every lane slot's two runs), and rx_x_lanes<T>::elem: the
+// first element of x that slot q of chunk c holds (for the staged-limbs twin test).
+template <int T>
+void stage_xs(const float* x, int n_in, uint32_t* staged) {
+    typedef rx_x_lanes<T> XL;
+    for (int i = 0; i < XL::chunks(n_in) * 64; ++i)
+        rx_x_limb_run<T>(x, n_in, i >> 6, i & 31, (i >> 5) & 1, staged + 4 * (i >> 6) * XL::SLOTS);
+}
+
+extern "C" int rx_host_stage_xs(int type, const float* x, int n_in, uint32_t* staged) {
+    switch (type) {
+        case RX_Q4_K: stage_xs<RX_Q4_K>(x, n_in, staged); return 0;
+        case RX_Q5_K: stage_xs<RX_Q5_K>(x, n_in, staged); return 0;
+        case RX_Q6_K: stage_xs<RX_Q6_K>(x, n_in, staged); return 0;
+    }
+    return -1;
+}
+
+extern "C" int rx_host_xs_elem(int type, int c, int q) {
+    switch (type) {
+        case RX_Q4_K: return rx_x_lanes<RX_Q4_K>::elem(c, q);
+        case RX_Q5_K: return rx_x_lanes<RX_Q5_K>::elem(c, q);
+        case RX_Q6_K: return rx_x_lanes<RX_Q6_K>::elem(c, q);
+    }
+    return -1;
+}
+
 // The K-quants' one-token GEMV on staged x limbs (gemv_body's XS form) the same way: every lane
 // slot's two runs written by rx_x_limb_run into `staged` (rx_x_lanes::chunks(n_in) * SLOTS * 4
 // words), then the row pairs on them.
 template <int T>
 int gemv_xs(const uint8_t* w, const float* x, uint32_t* staged, float* y, int n_in, int n_out,
             long long row_bytes, int ks) {
-    typedef rx_x_lanes<T> XL;
-    for (int i = 0; i < XL::chunks(n_in) * 64; ++i)
-        rx_x_limb_run<T>(x, n_in, i >> 6, i & 31, (i >> 5) & 1, staged + 4 * (i >> 6) * XL::SLOTS);
+    stage_xs<T>(x, n_in, staged);
     return row_pairs(w, y, n_out, row_bytes, ks, [&](const uint8_t* const (&rp)[2], int lane, float (&acc)[2][1]) {
         rx_gemv_rows_limbs<T, 2>(rp, staged, n_in, lane, 32 * ks, acc);
     });
