@@ -78,6 +78,7 @@ CASES = {
     "3 groups of 4, bias": (12, 3, "softmax", True, 0.0, 0.1, (3, 2)),
     "4 groups of 3, bias": (12, 5, "sigmoid", False, 1.5, 0.2, (4, 2)),
     "softmax_weight, 4 groups": (12, 2, "softmax_weight", True, 0.0, None, (4, 1)),
+    "softmax_weight, not normalised": (12, 3, "softmax_weight", False, 0.0, None, (0, 0)),
     "sqrt_softplus, bias, one group": (37, 4, "sqrt_softplus", True, 1.5, 0.3, (1, 1)),
 }
 

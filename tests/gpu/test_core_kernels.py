@@ -655,6 +655,7 @@ def test_sample_distribution(cuda_ops, rng):
 @pytest.mark.parametrize("T,E,k", [(1, 8, 2), (7, 128, 8), (64, 60, 4), (3, 256, 8), (2, 512, 10)])
 @pytest.mark.parametrize("gating,norm,scale", [("softmax", True, 0.0), ("softmax", False, 2.5),
                                                 ("sigmoid", True, 1.0), ("softmax_weight", True, 0.0),
+                                                ("softmax_weight", False, 0.0),
                                                 ("sqrt_softplus", True, 1.5)])
 def test_moe_route(cuda_ops, ref_ops, T, E, k, gating, norm, scale, rng):
     x = (rng.standard_normal((T, E)) * 2).astype(np.float32)
