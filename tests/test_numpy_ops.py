@@ -522,6 +522,18 @@ def test_sampling_distribution(rng, temperature, top_k, top_p):
         np.flatnonzero(want)[0])
 
 
+def test_sampling_draw_intervals_are_half_open():
+    """Step 7's walk returns the first kept index whose running sum exceeds u * S: token i owns
+    [c_(i-1), c_i) of the draw, so a u on a boundary takes the next token, and a token of zero
+    probability (kept: no filter is on) is never drawn, not even at u = 0."""
+    row = np.zeros(4, np.float32)  # p = 1, 1, 1, 1 exactly: the sums are exact
+    assert [sampling.sample_reference(row, 1.0, 0, 1.0, u) for u in (0.0, 0.25, 0.5, 0.75)] == \
+        [0, 1, 2, 3]
+    row = np.array([-1e38, 0.0, 0.0], np.float32)  # token 0: exp(-1e38) = 0
+    assert sampling.sample_reference(row, 1.0, 0, 1.0, 0.0) == 1
+    assert sampling.sample_probs(row, 1.0, 0, 1.0)[0] == 0.0
+
+
 def test_sampling_top_k_keeps_ties():
     row = np.array([0.0, 2.0, 1.0, 1.0, 1.0, -1.0], np.float32)
     p = sampling.sample_probs(row, 1.0, 2, 1.0)

@@ -638,6 +638,15 @@ def test_sample_last_row_and_edges(cuda_ops, rng):
             assert cuda_ops.sample(dx, T, k, p, u) == sampling.sample_reference(x[2], T, k, p, u)
 
 
+def test_sample_draw_boundaries(cuda_ops):
+    """u on an exact boundary of the running sums takes the next token, and a kept token of zero
+    probability is never drawn (the reference's half-open intervals, test_numpy_ops)."""
+    flat = cuda_ops.from_numpy(np.zeros((1, 4), np.float32))
+    assert [cuda_ops.sample(flat, 1.0, 0, 1.0, u) for u in (0.0, 0.25, 0.5, 0.75)] == [0, 1, 2, 3]
+    zero_first = cuda_ops.from_numpy(np.array([[-1e38, 0.0, 0.0]], np.float32))
+    assert cuda_ops.sample(zero_first, 1.0, 0, 1.0, 0.0) == 1
+
+
 def test_sample_distribution(cuda_ops, rng):
     """Many draws on one small row follow sample_probs (kept set and weights)."""
     x = (rng.standard_normal(50) * 1.5).astype(np.float32)
