@@ -3,7 +3,7 @@
 llama.cpp ships no test vectors for ``pre = "deepseek-v3"``, so this test writes a vocab-only
 GGUF with that pre type over a real byte-level BPE vocabulary (the token list, types and
 merges of llama.cpp's ``ggml-vocab-deepseek-llm.gguf``, read from REFLEX_LLAMA_VOCAB_DIR, the
-folder scripts/test.sh fills, plus a few digit merges: see DIGIT_MERGES) and compares Reflex's encoding with llama.cpp's
+folder scripts/test.sh fills, plus a few digit and kana merges: see DIGIT_MERGES) and compares Reflex's encoding with llama.cpp's
 (llama-cpp-python's ``llama_tokenize`` on the same file loaded with ``vocab_only``) over a corpus
 aimed at the three deepseek-v3 regexes (spec 10.3): digit runs (1-7 digits, split in threes),
 CJK / hiragana / katakana runs, punctuation runs with and without a following ASCII word, mixed
@@ -34,6 +34,23 @@ BOS, EOS = 100000, 100001
 # and their tokens (ids 102400...) make the grouping visible: "1234567" is 123|456|7 under
 # \p{N}{1,3}, 123|4567 without the split, 1|234|567 if grouped from the right.
 DIGIT_MERGES = ("1 2", "12 3", "2 3", "23 4", "4 5", "45 6", "456 7", "5 6", "56 7")
+# Likewise a kanji with a katakana and with a hiragana character (appended merges of tokens the
+# vocabulary has): they join only where the CJK / kana regex keeps both in one piece.
+KANA_MERGES = (("京", "タ"), ("本", "の"))
+
+
+def _byte_level(text: str) -> str:
+    """``text``'s UTF-8 bytes as byte-level BPE token characters (GPT-2's byte-to-unicode)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    table, n = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + n)
+            n += 1
+    return "".join(table[b] for b in text.encode("utf-8"))
 
 CORPUS = [
     "",
@@ -51,7 +68,7 @@ CORPUS = [
     "Ⅻ ½ ٣٤٥ ๑๒๓",  # other \p{N}: roman numeral, fraction, Arabic-Indic and Thai digits
     "你好世界", "我们在2024年发布了新的模型。", "深度求索！",
     "こんにちは", " こんにちは", "abcカタカナ", "x ひらがな", " 東京 タワー", "Hello 你好 世界",
-    "カタカナとひらがな", "ｶﾀｶﾅ", "日本語のテキスト、東京タワー。",
+    "カタカナとひらがな", "ｶﾀｶﾅ", "日本語のテキスト、東京タワー。", "本の東京タワー", "京 タ 本 の",
     "한국어 텍스트", "Привет, мир!", "Γειά σου Κόσμε", "مرحبا بالعالم", "नमस्ते दुनिया",
     "...", "!!!???", "Hello!!! How are you???", "(a+b)*c", "--flag=value", "#include <stdio.h>",
     "foo.bar.baz", "'s 're 've 'll", "don't stop", ":)", "@user #tag $5 %d ^_^ ~x `code`",
@@ -98,12 +115,14 @@ def vocab_file(tmp_path_factory) -> Path:
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("deepseek-v3")
     tokens = list(src.get("tokenizer.ggml.tokens"))
-    extra = [m.replace(" ", "") for m in DIGIT_MERGES]
+    merges = list(DIGIT_MERGES) + [f"{_byte_level(a)} {_byte_level(b)}" for a, b in KANA_MERGES]
+    extra = [m.replace(" ", "") for m in merges]
     assert not set(extra) & set(tokens)
+    assert {_byte_level(c) for pair in KANA_MERGES for c in pair} <= set(tokens)
     w.add_token_list(tokens + extra)
     w.add_token_types([int(t) for t in src.get("tokenizer.ggml.token_type")]
                       + [int(gguf.TokenType.NORMAL)] * len(extra))
-    w.add_token_merges(list(src.get("tokenizer.ggml.merges")) + list(DIGIT_MERGES))
+    w.add_token_merges(list(src.get("tokenizer.ggml.merges")) + merges)
     w.add_bos_token_id(BOS)
     w.add_eos_token_id(EOS)
     w.add_pad_token_id(EOS)
@@ -167,13 +186,17 @@ def test_encodes_as_llama_cpp(vocab_file, mode, special):
 
 @pytest.mark.oracle
 def test_corpus_exercises_the_splits(vocab_file):
-    """The corpus reaches what distinguishes deepseek-v3: digits in threes, a BOS added with
-    add_special, and special tokens parsed only when asked."""
+    """The corpus reaches what distinguishes deepseek-v3: digits in threes, kanji and kana in one
+    piece, a BOS added with add_special, and special tokens parsed only when asked."""
     extra = [m.replace(" ", "") for m in DIGIT_MERGES]
     t123, t456 = (102400 + extra.index(t) for t in ("123", "456"))
     seven = _llama_tokenize(vocab_file, "7", False, False)
     assert len(seven) == 1
     assert _llama_tokenize(vocab_file, "1234567", False, False) == [t123, t456, seven[0]]
+    # a kanji joins the katakana and the hiragana after it (one CJK / kana piece), not across a space
+    kyo_ta, hon_no = (102400 + len(DIGIT_MERGES) + i for i in range(len(KANA_MERGES)))
+    assert _llama_tokenize(vocab_file, "本の京タ", False, False) == [hon_no, kyo_ta]
+    assert kyo_ta not in _llama_tokenize(vocab_file, "京 タ", False, False)
     assert _llama_tokenize(vocab_file, "Hi", True, False)[0] == BOS
     eos_text = "<\uff5cend\u2581of\u2581sentence\uff5c>"
     assert _llama_tokenize(vocab_file, eos_text, False, True) == [EOS]
