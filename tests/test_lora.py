@@ -146,6 +146,32 @@ def test_expert_tensors_merge_per_expert(moe, tmp_path):
         np.testing.assert_allclose(got[e], w[e] + 2.0 * (b[e] @ a[e]), rtol=0, atol=1e-6)
 
 
+def test_experts_read_before_the_merge_are_not_served_stale(moe, tmp_path):
+    """An expert tensor whose experts a forward pass already read one by one (the backend's
+    per-expert copies) gives the merged values after merge_lora."""
+    name = "blk.0.ffn_up_exps.weight"
+    (a, b), = random_pairs(moe, [name], 3, seed=4).values()
+    path = write_adapter(tmp_path / "a.gguf", "qwen3moe", {name: (a, b)}, alpha=3.0)
+    g = open_gguf(moe)
+    ops = NumpyOps()
+    ops.attach(g)
+    w = ops.weight(name)
+    n_in = w.ne[0]
+    x = np.random.default_rng(5).standard_normal((2, n_in)).astype(np.float32)
+    ids = np.array([[0, 3], [3, 5]], np.int32)
+    before = ops.moe_matmul(x, w, ids)
+    ops.merge_lora(open_adapters([(path, 1.0)], g))
+    after = ops.moe_matmul(x, w, ids)
+    merged = NumpyOps()
+    merged.attach(open_gguf(moe))
+    base = merged.dequantize(merged.weight(name))
+    for t in range(2):
+        for j, e in enumerate(ids[t]):
+            want = (base[e] + 1.0 * (b[e] @ a[e])) @ x[t]
+            np.testing.assert_allclose(after[t, j], want, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(after, before)
+
+
 def test_two_adapters_add_in_sequence(dense, tmp_path):
     name = "blk.0.attn_q.weight"
     p1 = random_pairs(dense, [name], 4, seed=5)
