@@ -209,6 +209,57 @@ def test_a_consistent_but_lying_header_is_refused(good_file, tmp_path):
     refused(tmp_path, "bookkeeping does not match its tokens", statefile.read, str(bad))
 
 
+def forged(src, dst, edit=None, extra_data=b"", halve=False):
+    """``src``'s state file written again to ``dst`` with its checksums recomputed: the header
+    through ``edit(header)``, each buffer's bytes cut to half with ``halve`` (a 2-byte dtype's
+    size), ``extra_data`` appended to the data section."""
+    blob = src.read_bytes()
+    magic, version, hlen, dlen = struct.unpack_from("<8sIIQ", blob)
+    base = struct.calcsize("<8sIIQ")
+    h = json.loads(blob[base:base + hlen])
+    data = blob[base + hlen:base + hlen + dlen]
+    if halve:
+        parts, off = [], 0
+        for entry in h["data"]:
+            parts.append(data[entry[1]:entry[1] + entry[2] // 2])
+            entry[1], entry[2] = off, entry[2] // 2
+            off += entry[2]
+        data = b"".join(parts)
+    if edit:
+        edit(h)
+    data += extra_data
+    head = json.dumps(h).encode()
+    pieces = [struct.pack("<8sIIQ", magic, version, len(head), len(data)), head, data]
+    crcs = statefile._chunk_crcs(pieces)
+    dst.write_bytes(b"".join(pieces) + struct.pack(f"<{len(crcs)}I", *crcs))
+    return dst
+
+
+def test_forged_headers_are_refused(good_file, tmp_path):
+    """Headers that pass the checksum (recomputed) but not the checks: the bookkeeping of more
+    than the one sequence, data bytes no buffer holds, another state dtype than the backend's,
+    a token id at the vocabulary's size."""
+    lm, f = good_file
+    assert statefile.read(str(forged(f, tmp_path / "same.rxs"))).tokens == \
+        statefile.read(str(f)).tokens  # the forger itself changes nothing
+
+    def seqs(h):
+        h["seqs"] = [h["seqs"][0][:3] + [h["seqs"][0][3] - 1]]
+    refused(tmp_path, "bookkeeping does not match", statefile.read,
+            str(forged(f, tmp_path / "seqs.rxs", seqs)))
+    refused(tmp_path, "data bytes, the buffers need", statefile.read,
+            str(forged(f, tmp_path / "extra.rxs", extra_data=bytes(64))))
+    saved = statefile.read(str(forged(f, tmp_path / "f16.rxs", lambda h: h.update(dtype="f16"),
+                                      halve=True)))
+    refused(tmp_path, "holds f16 state; the cpu backend keeps f32", statefile.check_model,
+            saved, lm)
+
+    def vocab_id(h):
+        h["tokens"][-1] = lm.model.n_vocab
+    saved = statefile.read(str(forged(f, tmp_path / "vocab.rxs", vocab_id)))
+    refused(tmp_path, "outside this model's vocabulary", statefile.check_model, saved, lm)
+
+
 def test_prefix_longer_than_the_context_is_refused(model_files, tmp_path):
     path = model_files(ModelShape(n_vocab=200, context_length=12), seed=1)
     lm = engine.load(str(path), "cpu")[0]
