@@ -104,6 +104,7 @@ def test_truncations(tmp_path, base):
         last_end = max(t.offset + t.nbytes for t in g.tensors.values())
     lengths = list(range(1, data_offset + 1))  # every byte of the header region
     lengths += list(range(data_offset + 1, last_end, 7))  # a sample into the data
+    lengths.append(last_end - 1)  # one byte short of the last tensor's end
     path = tmp_path / "trunc.gguf"
     for n in lengths:
         path.write_bytes(base[:n])
