@@ -182,6 +182,11 @@ def _tokens_span_at(t: dict) -> int:
     return 6 + 20 + 4 + len(t["tb"]) + sum(9 + len(x.encode()) for _, x, _ in t["added"])
 
 
+def _short_region(path, rec) -> tuple[int, int]:
+    n = rec.region[0] - 8
+    return n, zlib.crc32(Path(path).read_bytes()[:n])
+
+
 def _hints(rec, fn):
     """A parse record whose string-array blocks went through ``fn([(cnt, end, fast)])``."""
     raw = bytes(rec.gguf)
@@ -230,6 +235,8 @@ DAMAGE = {
     "region crc": lambda p, raw: forge(p, region=(gguf_index.decode(raw).region[0],
                                                   gguf_index.decode(raw).region[1] ^ 1)),
     "region past the end": lambda p, raw: forge(p, region=(1 << 62, 0)),
+    # the CRC of the bytes it names is right, but they end before the tensor directory does
+    "region short": lambda p, raw: forge(p, region=_short_region(p, gguf_index.decode(raw))),
     "path length huge": lambda p, raw: forge(p, body=lambda d: _u32_at(d, 60)),
     "sections past the end": lambda p, raw: forge(p, body=lambda d: _u32_at(d, 64)),
     "hint count huge": lambda p, raw: forge(p, gguf=struct.pack("<I", 0xFFFFFFFF)
@@ -426,6 +433,21 @@ def test_vocab_table_lookups_are_bounded_whatever_the_table_holds():
     assert (vt.get(b"ab"), vt.get(b"cd"), vt.get(b"ef")) == (0, 1, None)
     with pytest.raises(ValueError):
         tables.VocabTable(bytes(good), 15, tables.MAX_PROBE + 1, raw, 2)
+
+
+def test_decode_takes_exactly_one_record(index_cache, qwen_tok_file, tmp_path):
+    """A record with a byte more or less than its counts say is refused, its CRC made right:
+    with and without tokenizer tables (whose section runs to the end)."""
+    p = tmp_path / "m.gguf"
+    shutil.copy(qwen_tok_file, p)
+    indexed(p)
+    rec = gguf_index.decode(Path(gguf_index.index_file(str(p))).read_bytes())
+    for r in (rec, rec._replace(tok=None)):
+        data = gguf_index.encode(r)
+        assert gguf_index.decode(data) is not None
+        for bad in (data + b"\0", data[:-1]):
+            bad = bad[:12] + struct.pack("<I", zlib.crc32(bad[16:])) + bad[16:]
+            assert gguf_index.decode(bad) is None
 
 
 def test_truncated_or_damaged_sections_never_raise(index_cache, qwen_tok_file, tmp_path):
