@@ -110,6 +110,16 @@ def test_probabilities_entropy_and_normalize(model_files):
     np.testing.assert_allclose([c.probability for c in n.candidates], q, rtol=1e-12)
 
 
+def test_equal_candidates_rank_the_first(model_files):
+    """Candidates of the same tokens score alike; the best is the first of them."""
+    path = model_files(SHAPES["qwen3"], weight_type="F32", seed=21)
+    model = oracle.load_model(path)
+    prompt = oracle.random_tokens(200, 6, seed=1)
+    r = system1.evaluate(model, model.ops, prompt, ["a", "b", "c"], [[7, 9], [7, 9], [7, 9]])
+    assert len({c.score for c in r.candidates}) == 1
+    assert r.best_idx == 0
+
+
 def test_errors(model_files):
     class Tok:
         def encode(self, text, add_special=True):
