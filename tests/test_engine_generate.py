@@ -1,0 +1,94 @@
+"""engine.generate's loop on the CPU backend: a prompt fed in chunks (``on_prefill``) gives what
+one batch gives, at every chunk boundary; generation ends at an end-of-generation token; stop
+strings cut before the first of two that complete in one token, and before one that begins two
+characters before the token that completes it; a stream never hands out the beginning of a stop
+string that then completes."""
+
+from __future__ import annotations
+
+import pytest
+
+from reflex_core import engine
+from reflex_core.sampling import SamplingParams
+from reflex_core.testing.modelwriter import ModelShape
+
+SHAPE = ModelShape(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, head_dim=32, n_ff=96,
+                   context_length=1024)
+GREEDY = SamplingParams(0.0, 0, 1.0, None)
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def lm(model_files):
+    path = model_files(SHAPE, weight_type="Q8_0", tokenizer="qwen3", seed=4)
+    loaded = engine.load(str(path), "cpu")[0]
+    yield loaded
+    loaded.close()
+
+
+@pytest.mark.parametrize("n_prompt", [engine.PREFILL_CHUNK - 1, engine.PREFILL_CHUNK,
+                                      engine.PREFILL_CHUNK + 1, 2 * engine.PREFILL_CHUNK])
+def test_chunked_prefill_equals_one_batch(lm, n_prompt):
+    ids = [(7 * i + 3) % 500 + 10 for i in range(n_prompt)]
+    whole = engine.generate(lm, ids, 4, GREEDY)
+    calls = []
+    chunked = engine.generate(lm, ids, 4, GREEDY, on_prefill=lambda d, t: calls.append((d, t)))
+    assert chunked.token_ids == whole.token_ids
+    # progress after each chunk but the last (which the prefill's logits come from)
+    n_chunks = -(-n_prompt // engine.PREFILL_CHUNK)
+    assert calls == [(engine.PREFILL_CHUNK * (i + 1), n_prompt) for i in range(n_chunks - 1)]
+
+
+def test_generation_ends_at_an_end_of_generation_token(lm, monkeypatch):
+    ids = lm.tokenizer.encode(PROMPT)
+    whole = engine.generate(lm, ids, 8, GREEDY)
+    assert whole.stop_reason == "length" and len(whole.token_ids) == 8
+    eog = whole.token_ids[3]
+    first = whole.token_ids.index(eog)  # an earlier copy of it ends the run there
+    monkeypatch.setattr(lm.tokenizer, "eog_ids", frozenset({eog}))
+    res = engine.generate(lm, ids, 8, GREEDY)
+    assert res.stop_reason == "eog"
+    assert res.token_ids == whole.token_ids[:first + 1]  # the end token is the last one kept
+
+
+def _pieces(lm, n):
+    """The greedy text of PROMPT token by token (each a whole character here)."""
+    ids = lm.tokenizer.encode(PROMPT)
+    whole = engine.generate(lm, ids, n, GREEDY)
+    pieces = [lm.tokenizer.decode([t]) for t in whole.token_ids]
+    assert "".join(pieces) == whole.text
+    return ids, whole, pieces
+
+
+def _stream(lm, ids, n, stop):
+    gen = engine.generate_steps(lm, ids, n, GREEDY, stream=True, stop=stop)
+    out = []
+    try:
+        while True:
+            out.append(next(gen))
+    except StopIteration as e:
+        return out, e.value
+
+
+def test_stop_strings_cut_at_the_earliest_and_span_tokens(lm):
+    ids, whole, pieces = _pieces(lm, 16)
+    # a token of 2+ characters followed by another: the stop takes its last two characters
+    # and the next token's first, so it begins two characters before the token that ends it
+    k = next(i for i in range(1, len(pieces) - 1) if len(pieces[i]) >= 2 and pieces[i + 1])
+    stop = pieces[k][-2:] + pieces[k + 1][:1]
+    cut = whole.text.find(stop)
+    assert cut >= 0
+    res = engine.generate(lm, ids, 16, GREEDY, stop=[stop])
+    assert res.stop_reason == "stop" and res.text == whole.text[:cut]
+    streamed, result = _stream(lm, ids, 16, [stop])
+    assert "".join(streamed) == whole.text[:cut] and result.text == whole.text[:cut]
+    # two stop strings that complete in the same token: the text ends before the one that
+    # begins first, whichever is listed first
+    starts = [sum(map(len, pieces[:i])) for i in range(len(pieces))]
+    k = next(i for i in range(len(pieces)) if len(pieces[i]) >= 3
+             and whole.text.find(pieces[i][:2]) == starts[i]
+             and whole.text.find(pieces[i][1:3]) == starts[i] + 1)
+    first, second = pieces[k][:2], pieces[k][1:3]
+    for stops in ([first, second], [second, first]):
+        res = engine.generate(lm, ids, 16, GREEDY, stop=stops)
+        assert res.text == whole.text[:starts[k]], stops
