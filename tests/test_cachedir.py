@@ -90,7 +90,11 @@ def test_symlinks_in_our_own_cache_are_replaced_not_followed(xdg, tmp_path):
     assert not target.is_symlink() and target.read_bytes() == b"new"
 
 
-@pytest.mark.parametrize("how", ["symlink", "file", "group-writable", "other-user"])
+WHY = {"symlink": "it is a symbolic link", "file": "it is not a directory",
+       "group-writable": "other users can write to it", "other-user": "it is owned by uid 12345"}
+
+
+@pytest.mark.parametrize("how", sorted(WHY))
 def test_an_unsafe_cache_dir_is_refused_with_one_notice(xdg, tmp_path, capsys, how):
     root = xdg / "reflex"
     xdg.mkdir()
@@ -116,6 +120,7 @@ def test_an_unsafe_cache_dir_is_refused_with_one_notice(xdg, tmp_path, capsys, h
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing written anywhere
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("notice: not using the cache directory"), err
+    assert WHY[how] in err, err
 
 
 @needs_root
@@ -197,3 +202,16 @@ def test_reflex_with_a_cache_owned_by_another_user_runs_uncached_with_one_notice
     assert p.stderr.startswith(f"notice: not using the cache directory {root}: it is owned by "
                                f"uid {OTHER_UID}"), p.stderr
     assert os.listdir(root) == []
+
+
+def test_nothing_outside_the_cache_root_is_written_or_read(xdg):
+    """A path beside the root that shares its name's beginning (reflex-other next to reflex) or
+    leaves it through "..": refused."""
+    assert cachedir.cache_dir() is not None
+    beside = xdg / "reflex-other" / "f"
+    beside.parent.mkdir(mode=0o700)
+    assert not cachedir.write_atomic(str(beside), b"x") and not beside.exists()
+    up = xdg / "reflex" / ".." / "g"
+    assert not cachedir.write_atomic(str(up), b"x") and not (xdg / "g").exists()
+    (xdg / "h").write_bytes(b"outside")
+    assert cachedir.read_file(str(xdg / "reflex" / ".." / "h"), 100) is None
