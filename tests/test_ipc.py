@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from reflex_core import ipc
+from reflex_core.errors import ReflexError
 from reflex_core.testing.modelwriter import ModelShape
 
 from test_cli import one_line_error, reflex
@@ -312,6 +313,15 @@ def test_uds_refuses_a_path_that_is_not_a_socket(tiny, tmp_path):
     long_path = str(tmp_path / ("x" * 120))
     assert "at most 107 bytes" in one_line_error(reflex("uds", tiny, long_path, "--backend",
                                                         "cpu"))
+
+
+def test_socket_path_length_bound(tmp_path):
+    """sun_path holds 108 bytes with its NUL: a path of 107 bytes is taken, of 108 refused."""
+    base = str(tmp_path) + "/"
+    assert len(base) < 100
+    ipc.check_socket_path(base + "s" * (107 - len(base)))  # free: nothing there
+    with pytest.raises(ReflexError, match="at most 107 bytes"):
+        ipc.check_socket_path(base + "s" * (108 - len(base)))
 
 
 def test_the_example_client_works_in_both_modes(tiny, tmp_path):
