@@ -194,6 +194,9 @@ def test_render_chat_from_a_qwen3_file(qwen_tok_file):
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
         assert chat.render_chat(g, "Hi", add_generation_prompt=False) == (
             "<|im_start|>user\nHi<|im_end|>\n")
+        # an empty system prompt is a system message still (as transformers renders it)
+        assert chat.render_chat(g, "Hi", system="", add_generation_prompt=False) == (
+            "<|im_start|>system\n<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n")
 
 
 def test_file_without_a_template(fake_gguf):
