@@ -505,6 +505,36 @@ def test_an_entry_points_txt_edited_in_place_is_noticed(ep_cache, tmp_path, monk
     assert ("fakearch", "fake_mod.v2") in pairs(registry.discover_entry_points())
 
 
+def test_a_reflex_entry_added_in_place_to_another_distribution_is_noticed(ep_cache, tmp_path,
+                                                                         monkeypatch):
+    """A distribution with no reflex entry point, whose entry_points.txt gains one in place: the
+    cache (which lists no entry of that folder to re-read) is stale by the file's stamp."""
+    site = tmp_path / "site"
+    info = site / "other_dist-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: other-dist\nVersion: 1.0\n")
+    ept = info / "entry_points.txt"
+    ept.write_text("[console_scripts]\nother = other_mod:main\n")
+    monkeypatch.syspath_prepend(str(site))
+    assert not any(e.name == "addedarch" for e in registry.discover_entry_points())
+    registry.discover_entry_points()  # cached
+    folders = [(p, os.stat(p)) for p in (site, info)]
+    with open(ept, "a") as f:
+        f.write("[reflex]\naddedarch = added_mod\n")
+    for p, st in folders:
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    st = os.stat(ept)
+    os.utime(ept, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert ("addedarch", "added_mod") in pairs(registry.discover_entry_points())
+
+
+def test_a_cache_written_by_another_interpreter_is_not_used(ep_cache, scans, monkeypatch):
+    first = registry.discover_entry_points()
+    assert registry.discover_entry_points() == first and len(scans) == 1  # a hit
+    monkeypatch.setattr(sys, "executable", sys.executable + "-other")
+    assert registry.discover_entry_points() == first and len(scans) == 2  # rescanned
+
+
 def test_qwen35_plugin_alone_serves_qwen35_files_and_nothing_else(tmp_path):
     """With only reflex-infer-qwen35-hybrid loaded (as if installed alone): a qwen35 file loads,
     importing that plugin only; a qwen3 file is a one-line error naming what to install."""
