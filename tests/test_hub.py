@@ -185,6 +185,31 @@ def test_choose_file_rules():
         hub.choose_file(["a-F16.gguf", "a-BF16.gguf"], "r")
     with pytest.raises(ReflexError, match="no .gguf"):
         hub.choose_file(["README.md"], "r")
+    # Q8_0 before Q4_K_M; among several hits the shortest name (the plain quantization, not a
+    # variant of it); the parts of a split file are never picked
+    files = ["m-Q4_K_M.gguf", "m-Q8_0-imatrix-v2.gguf", "m-Q8_0.gguf", "x-Q8_0-00001-of-00002.gguf"]
+    pick, notice = hub.choose_file(files, "r")
+    assert pick == "m-Q8_0.gguf" and "using m-Q8_0.gguf" in notice
+    assert hub.choose_file(["b-Q8_0-00001-of-00002.gguf", "b-Q8_0-00002-of-00002.gguf",
+                            "b-Q4_K_M.gguf"], "r")[0] == "b-Q4_K_M.gguf"
+
+
+def test_parse_spec():
+    assert hub.parse_spec("Org/Name") == ("Org/Name", None)
+    assert hub.parse_spec(" org/name.v2 : m-Q8_0.GGUF ") == ("org/name.v2", "m-Q8_0.GGUF")
+    for bad in ("name", "a/b/c", "a b/c", "/name", "org/"):
+        with pytest.raises(ReflexError, match="ORG/NAME"):
+            hub.parse_spec(bad)
+    with pytest.raises(ReflexError, match="is not a .gguf file"):
+        hub.parse_spec("org/name:model.bin")
+
+
+@pytest.mark.parametrize("value,offline", [("1", True), ("true", True), (" YES ", True),
+                                           ("on", True), ("0", False), ("", False),
+                                           ("off", False)])
+def test_offline_switch_values(monkeypatch, value, offline):
+    monkeypatch.setenv("HF_HUB_OFFLINE", value)
+    assert hub._offline() is offline
 
 
 def test_local_path_does_not_import_huggingface_hub(model):
