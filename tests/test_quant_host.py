@@ -416,22 +416,6 @@ def _special_runs(rng, x):
     return out
 
 
-def _runs_of_every_kind(rng, n):
-    """n floats (n % 16 == 0) in runs of 16 of every kind: normal, wide-ranging, tiny, huge,
-    subnormal, all zero, NaN, inf, rint's ties, the largest value at a power of two."""
-    kinds = [lambda: rng.standard_normal(16),
-             lambda: rng.standard_normal(16) * np.exp2(rng.integers(-30, 30, 16)),
-             lambda: rng.standard_normal(16) * 1e-30,
-             lambda: rng.standard_normal(16) * 1e30,
-             lambda: np.full(16, 1e-44) * rng.integers(-3, 4, 16),
-             lambda: np.zeros(16),
-             lambda: np.r_[np.nan, rng.standard_normal(15)],
-             lambda: np.r_[rng.standard_normal(15), -np.inf],
-             lambda: np.r_[1.0, (np.arange(15) + 0.5) * 2.0 ** -21],
-             lambda: np.r_[4.0, -4.0, rng.uniform(-4, 4, 14)]]
-    return np.concatenate([kinds[i % len(kinds)]() for i in range(n // 16)]).astype(np.float32)
-
-
 @pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
 def test_staged_limbs_match_the_twin(lib, name):
     """rx_x_limb_run (the K-quants' staged x) against the x limbs' NumPy rule
@@ -439,12 +423,12 @@ def test_staged_limbs_match_the_twin(lib, name):
     whole and partial chunks holds bytes 0-2 of its run's integers, the run's first slot its
     scale, its second the sum of its integers; runs past the row are zeros."""
     from reflex_core.cuda.quant_ops import x_staged_bytes
-    from reflex_core.testing.x_limbs import scaled_ints
+    from reflex_core.testing.x_limbs import inputs_of_every_kind, scaled_ints
 
     t = TYPES[name]
     rng = np.random.default_rng(1650 + t)
     for n_in in (256, 2304, 4096):
-        x = _runs_of_every_kind(rng, n_in)
+        x = inputs_of_every_kind(rng, n_in, 16)
         staged = np.full(x_staged_bytes(t, n_in) // 4, 0xDEADBEEF, np.uint32)
         assert lib.rx_host_stage_xs(t, _ptr(x), n_in, _ptr(staged)) == 0
         slots = staged.reshape(-1, 256, 4)  # [chunk][slot][word]

@@ -85,3 +85,20 @@ def x_from_limbs(words, n: int) -> np.ndarray:
     X = hi * 65536 + b[:, 1].astype(np.int64) * 256 + b[:, 0].astype(np.int64)
     s = w[:, 3].copy().view(np.float32).astype(np.float64)
     return (X * s[:, None]).reshape(-1)
+
+
+def inputs_of_every_kind(rng, n: int, size: int) -> np.ndarray:
+    """float32 [n] (n % size == 0) in runs of ``size`` of every kind the limbs' rule meets (tests
+    of the twin's kernels): normal, wide-ranging, tiny, huge, subnormal, all zero, a NaN, an inf,
+    rint's ties, the largest value at a power of two."""
+    kinds = [lambda: rng.standard_normal(size),
+             lambda: rng.standard_normal(size) * np.exp2(rng.integers(-30, 30, size)),
+             lambda: rng.standard_normal(size) * 1e-30,
+             lambda: rng.standard_normal(size) * 1e30,
+             lambda: np.full(size, 1e-44) * rng.integers(-3, 4, size),
+             lambda: np.zeros(size),
+             lambda: np.r_[np.nan, rng.standard_normal(size - 1)],
+             lambda: np.r_[rng.standard_normal(size - 1), -np.inf],
+             lambda: np.r_[1.0, (np.arange(size - 1) + 0.5) * 2.0 ** -21],
+             lambda: np.r_[4.0, -4.0, rng.uniform(-4, 4, size - 2)]]
+    return np.concatenate([kinds[i % len(kinds)]() for i in range(n // size)]).astype(np.float32)

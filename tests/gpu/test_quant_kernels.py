@@ -726,30 +726,15 @@ def test_matmul_multi_and_swiglu(qk, name):
 # the one-token GEMV on x limbs (quant_ops.XQ_TYPES)
 
 
-def _limbs_inputs(rng, n):
-    """n floats (n % 32 == 0) in blocks of every kind: normal, wide-ranging, tiny, huge,
-    subnormal, all zero, NaN, inf, ties of rint."""
-    kinds = [lambda: rng.standard_normal(32),
-             lambda: rng.standard_normal(32) * np.exp2(rng.integers(-30, 30, 32)),
-             lambda: rng.standard_normal(32) * 1e-30,
-             lambda: rng.standard_normal(32) * 1e30,
-             lambda: np.full(32, 1e-44) * rng.integers(-3, 4, 32),
-             lambda: np.zeros(32),
-             lambda: np.r_[np.nan, rng.standard_normal(31)],
-             lambda: np.r_[rng.standard_normal(31), -np.inf],
-             lambda: np.r_[1.0, (np.arange(31) + 0.5) * 2.0 ** -21]]
-    return np.concatenate([kinds[i % len(kinds)]() for i in range(n // 32)]).astype(np.float32)
-
-
 def test_x_limbs_kernel(cuda_ctx):
     """reflex_x_limbs == its NumPy twin bit for bit (every slot a group fills), one row, partial
     chunks, many rows back to back."""
-    from reflex_core.testing.x_limbs import slot, x_limbs
+    from reflex_core.testing.x_limbs import inputs_of_every_kind, slot, x_limbs
 
     core = cuda_ctx.kernels("core")
     rng = np.random.default_rng(1200)
     for n in (32, 96, 288, 4096, 12288 * 3):
-        x = _limbs_inputs(rng, n)
+        x = inputs_of_every_kind(rng, n, 32)
         _, xp = upload(cuda_ctx, x)
         out = cuda_ctx.alloc(quant_ops.x_limbs_bytes(n))
         quant_ops.x_limbs(core, xp, out, n)
