@@ -485,23 +485,38 @@ def test_a_cached_entry_must_be_declared_by_its_installed_distribution(ep_cache,
         assert len(scans) == n + 1, (i, value)  # not served from the crafted cache
 
 
-def test_an_entry_points_txt_edited_in_place_is_noticed(ep_cache, tmp_path, monkeypatch):
+def fake_dist(tmp_path, monkeypatch, name: str, entry_points: str):
+    """A distribution ``name`` 1.0 on sys.path (a site folder of its own) with this
+    entry_points.txt; returns the file."""
     site = tmp_path / "site"
-    info = site / "fake_dist-1.0.dist-info"
+    info = site / f"{name}-1.0.dist-info"
     info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-dist\nVersion: 1.0\n")
+    dist = name.replace("_", "-")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
     ept = info / "entry_points.txt"
-    ept.write_text("[reflex]\nfakearch = fake_mod\n")
+    ept.write_text(entry_points)
     monkeypatch.syspath_prepend(str(site))
-    assert ("fakearch", "fake_mod") in pairs(registry.discover_entry_points())
-    assert ("fakearch", "fake_mod") in pairs(registry.discover_entry_points())  # cached
-    folders = [(p, os.stat(p)) for p in (site, info)]
-    with open(ept, "r+") as f:  # in place: same inode, no folder changes
-        f.write("[reflex]\nfakearch = fake_mod.v2\n")
-    for p, st in folders:  # (not needed on Linux; makes "in place" explicit)
+    return ept
+
+
+def edit_in_place(ept, mode: str, text: str) -> None:
+    """Write ``text`` into ``ept`` (open mode "r+" or "a") in place: same inode, the folders'
+    mtimes kept (not needed on Linux; makes "in place" explicit), the file's moved past a coarse
+    clock's tick."""
+    folders = [(p, os.stat(p)) for p in (ept.parent.parent, ept.parent)]
+    with open(ept, mode) as f:
+        f.write(text)
+    for p, st in folders:
         os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
     st = os.stat(ept)
-    os.utime(ept, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # past a coarse clock's tick
+    os.utime(ept, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+
+
+def test_an_entry_points_txt_edited_in_place_is_noticed(ep_cache, tmp_path, monkeypatch):
+    ept = fake_dist(tmp_path, monkeypatch, "fake_dist", "[reflex]\nfakearch = fake_mod\n")
+    assert ("fakearch", "fake_mod") in pairs(registry.discover_entry_points())
+    assert ("fakearch", "fake_mod") in pairs(registry.discover_entry_points())  # cached
+    edit_in_place(ept, "r+", "[reflex]\nfakearch = fake_mod.v2\n")
     assert ("fakearch", "fake_mod.v2") in pairs(registry.discover_entry_points())
 
 
@@ -509,22 +524,11 @@ def test_a_reflex_entry_added_in_place_to_another_distribution_is_noticed(ep_cac
                                                                          monkeypatch):
     """A distribution with no reflex entry point, whose entry_points.txt gains one in place: the
     cache (which lists no entry of that folder to re-read) is stale by the file's stamp."""
-    site = tmp_path / "site"
-    info = site / "other_dist-1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: other-dist\nVersion: 1.0\n")
-    ept = info / "entry_points.txt"
-    ept.write_text("[console_scripts]\nother = other_mod:main\n")
-    monkeypatch.syspath_prepend(str(site))
+    ept = fake_dist(tmp_path, monkeypatch, "other_dist",
+                    "[console_scripts]\nother = other_mod:main\n")
     assert not any(e.name == "addedarch" for e in registry.discover_entry_points())
     registry.discover_entry_points()  # cached
-    folders = [(p, os.stat(p)) for p in (site, info)]
-    with open(ept, "a") as f:
-        f.write("[reflex]\naddedarch = added_mod\n")
-    for p, st in folders:
-        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
-    st = os.stat(ept)
-    os.utime(ept, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    edit_in_place(ept, "a", "[reflex]\naddedarch = added_mod\n")
     assert ("addedarch", "added_mod") in pairs(registry.discover_entry_points())
 
 
