@@ -168,9 +168,13 @@ def forge(path, tok=None, tok_raw=None, body=None, **fields) -> None:
         fields["tok"] = tok_raw(bytes(rec.tok))
     data = gguf_index.encode(rec._replace(**fields))
     if body is not None:
-        data = body(data)
-        data = data[:12] + struct.pack("<I", zlib.crc32(data[16:])) + data[16:]
+        data = with_crc(body(data))
     f.write_bytes(data)
+
+
+def with_crc(data: bytes) -> bytes:
+    """An encoded index with its header's CRC made right for its body."""
+    return data[:12] + struct.pack("<I", zlib.crc32(data[16:])) + data[16:]
 
 
 def _u32_at(b: bytes, pos: int, v: int = 0xFFFFFFFF) -> bytes:
@@ -446,8 +450,7 @@ def test_decode_takes_exactly_one_record(index_cache, qwen_tok_file, tmp_path):
         data = gguf_index.encode(r)
         assert gguf_index.decode(data) is not None
         for bad in (data + b"\0", data[:-1]):
-            bad = bad[:12] + struct.pack("<I", zlib.crc32(bad[16:])) + bad[16:]
-            assert gguf_index.decode(bad) is None
+            assert gguf_index.decode(with_crc(bad)) is None
 
 
 def test_truncated_or_damaged_sections_never_raise(index_cache, qwen_tok_file, tmp_path):

@@ -214,8 +214,8 @@ def forged(src, dst, edit=None, extra_data=b"", halve=False):
     through ``edit(header)``, each buffer's bytes cut to half with ``halve`` (a 2-byte dtype's
     size), ``extra_data`` appended to the data section."""
     blob = src.read_bytes()
-    magic, version, hlen, dlen = struct.unpack_from("<8sIIQ", blob)
-    base = struct.calcsize("<8sIIQ")
+    magic, version, hlen, dlen = statefile._PREFIX.unpack_from(blob)
+    base = statefile._PREFIX.size
     h = json.loads(blob[base:base + hlen])
     data = blob[base + hlen:base + hlen + dlen]
     if halve:
@@ -229,7 +229,7 @@ def forged(src, dst, edit=None, extra_data=b"", halve=False):
         edit(h)
     data += extra_data
     head = json.dumps(h).encode()
-    pieces = [struct.pack("<8sIIQ", magic, version, len(head), len(data)), head, data]
+    pieces = [statefile._PREFIX.pack(magic, version, len(head), len(data)), head, data]
     crcs = statefile._chunk_crcs(pieces)
     dst.write_bytes(b"".join(pieces) + struct.pack(f"<{len(crcs)}I", *crcs))
     return dst
