@@ -97,15 +97,14 @@ def _source() -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def vocab_file(tmp_path_factory) -> Path:
-    """A vocab-only GGUF: the deepseek-llm vocabulary and hyper-parameters under pre =
-    deepseek-v3 (the pre-tokenizer does not depend on the architecture; llama.cpp's own vocab
-    files are ``llama`` files without tensors)."""
+def write_derived_vocab(path: Path, pre: str, merges: list[str]) -> Path:
+    """A vocab-only GGUF at ``path``: the deepseek-llm vocabulary and hyper-parameters under
+    ``pre``, with ``merges`` (byte-level "left right" strings) and their tokens appended (the
+    pre-tokenizer does not depend on the architecture; llama.cpp's own vocab files are
+    ``llama`` files without tensors)."""
     src = open_gguf(str(_source()))
-    path = tmp_path_factory.mktemp("vocab") / "ggml-vocab-deepseek-v3.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("deepseek-v3 pre-tokenizer over the deepseek-llm vocabulary")
+    w.add_name(f"{pre} pre-tokenizer over the deepseek-llm vocabulary")
     w.add_block_count(src.get("llama.block_count"))
     w.add_context_length(src.get("llama.context_length"))
     w.add_embedding_length(src.get("llama.embedding_length"))
@@ -113,12 +112,11 @@ def vocab_file(tmp_path_factory) -> Path:
     w.add_head_count(src.get("llama.attention.head_count"))
     w.add_layer_norm_rms_eps(src.get("llama.attention.layer_norm_rms_epsilon"))
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("deepseek-v3")
+    w.add_tokenizer_pre(pre)
     tokens = list(src.get("tokenizer.ggml.tokens"))
-    merges = list(DIGIT_MERGES) + [f"{_byte_level(a)} {_byte_level(b)}" for a, b in KANA_MERGES]
     extra = [m.replace(" ", "") for m in merges]
     assert not set(extra) & set(tokens)
-    assert {_byte_level(c) for pair in KANA_MERGES for c in pair} <= set(tokens)
+    assert {part for m in merges for part in m.split(" ")} <= set(tokens) | set(extra)
     w.add_token_list(tokens + extra)
     w.add_token_types([int(t) for t in src.get("tokenizer.ggml.token_type")]
                       + [int(gguf.TokenType.NORMAL)] * len(extra))
@@ -133,6 +131,14 @@ def vocab_file(tmp_path_factory) -> Path:
     w.write_ti_data_to_file()
     w.close()
     return path
+
+
+@pytest.fixture(scope="module")
+def vocab_file(tmp_path_factory) -> Path:
+    """The deepseek-llm vocabulary under pre = deepseek-v3, with the digit and kana merges."""
+    merges = list(DIGIT_MERGES) + [f"{_byte_level(a)} {_byte_level(b)}" for a, b in KANA_MERGES]
+    return write_derived_vocab(tmp_path_factory.mktemp("vocab") / "ggml-vocab-deepseek-v3.gguf",
+                               "deepseek-v3", merges)
 
 
 @functools.lru_cache(maxsize=None)

@@ -42,6 +42,11 @@ _DEEPSEEK_V3_RES = (
     r"[!" + '"' + r"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
     r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
 )
+# Regexes 3 and 5 differ from the spec's text (llama-vocab.cpp's) in one way: llama.cpp runs the
+# regexes without a \p{..} class through std::wregex with every non-ASCII whitespace character
+# replaced by a vertical tab, so U+3000 and the other Unicode spaces match \s there and never a
+# literal class. Here they are left out of those classes (U+3000 from regex 3's \u3000-\u3002,
+# llama.cpp's whitespace set from regex 5's \u0800-\u4E00), which gives llama.cpp's pieces.
 _DEEPSEEK_LLM_RES = (
     r"[\r\n]",
     r"\s?[A-Za-z\u00B5\u00C0-\u00D6\u00D8-\u00F6\u00F8-\u01BA\u01BC-\u01BF\u01C4-\u0293\u0295-\u02AF"
@@ -56,9 +61,10 @@ _DEEPSEEK_LLM_RES = (
     r"\uFB13-\uFB17\uFF21-\uFF3A\uFF41-\uFF5A\U00010400-\U0001044F\U000104B0-\U000104D3"
     r"\U000104D8-\U000104FB\U00010C80-\U00010CB2\U00010CC0-\U00010CF2\U000118A0-\U000118DF"
     r"\U0001E900-\U0001E943]+",
-    r"\s?[!-/:-~\uFF01-\uFF0F\uFF1A-\uFF5E\u2018-\u201F\u3000-\u3002]+",
+    r"\s?[!-/:-~\uFF01-\uFF0F\uFF1A-\uFF5E\u2018-\u201F\u3001-\u3002]+",
     r"\s+$",
-    r"[\u4E00-\u9FA5\u0800-\u4E00\uAC00-\uD7FF]+",
+    r"[\u4E00-\u9FA5\u0800-\u167F\u1681-\u1FFF\u200B-\u2027\u202A-\u202E\u2030-\u205E"
+    r"\u2060-\u2FFF\u3001-\u4E00\uAC00-\uD7FF]+",
     r"\p{N}+",
 )
 
