@@ -197,9 +197,9 @@ def run_check(path: str, prompt: str | None = None, n_decode: int = 4,
     res.dequant = check_dequant(g, gpu_ops)
     phase("dequant_check")
     if lora:
-        from .lora import close_all, open_adapters
+        from .lora import applied, close_all, open_adapters
 
-        adapters = open_adapters(lora, g)
+        adapters, _ = applied(open_adapters(lora, g), cls.lora_applies)
         try:  # the reference first: with the GPU dequantizer it reads the unmerged GPU weights
             ref_ops.merge_lora(adapters)
             gpu_ops.merge_lora(adapters)

@@ -194,6 +194,9 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
 
         spec = get_host().resolve(arch)
         model_cls = spec.load_model_class()
+    lora_notices: list[str] = []
+    if adapters:
+        adapters, lora_notices = lora_mod.applied(adapters, model_cls.lora_applies)
     if cuda_init is not None:  # kernels of the plugin's own ops load on the CUDA thread too
         from . import opreg
 
@@ -219,7 +222,7 @@ def load(path: str, backend: str = "auto", timings: Timings | None = None,
             prompt_ids = tok.encode(prompt, add_special=not (continuation or chat is not None),
                                     parse_special=True)
 
-    notices: list[str] = []
+    notices: list[str] = lora_notices
     device_name = ""
     chosen = backend
     if cuda_init is not None:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
-from typing import Any, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Sequence
 
 from . import mapguard
 from .errors import GGUFError, ReflexError
@@ -222,6 +222,23 @@ def _check(path: str, g: Any, base: Any, user_scale: float) -> Adapter:
                             "not supported (llama.cpp aborts on them)")
         merges.append(_pair_merge(path, info, ab["a"], ab["b"], float(alpha), user_scale))
     return Adapter(path, g, float(alpha), user_scale, merges)
+
+
+def applied(adapters: Sequence[Adapter], applies: Callable[[str], bool]
+            ) -> tuple[list[Adapter], list[str]]:
+    """``adapters`` without the merges whose target ``applies`` (the model class's
+    ``lora_applies``) rejects, and a notice for each adapter that loses some."""
+    kept: list[Adapter] = []
+    notices: list[str] = []
+    for ad in adapters:
+        skip = [m.name for m in ad.merges if not applies(m.name)]
+        if skip:
+            ad = replace(ad, merges=[m for m in ad.merges if applies(m.name)])
+            shown = ", ".join(skip[:3]) + (f" and {len(skip) - 3} more" if len(skip) > 3 else "")
+            notices.append(f"notice: {ad.path}: {len(skip)} LoRA tensor(s) not applied, as in "
+                           f"llama.cpp, which applies no LoRA to {shown} in this architecture")
+        kept.append(ad)
+    return kept, notices
 
 
 def open_adapters(specs: Sequence[tuple[str, float]], base: Any) -> list[Adapter]:

@@ -35,6 +35,14 @@ class Model:
         """Build the model for an opened GGUF whose tensors ``ops`` has attached."""
         return cls(gguf, ops)
 
+    @classmethod
+    def lora_applies(cls, name: str) -> bool:
+        """Whether llama.cpp's graph for this architecture applies a LoRA pair that targets base
+        tensor ``name`` (its matmul goes through ``build_lora_mm``, or it is the embedding).
+        Pairs for other tensors are checked against the base like any, then left unmerged: llama.cpp
+        loads them and never uses them (spec §4.6). Every tensor by default."""
+        return True
+
     def state_spec(self) -> StateSpec:
         """The buffers this model's state holds (see :mod:`reflex_core.state`)."""
         raise NotImplementedError

@@ -31,7 +31,9 @@ from reflex_core.gguf import open_gguf
 from reflex_core.lora import LoraError, open_adapter, open_adapters, parse_lora_arg
 from reflex_core.testing import oracle
 from reflex_core.testing.lorawriter import merged_reference, random_pairs, write_adapter
-from reflex_core.testing.modelwriter import ModelShape, write_model
+from reflex_core.testing.modelwriter import (ModelShape, tiny_deepseek2_legacy_shape,
+                                             tiny_deepseek2_shape, tiny_qwen35moe_shape,
+                                             write_model)
 
 PROMPT, DECODE = 7, 3
 DENSE = ModelShape(n_layer=2, n_embd=96, n_head=6, n_head_kv=2, head_dim=48, n_ff=160,
@@ -363,3 +365,52 @@ def test_cli_generate_with_lora(tmp_path):
     p = run("--lora", tied_adapter)
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 1 and len(lines) == 1 and "tied embeddings" in lines[0], p.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# Qwen3.5 and DeepSeek-V2/V3 against llama.cpp's runtime LoRA: every 2-D and 3-D tensor of the
+# file targeted, those llama.cpp multiplies outside its LoRA path included (spec §7.8, §8.7)
+
+
+def _every_matrix(path) -> list[str]:
+    g = open_gguf(str(path))
+    try:
+        return [n for n, ti in g.tensors.items() if len(ti.ne) in (2, 3)]
+    finally:
+        g.close()
+
+
+FAMILY_CASES = [
+    pytest.param(tiny_qwen35moe_shape(tied=False), {"blk.0.ssm_conv1d.weight"}, id="qwen35moe"),
+    pytest.param(tiny_deepseek2_shape(tied=False),
+                 {"blk.0.attn_q_a.weight", "blk.0.attn_q_b.weight", "blk.0.attn_kv_a_mqa.weight",
+                  "blk.0.attn_k_b.weight", "blk.0.attn_v_b.weight", "output.weight"},
+                 id="deepseek2-mla"),
+    pytest.param(tiny_deepseek2_legacy_shape(tied=False), {"blk.1.attn_kv_b.weight"},
+                 id="deepseek2-legacy"),
+]
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("shape, unapplied", FAMILY_CASES)
+def test_every_family_matches_llama_cpp_runtime_lora(tmp_path, capfd, shape, unapplied):
+    base = write_model(tmp_path / "base.gguf", shape, seed=5)
+    names = _every_matrix(base)
+    assert unapplied <= set(names)
+    pairs = random_pairs(base, names, 4, seed=6, sigma=0.05)
+    path = write_adapter(tmp_path / "a.gguf", shape.arch, pairs, alpha=8.0)
+    n_vocab = shape.n_vocab or 128
+    tokens = oracle.random_tokens(n_vocab, PROMPT + DECODE, seed=7)
+    ref = oracle.llama_logits(base, tokens, n_prompt=PROMPT, lora=[(path, 0.8)])
+    lm, _ = engine.load(str(base), "cpu", lora=[(path, 0.8)])
+    with lm:
+        got = oracle.model_logits(lm.model, tokens, n_prompt=PROMPT)
+        notices = " ".join(lm.notices)
+        cls = type(lm.model)
+    oracle.check_logits(ref, got, F32_BOUND, f"{shape.arch} with every matrix adapted")
+    skipped = {n for n in names if not cls.lora_applies(n)}
+    assert unapplied <= skipped
+    assert f"{len(skipped)} LoRA tensor(s) not applied" in notices
+    # what is applied moves the logits (the skipped pairs alone would not)
+    plain = oracle.llama_logits(base, tokens, n_prompt=PROMPT)
+    assert oracle.compare(plain, ref)["rel"] > 100 * F32_BOUND

@@ -100,6 +100,15 @@ class DeepSeek2(Model):
 
     arch = "deepseek2"
 
+    # llama.cpp's deepseek2 graph multiplies by these with plain ggml_mul_mat (spec §8.7)
+    _NO_LORA = ("attn_q.weight", "attn_q_a.weight", "attn_q_b.weight", "attn_kv_a_mqa.weight",
+                "attn_kv_b.weight", "attn_k_b.weight", "attn_v_b.weight")
+
+    @classmethod
+    def lora_applies(cls, name: str) -> bool:
+        return name != "output.weight" and not (name.startswith("blk.")
+                                                and name.endswith(cls._NO_LORA))
+
     def __init__(self, gguf: Any, ops: Ops) -> None:
         super().__init__(gguf, ops)
         arch = gguf.get("general.architecture", self.arch) or self.arch

@@ -123,6 +123,11 @@ class Qwen35(Model):
     arch = "qwen35"
     config_class: type = Qwen35Config
 
+    @classmethod
+    def lora_applies(cls, name: str) -> bool:
+        # the short convolution runs as ggml_ssm_conv, outside llama.cpp's LoRA path
+        return not name.endswith(".ssm_conv1d.weight")
+
     def __init__(self, gguf: Any, ops: Ops) -> None:
         super().__init__(gguf, ops)
         arch = gguf.get("general.architecture", self.arch) or self.arch
