@@ -15,8 +15,6 @@ test fails, never skips: CI must run it.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
 from pathlib import Path
 
@@ -24,7 +22,8 @@ import gguf
 import pytest
 
 from reflex_core.gguf import open_gguf
-from reflex_core.modelfile import load_tokenizer
+from reflex_core.testing import oracle
+from test_vocab_vectors import reflex_tokenizer
 
 ENV = "REFLEX_LLAMA_VOCAB_DIR"
 SOURCE = "ggml-vocab-deepseek-llm.gguf"
@@ -141,37 +140,12 @@ def vocab_file(tmp_path_factory) -> Path:
                                "deepseek-v3", merges)
 
 
-@functools.lru_cache(maxsize=None)
-def _llama_vocab(path: str):
-    """(model, vocab) of llama.cpp's vocab-only load; kept alive for the process."""
-    from reflex_core.testing.oracle import import_llama_cpp
-
-    L = import_llama_cpp()
-    mp = L.llama_model_default_params()
-    mp.vocab_only = True
-    model = L.llama_model_load_from_file(path.encode(), mp)
-    assert model, f"llama.cpp could not load {path}"
-    return L, model, L.llama_model_get_vocab(model)
-
-
 def _llama_tokenize(path: Path, text: str, add_special: bool, parse_special: bool) -> list[int]:
-    L, _, vocab = _llama_vocab(str(path))
-    data = text.encode("utf-8")
-    cap = len(data) + 8
-    buf = (L.llama_token * cap)()
-    n = L.llama_tokenize(vocab, data, len(data), buf, cap, add_special, parse_special)
-    assert n >= 0, f"llama_tokenize needs {-n} slots for {text!r}"
-    return list(buf[:n])
+    return oracle.llama_tokenize(path, text, add_special, parse_special)
 
 
-@functools.lru_cache(maxsize=None)
 def _reflex_tokenizer(path: str, mode: str):
-    with pytest.MonkeyPatch.context() as mp:
-        if mode == "full":
-            mp.setenv("REFLEX_TOKENIZER", "full")
-        else:
-            mp.delenv("REFLEX_TOKENIZER", raising=False)
-        tok = load_tokenizer(open_gguf(path))
+    tok = reflex_tokenizer(path, mode)
     assert tok.pre == "deepseek-v3"
     return tok
 

@@ -23,7 +23,6 @@ fail, never skip.
 
 from __future__ import annotations
 
-import functools
 import os
 import random
 import unicodedata
@@ -31,8 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from reflex_core.gguf import open_gguf
-from reflex_core.modelfile import load_tokenizer
+from reflex_core.testing import oracle
+from test_tokenizer_deepseek_v3 import _byte_level, write_derived_vocab
+from test_vocab_vectors import reflex_tokenizer
 
 pytestmark = pytest.mark.oracle
 
@@ -100,44 +100,15 @@ def _vocab_path(name: str) -> Path:
     return path
 
 
-@functools.lru_cache(maxsize=None)
-def _llama_vocab(path: str):
-    """(llama_cpp, model, vocab) of llama.cpp's vocab-only load; kept for the process."""
-    from reflex_core.testing.oracle import import_llama_cpp
-
-    L = import_llama_cpp()
-    mp = L.llama_model_default_params()
-    mp.vocab_only = True
-    model = L.llama_model_load_from_file(path.encode(), mp)
-    assert model, f"llama.cpp could not load {path}"
-    return L, model, L.llama_model_get_vocab(model)
-
-
 def llama_tokenize(path: Path, text: str, special: bool) -> list[int]:
-    L, _, vocab = _llama_vocab(str(path))
-    data = text.encode("utf-8")
-    cap = len(data) + 8
-    buf = (L.llama_token * cap)()
-    n = L.llama_tokenize(vocab, data, len(data), buf, cap, special, special)
-    assert n >= 0, f"llama_tokenize needs {-n} slots for {text!r}"
-    return list(buf[:n])
-
-
-@functools.lru_cache(maxsize=None)
-def _reflex_tokenizer(path: str, mode: str):
-    with pytest.MonkeyPatch.context() as mp:
-        if mode == "full":
-            mp.setenv("REFLEX_TOKENIZER", "full")
-        else:
-            mp.delenv("REFLEX_TOKENIZER", raising=False)
-        return load_tokenizer(open_gguf(path))
+    return oracle.llama_tokenize(path, text, add_special=special, parse_special=special)
 
 
 @pytest.mark.parametrize("mode", ["auto", "full"])
 @pytest.mark.parametrize("name", VOCABS)
 def test_encodes_as_llama_cpp(name, mode):
     path = _vocab_path(name)
-    tok = _reflex_tokenizer(str(path), mode)
+    tok = reflex_tokenizer(str(path), mode)
     wrong = []
     texts = corpus(seed=VOCABS.index(name))
     for text in texts:
@@ -168,8 +139,6 @@ SPACE_MERGES = (("\u4e2d", "\u3000"), ("\u2003", "\u6587"), ("\u30a2", "\u2009")
 
 @pytest.fixture(scope="module")
 def space_merge_vocab(tmp_path_factory) -> Path:
-    from test_tokenizer_deepseek_v3 import _byte_level, write_derived_vocab
-
     return write_derived_vocab(tmp_path_factory.mktemp("vocab") / "deepseek-llm-spaces.gguf",
                                "deepseek-llm",
                                [f"{_byte_level(a)} {_byte_level(b)}" for a, b in SPACE_MERGES])
@@ -177,7 +146,7 @@ def space_merge_vocab(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("mode", ["auto", "full"])
 def test_unicode_spaces_split_from_cjk_as_llama_cpp(space_merge_vocab, mode):
-    tok = _reflex_tokenizer(str(space_merge_vocab), mode)
+    tok = reflex_tokenizer(str(space_merge_vocab), mode)
     texts = ["\u4e2d\u3000\u6587", "\u4e2d\u2003\u6587", "\u30a2\u2009\u30a4", "x\u4e2d\u3000",
              *("".join(p) for p in SPACE_MERGES)]
     for text in texts:

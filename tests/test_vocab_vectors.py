@@ -72,13 +72,19 @@ def _params() -> list:
 
 
 @functools.lru_cache(maxsize=None)
-def _tokenizer(name: str, mode: str):
+def reflex_tokenizer(path: str, mode: str):
+    """Reflex's tokenizer of ``path``: "auto" (the default paths) or "full" (REFLEX_TOKENIZER=full,
+    the full Hugging Face BPE for every text); one a (path, mode) for the process."""
     with pytest.MonkeyPatch.context() as mp:
         if mode == "full":
             mp.setenv("REFLEX_TOKENIZER", "full")
         else:
             mp.delenv("REFLEX_TOKENIZER", raising=False)
-        tok = load_tokenizer(open_gguf(str(_vocab_path(name))))
+        return load_tokenizer(open_gguf(path))
+
+
+def _tokenizer(name: str, mode: str):
+    tok = reflex_tokenizer(str(_vocab_path(name)), mode)
     # The file's pre type is the one this vector set is meant to test.
     assert tok.pre == name, f"{_vocab_path(name)} declares pre = {tok.pre!r}"
     return tok

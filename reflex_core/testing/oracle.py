@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import tempfile
 from pathlib import Path
@@ -256,6 +257,32 @@ def llama_candidate_scores(path: str | os.PathLike, prompt: Sequence[int],
             total += float(row[tok] - m - np.log(np.exp(row - m).sum()))
         out.append(total)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _llama_vocab(path: str) -> tuple[Any, Any]:
+    """(model, vocab) of llama.cpp's vocab-only load of ``path``, kept for the process."""
+    L = import_llama_cpp()
+    mp = L.llama_model_default_params()
+    mp.vocab_only = True
+    model = L.llama_model_load_from_file(path.encode(), mp)
+    if not model:
+        raise RuntimeError(f"llama.cpp could not load {path}")
+    return model, L.llama_model_get_vocab(model)
+
+
+def llama_tokenize(path: str | os.PathLike, text: str, add_special: bool = False,
+                   parse_special: bool = False) -> list[int]:
+    """llama.cpp's ``llama_tokenize`` of ``text`` with the vocabulary of ``path``."""
+    L = import_llama_cpp()
+    _, vocab = _llama_vocab(str(Path(path)))
+    data = text.encode("utf-8")
+    cap = len(data) + 8
+    buf = (L.llama_token * cap)()
+    n = L.llama_tokenize(vocab, data, len(data), buf, cap, add_special, parse_special)
+    if n < 0:
+        raise RuntimeError(f"llama_tokenize needs {-n} slots for {text!r}")
+    return list(buf[:n])
 
 
 def random_tokens(n_vocab: int, n: int, seed: int) -> list[int]:
