@@ -276,9 +276,9 @@ class Engine:
                  ) -> Generation | GenerationStream:
         """Continue ``prompt`` by up to ``max_tokens`` tokens (fewer at an end-of-generation
         token or a ``stop`` string, which the text then ends before). ``temperature`` 0 is
-        greedy; ``seed`` makes sampling reproducible; ``min_p`` (0 = off),
-        ``repeat_penalty`` (1 = off) over the last ``repeat_last_n`` tokens (-1 = all) as
-        llama.cpp's (:mod:`reflex_core.sampling`). ``stream``: return a
+        greedy; ``seed`` makes sampling reproducible (None or negative: a random one, reported);
+        ``min_p`` (0 = off), ``repeat_penalty`` (1 = off) over the last ``repeat_last_n`` tokens
+        (-1 = all) as llama.cpp's (:mod:`reflex_core.sampling`). ``stream``: return a
         :class:`GenerationStream` of text pieces instead. ``state``: continue a saved state
         (``prompt`` may then be empty); ``keep_state``: the result carries the state after the
         job (``max_tokens`` may then be 0: the prompt alone, a prefix). ``chat``: ``prompt``

@@ -443,7 +443,7 @@ def generate_steps(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: 
     check_context(lm, len(feed), n_new, len(past))
     model, ops = lm.model, lm.ops
     seed = sampling.seed
-    if not sampling.greedy and seed is None:
+    if not sampling.greedy and (seed is None or seed < 0):  # -1: random, as llama.cpp's
         seed = random.SystemRandom().randrange(2**31)
     rng = random.Random(seed)
     # Text is decoded as it comes when someone reads it: the caller, or the stop-string check.

@@ -80,7 +80,7 @@ from typing import Any, Sequence
 @dataclass(frozen=True)
 class SamplingParams:
     """What a generate job asks for. ``temperature <= 0`` is greedy decoding; ``seed`` None
-    draws a random seed (reported with the result). ``min_p`` 0 and ``repeat_penalty`` 1 are
+    or negative draws a random seed (reported with the result). ``min_p`` 0 and ``repeat_penalty`` 1 are
     off; ``repeat_last_n`` is how many of the most recent tokens the penalty looks at (0 none,
     -1 the whole context)."""
 

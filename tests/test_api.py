@@ -45,6 +45,10 @@ def test_generate_is_the_engines_with_the_json_fields(eng):
     sampled = [eng.generate(PROMPT, max_tokens=6, temperature=1.5, top_k=40, top_p=0.9, seed=5)
                for _ in range(2)]
     assert sampled[0].token_ids == sampled[1].token_ids and sampled[0].seed == 5
+    # -1 is llama.cpp's "random": a fresh non-negative seed, reported (not Python's abs(-1) = 1)
+    drawn = eng.generate(PROMPT, max_tokens=2, temperature=1.0, seed=-1).seed
+    again = eng.generate(PROMPT, max_tokens=2, temperature=1.0, seed=drawn)
+    assert drawn >= 0 and again.seed == drawn
 
 
 def test_stream_yields_the_text_and_holds_the_engine(eng):
