@@ -1782,13 +1782,15 @@ extern "C" __global__ void reflex_repeat_penalty(float* __restrict__ x, const in
 // ------------------------------------------------------------------------------------------
 // sample: one block of 512 threads draws one token from row `x` (length V) exactly as
 // reflex_core/sampling.py defines it (temperature > 0; the host does greedy with argmax):
-//   z = f64(x)/f64(temp); p = exp(z - max z) -> scratch (float64, V entries).
+//   z = f64(x)/f64(temp); p = exp(z - max z) -> scratch (float64, V entries); while top-p runs
+//     the scratch holds q = exp(f64(x) - f64(max x)) instead (top-p on the temperature-1
+//     probabilities, llama.cpp's chain order), and p after it.
 //   top-k (0 < k < V): the k-th largest float32 key by 8 passes of 4-bit radix select (integer
 //     counts); kept = key >= key_k (float32 order == z order: no new ties, sampling.py notes).
-//   top-p (top_p < 1): t = the largest key v with G(v) = sum_{kept, key >= v} p >= top_p * S,
-//     found digit by digit (8 passes x 16 float64 bin sums, reduced in a fixed order); p is
-//     strictly increasing in the key where p > 0, so {key >= t} == {p >= p(t)}; if p(t) == 0
-//     everything kept stays kept (the reference's p >= 0).
+//   top-p (top_p < 1): t = the largest key v with G(v) = sum_{kept, key >= v} q >= top_p * S,
+//     found digit by digit (8 passes x 16 float64 bin sums, reduced in a fixed order); q is
+//     strictly increasing in the key where q > 0, so {key >= t} == {q >= q(t)}; if q(t) == 0
+//     everything kept stays kept (the reference's q >= 0).
 //   min-p (min_p_log > -inf, = ln(min_p) from the host): kept also needs
 //     f64(x) - f64(max x) >= min_p_log; it comes after top-p and only narrows the draw.
 //   draw: thread r owns indices [r*C, (r+1)*C); exclusive scan of the per-thread kept sums
@@ -1853,12 +1855,14 @@ reflex_sample(const float* __restrict__ x, int V, double temp, int top_k, double
     __shared__ double s_scan[SMP_WARPS];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-    // 1. z max and p
+    // 1. z max and p (q while top-p runs: at temp 1 the two are the same numbers)
     float mx = -INFINITY;
     for (int i = tid; i < V; i += SMP_THREADS) mx = fmaxf(mx, x[i]);
     mx = block_max_f(mx, redf);
-    const double zmax = (double)mx / temp;
-    for (int i = tid; i < V; i += SMP_THREADS) pbuf[i] = exp((double)x[i] / temp - zmax);
+    const double zmax = (double)mx / temp, lmax = (double)mx;
+    const bool q_first = top_p < 1.0;
+    for (int i = tid; i < V; i += SMP_THREADS)
+        pbuf[i] = q_first ? exp((double)x[i] - lmax) : exp((double)x[i] / temp - zmax);
     __syncthreads();  // pbuf is re-read below by other threads (global memory, same block)
 
     unsigned thr = 0u;  // kept = key >= thr
@@ -1944,13 +1948,16 @@ reflex_sample(const float* __restrict__ x, int V, double temp, int top_k, double
             prefix |= (unsigned)digit << shift;
             __syncthreads();
         }
-        const double pt = exp((double)key2f(prefix) / temp - zmax);
-        if (pt > 0.0 && prefix > thr) thr = prefix;
+        const double qt = exp((double)key2f(prefix) - lmax);
+        if (qt > 0.0 && prefix > thr) thr = prefix;
+        if (temp != 1.0) {  // the draw's p
+            for (int i = tid; i < V; i += SMP_THREADS) pbuf[i] = exp((double)x[i] / temp - zmax);
+            __syncthreads();
+        }
     }
 
     // 4. min-p: a test per element in the draw (kept below)
     const bool use_min_p = min_p_log > -INFINITY;
-    const double lmax = (double)mx;
     auto kept = [&](int i) {
         const float xi = x[i];
         return f2key(xi) >= thr && (!use_min_p || (double)xi - lmax >= min_p_log);

@@ -18,13 +18,14 @@ context -- an imported state's, the prompt's and those generated so far --, see
     4. top_k > 0 (k = min(top_k, V)):
        zk   = the k-th largest z (counting equal values separately)
        kept = { i : z_i >= zk }                                 (ties with the k-th are all kept)
-    5. 0 < top_p < 1 is applied to the survivors of 4; top_p >= 1 disables it, top_p <= 0
-       behaves like a tiny top_p (keeps only the maximal p):
-       S    = Σ_{i in kept} p_i
-       order the kept p descending (ties by ascending index); c_m = p_(0) + ... + p_(m)
+    5. 0 < top_p < 1 is applied to the survivors of 4, on the probabilities at temperature 1
+       (q_i = exp(float64(l_i) - max_j float64(l_j))); top_p >= 1 disables it, top_p <= 0
+       behaves like a tiny top_p (keeps only the maximal q):
+       S    = Σ_{i in kept} q_i
+       order the kept q descending (ties by ascending index); c_m = q_(0) + ... + q_(m)
        m*   = the first m with c_m >= top_p * S    (m* = last if none, from rounding)
-       t    = p_(m*)
-       kept = { i in kept : p_i >= t }                          (ties with t are all kept)
+       t    = q_(m*)
+       kept = { i in kept : q_i >= t }                          (ties with t are all kept)
     6. 0 < min_p (<= 1; 0 disables it), on the logits at temperature 1:
        kept = { i in kept : float64(l_i) - float64(max_j l_j) >= ln(min_p) }
        i.e. p1_i >= min_p * p1_max with p1 = softmax(l); ties with the bound are kept, and the
@@ -42,28 +43,28 @@ and the draw):
   Its window holds the prompt's tokens too (its completion tool accepts them into the sampler);
   ``repeat_last_n`` -1 is the whole context, as -1 (the context size) was in llama.cpp before it
   began to refuse negative values.
-* min-p is its ``min_p``: llama.cpp filters on the logits before its temperature sampler (the last
-  of its chain), so step 6 tests the temperature-1 logits, not z; in terms of this module's p the
-  test is p_i >= min_p^(1/T) * p_max. The maximum survives every filter, so the bound is the
-  same whatever ran before; it runs after top-p, as in llama.cpp (top-p renormalises over its
-  input, so the two do not commute). llama.cpp compares in float32 (``l >= l_max + logf(min_p)``),
-  which can differ from step 6 within float32 rounding of the bound.
-* Where this module and llama.cpp differ: the temperature comes first here, so top-p (step 5)
-  works on the temperature-T probabilities, llama.cpp's on temperature 1 (top-k is the same set
-  either way: dividing by T > 0 keeps the order). At T = 1 the kept sets agree but for ties
-  (llama.cpp's top-k keeps exactly k of equal logits) and rounding.
+* top-p and min-p are its ``top_p`` and ``min_p``: llama.cpp filters on the logits before its
+  temperature sampler (the last of its chain), so steps 5 and 6 work on the temperature-1
+  probabilities, not on p (top-k is the same set either way: dividing by T > 0 keeps the order);
+  the draw then uses the temperature-T p of what is kept, as llama.cpp's ``dist`` does after
+  ``temp``. In terms of p the min-p test is p_i >= min_p^(1/T) * p_max. The maximum survives
+  every filter, so min-p's bound is the same whatever ran before; it runs after top-p, as in
+  llama.cpp (top-p renormalises over its input, so the two do not commute). llama.cpp compares
+  in float32 (``l >= l_max + logf(min_p)``, its top-p's sums too), which can differ from steps
+  5-6 within float32 rounding of a bound; and where equal values straddle a cut, llama.cpp's
+  top-k and top-p keep exactly k / the first m* of them, this module all of them.
 
 Notes for other implementations (the CUDA kernel):
 
 * Because float32 values are ~2^-24 apart relatively and float64 division is exact to 2^-53,
   dividing by a positive temperature in float64 creates no new ties: the top-k set computed on
   the raw float32 logits is identical to the one computed on z.
-* t in step 5 is always a kept p value; "p_i >= t" compares the very same float64 numbers, so
+* t in step 5 is always a kept q value; "q_i >= t" compares the very same float64 numbers, so
   the survivor set depends only on where the cumulative sum crosses ``top_p * S``. A kernel that
   sums in another order can differ only when that crossing lies within float64 rounding of a
   boundary (and likewise for the draw in step 7) -- about 1e-16 relative.
 * Step 7 walks in index order, not probability order, so a kernel needs no sort for the draw:
-  survivors are a threshold test on z (top-k), on p (top-p) and on l (min-p), then one prefix
+  survivors are a threshold test on z (top-k), on q (top-p) and on l (min-p), then one prefix
   scan. ``ln(min_p)`` is computed once on the host (Python's ``math.log``) and handed to the
   kernel, so both sides compare the same float64 numbers.
 * Step 1 is IEEE float32 division and multiplication, so a kernel (without fast math)
@@ -154,9 +155,10 @@ def kept_mask(logits: Any, temperature: float, top_k: int, top_p: float,
     if top_k > 0 and top_k < V:
         zk = np.partition(z, V - top_k)[V - top_k]  # the k-th largest
         kept &= z >= zk
-    if top_p < 1.0:
+    if top_p < 1.0:  # on the temperature-1 probabilities (llama.cpp's chain order)
+        q = p if temperature == 1.0 else np.exp(l32.astype(np.float64) - np.float64(l32.max()))
         idx = np.flatnonzero(kept)
-        pk = p[idx]
+        pk = q[idx]
         S = float(np.sum(pk))
         # descending p, ties by ascending index (stable sort of -p over ascending indices)
         order = np.argsort(-pk, kind="stable")
@@ -164,7 +166,7 @@ def kept_mask(logits: Any, temperature: float, top_k: int, top_p: float,
         hit = np.flatnonzero(c >= top_p * S)
         m = int(hit[0]) if hit.size else len(order) - 1
         t = pk[order[m]]
-        kept &= p >= t
+        kept &= q >= t
     if min_p > 0.0:
         l64 = l32.astype(np.float64)
         kept &= l64 - np.float64(l32.max()) >= min_p_log(min_p)

@@ -486,16 +486,19 @@ def test_sampling_deterministic_and_last_row(rng):
 
 
 def independent_distribution(row, temperature, top_k, top_p):
+    """llama.cpp's chain order: top-k, top-p on the temperature-1 probabilities q, then the
+    temperature-T p of the nucleus."""
     z = row.astype(np.float64) / temperature
     p = np.exp(z - z.max())
+    q = np.exp(row.astype(np.float64) - row.max())
     order = sorted(range(len(p)), key=lambda i: -z[i])
     keep = set(order[:top_k]) if top_k > 0 else set(order)
-    kept = sorted(keep, key=lambda i: -p[i])
-    total = sum(p[i] for i in kept)
+    kept = sorted(keep, key=lambda i: -q[i])
+    total = sum(q[i] for i in kept)
     acc, nucleus = 0.0, []
     for i in kept:
         nucleus.append(i)
-        acc += p[i]
+        acc += q[i]
         if acc >= top_p * total:
             break
     out = np.zeros(len(p))

@@ -112,15 +112,17 @@ def distribution_by_hand(row, temperature, top_k, top_p, min_p):
     if 0 < top_k < V:
         zk = sorted(z, reverse=True)[top_k - 1]
         kept = [i for i in kept if z[i] >= zk]
-    if top_p < 1.0:
-        total = sum(p[i] for i in kept)
+    if top_p < 1.0:  # on the temperature-1 probabilities, as llama.cpp's chain runs it
+        lmax = max(l)
+        q = [math.exp(v - lmax) for v in l]
+        total = sum(q[i] for i in kept)
         acc, t = 0.0, 0.0
-        for i in sorted(kept, key=lambda i: (-p[i], i)):
-            acc += p[i]
-            t = p[i]
+        for i in sorted(kept, key=lambda i: (-q[i], i)):
+            acc += q[i]
+            t = q[i]
             if acc >= top_p * total:
                 break
-        kept = [i for i in kept if p[i] >= t]
+        kept = [i for i in kept if q[i] >= t]
     if min_p > 0.0:  # llama.cpp's min-p: softmax at temperature 1 against its maximum
         lmax = max(l)
         kept = [i for i in kept if math.exp(l[i] - lmax) >= min_p]
