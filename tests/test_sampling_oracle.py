@@ -72,3 +72,46 @@ def test_kept_set_and_distribution_match_llama_cpp(temperature):
                 sampling.sample_probs(row, temperature, k, p, m))
     # each filter removed tokens the others kept in some trial: each one was tested
     assert min(narrowed.values()) >= 3, narrowed
+
+
+def llama_penalised(logits: np.ndarray, context: list[int], last_n: int,
+                    penalty: float) -> np.ndarray:
+    """llama.cpp's ``penalties`` sampler (repeat penalty only) after it accepted ``context``."""
+    L = import_llama_cpp()
+    V = len(logits)
+    smpl = L.llama_sampler_init_penalties(V, last_n, penalty, 0.0, 0.0)
+    data = (L.llama_token_data * V)()
+    for i, v in enumerate(logits):
+        data[i].id, data[i].logit, data[i].p = i, float(v), 0.0
+    arr = L.llama_token_data_array(data=data, size=V, selected=-1, sorted=False)
+    try:
+        for tok in context:
+            L.llama_sampler_accept(smpl, tok)
+        L.llama_sampler_apply(smpl, ctypes.byref(arr))
+    finally:
+        L.llama_sampler_free(smpl)
+    out = np.empty(V, np.float32)
+    for i in range(arr.size):
+        out[arr.data[i].id] = arr.data[i].logit
+    return out
+
+
+def test_repeat_penalty_matches_llama_cpp_bit_for_bit():
+    rng = np.random.default_rng(11)
+    changed = 0
+    for trial in range(150):
+        V = int(rng.integers(5, 200))
+        row = (rng.standard_normal(V) * 3).astype(np.float32)
+        row[rng.random(V) < 0.1] = 0.0  # zero logits stay zero either way
+        context = [int(t) for t in rng.integers(0, V, int(rng.integers(0, 100)))]
+        last_n = int(rng.choice([0, 1, 8, 64, -1]))
+        penalty = float(rng.choice([0.5, 1.1, 1.5, 2.0]))
+        # llama.cpp's window is a ring of last_n tokens; -1 (the whole context) is that many
+        want = llama_penalised(row, context, last_n if last_n >= 0 else max(len(context), 1),
+                               penalty)
+        params = sampling.SamplingParams(temperature=1.0, repeat_penalty=penalty,
+                                         repeat_last_n=last_n)
+        got = sampling.repeat_penalty_reference(row, params.penalised_ids(context), penalty)
+        assert np.array_equal(got, want), (V, last_n, penalty, len(context))
+        changed += not np.array_equal(got, row)
+    assert changed > 100
