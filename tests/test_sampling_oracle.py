@@ -7,6 +7,7 @@ scaled) logits is the distribution its ``dist`` sampler draws from; ``sampling.s
 must give the same set and the same probabilities (llama.cpp computes in float32: 1e-6). The
 rows are random normals (no ties, where the two keep different counts by design; see
 reflex_core/sampling.py) of several widths and scales, over temperatures below, at and above 1.
+The repeat penalty (step 1) is compared with llama.cpp's ``penalties`` sampler bit for bit.
 
 These tests FAIL (never skip) when llama-cpp-python is missing (marker ``oracle``).
 """
