@@ -8,8 +8,9 @@ For a base tensor ``N`` the adapter holds ``N.lora_a`` / ``N.lora_b``; the merge
 ``user_scale`` when alpha is 0. Several adapters merge in sequence.
 
 Stdlib only: this runs on the GPU cold path when ``--lora`` is given. The factors stay where
-they are in the adapter's mapping (F32, F16 or BF16); each backend converts them itself (the
-CUDA backend on the device, where the F16 -> F32 conversion is one launch, not a Python loop).
+they are in the adapter's mapping (F32, F16, BF16 or Q8_0); each backend converts them itself
+(the CUDA backend on the device, where the F16 -> F32 conversion is one launch, not a Python
+loop).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from . import mapguard
 from .errors import GGUFError, ReflexError
 from .ggml_types import GGML_TYPES
 
-FACTOR_TYPES = {0: "F32", 1: "F16", 30: "BF16"}  # GGML types of A/B the backends convert
+# GGML types of A/B the backends convert: convert_lora_to_gguf.py --outtype f32/f16/bf16/q8_0
+FACTOR_TYPES = {0: "F32", 1: "F16", 30: "BF16", 8: "Q8_0"}
 _TIED_HEAD = "output.weight"
 _EMBEDDING = "token_embd.weight"
 

@@ -21,6 +21,7 @@ The oracle tests FAIL (never skip) when llama-cpp-python is missing (marker ``or
 
 from __future__ import annotations
 
+import gguf
 import numpy as np
 import pytest
 
@@ -44,6 +45,10 @@ MOE = ModelShape(arch="qwen3moe", n_layer=2, n_embd=96, n_head=6, n_head_kv=2, h
 ATTN = ("attn_q", "attn_k", "attn_v", "attn_output")
 F32_BOUND = 5e-6
 F16_BOUND = 2e-3
+# llama.cpp multiplies Q8_0 factors at run time with its inputs rounded to Q8_0 too; the merge
+# uses the factors' exact values (measured 1.0e-2 against the runtime, 7.5e-7 against llama.cpp
+# given the same values as F32 factors)
+Q8_0_RUNTIME_BOUND = 3e-2
 
 
 def targets(shape: ModelShape, ffn: tuple[str, ...], embedding: bool = True) -> list[str]:
@@ -104,6 +109,25 @@ def test_merged_model_matches_llama_cpp_runtime_lora(request, tmp_path, which, r
     assert oracle.compare(plain, ref)["rel"] > 100 * bound  # the adapter changes the logits
 
 
+@pytest.mark.oracle
+def test_q8_0_factors_merge_their_exact_values(dense, tmp_path):
+    """convert_lora_to_gguf.py --outtype q8_0: the merge of the Q8_0 adapter is llama.cpp's
+    result with the same values stored as F32 factors (to float32 rounding); against llama.cpp
+    running the Q8_0 factors themselves the difference is its input rounding only."""
+    targets_ = targets(DENSE, DENSE_FFN)
+    pairs = random_pairs(dense, targets_, 32, seed=12)
+    q8 = write_adapter(tmp_path / "q8.gguf", "qwen3", pairs, alpha=16.0, factor_type="Q8_0")
+    same = write_adapter(tmp_path / "f32.gguf", "qwen3",
+                         {n: (_stored(a, "Q8_0"), _stored(b, "Q8_0")) for n, (a, b) in pairs.items()},
+                         alpha=16.0, factor_type="F32")
+    tokens = oracle.random_tokens(DENSE.n_vocab, PROMPT + DECODE, seed=12)
+    got = merged_logits(dense, [(q8, 0.9)], tokens)
+    oracle.check_logits(oracle.llama_logits(dense, tokens, n_prompt=PROMPT, lora=[(same, 0.9)]),
+                        got, F32_BOUND, "Q8_0 factors vs their values as F32")
+    oracle.check_logits(oracle.llama_logits(dense, tokens, n_prompt=PROMPT, lora=[(q8, 0.9)]),
+                        got, Q8_0_RUNTIME_BOUND, "Q8_0 factors vs llama.cpp's runtime")
+
+
 # --------------------------------------------------------------------------------------------
 # the merge itself
 
@@ -117,23 +141,31 @@ def _merged_weight(base_path, lora, name) -> np.ndarray:
     return ops.dequantize(ops.weight(name))
 
 
-@pytest.mark.parametrize("ftype", ["F32", "F16", "BF16"])
+@pytest.mark.parametrize("ftype", ["F32", "F16", "BF16", "Q8_0"])
 def test_merge_is_w_plus_scale_b_a_for_each_factor_type(dense, tmp_path, ftype):
     names = ["blk.1.attn_k.weight", "blk.0.ffn_down.weight", "token_embd.weight"]
-    pairs = random_pairs(dense, names, 5, seed=1)
+    rank = 32 if ftype == "Q8_0" else 5  # Q8_0 blocks of 32 along every factor's rows
+    pairs = random_pairs(dense, names, rank, seed=1)
     path = write_adapter(tmp_path / "a.gguf", "qwen3", pairs, alpha=10.0, factor_type=ftype)
     base = NumpyOps()
     base.attach(open_gguf(dense))
-    decoded = {"F32": np.float32, "F16": np.float16}.get(ftype)
     for name, (a, b) in pairs.items():
-        if decoded is None:  # BF16: what the writer stored (round to nearest even)
-            a, b = (oracle.round_bf16(x) for x in (a, b))
-        else:
-            a, b = (x.astype(decoded).astype(np.float32) for x in (a, b))
-        want = merged_reference(base.dequantize(base.weight(name)), name, a, b, 0.3 * 10.0 / 5)
+        a, b = (_stored(x, ftype) for x in (a, b))
+        want = merged_reference(base.dequantize(base.weight(name)), name, a, b,
+                                0.3 * 10.0 / rank)
         got = _merged_weight(dense, [(path, 0.3)], name)
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
         assert np.abs(got - base.dequantize(base.weight(name))).max() > 1e-2
+
+
+def _stored(x: np.ndarray, ftype: str) -> np.ndarray:
+    """The float32 values of ``x`` as the adapter writer stores them in ``ftype``."""
+    if ftype == "BF16":  # round to nearest even
+        return oracle.round_bf16(x)
+    if ftype == "Q8_0":
+        return gguf.quants.dequantize(gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0),
+                                      gguf.GGMLQuantizationType.Q8_0).reshape(x.shape)
+    return x.astype({"F32": np.float32, "F16": np.float16}[ftype]).astype(np.float32)
 
 
 def test_expert_tensors_merge_per_expert(moe, tmp_path):
@@ -300,9 +332,9 @@ def test_a_file_that_is_not_gguf(dense, tmp_path):
 
 
 def test_unsupported_factor_type(dense, tmp_path):
-    pairs = random_pairs(dense, ["blk.0.ffn_down.weight"], 32, seed=0)  # Q8_0 rows of 32
-    path = write_adapter(tmp_path / "a.gguf", "qwen3", pairs, factor_type="Q8_0")
-    refused(dense, path, "has type Q8_0; factors must be F32, F16, BF16")
+    pairs = random_pairs(dense, ["blk.0.ffn_down.weight"], 32, seed=0)  # Q4_0 rows of 32
+    path = write_adapter(tmp_path / "a.gguf", "qwen3", pairs, factor_type="Q4_0")
+    refused(dense, path, "has type Q4_0; factors must be F32, F16, BF16, Q8_0")
 
 
 def test_unpaired_and_unknown_tensors(dense, tmp_path):

@@ -37,7 +37,7 @@ from ..ggml_types import GGML_TYPES
 from ..ops import Batch, Ops, RopeParams, Weight, moe_route_groups
 from .device_array import Block, DeviceArray, LazyArray, Prepared, empty, empty_f32, prod
 
-_F32 = 0
+_F32, _Q8_0 = 0, 8
 _LORA_TILE, _LORA_BLOCK_Y = 32, 8  # cuda/core.cu LORA_TILE, LORA_BLOCK_Y (reflex_lora_add)
 # One-token matmuls of the integer-unit weight types (quant_ops.XQ_TYPES) run on x limbs;
 # REFLEX_GEMV_XQ=0 keeps them on the float GEMV (an A/B switch: the two differ by rounding only).
@@ -483,7 +483,7 @@ class CudaOps(Ops):
         that hold them): its tensor data goes up in one copy from the mapping; F32 factors are
         read in place, F16/BF16 ones from one conversion of the whole region per type (every
         factor lies a multiple of 4 bytes into the region, lora.py checks, so the region's k-th
-        16-bit word is factor byte 2k)."""
+        16-bit word is factor byte 2k), Q8_0 ones (blocks of 34 bytes) each dequantized alone."""
         g = adapter.gguf
         start, size = tensor_region(g.tensors.values(), g.data_offset, len(g.mm))
         raw = empty(((size + 3) // 4,))
@@ -491,10 +491,19 @@ class CudaOps(Ops):
         memory.htod(raw.ptr, addr + start, size)
         ptrs: dict[str, int] = {}
         converted: dict[int, DeviceArray] = {}
+        held: list[DeviceArray] = [raw]
         for m in adapter.merges:
             for f in (m.a, m.b):
                 if f.ggml_type == _F32:
                     ptrs[f.name] = raw.ptr + f.offset
+                    continue
+                if f.ggml_type == _Q8_0:
+                    n = prod(f.ne)
+                    one = empty((n,))
+                    held.append(one)
+                    self._quant_ops.dequant(self._qkern_of(_Q8_0), raw.ptr + f.offset, _Q8_0, n,
+                                            one.ptr)
+                    ptrs[f.name] = one.ptr
                     continue
                 conv = converted.get(f.ggml_type)
                 if conv is None:
@@ -502,7 +511,7 @@ class CudaOps(Ops):
                     self._quant_ops.dequant(self._qkern_of(f.ggml_type), raw.ptr, f.ggml_type,
                                             size // 2, conv.ptr)
                 ptrs[f.name] = conv.ptr + 2 * f.offset
-        return ptrs, [raw, *converted.values()]
+        return ptrs, [*held, *converted.values()]
 
     def _meta(self, w: Weight):
         """``w.meta`` (the weight's quant_ops.MatPlan), made now for a Weight built elsewhere."""

@@ -76,7 +76,8 @@ def dequantize_rows(raw: np.ndarray, ggml_type: int) -> np.ndarray:
 
 
 def _lora_factor(adapter: Any, f: Any) -> np.ndarray:
-    """A LoRA factor (reflex_core.lora.Factor: F32, F16 or BF16) as float32 in NumPy order."""
+    """A LoRA factor (reflex_core.lora.Factor: F32, F16, BF16 or Q8_0) as float32 in NumPy
+    order."""
     raw = np.frombuffer(adapter.factor_bytes(f), dtype=np.uint8)
     if f.ggml_type == _BF16:
         a = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)

@@ -1,5 +1,5 @@
 """LoRA on the GPU: CudaOps.merge_lora (dequantize + ``reflex_lora_add``) against its twin
-NumpyOps.merge_lora on odd sizes, F32 and Q8_0 bases, F32/F16/BF16 factors, expert tensors, the
+NumpyOps.merge_lora on odd sizes, F32 and Q8_0 bases, F32/F16/BF16/Q8_0 factors, expert tensors, the
 embedding's transposed convention and two adapters in sequence; the merged weights through the
 matmul/embed/MoE kernels; and whole models with an adapter, GPU = CPU (generate, ``reflex
 check --lora``)."""
@@ -105,6 +105,35 @@ def test_generate_with_an_adapter_same_on_gpu_and_cpu(cuda_device, tmp_path, arc
     with lm:
         plain = engine.generate(lm, ids, 12, SamplingParams()).token_ids
     assert out["cuda"] == out["cpu"] != plain
+
+
+def test_gpu_merge_of_q8_0_factors_equals_numpy_merge(attach_both, tmp_path):
+    """convert_lora_to_gguf.py --outtype q8_0: each factor dequantized alone on the device (its
+    34-byte blocks do not fit the region-wide conversion of the 16-bit types), beside F32 ones."""
+    rng = np.random.default_rng(19)
+    tensors = {
+        "a.weight": rng.normal(size=(40, 96)),
+        "q8.weight": _q8(rng.normal(size=(29, 64))),
+        "blk.0.ffn_up_exps.weight": rng.normal(size=(3, 29, 64)),
+        "token_embd.weight": rng.normal(size=(101, 64)),
+        "output.weight": rng.normal(size=(101, 64)),
+    }
+    cuda, ref = attach_both(tensors)
+    names = [n for n in tensors if n != "output.weight"]
+    adapters = []
+    for k, (ftype, rank) in enumerate((("Q8_0", 32), ("Q8_0", 64), ("F32", 5))):
+        pairs = random_pairs(cuda.gguf.path, names, rank, seed=40 + k, sigma=0.3)
+        adapters.append((write_adapter(tmp_path / f"a{k}.gguf", "ops", pairs, alpha=8.0,
+                                       factor_type=ftype), 0.5 + k))
+    ads = open_adapters(adapters, cuda.gguf)
+    ref.merge_lora(ads)
+    cuda.merge_lora(ads)
+    close_all(ads)
+    for n in names:
+        got = cuda.to_numpy(cuda.dequantize(cuda.weight(n)))
+        want = ref.dequantize(ref.weight(n))
+        err = np.abs(got - want).max() / np.abs(want).max()
+        assert err < REL, f"{n}: {err:.3g}"
 
 
 def test_reflex_check_with_lora(cuda_device, tmp_path):
