@@ -44,6 +44,13 @@ if [ ! -d "$VOCAB_DIR" ]; then
     "$models/ggml-vocab-*.gguf" "$models/ggml-vocab-*.gguf.inp" "$models/ggml-vocab-*.gguf.out"
   mv "$VOCAB_DIR.partial" "$VOCAB_DIR"
 fi
+# llama.cpp's Unicode category table, for tests/test_unicode_classes.py (a vocab dir unpacked
+# before that test existed lacks it)
+if [ ! -f "$VOCAB_DIR/unicode-data.cpp" ]; then
+  fetch_sdist
+  tar -xzf "$SDIST" -C "$VOCAB_DIR" --strip-components=4 \
+    "llama_cpp_python-$LCP_VERSION/vendor/llama.cpp/src/unicode-data.cpp"
+fi
 $PIP install -q "$CACHE"/wheels/llama_cpp_python-$LCP_VERSION-*.whl
 
 # Reflex itself (nvcc compiles every kernel here: a compile error fails the run) and its plugins.

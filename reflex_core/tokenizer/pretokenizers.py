@@ -7,6 +7,7 @@ is built.
 
 from __future__ import annotations
 
+import functools
 import operator
 import re
 from dataclasses import dataclass
@@ -21,7 +22,9 @@ class PreTokenizerSpec:
 
     regexes: applied in sequence; each splits every piece into its matches and the gaps between
     them (``Split(..., "isolated")``). Written with ``\\uXXXX`` / ``\\UXXXXXXXX`` escapes for
-    non-ASCII characters (turned into literal characters for Oniguruma).
+    non-ASCII characters (turned into literal characters for Oniguruma); ``\\p{L}``, ``\\p{N}``,
+    ``\\p{M}``, ``\\p{P}`` and ``\\p{S}`` are llama.cpp's categories (``unicode_classes``), not
+    those of the regex engine's Unicode version.
     normalizer: "NFC" or None. ignore_merges: BPE option (llama3-style vocabularies).
     add_bos_default: add_bos when ``tokenizer.ggml.add_bos_token`` is absent.
     """
@@ -87,6 +90,52 @@ def _literal_escapes(pattern: str) -> str:
     return _ESC.sub(lambda m: chr(int(m.group(1) or m.group(2), 16)), pattern)
 
 
+@functools.lru_cache(maxsize=None)
+def category_class(cat: str) -> str:
+    """The members of llama.cpp's category ``cat`` written for a character class: ASCII as
+    ``\\xNN`` (so that no class syntax character appears bare), the rest as itself."""
+    from .unicode_classes import CLASSES
+
+    def ch(c: int) -> str:
+        return f"\\x{c:02X}" if c < 0x80 else chr(c)
+
+    out = []
+    for r in CLASSES[cat].split():
+        a, _, b = r.partition("-")
+        out.append(ch(int(a, 16)) + (f"-{ch(int(b, 16))}" if b else ""))
+    return "".join(out)
+
+
+_CATEGORY = re.compile(r"\\p\{([LNMPS])\}")
+
+
+def llama_categories(pattern: str) -> str:
+    """``pattern`` with each ``\\p{X}`` of L, N, M, P, S spelled out as llama.cpp's table has it
+    (inside a character class its members, outside one a class of them). llama.cpp's table is of
+    Unicode 15.1; the regex engine's may be newer, and a character assigned since (a new emoji,
+    a letter of a new script) would otherwise split differently."""
+    out, depth, i = [], 0, 0
+    while i < len(pattern):
+        m = _CATEGORY.match(pattern, i)
+        if m:
+            body = category_class(m.group(1))
+            out.append(body if depth else f"[{body}]")
+            i = m.end()
+            continue
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if c == "[":
+            depth += 1
+        elif c == "]" and depth:
+            depth -= 1
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
 def bpe_model(vocab: dict[str, int], merges: list[tuple[str, str]], spec: PreTokenizerSpec):
     """A ``models.BPE`` with HF's byte-level options over ``vocab`` and ``merges``. ModelError
     for a merge whose result is not in the vocabulary: ``tokenizers`` (0.23) panics on that one
@@ -118,7 +167,8 @@ def pipeline(spec: PreTokenizerSpec):
     else:
         raise ModelError(f"unknown normalizer {spec.normalizer!r} in the pre-tokenizer table")
     pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(_literal_escapes(r)), "isolated", invert=False) for r in spec.regexes]
+        [pre_tokenizers.Split(Regex(llama_categories(_literal_escapes(r))), "isolated", invert=False)
+         for r in spec.regexes]
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
     return normalizer, pre_tokenizer, processors.ByteLevel(trim_offsets=False), decoders.ByteLevel()
 
