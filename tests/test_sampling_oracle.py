@@ -25,15 +25,21 @@ from reflex_core.testing.oracle import import_llama_cpp
 pytestmark = pytest.mark.oracle
 
 
+def token_data(L, logits: np.ndarray):
+    """``logits`` as llama.cpp's candidate array (ids in order, unsorted), for its samplers.
+    The array keeps its data alive (ctypes holds the buffer assigned to its pointer field)."""
+    data = (L.llama_token_data * len(logits))()
+    for i, v in enumerate(logits):
+        data[i].id, data[i].logit, data[i].p = i, float(v), 0.0
+    return L.llama_token_data_array(data=data, size=len(logits), selected=-1, sorted=False)
+
+
 def llama_chain_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
                       min_p: float) -> np.ndarray:
     """The distribution llama.cpp's chain leaves (float64 [V], zeros outside the kept set)."""
     L = import_llama_cpp()
     V = len(logits)
-    data = (L.llama_token_data * V)()
-    for i, v in enumerate(logits):
-        data[i].id, data[i].logit, data[i].p = i, float(v), 0.0
-    arr = L.llama_token_data_array(data=data, size=V, selected=-1, sorted=False)
+    arr = token_data(L, logits)
     chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
     try:
         if top_k > 0:
@@ -81,10 +87,7 @@ def llama_penalised(logits: np.ndarray, context: list[int], last_n: int,
     L = import_llama_cpp()
     V = len(logits)
     smpl = L.llama_sampler_init_penalties(V, last_n, penalty, 0.0, 0.0)
-    data = (L.llama_token_data * V)()
-    for i, v in enumerate(logits):
-        data[i].id, data[i].logit, data[i].p = i, float(v), 0.0
-    arr = L.llama_token_data_array(data=data, size=V, selected=-1, sorted=False)
+    arr = token_data(L, logits)
     try:
         for tok in context:
             L.llama_sampler_accept(smpl, tok)
