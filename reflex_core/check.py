@@ -63,6 +63,7 @@ class CheckResult:
     device: str = ""
     reference_dequant: str = "gguf.quants"
     phase_s: dict[str, float] = field(default_factory=dict)  # where the check's time went
+    notices: list[str] = field(default_factory=list)  # e.g. LoRA tensors llama.cpp leaves out
 
     @property
     def ok(self) -> bool:
@@ -199,7 +200,7 @@ def run_check(path: str, prompt: str | None = None, n_decode: int = 4,
     if lora:
         from .lora import applied, close_all, open_adapters
 
-        adapters, _ = applied(open_adapters(lora, g), cls.lora_applies)
+        adapters, res.notices = applied(open_adapters(lora, g), cls.lora_applies)
         try:  # the reference first: with the GPU dequantizer it reads the unmerged GPU weights
             ref_ops.merge_lora(adapters)
             gpu_ops.merge_lora(adapters)

@@ -604,9 +604,11 @@ def smoke(as_json):
 def check(model, prompt, steps, reference_dequant, lora, as_json):
     """Compare the GPU forward with the NumPy reference (logits at every position) and the GPU
     dequantization of every tensor type in MODEL with gguf.quants (bit for bit)."""
-    from . import check as chk
+    from . import check as chk, engine
 
     res = chk.run_check(model, prompt, steps, reference_dequant, lora=lora)
+    for note in res.notices:
+        engine.warn(note)
     if as_json:
         click.echo(json.dumps(render.check_json(res), indent=1))
     else:

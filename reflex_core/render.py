@@ -157,6 +157,7 @@ def check_json(res: Any) -> dict:
     summary = {k: (float(v) if isinstance(v, float) else v)
                for k, v in _check_summary(res).items()}
     return {"status": "ok" if res.ok else "fail", **summary, "phase_s": dict(res.phase_s),
+            "notices": list(res.notices),
             "positions_detail": [vars(r) for r in res.positions],
             "dequant_detail": [vars(r) for r in res.dequant]}
 

@@ -182,6 +182,7 @@ GOLDEN = {  # name: (argv, stdout)
          '  "reference": 30.5,\n'
          '  "gpu": 0.5\n'
          ' },\n'
+         ' "notices": [],\n'
          ' "positions_detail": [\n'
          '  {\n'
          '   "step": "prompt",\n'
@@ -412,6 +413,25 @@ def test_check(ok, name):
     assert res.ok is ok
     assert render.check_lines(res) == golden_lines(name)
     assert render.check_status(res) == golden_lines(name)[-1]
+
+
+def test_check_notices_go_to_stderr_and_into_the_json(monkeypatch):
+    """`reflex check --lora`'s notices (LoRA tensors the architecture leaves out) are on stderr,
+    and in the --json object, never in the text on stdout."""
+    from reflex_core import check
+    from reflex_core.cli import cli
+
+    note = "notice: a.gguf: 1 LoRA tensor(s) not applied, as in llama.cpp"
+    res = check_result()
+    res.notices = [note]
+    monkeypatch.setattr(check, "run_check", lambda *a, **k: res)
+    for argv in (["check", "m.gguf"], ["check", "m.gguf", "--json"]):
+        out = CliRunner().invoke(cli, argv, catch_exceptions=False)
+        assert out.exit_code == 0 and out.stderr == note + "\n", argv
+        if "--json" in argv:
+            assert json.loads(out.stdout)["notices"] == [note]
+        else:
+            assert note not in out.stdout
 
 
 def test_check_json_has_plain_values():
