@@ -91,26 +91,40 @@ def bind_embed_head(ops: Ops, n_embd: int, n_vocab: int) -> EmbedHeadWeights:
 
 
 def _reject_unsupported(ops: Ops, i: int) -> None:
-    for suffix in ("attn_qkv.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias",
-                   "attn_qkv.bias", "attn_q.scale", "attn_k.scale", "attn_v.scale",
+    for suffix in ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_qkv.bias",
+                   "attn_q.scale", "attn_k.scale", "attn_v.scale", "attn_qkv.scale",
                    "attn_output.scale"):
         name = f"blk.{i}.{suffix}"
         if ops.has_weight(name):
-            raise ModelError(f"tensor {name!r} is not supported (fused QKV / attention biases / "
-                             f"per-tensor scales)")
+            raise ModelError(f"tensor {name!r} is not supported (attention biases / per-tensor "
+                             f"scales)")
+
+
+def bind_qkv(ops: Ops, i: int, n_embd: int, n_q: int, n_k: int,
+             n_v: int) -> tuple[Weight, Weight, Weight]:
+    """The q, k, v projections of block i: ``attn_{q,k,v}`` ``[D, n_q]``, ``[D, n_k]``,
+    ``[D, n_v]``, or the rows of a fused ``attn_qkv`` ``[D, n_q + n_k + n_v]`` (spec §4.7: Q, K,
+    V in that order), which llama.cpp takes in place of the three when the file has it."""
+    p = f"blk.{i}."
+    fused = optional_tensor(ops, p + "attn_qkv.weight", [n_embd, n_q + n_k + n_v])
+    if fused is None:
+        return (tensor(ops, p + "attn_q.weight", [n_embd, n_q]),
+                tensor(ops, p + "attn_k.weight", [n_embd, n_k]),
+                tensor(ops, p + "attn_v.weight", [n_embd, n_v]))
+    return (ops.weight_rows(fused, 0, n_q), ops.weight_rows(fused, n_q, n_k),
+            ops.weight_rows(fused, n_q + n_k, n_v))
 
 
 def bind_attn(ops: Ops, i: int, n_embd: int, n_head: int, n_head_kv: int, head_dim_k: int,
               head_dim_v: Optional[int] = None, qk_norm: bool = True) -> AttnWeights:
-    """Bind and check ``blk.{i}.attn_{q,k,v,output}`` (and ``attn_{q,k}_norm`` when
-    ``qk_norm``)."""
+    """Bind and check ``blk.{i}.attn_{q,k,v,output}`` (q/k/v or a fused ``attn_qkv``:
+    :func:`bind_qkv`) and ``attn_{q,k}_norm`` when ``qk_norm``."""
     dv = head_dim_k if head_dim_v is None else head_dim_v
     _reject_unsupported(ops, i)
     p = f"blk.{i}."
+    q, k, v = bind_qkv(ops, i, n_embd, n_head * head_dim_k, n_head_kv * head_dim_k, n_head_kv * dv)
     return AttnWeights(
-        attn_q=tensor(ops, p + "attn_q.weight", [n_embd, n_head * head_dim_k]),
-        attn_k=tensor(ops, p + "attn_k.weight", [n_embd, n_head_kv * head_dim_k]),
-        attn_v=tensor(ops, p + "attn_v.weight", [n_embd, n_head_kv * dv]),
+        attn_q=q, attn_k=k, attn_v=v,
         attn_output=tensor(ops, p + "attn_output.weight", [n_head * dv, n_embd]),
         attn_q_norm=tensor(ops, p + "attn_q_norm.weight", [head_dim_k]) if qk_norm else None,
         attn_k_norm=tensor(ops, p + "attn_k_norm.weight", [head_dim_k]) if qk_norm else None,
@@ -129,23 +143,34 @@ def bind_ffn(ops: Ops, i: int, n_embd: int, n_ff: int) -> FfnWeights:
     )
 
 
-def bind_moe(ops: Ops, i: int, n_embd: int, n_ff_exp: int, n_expert: int) -> MoeWeights:
+def bind_moe(ops: Ops, i: int, n_embd: int, n_ff_exp: int, n_expert: int,
+             fused_gate_up: bool = False) -> MoeWeights:
     """Bind and check the router ``ffn_gate_inp`` ``[D, E]`` and the expert tensors
-    ``ffn_{gate,up}_exps`` ``[D, F_e, E]``, ``ffn_down_exps`` ``[F_e, D, E]`` of block i."""
+    ``ffn_{gate,up}_exps`` ``[D, F_e, E]``, ``ffn_down_exps`` ``[F_e, D, E]`` of block i.
+    ``fused_gate_up``: the family's llama.cpp graph also takes a fused ``ffn_gate_up_exps``
+    ``[D, 2 F_e, E]`` (each expert's gate rows, then its up rows: spec §4.2) in place of the
+    two; elsewhere such a tensor is refused, as llama.cpp's loader refuses the file."""
     p = f"blk.{i}."
-    if ops.has_weight(p + "ffn_gate_up_exps.weight"):
-        raise ModelError(f"tensor {p + 'ffn_gate_up_exps.weight'!r} (fused gate/up experts) is "
-                         f"not supported")
+    fused_name = p + "ffn_gate_up_exps.weight"
+    fused = ops.has_weight(fused_name)
+    if fused and not fused_gate_up:
+        raise ModelError(f"tensor {fused_name!r} (fused gate/up experts) is not supported for "
+                         f"this architecture (llama.cpp reads it for qwen35moe and deepseek2)")
     for suffix in ("ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias",
-                   "ffn_down_exps.bias", "ffn_gate_exps.scale", "ffn_up_exps.scale",
-                   "ffn_down_exps.scale"):
+                   "ffn_gate_up_exps.bias", "ffn_down_exps.bias", "ffn_gate_exps.scale",
+                   "ffn_up_exps.scale", "ffn_gate_up_exps.scale", "ffn_down_exps.scale"):
         if ops.has_weight(p + suffix):
             raise ModelError(f"tensor {p + suffix!r} is not supported (router / expert biases, "
                              f"per-tensor scales)")
+    if fused:
+        both = tensor(ops, fused_name, [n_embd, 2 * n_ff_exp, n_expert])
+        gate, up = ops.weight_rows(both, 0, n_ff_exp), ops.weight_rows(both, n_ff_exp, n_ff_exp)
+    else:
+        gate = tensor(ops, p + "ffn_gate_exps.weight", [n_embd, n_ff_exp, n_expert])
+        up = tensor(ops, p + "ffn_up_exps.weight", [n_embd, n_ff_exp, n_expert])
     return MoeWeights(
         ffn_gate_inp=tensor(ops, p + "ffn_gate_inp.weight", [n_embd, n_expert]),
-        ffn_gate_exps=tensor(ops, p + "ffn_gate_exps.weight", [n_embd, n_ff_exp, n_expert]),
-        ffn_up_exps=tensor(ops, p + "ffn_up_exps.weight", [n_embd, n_ff_exp, n_expert]),
+        ffn_gate_exps=gate, ffn_up_exps=up,
         ffn_down_exps=tensor(ops, p + "ffn_down_exps.weight", [n_ff_exp, n_embd, n_expert]),
     )
 

@@ -175,6 +175,17 @@ def moe_route_groups(E: int, k: int, groups: tuple[int, int]) -> tuple[int, int]
     return G, used
 
 
+def rows_view_shape(w: Weight, row0: int, n_rows: int) -> tuple[tuple[int, ...], str]:
+    """(ne, name) of :meth:`Ops.weight_rows`'s view, after checking the rows lie in ``w``
+    (ValueError otherwise)."""
+    if len(w.ne) < 2:
+        raise ValueError(f"weight_rows: {w.name!r} has no rows to take (ne {list(w.ne)})")
+    if not (0 <= row0 and 0 < n_rows and row0 + n_rows <= w.ne[1]):
+        raise ValueError(f"weight_rows: rows [{row0}, {row0 + n_rows}) of {w.name!r}, which has "
+                         f"{w.ne[1]}")
+    return (w.ne[0], n_rows) + tuple(w.ne[2:]), f"{w.name}[{row0}:{row0 + n_rows}]"
+
+
 class Ops:
     """The op set every backend implements. See the module docstring for conventions.
 
@@ -211,6 +222,14 @@ class Ops:
         """Whether the attached file (``self.gguf``) has a tensor ``name``."""
         g = getattr(self, "gguf", None)
         return g is not None and name in g.tensors
+
+    def weight_rows(self, w: Weight, row0: int, n_rows: int) -> Weight:
+        """Rows ``[row0, row0 + n_rows)`` of ``w`` (along ``ne[1]``; of every expert of a 3-D
+        tensor) as a weight of its own that shares ``w``'s data: the parts of a fused tensor
+        (``attn_qkv`` -> q, k, v; ``ffn_gate_up_exps`` -> gate, up), each then an operand like a
+        tensor of the file. Named ``"{w.name}[row0:row0 + n_rows]"``. A LoRA merge into ``w``
+        made before the view is bound is seen through it."""
+        raise NotImplementedError
 
     def _tensor_info(self, name: str, supported: Any, cannot: str) -> tuple[Any, int, tuple]:
         """(info, ggml_type, ne) of tensor ``name`` of the attached file (``self.gguf``), with the

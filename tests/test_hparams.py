@@ -291,6 +291,12 @@ class PlanOps:
     def has_weight(self, name):
         return name in self.t
 
+    def weight_rows(self, w, row0, n_rows):
+        from reflex_core.ops import rows_view_shape
+
+        ne, name = rows_view_shape(w, row0, n_rows)
+        return Weight(name, w.ggml_type, ne, None)
+
 
 def _fake_file(fake_gguf, shape):
     g = qwen3_meta(fake_gguf, block_count=(shape.n_layer, T_UINT32))
@@ -312,10 +318,19 @@ def test_qwen3_binding(fake_gguf, tied):
                           ({"blk__0__ffn_down__weight": None}, r"'blk\.0\.ffn_down\.weight' is missing"),
                           ({"token_embd__weight": (64, 99)}, "token_embd"),
                           ({"blk__2__attn_k_norm__weight": (16,)}, "attn_k_norm"),
-                          ({"blk__0__attn_qkv__weight": (64, 256)}, "not supported"),
+                          ({"blk__0__attn_qkv__weight": (64, 255)},
+                           r"'blk\.0\.attn_qkv\.weight' has shape \[64, 255\], expected "
+                           r"\[64, 256\]"),
                           ({"blk__0__attn_q__bias": (128,)}, "not supported")]:
         with pytest.raises(ModelError, match=msg):
             Qwen3(_fake_file(fake_gguf, shape), PlanOps(plan, **override))
+    # a fused attn_qkv of q + k + v rows: bound as its rows, the separate three not read
+    m = Qwen3(_fake_file(fake_gguf, shape),
+              PlanOps(plan, blk__1__attn_qkv__weight=(64, 256), blk__1__attn_q__weight=None))
+    a = m.layers[1].attn
+    assert [w.name for w in (a.attn_q, a.attn_k, a.attn_v)] == [
+        "blk.1.attn_qkv.weight[0:128]", "blk.1.attn_qkv.weight[128:192]",
+        "blk.1.attn_qkv.weight[192:256]"]
 
 
 def test_meta_on_real_file(model_files):

@@ -412,24 +412,31 @@ def _every_matrix(path) -> list[str]:
         g.close()
 
 
+_MLA_UNAPPLIED = {"blk.0.attn_q_a.weight", "blk.0.attn_q_b.weight", "blk.0.attn_kv_a_mqa.weight",
+                  "blk.0.attn_k_b.weight", "blk.0.attn_v_b.weight", "output.weight"}
 FAMILY_CASES = [
-    pytest.param(DENSE, set(), id="qwen3"),
-    pytest.param(MOE, set(), id="qwen3moe"),
-    pytest.param(tiny_qwen35_shape(tied=False), {"blk.0.ssm_conv1d.weight"}, id="qwen35"),
-    pytest.param(tiny_qwen35moe_shape(tied=False), {"blk.0.ssm_conv1d.weight"}, id="qwen35moe"),
-    pytest.param(tiny_deepseek2_shape(tied=False),
-                 {"blk.0.attn_q_a.weight", "blk.0.attn_q_b.weight", "blk.0.attn_kv_a_mqa.weight",
-                  "blk.0.attn_k_b.weight", "blk.0.attn_v_b.weight", "output.weight"},
-                 id="deepseek2-mla"),
-    pytest.param(tiny_deepseek2_legacy_shape(tied=False), {"blk.1.attn_kv_b.weight"},
+    pytest.param(DENSE, set(), (), id="qwen3"),
+    pytest.param(MOE, set(), (), id="qwen3moe"),
+    pytest.param(tiny_qwen35_shape(tied=False), {"blk.0.ssm_conv1d.weight"}, (), id="qwen35"),
+    pytest.param(tiny_qwen35moe_shape(tied=False), {"blk.0.ssm_conv1d.weight"}, (),
+                 id="qwen35moe"),
+    pytest.param(tiny_deepseek2_shape(tied=False), _MLA_UNAPPLIED, (), id="deepseek2-mla"),
+    pytest.param(tiny_deepseek2_legacy_shape(tied=False), {"blk.1.attn_kv_b.weight"}, (),
                  id="deepseek2-legacy"),
+    # adapters on fused tensors (tests/test_fused_tensors.py): merged into the whole tensor,
+    # seen through its rows
+    pytest.param(DENSE, set(), ("qkv",), id="qwen3-fused-qkv"),
+    pytest.param(tiny_qwen35moe_shape(tied=False), {"blk.0.ssm_conv1d.weight"},
+                 ("qkv", "gate_up_exps"), id="qwen35moe-fused"),
+    pytest.param(tiny_deepseek2_shape(tied=False), _MLA_UNAPPLIED, ("gate_up_exps",),
+                 id="deepseek2-fused-experts"),
 ]
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("shape, unapplied", FAMILY_CASES)
-def test_every_family_matches_llama_cpp_runtime_lora(tmp_path, capfd, shape, unapplied):
-    base = write_model(tmp_path / "base.gguf", shape, seed=5)
+@pytest.mark.parametrize("shape, unapplied, fuse", FAMILY_CASES)
+def test_every_family_matches_llama_cpp_runtime_lora(tmp_path, capfd, shape, unapplied, fuse):
+    base = write_model(tmp_path / "base.gguf", shape, seed=5, fuse=fuse)
     names = _every_matrix(base)
     assert unapplied <= set(names)
     pairs = random_pairs(base, names, 4, seed=6, sigma=0.05)

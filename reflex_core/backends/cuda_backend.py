@@ -34,7 +34,7 @@ from ..cuda import driver, memory, modules, upload
 from ..cuda.modules import limit
 from ..errors import ModelError, ReflexError
 from ..ggml_types import GGML_TYPES
-from ..ops import Batch, Ops, RopeParams, Weight, moe_route_groups
+from ..ops import Batch, Ops, RopeParams, Weight, moe_route_groups, rows_view_shape
 from .device_array import Block, DeviceArray, LazyArray, Prepared, empty, empty_f32, prod
 
 _F32, _Q8_0 = 0, 8
@@ -419,6 +419,16 @@ class CudaOps(Ops):
         self._weights[name] = w
         return w
 
+    def weight_rows(self, w: Weight, row0: int, n_rows: int) -> Weight:
+        """The rows at their address in ``w``'s data (no copy); a 3-D view keeps ``w``'s distance
+        between experts (``MatPlan.expert_bytes``), which the MoE kernels take as an argument."""
+        from ..cuda import quant_ops
+
+        ne, name = rows_view_shape(w, row0, n_rows)
+        ptr = w.data + row0 * quant_ops.row_bytes(w.ggml_type, w.ne[0])
+        return Weight(name, w.ggml_type, ne, ptr,
+                      quant_ops.plan(w.ggml_type, ne, ptr, name, self._meta(w).expert_bytes))
+
     def merge_lora(self, adapters: Sequence[Any]) -> None:
         """Merge LoRA adapters (reflex_core.lora.Adapter, in order) into the weights, on the
         device: each target is dequantized to float32 into one allocation for all of them, then
@@ -523,14 +533,24 @@ class CudaOps(Ops):
         return m
 
     def dequantize(self, w: Weight) -> DeviceArray:
-        """The whole weight as float32 ``[ne reversed]`` on the device (``reflex check``)."""
+        """The whole weight as float32 ``[ne reversed]`` on the device (``reflex check``); a
+        3-D row view expert by expert (its experts lie apart)."""
         shape = tuple(reversed(w.ne))
         out = empty(shape)
         n = prod(w.ne)
-        if w.ggml_type == _F32:
-            memory.dtod(out.ptr, w.data, 4 * n)
-        else:
-            self._quant_ops.dequant(self._qkern_of(w.ggml_type), w.data, w.ggml_type, n, out.ptr)
+        m = self._meta(w)
+        parts = [(w.data, out.ptr, n)]
+        if len(w.ne) == 3 and n and m.expert_bytes * w.ne[2] != \
+                self._quant_ops.row_bytes(w.ggml_type, w.ne[0]) * w.ne[1] * w.ne[2]:
+            per = w.ne[0] * w.ne[1]
+            parts = [(w.data + e * m.expert_bytes, out.ptr + 4 * e * per, per)
+                     for e in range(w.ne[2])]
+        for src, dst, count in parts:
+            if w.ggml_type == _F32:
+                memory.dtod(dst, src, 4 * count)
+            else:
+                self._quant_ops.dequant(self._qkern_of(w.ggml_type), src, w.ggml_type, count,
+                                        dst)
         return out
 
     def _f32_vector(self, w: Weight, n: int) -> int:
@@ -1168,7 +1188,8 @@ class CudaOps(Ops):
 
     def moe_matmul_swiglu(self, x, gate: Weight, up: Weight, ids) -> DeviceArray:
         """One launch when gate and up share type and shape (else the three ops)."""
-        if gate.ggml_type != up.ggml_type or tuple(gate.ne) != tuple(up.ne):
+        if gate.ggml_type != up.ggml_type or tuple(gate.ne) != tuple(up.ne) or \
+                self._meta(gate).expert_bytes != self._meta(up).expert_bytes:
             return self.swiglu(self.moe_matmul(x, gate, ids), self.moe_matmul(x, up, ids))
         return self._moe_matmul(x, gate, up, ids)
 
@@ -1205,10 +1226,12 @@ class CudaOps(Ops):
             q.moe_matmul_grouped(kern, self.k, w.data, w.ggml_type, x_ptr, ids.ptr, y.ptr, T, k,
                                  n_in, n_out, E, order.ptr, tiles.ptr, n_tiles.ptr, per_expert,
                                  up_ptr=0 if up is None else up.data,
-                                 xh_ptr=0 if halves is None else halves.ptr)
+                                 xh_ptr=0 if halves is None else halves.ptr,
+                                 expert_bytes=self._meta(w).expert_bytes)
         elif T and k:
             q.moe_matmul(kern, w.data, w.ggml_type, x_ptr, ids.ptr, y.ptr, T, k, n_in, n_out, E,
-                         per_expert, up_ptr=0 if up is None else up.data, norm=norm)
+                         per_expert, up_ptr=0 if up is None else up.data, norm=norm,
+                         expert_bytes=self._meta(w).expert_bytes)
         return y
 
     def moe_combine(self, y, weights) -> DeviceArray:

@@ -20,7 +20,7 @@ import numpy as np
 from .. import sampling
 from ..errors import ModelError, ReflexError
 from ..ggml_types import GGML_TYPES
-from ..ops import Batch, Ops, RopeParams, Weight, moe_route_groups
+from ..ops import Batch, Ops, RopeParams, Weight, moe_route_groups, rows_view_shape
 
 _F32, _F16, _BF16 = 0, 1, 30
 _NON_FLOAT_TYPES = {24, 25, 26, 27, 28}  # I8, I16, I32, I64, F64: not weights we compute with
@@ -87,13 +87,24 @@ def _lora_factor(adapter: Any, f: Any) -> np.ndarray:
 
 
 class _Data:
-    """``Weight.data`` of this backend: the raw bytes as uint8 ``[..., n_rows, row_bytes]``."""
+    """``Weight.data`` of this backend: the raw bytes as uint8 ``[..., n_rows, row_bytes]``;
+    for a row view (``weight_rows``) also the weight it views and its first row there."""
 
-    __slots__ = ("raw", "row_bytes")
+    __slots__ = ("raw", "row_bytes", "parent", "row0")
 
-    def __init__(self, raw: np.ndarray, row_bytes: int):
+    def __init__(self, raw: np.ndarray, row_bytes: int, parent: Weight | None = None,
+                 row0: int = 0):
         self.raw = raw
         self.row_bytes = row_bytes
+        self.parent = parent
+        self.row0 = row0
+
+
+def _rows_of(a: np.ndarray, view: Weight) -> np.ndarray:
+    """The rows of ``view`` in ``a``, the float32 values (NumPy order) of the weight it views."""
+    parent, r0 = view.data.parent, view.data.row0
+    outer = tuple(reversed(parent.ne[1:]))
+    return a.reshape(outer + (parent.ne[0],))[..., r0:r0 + view.ne[1], :]
 
 
 @dataclass
@@ -194,8 +205,24 @@ class NumpyOps(Ops):
         self._weights[name] = w
         return w
 
+    def weight_rows(self, w: Weight, row0: int, n_rows: int) -> Weight:
+        ne, name = rows_view_shape(w, row0, n_rows)
+        raw = w.data.raw[..., row0:row0 + n_rows, :]
+        return Weight(name, w.ggml_type, ne, _Data(raw, w.data.row_bytes, w, row0))
+
+    def _held(self, w: Weight) -> np.ndarray | None:
+        """The float32 values held for ``w`` (a LoRA merge or the cache), else None; a row view
+        holds nothing of its own: its rows of what its weight holds."""
+        if w.data.parent is None:
+            return self._f32.get(w.name)
+        a = self._held(w.data.parent)
+        return None if a is None else _rows_of(a, w)
+
     def dequantize(self, w: Weight) -> np.ndarray:
-        """The whole weight as float32 in NumPy order (``ne`` reversed); cached if enabled."""
+        """The whole weight as float32 in NumPy order (``ne`` reversed); cached if enabled. A row
+        view: its rows of its weight's values (so cached, or merged, with that weight)."""
+        if w.data.parent is not None:
+            return _rows_of(self.dequantize(w.data.parent), w)
         a = self._f32.get(w.name)
         if a is None:
             if self.dequantizer is not None:
@@ -210,6 +237,10 @@ class NumpyOps(Ops):
         return self.dequantize(w)
 
     def _expert(self, w: Weight, e: int) -> np.ndarray:
+        parent = w.data.parent
+        if parent is not None:
+            r0 = w.data.row0
+            return self._expert(parent, e).reshape(parent.ne[1], w.ne[0])[r0:r0 + w.ne[1]]
         key = (w.name, e)
         a = self._f32.get(key)
         if a is None:
@@ -291,9 +322,9 @@ class NumpyOps(Ops):
             bad = int(tok[(tok < 0) | (tok >= n_vocab)][0])
             raise ReflexError(f"token id {bad} is out of range for {w.name!r} "
                               f"({n_vocab} rows)")
-        a = self._f32.get(w.name)
+        a = self._held(w)
         if a is not None:
-            return a[tok].astype(np.float32, copy=True)
+            return a.reshape(n_vocab, -1)[tok].astype(np.float32, copy=True)
         return dequantize_rows(w.data.raw.reshape(n_vocab, w.data.row_bytes)[tok], w.ggml_type)
 
     def matmul(self, x, w: Weight) -> np.ndarray:
@@ -305,7 +336,7 @@ class NumpyOps(Ops):
             raise ValueError(f"matmul: input has {x.shape[-1]} columns, {w.name!r} expects {n_in}")
         lead = x.shape[:-1]
         x2 = x.reshape(-1, n_in)
-        if self.cache_weights or w.name in self._f32:
+        if self.cache_weights or self._held(w) is not None:
             W = self.dequantize(w).reshape(n_out, n_in)
             y = x2 @ W.T
         else:

@@ -338,14 +338,17 @@ MAX_SEGMENTS = 3  # weights per matmul launch
 class MatPlan:
     """What a weight's matmul launches need, computed once when the weight is bound (the CUDA
     backend keeps it in ``Weight.meta``): sizes, kernel names, GEMV eligibility of its address.
-    ``error`` is why the weight cannot be a matmul operand (None when it can)."""
+    ``error`` is why the weight cannot be a matmul operand (None when it can). ``expert_bytes``:
+    the distance between a 3-D tensor's experts (its ``n_out`` rows, unless the weight is a row
+    view of a larger tensor, ``CudaOps.weight_rows``)."""
 
     __slots__ = ("ggml_type", "module", "n_in", "n_out", "n_elements", "row_bytes", "gemv",
                  "gemv1s", "gemv1ws", "gemv1x", "gemv1x4", "gemv1x1", "x_staged", "gemvq", "split",
-                 "tiled", "xh", "fused", "gemv_w_ok", "error")
+                 "tiled", "xh", "fused", "gemv_w_ok", "expert_bytes", "error")
 
-    def __init__(self, ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight"):
-        suffix, tname, bs, _, align = _info(ggml_type)
+    def __init__(self, ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight",
+                 expert_bytes: int = 0):
+        suffix, tname, bs, ts, align = _info(ggml_type)
         self.ggml_type = ggml_type
         self.module = _MODULE_OF[ggml_type]  # the kernels' module, for the launch's ``kern``
         self.n_in = ne[0] if ne else 1
@@ -354,6 +357,7 @@ class MatPlan:
         for v in ne:
             n *= v
         self.n_elements = n
+        self.expert_bytes = expert_bytes or self.n_in // bs * ts * self.n_out
         self.gemv = tuple(f"reflex_matmul_gemv{tt}_{suffix}" for tt in (1, 2, 4, 8))
         self.gemv1s = f"reflex_matmul_gemv1s_{suffix}"  # T = 1, two warps a row pair
         self.gemv1ws = f"reflex_matmul_gemv1ws_{suffix}"  # T = 1, two warps a row group of 4
@@ -401,8 +405,9 @@ class MatPlan:
                 self.gemv1x1 = f"reflex_matmul_gemv1x1_{suffix}"
 
 
-def plan(ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight") -> MatPlan:
-    return MatPlan(ggml_type, tuple(int(v) for v in ne), int(w_ptr), name)
+def plan(ggml_type: int, ne: tuple[int, ...], w_ptr: int, name: str = "weight",
+         expert_bytes: int = 0) -> MatPlan:
+    return MatPlan(ggml_type, tuple(int(v) for v in ne), int(w_ptr), name, int(expert_bytes))
 
 
 def _tile_grid(T: int, n_outs: tuple, swiglu: bool) -> tuple[int, int]:
@@ -729,7 +734,7 @@ def moe_normed_ok(kern, ggml_type: int, n_in: int) -> bool:
 
 def moe_matmul(kern, w_ptr: int, ggml_type: int, x_ptr: int, ids_ptr: int, y_ptr: int, T: int,
                k: int, n_in: int, n_out: int, n_expert: int, x_per_expert: bool = False,
-               up_ptr: int = 0, norm: tuple | None = None) -> None:
+               up_ptr: int = 0, norm: tuple | None = None, expert_bytes: int = 0) -> None:
     """MoE gather-matmul over the 3-D expert tensor ``w`` (ne ``[n_in, n_out, n_expert]``): for
     token t and slot j, ``y[t, j, :] = W[ids[t, j]] . x_row`` with ``x_row = x[t]`` (``x [T, n_in]``
     shared by the k slots) or ``x[t, j]`` (``x [T, k, n_in]``, ``x_per_expert=True``). ``ids`` is
@@ -739,9 +744,11 @@ def moe_matmul(kern, w_ptr: int, ggml_type: int, x_ptr: int, ids_ptr: int, y_ptr
     type and shape): SwiGLU, ``y[t, j, :] = silu(W . x_row) * (W_up . x_row)`` in the same launch
     (``w`` the gate experts). ``norm`` ``(part, n_part, eps)``: x is a residual-step GEMV's
     ``h * w`` whose rows are scaled by the norm (:func:`matmul_fused`'s reader) as they are read;
-    only where :func:`moe_normed_ok` and for one token shared by the slots."""
+    only where :func:`moe_normed_ok` and for one token shared by the slots. ``expert_bytes``: the
+    distance between experts when not ``n_out`` rows (a row view, ``MatPlan.expert_bytes``)."""
     suffix, name, _, _, _ = _info(ggml_type)
     rb = row_bytes(ggml_type, n_in)
+    eb = expert_bytes or n_out * rb
     _check_int32(T=T, k=k, n_in=n_in, n_out=n_out, n_expert=n_expert, slots=T * k)
     if T == 0 or k == 0 or n_out == 0:
         return
@@ -755,7 +762,7 @@ def moe_matmul(kern, w_ptr: int, ggml_type: int, x_ptr: int, ids_ptr: int, y_ptr
     # staged x shared by one token's slots: MOE_SLOTS_A_BLOCK slots a block
     grid_xs = (gx, (k + MOE_SLOTS_A_BLOCK - 1) // MOE_SLOTS_A_BLOCK, 1) \
         if T == 1 and not x_per_expert else grid
-    args = (w_ptr, up_ptr, x_ptr, ids_ptr, y_ptr, T, k, n_in, n_out, rb, n_out * rb,
+    args = (w_ptr, up_ptr, x_ptr, ids_ptr, y_ptr, T, k, n_in, n_out, rb, eb,
             1 if x_per_expert else 0, n_expert, 1 if up_ptr else 0)
     if norm is not None:
         if T != 1 or x_per_expert or not moe_normed_ok(kern, ggml_type, n_in):
@@ -793,13 +800,15 @@ def moe_tiled_ok(T: int, k: int, n_expert: int) -> bool:
 def moe_matmul_grouped(kern, core, w_ptr: int, ggml_type: int, x_ptr: int, ids_ptr: int,
                        y_ptr: int, T: int, k: int, n_in: int, n_out: int, n_expert: int,
                        order_ptr: int, tiles_ptr: int, n_tiles_ptr: int,
-                       x_per_expert: bool = False, up_ptr: int = 0, xh_ptr: int = 0) -> None:
+                       x_per_expert: bool = False, up_ptr: int = 0, xh_ptr: int = 0,
+                       expert_bytes: int = 0) -> None:
     """:func:`moe_matmul`'s result through the slots grouped by expert: ``core`` (the core
     module) runs ``reflex_moe_schedule`` into the scratch ``order`` (``T * k`` int32), ``tiles``
     (``3 * moe_max_tiles`` int32) and ``n_tiles`` (one int32), then ``kern`` the grouped tiled
     kernel. Only for :func:`moe_tiled_ok` sizes; no alignment needs (the tiled kernel's).
     ``xh_ptr``: x's halves (:func:`x_halves` of its T, or T * k when ``x_per_expert``, rows;
-    16-byte aligned); an ``XH_TYPES`` weight then takes the grouped float16 tensor-core tile."""
+    16-byte aligned); an ``XH_TYPES`` weight then takes the grouped float16 tensor-core tile.
+    ``expert_bytes`` as :func:`moe_matmul`'s."""
     suffix, _, _, _, _ = _info(ggml_type)
     rb = row_bytes(ggml_type, n_in)
     n_slots = T * k
@@ -812,7 +821,7 @@ def moe_matmul_grouped(kern, core, w_ptr: int, ggml_type: int, x_ptr: int, ids_p
                 (ids_ptr, n_slots, n_expert, _TILE_N, order_ptr, tiles_ptr, n_tiles_ptr, y_ptr, n_out))
     gx = (n_out + _TILE_M // 2 - 1) // (_TILE_M // 2) if up_ptr else (n_out + _TILE_M - 1) // _TILE_M
     args = (w_ptr, up_ptr, x_ptr, order_ptr, tiles_ptr, n_tiles_ptr, y_ptr, k, n_in, n_out, rb,
-            n_out * rb, 1 if x_per_expert else 0, 1 if up_ptr else 0)
+            expert_bytes or n_out * rb, 1 if x_per_expert else 0, 1 if up_ptr else 0)
     grid = (gx, moe_max_tiles(n_slots, n_expert), 1)
     if xh_ptr and ggml_type in XH_TYPES and xh_ptr % 16 == 0:
         kern.launch(f"reflex_moe_xh_{suffix}", grid, (_TILE_THREADS, 1, 1),

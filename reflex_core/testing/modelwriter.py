@@ -92,6 +92,7 @@ __all__ = [
     "q4_k_m_overrides",
     "PRESETS",
     "preset_overrides",
+    "FUSIONS",
 ]
 
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
@@ -766,9 +767,12 @@ class TensorSpec:
     ne: tuple[int, ...]  # ne order (ne0 innermost)
     ggml_type: str  # "F32", "Q4_K", ...
     # "norm" | "router" | "matrix"; Qwen3.5 also "conv" (F32 Gaussian like "router"), "ssm_a",
-    # "dt_bias" (see _tensor_chunks); deepseek2 "bias" (exp_probs_b: F32 Gaussian)
+    # "dt_bias" (see _tensor_chunks); deepseek2 "bias" (exp_probs_b: F32 Gaussian); "fused"
     kind: str
     sigma: float  # target std of the (dequantized) values; norms: spread around 1
+    # a fused tensor (kind "fused", see FUSIONS): the tensors whose rows it holds, each drawn as
+    # the file without the fusion would hold it
+    parts: tuple["TensorSpec", ...] = ()
 
     @property
     def short(self) -> str:
@@ -975,14 +979,74 @@ class _Plan:
             self.mat("output.weight", (D, n_vocab), self.embd_std(D))
 
 
+# What llama.cpp's converter can fuse (``--fuse-qkv``, ``--fuse-gate-up-exps``): the parts of
+# each block, in the fused tensor's row order, and the fused tensor's short name.
+FUSIONS = {
+    "qkv": (("attn_q", "attn_k", "attn_v"), "attn_qkv"),
+    "gate_up_exps": (("ffn_gate_exps", "ffn_up_exps"), "ffn_gate_up_exps"),
+}
+
+
+def _fuse(specs: list[TensorSpec], fuse: tuple[str, ...]) -> list[TensorSpec]:
+    """``specs`` with each block's parts of every fusion in ``fuse`` (FUSIONS) replaced by one
+    tensor at the first part's place, holding their rows in order (of each expert, for expert
+    tensors), as the converter writes them. The parts must share one type (a fused tensor has
+    one); a fusion with nothing to fuse in the plan is a ValueError."""
+    unknown = [f for f in fuse if f not in FUSIONS]
+    if unknown:
+        raise ValueError(f"unknown fusion {unknown[0]!r} (known: {', '.join(FUSIONS)})")
+    by_name = {s.name: s for s in specs}
+    out: list[TensorSpec] = []
+    fused_names: set[str] = set()
+    used: set[str] = set()
+    for s in specs:
+        if s.name in fused_names:
+            continue
+        for f in fuse:
+            part_shorts, short = FUSIONS[f]
+            if not (s.name.startswith("blk.") and s.short == part_shorts[0]):
+                continue
+            block = s.name.split(".")[1]
+            names = [f"blk.{block}.{p}.weight" for p in part_shorts]
+            if not all(n in by_name for n in names):
+                continue
+            parts = tuple(by_name[n] for n in names)
+            types = sorted({p.ggml_type for p in parts})
+            if len(types) > 1:
+                raise ValueError(f"fusing {', '.join(names)}: they have types {', '.join(types)}; "
+                                 f"a fused tensor has one (override them to one type)")
+            ne = (s.ne[0], sum(p.ne[1] for p in parts)) + tuple(s.ne[2:])
+            out.append(TensorSpec(f"blk.{block}.{short}.weight", ne, types[0], "fused", s.sigma,
+                                  parts))
+            fused_names.update(names)
+            used.add(f)
+            break
+        else:
+            out.append(s)
+    missing = [f for f in fuse if f not in used]
+    if missing:
+        raise ValueError(f"fusion {missing[0]!r}: the plan has no "
+                         f"{' / '.join(FUSIONS[missing[0]][0])} to fuse")
+    return out
+
+
 def tensor_plan(shape: ModelShape, *, weight_type: str = "F32", tokenizer: str = "none",
-                type_overrides: dict[str, str] | None = None) -> list[TensorSpec]:
+                type_overrides: dict[str, str] | None = None,
+                fuse: tuple[str, ...] = ()) -> list[TensorSpec]:
     """The tensors ``write_model`` writes, in file order (names, ne, types, target stds).
 
     ``type_overrides`` maps fnmatch patterns to types; a pattern is matched against the short name
     (``attn_v``, ``token_embd``, ``ffn_down_exps``) and against the full name without ``.weight``
     (``blk.3.attn_v``); the first matching pattern wins. Norms and the router stay F32.
+    ``fuse``: names of FUSIONS to apply (``_fuse``): a fused file holds the same values as the
+    file without them.
     """
+    specs = _plan(shape, weight_type, tokenizer, type_overrides)
+    return _fuse(specs, tuple(fuse)) if fuse else specs
+
+
+def _plan(shape: ModelShape, weight_type: str, tokenizer: str,
+          type_overrides: dict[str, str] | None) -> list[TensorSpec]:
     _check_shape(shape)
     n_vocab = _resolve_vocab(shape, tokenizer)
     if isinstance(shape, Qwen35Shape):
@@ -1325,8 +1389,27 @@ _DT_BIAS_MEAN = -1.0
 _DT_BIAS_STD = 0.3
 
 
+def _fused_chunks(spec: TensorSpec, seed: int, zero_data: bool) -> Iterator[np.ndarray]:
+    """A fused tensor's bytes: each part's rows in turn, of the whole tensor (2-D) or of each
+    expert (3-D: the parts are held whole, one block's expert tensors at a time)."""
+    if len(spec.ne) == 2:
+        for part in spec.parts:
+            yield from _tensor_chunks(part, seed, zero_data)
+        return
+    n_expert = spec.ne[2]
+    parts = [np.concatenate([np.ascontiguousarray(c).reshape(-1).view(np.uint8)
+                             for c in _tensor_chunks(part, seed, zero_data)]).reshape(n_expert, -1)
+             for part in spec.parts]
+    for e in range(n_expert):
+        for part in parts:
+            yield part[e]
+
+
 def _tensor_chunks(spec: TensorSpec, seed: int, zero_data: bool) -> Iterator[np.ndarray]:
     """The tensor's bytes as a sequence of arrays (each at most ~_CHUNK_BYTES)."""
+    if spec.parts:
+        yield from _fused_chunks(spec, seed, zero_data)
+        return
     n = 1
     for d in spec.ne:
         n *= d
@@ -1580,7 +1663,7 @@ def _add_tokenizer(w: gguf.GGUFWriter, shape: ModelShape, tokenizer: str, n_voca
 def write_model(path, shape: ModelShape | None = None, *, weight_type: str = "F32",
                 tokenizer: str = "none", seed: int = 0,
                 type_overrides: dict[str, str] | None = None, zero_data: bool = False,
-                arch_name: str | None = None) -> Path:
+                arch_name: str | None = None, fuse: tuple[str, ...] = ()) -> Path:
     """Write a random ``shape`` model to ``path`` and return the path.
 
     weight_type: type of the matrices (2-D and expert 3-D tensors, token_embd, output), one of
@@ -1595,13 +1678,17 @@ def write_model(path, shape: ModelShape | None = None, *, weight_type: str = "F3
     a forward pass then gives all-zero logits - use it only where the values do not matter).
     arch_name: the file's general.architecture (and metadata prefix) when it differs from the
     layout's ``shape.arch`` (a plugin's test architecture with the qwen3 layout).
+    fuse: fused tensors in place of their parts, as llama.cpp's converter writes with
+    ``--fuse-qkv`` (``"qkv"``: ``attn_qkv``) and ``--fuse-gate-up-exps`` (``"gate_up_exps"``:
+    ``ffn_gate_up_exps``); the values are those of the file without them (same seed).
     The file is written to ``path + ".tmp"`` and renamed when complete.
     """
     shape = ModelShape() if shape is None else shape
     if weight_type not in _ALL_TYPES:
         raise ValueError(f"unsupported weight_type {weight_type!r} (supported: {', '.join(_ALL_TYPES)})")
     path = Path(path)
-    plan = tensor_plan(shape, weight_type=weight_type, tokenizer=tokenizer, type_overrides=type_overrides)
+    plan = tensor_plan(shape, weight_type=weight_type, tokenizer=tokenizer,
+                       type_overrides=type_overrides, fuse=tuple(fuse))
     n_vocab = _resolve_vocab(shape, tokenizer)
 
     tmp = path.with_name(path.name + ".tmp")

@@ -88,7 +88,7 @@ def _bind_ffn(ops: Ops, i: int, cfg: DeepSeek2Config) -> Any:
     F_sh = cfg.n_ff_exp * cfg.n_shared
     t = blocks.tensor
     return MoeLayerWeights(
-        moe=blocks.bind_moe(ops, i, D, cfg.n_ff_exp, cfg.n_expert),
+        moe=blocks.bind_moe(ops, i, D, cfg.n_ff_exp, cfg.n_expert, fused_gate_up=True),
         exp_probs_b=blocks.optional_tensor(ops, p + "exp_probs_b.bias", [cfg.n_expert]),
         shared=blocks.FfnWeights(ffn_gate=t(ops, p + "ffn_gate_shexp.weight", [D, F_sh]),
                                  ffn_up=t(ops, p + "ffn_up_shexp.weight", [D, F_sh]),

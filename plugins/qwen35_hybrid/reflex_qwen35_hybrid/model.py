@@ -73,15 +73,15 @@ class Qwen35Layer:
 
 def _bind_gated_attn(ops: Ops, i: int, D: int, H: int, H_kv: int, d_h: int) -> GatedAttnWeights:
     p = f"blk.{i}."
-    for name in ("attn_qkv.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias"):
+    for name in ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_qkv.bias"):
         if ops.has_weight(p + name):
             raise ModelError(f"tensor {p + name!r} is not supported in an attention layer "
-                             f"(fused QKV / attention biases)")
+                             f"(attention biases)")
     t = blocks.tensor
+    # q's rows hold each head's query then its output gate (spec §7.3)
+    q, k, v = blocks.bind_qkv(ops, i, D, 2 * H * d_h, H_kv * d_h, H_kv * d_h)
     return GatedAttnWeights(
-        attn_q=t(ops, p + "attn_q.weight", [D, 2 * H * d_h]),
-        attn_k=t(ops, p + "attn_k.weight", [D, H_kv * d_h]),
-        attn_v=t(ops, p + "attn_v.weight", [D, H_kv * d_h]),
+        attn_q=q, attn_k=k, attn_v=v,
         attn_output=t(ops, p + "attn_output.weight", [H * d_h, D]),
         attn_q_norm=t(ops, p + "attn_q_norm.weight", [d_h]),
         attn_k_norm=t(ops, p + "attn_k_norm.weight", [d_h]))
@@ -219,7 +219,8 @@ class Qwen35MoE(Qwen35):
 
     def _bind_ffn(self, ops: Ops, i: int) -> Any:
         cfg = self.cfg
-        return (blocks.bind_moe(ops, i, cfg.n_embd, cfg.n_ff_exp, cfg.n_expert),
+        return (blocks.bind_moe(ops, i, cfg.n_embd, cfg.n_ff_exp, cfg.n_expert,
+                                fused_gate_up=True),
                 _bind_shared_expert(ops, i, cfg.n_embd, cfg.n_ff_shexp))
 
     def _ffn(self, b: Any, ffn: Any) -> Any:
