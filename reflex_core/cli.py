@@ -348,7 +348,7 @@ def quiet_option(f):
               help="Stop before TEXT once the output contains it (repeat for several).")
 @click.option("-c", "--ctx-size", type=click.IntRange(min=0), default=0,
               help="Context size in tokens: the prompt and the new tokens must fit (default "
-                   "0: the model's context length).")
+                   "0: the model's context length; more than that runs, with a notice).")
 @click.option("--truncate", is_flag=True,
               help="Drop the prompt's oldest tokens when it does not fit the context, instead "
                    "of failing.")
@@ -398,9 +398,9 @@ def generate(args, quickstart, hub_model, revision, prompt_opt, n_tokens, stops,
     lm, ids = engine.load(model, backend, t, prompt=prompt or None, one_shot=True,
                           continuation=reading is not None, lora=lora, chat=chat_args)
     saved = saved_state(reading, lm, t)
-    ids, n_new, cut = engine.fit_context(lm, ids or [], n_tokens, ctx_size, truncate, saved)
+    ids, n_new, fitted = engine.fit_context(lm, ids or [], n_tokens, ctx_size, truncate, saved)
     if not quiet:
-        for note in lm.notices + ([cut] if cut else []):
+        for note in lm.notices + fitted:
             engine.warn(note)
     from .sampling import SamplingParams
 
@@ -414,7 +414,7 @@ def generate(args, quickstart, hub_model, revision, prompt_opt, n_tokens, stops,
 
     res = engine.generate(lm, ids, n_new, sampling, None if as_json else on_text, t,
                           resume=saved, keep_state=export_kv is not None, stop=stops,
-                          on_prefill=prefill_progress(lm, quiet))
+                          on_prefill=prefill_progress(lm, quiet), ctx_size=ctx_size)
     if export_kv is not None:
         write_state_file(export_kv, lm, res.state.dump(), res.fed, res.pending, t)
     if as_json:

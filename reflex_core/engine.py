@@ -333,17 +333,20 @@ class GenerateResult:
 
 
 def fit_context(lm: Loaded, prompt_ids: Sequence[int], n_new: int, ctx_size: int = 0,
-                truncate: bool = False, resume: Any = None) -> tuple[list[int], int, str | None]:
-    """Size a generate job to its context: (prompt ids, tokens to generate, a notice or None).
+                truncate: bool = False, resume: Any = None) -> tuple[list[int], int, list[str]]:
+    """Size a generate job to its context: (prompt ids, tokens to generate, notices).
 
-    The context is ``ctx_size`` tokens (0: the model's training context). ``n_new`` -1 means
-    "until the end of the text or of the context": every cell left after the prompt. A prompt
-    that does not fit with ``n_new`` tokens after it is an error, or with ``truncate`` loses its
-    oldest tokens (a leading BOS is kept: the model was trained with it in front)."""
+    The context is ``ctx_size`` tokens (0: the model's training context; more than it runs, with
+    a notice, as llama.cpp runs with a warning). ``n_new`` -1 means "until the end of the text or
+    of the context": every cell left after the prompt. A prompt that does not fit with ``n_new``
+    tokens after it is an error, or with ``truncate`` loses its oldest tokens (a leading BOS is
+    kept: the model was trained with it in front). Pass ``ctx_size`` on to :func:`generate`."""
     trained = int(lm.model.n_ctx_train or 0)
+    notices = []
     if trained and ctx_size > trained:
-        raise ReflexError(f"-c {ctx_size} is larger than the model's context length "
-                          f"({trained} tokens)")
+        notices.append(f"notice: -c {ctx_size} is larger than the model's context length "
+                       f"({trained} tokens): positions past it are ones the model was not "
+                       f"trained on")
     limit = ctx_size or trained
     n_past = len(resume.tokens) if resume is not None else 0
     n_pending = len(resume.pending) if resume is not None else 0
@@ -352,11 +355,10 @@ def fit_context(lm: Loaded, prompt_ids: Sequence[int], n_new: int, ctx_size: int
         if n_new < 0:
             raise ReflexError(f"{lm.path}: the file states no context length; -n -1 needs "
                               "-c/--ctx-size")
-        return prompt, n_new, None
+        return prompt, n_new, notices
     where = "the context size (-c)" if ctx_size else "the model's context length"
     used = n_past + n_pending + len(prompt)
     want = max(n_new, 1)  # -n -1 wants room for one token at least
-    notice = None
     if used + want > limit:
         past = f"the imported state ({n_past + n_pending} tokens) + " if resume is not None else ""
         if not truncate or n_past + n_pending + want >= limit:
@@ -369,29 +371,34 @@ def fit_context(lm: Loaded, prompt_ids: Sequence[int], n_new: int, ctx_size: int
         keep = limit - want - n_past - n_pending - len(head)
         dropped = len(prompt) - len(head) - keep
         prompt = head + prompt[len(prompt) - keep:]
-        notice = (f"notice: the prompt ({used - n_past - n_pending} tokens) was cut to its last "
-                  f"{keep}{' after the BOS' if head else ''} ({dropped} dropped) to fit "
-                  f"{where} ({limit} tokens)")
+        notices.append(f"notice: the prompt ({used - n_past - n_pending} tokens) was cut to its "
+                       f"last {keep}{' after the BOS' if head else ''} ({dropped} dropped) to "
+                       f"fit {where} ({limit} tokens)")
         used = n_past + n_pending + len(prompt)
-    return prompt, (limit - used if n_new < 0 else n_new), notice
+    return prompt, (limit - used if n_new < 0 else n_new), notices
 
 
 PREFILL_CHUNK = 256  # tokens per forward when a prefill reports its progress
 
 
-def check_context(lm: Loaded, n_prompt: int, n_new: int, n_imported: int = 0) -> None:
-    limit = lm.model.n_ctx_train
+def check_context(lm: Loaded, n_prompt: int, n_new: int, n_imported: int = 0,
+                  ctx_size: int = 0) -> None:
+    """The job must fit ``ctx_size`` tokens (:func:`fit_context`'s), else the model's context
+    length."""
+    limit = ctx_size or lm.model.n_ctx_train
     if limit and n_imported + n_prompt + n_new > limit:
         past = f"the imported state ({n_imported} tokens) + " if n_imported else ""
-        raise ReflexError(f"{past}prompt ({n_prompt} tokens) + {n_new} new tokens exceeds the "
-                          f"model's context length ({limit} tokens)")
+        where = "the context size (-c)" if ctx_size else "the model's context length"
+        raise ReflexError(f"{past}prompt ({n_prompt} tokens) + {n_new} new tokens exceeds "
+                          f"{where} ({limit} tokens)")
 
 
 def generate(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: SamplingParams,
              on_text: Callable[[str], None] | None = None,
              timings: Timings | None = None, resume: Any = None,
              keep_state: bool = False, stop: Sequence[str] = (),
-             on_prefill: Callable[[int, int], None] | None = None) -> GenerateResult:
+             on_prefill: Callable[[int, int], None] | None = None,
+             ctx_size: int = 0) -> GenerateResult:
     """Prefill the prompt as one batch, then decode up to ``n_new`` tokens (stopping at an
     end-of-generation token, or once the text contains one of ``stop``: the text then ends
     before it). ``on_text`` receives text as soon as it is complete UTF-8 (and, with ``stop``,
@@ -404,9 +411,12 @@ def generate(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: Sampli
 
     ``on_prefill(done, total)``: a prompt longer than PREFILL_CHUNK tokens is fed in chunks of
     that many, and this is called after each (progress for a slow backend; the chunks' results
-    equal one batch's up to float rounding)."""
+    equal one batch's up to float rounding).
+
+    ``ctx_size``: the job's context as :func:`fit_context` sized it (0: the model's context
+    length), which it must fit."""
     steps = generate_steps(lm, prompt_ids, n_new, sampling, on_text is not None, timings, resume,
-                           keep_state, stop, on_prefill)
+                           keep_state, stop, on_prefill, ctx_size)
     while True:
         try:
             piece = next(steps)
@@ -418,7 +428,7 @@ def generate(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: Sampli
 def generate_steps(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: SamplingParams,
                    stream: bool = False, timings: Timings | None = None, resume: Any = None,
                    keep_state: bool = False, stop: Sequence[str] = (),
-                   on_prefill: Callable[[int, int], None] | None = None
+                   on_prefill: Callable[[int, int], None] | None = None, ctx_size: int = 0
                    ) -> Generator[str, None, GenerateResult]:
     """:func:`generate` as a generator: yields the text pieces (when ``stream``) and returns
     the GenerateResult, so that a caller can iterate over the text (the Python API's
@@ -440,7 +450,7 @@ def generate_steps(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: 
     if stops and tok is None:
         raise ReflexError(f"{lm.path}: this model has no tokenizer, so its output has no text "
                           "to look for stop strings in")
-    check_context(lm, len(feed), n_new, len(past))
+    check_context(lm, len(feed), n_new, len(past), ctx_size)
     model, ops = lm.model, lm.ops
     seed = sampling.seed
     if not sampling.greedy and (seed is None or seed < 0):  # -1: random, as llama.cpp's

@@ -350,7 +350,7 @@ def run_cli(monkeypatch, argv: list[str]) -> str:
         return res
 
     monkeypatch.setattr(engine, "generate", fake_generate)
-    monkeypatch.setattr(engine, "fit_context", lambda lm, ids, n, *a: (list(ids), n, None))
+    monkeypatch.setattr(engine, "fit_context", lambda lm, ids, n, *a: (list(ids), n, []))
     monkeypatch.setattr(system1, "tokenize_candidates", lambda tok, c: [[1]] * len(c))
     monkeypatch.setattr(system1, "evaluate", lambda *a, **k: system1_result())
     monkeypatch.setattr(timing, "since_process_start_ms", lambda perf=None: MS)
