@@ -197,6 +197,14 @@ extern "C" __global__ void reflex_add(const float* __restrict__ a, const float* 
     if (i < n) y[i] = a[i] + b[i];
 }
 
+// add_bias: y[r, i] = x[r, i] + b[i] over ``total`` = rows * n elements.
+extern "C" __global__ void reflex_add_bias(const float* __restrict__ x, const float* __restrict__ b,
+                                           float* __restrict__ y, int n, int total) {
+    RX_PDL_ENTRY();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) y[i] = x[i] + b[i % n];
+}
+
 extern "C" __global__ void reflex_swiglu(const float* __restrict__ g, const float* __restrict__ u,
                                          float* __restrict__ y, int n) {
     RX_PDL_ENTRY();

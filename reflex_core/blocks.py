@@ -48,6 +48,8 @@ class AttnWeights:
     attn_output: Weight
     attn_q_norm: Optional[Weight] = None
     attn_k_norm: Optional[Weight] = None
+    # attn_{q,k,v}.bias where the file has them (spec §4.7)
+    biases: tuple[Optional[Weight], Optional[Weight], Optional[Weight]] = (None, None, None)
 
 
 @dataclass
@@ -91,13 +93,33 @@ def bind_embed_head(ops: Ops, n_embd: int, n_vocab: int) -> EmbedHeadWeights:
 
 
 def _reject_unsupported(ops: Ops, i: int) -> None:
-    for suffix in ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_qkv.bias",
-                   "attn_q.scale", "attn_k.scale", "attn_v.scale", "attn_qkv.scale",
+    for suffix in ("attn_q.scale", "attn_k.scale", "attn_v.scale", "attn_qkv.scale",
                    "attn_output.scale"):
         name = f"blk.{i}.{suffix}"
         if ops.has_weight(name):
-            raise ModelError(f"tensor {name!r} is not supported (attention biases / per-tensor "
-                             f"scales)")
+            raise ModelError(f"tensor {name!r} is not supported (per-tensor scales)")
+
+
+def bind_qkv_biases(ops: Ops, i: int, n_q: int, n_k: int,
+                    n_v: int) -> tuple[Optional[Weight], Optional[Weight], Optional[Weight]]:
+    """``attn_{q,k,v}.bias`` of block i, each None where the file has none: llama.cpp adds each
+    it finds after its projection (spec §4.7), beside separate or fused weights. A fused
+    ``attn_qkv.bias`` is refused (the converter writes one only for a model with all three
+    biases fused by request)."""
+    p = f"blk.{i}."
+    if ops.has_weight(p + "attn_qkv.bias"):
+        raise ModelError(f"tensor {p + 'attn_qkv.bias'!r} (a fused q/k/v bias) is not "
+                         f"supported; a file with attn_q/k/v.bias is")
+    return (optional_tensor(ops, p + "attn_q.bias", [n_q]),
+            optional_tensor(ops, p + "attn_k.bias", [n_k]),
+            optional_tensor(ops, p + "attn_v.bias", [n_v]))
+
+
+def project_qkv(ops: Ops, x, ws: Sequence[Weight],
+                biases: Sequence[Optional[Weight]] = (None, None, None)) -> list:
+    """The q, k, v projections of ``x`` (one ``matmul_many``), each with its bias if any."""
+    outs = ops.matmul_many(x, tuple(ws))
+    return [y if b is None else ops.add_bias(y, b) for y, b in zip(outs, biases)]
 
 
 def bind_qkv(ops: Ops, i: int, n_embd: int, n_q: int, n_k: int,
@@ -122,9 +144,10 @@ def bind_attn(ops: Ops, i: int, n_embd: int, n_head: int, n_head_kv: int, head_d
     dv = head_dim_k if head_dim_v is None else head_dim_v
     _reject_unsupported(ops, i)
     p = f"blk.{i}."
-    q, k, v = bind_qkv(ops, i, n_embd, n_head * head_dim_k, n_head_kv * head_dim_k, n_head_kv * dv)
+    n_q, n_k, n_v = n_head * head_dim_k, n_head_kv * head_dim_k, n_head_kv * dv
+    q, k, v = bind_qkv(ops, i, n_embd, n_q, n_k, n_v)
     return AttnWeights(
-        attn_q=q, attn_k=k, attn_v=v,
+        attn_q=q, attn_k=k, attn_v=v, biases=bind_qkv_biases(ops, i, n_q, n_k, n_v),
         attn_output=tensor(ops, p + "attn_output.weight", [n_head * dv, n_embd]),
         attn_q_norm=tensor(ops, p + "attn_q_norm.weight", [head_dim_k]) if qk_norm else None,
         attn_k_norm=tensor(ops, p + "attn_k_norm.weight", [head_dim_k]) if qk_norm else None,
@@ -200,7 +223,7 @@ def gqa_attention(ops: Ops, x, w: AttnWeights, kv: tuple, pb, rope: RopeParams, 
                   scale: Optional[float] = None):
     """Self-attention of the (already normalised) input ``x [T, D]`` -> ``[T, D]`` (spec §4.4).
 
-    q/k/v projections; per-head RMSNorm of q and k (weights shared by heads) BEFORE RoPE when
+    q/k/v projections (and their biases, if any); per-head RMSNorm of q and k (weights shared by heads) BEFORE RoPE when
     the norms are given; RoPE of q and k; K/V written to cells ``[cell0, cell0 + T)`` of the
     layer's state buffers ``kv = (k_cache, v_cache)`` (``state.kv(layer)``); attention
     over cells ``[0, n_kv)`` under the batch mask with ``scale`` (default ``1/sqrt(head_dim)``);
@@ -208,7 +231,7 @@ def gqa_attention(ops: Ops, x, w: AttnWeights, kv: tuple, pb, rope: RopeParams, 
     """
     dv = head_dim if head_dim_v is None else head_dim_v
     T = ops.shape(x)[0]
-    q, k, v = ops.matmul_many(x, (w.attn_q, w.attn_k, w.attn_v))
+    q, k, v = project_qkv(ops, x, (w.attn_q, w.attn_k, w.attn_v), w.biases)
     o = ops.rope_attention(ops.view(q, (T, n_head, head_dim)),
                            ops.view(k, (T, n_head_kv, head_dim)), ops.view(v, (T, n_head_kv, dv)),
                            w.attn_q_norm, w.attn_k_norm, eps, pb, rope, kv[0], kv[1],

@@ -112,6 +112,7 @@ CORE_OPS: tuple[OpDef, ...] = (
     _core("rope_attention"),
     _core("swiglu"),
     _core("add"),
+    _core("add_bias"),
     _core("take_rows"),
     _core("moe_route"),
     _core("moe_matmul", ("quant", "quant_lowbit")),

@@ -336,6 +336,11 @@ class Ops:
         """``a + b`` elementwise (same shape)."""
         raise NotImplementedError
 
+    def add_bias(self, x, b: Weight):
+        """``x [T, n]`` with the vector ``b`` (ne ``[n]``) added to every row: a projection's
+        bias (spec §4.7)."""
+        raise NotImplementedError
+
     def take_rows(self, x, rows: Sequence[int]):
         """Rows ``rows`` of ``x [T, n]``: ``[len(rows), n]``."""
         raise NotImplementedError

@@ -321,7 +321,10 @@ def test_qwen3_binding(fake_gguf, tied):
                           ({"blk__0__attn_qkv__weight": (64, 255)},
                            r"'blk\.0\.attn_qkv\.weight' has shape \[64, 255\], expected "
                            r"\[64, 256\]"),
-                          ({"blk__0__attn_q__bias": (128,)}, "not supported")]:
+                          ({"blk__0__attn_q__bias": (127,)},
+                           r"'blk\.0\.attn_q\.bias' has shape \[127\], expected \[128\]"),
+                          ({"blk__0__attn_qkv__bias": (256,)}, "fused q/k/v bias"),
+                          ({"blk__1__attn_k__scale": (1,)}, "per-tensor scales")]:
         with pytest.raises(ModelError, match=msg):
             Qwen3(_fake_file(fake_gguf, shape), PlanOps(plan, **override))
     # a fused attn_qkv of q + k + v rows: bound as its rows, the separate three not read

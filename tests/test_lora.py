@@ -423,7 +423,7 @@ FAMILY_CASES = [
     pytest.param(tiny_deepseek2_shape(tied=False), _MLA_UNAPPLIED, (), id="deepseek2-mla"),
     pytest.param(tiny_deepseek2_legacy_shape(tied=False), {"blk.1.attn_kv_b.weight"}, (),
                  id="deepseek2-legacy"),
-    # adapters on fused tensors (tests/test_fused_tensors.py): merged into the whole tensor,
+    # adapters on fused tensors (tests/test_optional_tensors.py): merged into the whole tensor,
     # seen through its rows
     pytest.param(DENSE, set(), ("qkv",), id="qwen3-fused-qkv"),
     pytest.param(tiny_qwen35moe_shape(tied=False), {"blk.0.ssm_conv1d.weight"},

@@ -59,8 +59,8 @@ def cases_of(op):
 
 def test_every_core_op_method_is_registered():
     """Nothing a forward pass calls escapes the registry (and so the generic GPU test)."""
-    # weight_rows binds a view, as weight binds a tensor (tests/test_fused_tensors.py,
-    # tests/gpu/test_fused_gpu.py)
+    # weight_rows binds a view, as weight binds a tensor (tests/test_optional_tensors.py,
+    # tests/gpu/test_optional_tensors_gpu.py)
     not_ops = {"attach", "weight", "weight_rows", "has_weight", "prepare", "shape", "view", "zeros", "empty",
                "clone", "copy_rows", "rows_to_bytes", "rows_from_bytes", "sample", "to_numpy",
                "synchronize", "from_numpy", "release", "wait_attached",

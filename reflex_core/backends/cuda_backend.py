@@ -1140,6 +1140,16 @@ class CudaOps(Ops):
     def add(self, a, b) -> DeviceArray:
         return self._elementwise("reflex_add", a, b)
 
+    def add_bias(self, x, b: Weight) -> DeviceArray:
+        n_rows, n = self._rows(x)
+        if len(x.shape) != 2 or prod(b.ne) != n:
+            raise ValueError(f"add_bias: input {x.shape}, {b.name!r} has {prod(b.ne)} elements")
+        y = empty_f32(x.shape, n_rows * n)
+        if n_rows * n:
+            self.k.launch("reflex_add_bias", (n_rows * n + 255) // 256, 256,
+                          (x.ptr, self.f32_data(b), y.ptr, n, n_rows * n))
+        return y
+
     def take_rows(self, x, rows: Sequence[int]) -> DeviceArray:
         rows = [int(r) for r in rows]
         R = len(rows)

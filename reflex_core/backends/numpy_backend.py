@@ -431,6 +431,13 @@ class NumpyOps(Ops):
             raise ValueError(f"add: shapes {a.shape} and {b.shape} differ")
         return np.add(a, b, dtype=np.float32)
 
+    def add_bias(self, x, b: Weight) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float32)
+        v = self.dequantize(b).reshape(-1)
+        if x.ndim != 2 or x.shape[1] != v.shape[0]:
+            raise ValueError(f"add_bias: input {x.shape}, {b.name!r} has {v.shape[0]} elements")
+        return np.add(x, v[None, :], dtype=np.float32)
+
     def take_rows(self, x, rows: Sequence[int]) -> np.ndarray:
         return np.ascontiguousarray(np.asarray(x)[np.asarray(list(rows), dtype=np.int64)])
 

@@ -332,6 +332,8 @@ class ModelShape:
     n_expert_used: int = 0  # k
     n_ff_exp: int = 0  # F_e
     rope_scaling: dict | None = None  # e.g. {"type": "yarn", "factor": 4.0, "original_context_length": 16}
+    # attn_{q,k,v}.bias of the attention blocks (HF attention_bias; spec §4.7): N(0, 0.5²), F32
+    qkv_bias: bool = False
 
     def replace(self, **changes) -> "ModelShape":
         return dataclasses.replace(self, **changes)
@@ -872,6 +874,8 @@ def _check_qwen35_shape(shape: Qwen35Shape) -> None:
 def _check_deepseek2_shape(shape: DeepSeek2Shape) -> None:
     if shape.arch != "deepseek2":
         raise ValueError(f"a DeepSeek2Shape has arch 'deepseek2', not {shape.arch!r}")
+    if shape.qkv_bias:
+        raise ValueError("deepseek2 has no attn_q/k/v projections to give biases")
     for f in ("n_layer", "n_embd", "n_head", "context_length", "kv_lora_rank", "qk_nope_head_dim",
               "n_rot", "v_head_dim", "n_ff_exp"):
         if getattr(shape, f) <= 0:
@@ -949,6 +953,11 @@ class _Plan:
 
     def norm(self, name: str, n: int) -> None:
         self.f32(name, (n,), "norm", 0.1)
+
+    def qkv_bias(self, p: str, n_q: int, n_k: int, n_v: int) -> None:
+        """``attn_{q,k,v}.bias`` of block prefix ``p`` (spec §4.7), F32 like every vector."""
+        for t, n in (("attn_q", n_q), ("attn_k", n_k), ("attn_v", n_v)):
+            self.f32(f"{p}{t}.bias", (n,), "bias", 0.5)
 
     def swiglu(self, p: str, D: int, F: int, suffix: str = "") -> None:
         """``ffn_{gate,up,down}{suffix}`` of width F (dense FFN; ``_shexp``: a shared expert)."""
@@ -1063,6 +1072,8 @@ def _plan(shape: ModelShape, weight_type: str, tokenizer: str,
         mat(p + "attn_q.weight", (D, H * hd), 1.0 / D ** 0.5)
         mat(p + "attn_k.weight", (D, Hkv * hd), 1.0 / D ** 0.5)
         mat(p + "attn_v.weight", (D, Hkv * hd), 1.0 / D ** 0.5)
+        if shape.qkv_bias:
+            plan.qkv_bias(p, H * hd, Hkv * hd, Hkv * hd)
         mat(p + "attn_output.weight", (H * hd, D), 0.5 / (H * hd) ** 0.5)
         norm(p + "attn_q_norm.weight", hd)
         norm(p + "attn_k_norm.weight", hd)
@@ -1091,6 +1102,8 @@ def _qwen35_plan(shape: Qwen35Shape, n_vocab: int, weight_type: str,
         mat(p + "attn_q.weight", (D, 2 * H * hd), 1.0 / D ** 0.5)  # per head [q_h, gate_h]
         mat(p + "attn_k.weight", (D, Hkv * hd), 1.0 / D ** 0.5)
         mat(p + "attn_v.weight", (D, Hkv * hd), 1.0 / D ** 0.5)
+        if shape.qkv_bias:
+            plan.qkv_bias(p, 2 * H * hd, Hkv * hd, Hkv * hd)
         mat(p + "attn_output.weight", (H * hd, D), 0.5 / (H * hd) ** 0.5)
         norm(p + "attn_q_norm.weight", hd)
         norm(p + "attn_k_norm.weight", hd)

@@ -161,6 +161,11 @@ def add(rng):
     return [OpCase(f"T={T}", (_f(rng, T, 77), _f(rng, T, 77)), rtol=0, atol=0) for T in TS]
 
 
+def add_bias(rng):
+    return [OpCase(f"T={T}", (_f(rng, T, 77), WeightArg(f"b{T}", _f(rng, 77))), rtol=0, atol=0)
+            for T in TS]
+
+
 def take_rows(rng):
     return [OpCase("gather", (_f(rng, 70, 33), [3, 69, 0, 3]), rtol=0, atol=0),
             OpCase("run", (_f(rng, 70, 33), [4, 5, 6]), rtol=0, atol=0)]

@@ -40,6 +40,7 @@ class GatedAttnWeights:
     attn_output: Weight
     attn_q_norm: Weight
     attn_k_norm: Weight
+    biases: tuple = (None, None, None)  # attn_{q,k,v}.bias where the file has them (spec §4.7)
 
 
 @dataclass
@@ -73,15 +74,12 @@ class Qwen35Layer:
 
 def _bind_gated_attn(ops: Ops, i: int, D: int, H: int, H_kv: int, d_h: int) -> GatedAttnWeights:
     p = f"blk.{i}."
-    for name in ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_qkv.bias"):
-        if ops.has_weight(p + name):
-            raise ModelError(f"tensor {p + name!r} is not supported in an attention layer "
-                             f"(attention biases)")
     t = blocks.tensor
-    # q's rows hold each head's query then its output gate (spec §7.3)
-    q, k, v = blocks.bind_qkv(ops, i, D, 2 * H * d_h, H_kv * d_h, H_kv * d_h)
+    # q's rows hold each head's query then its output gate (spec §7.3), its bias likewise
+    n_q, n_kv = 2 * H * d_h, H_kv * d_h
+    q, k, v = blocks.bind_qkv(ops, i, D, n_q, n_kv, n_kv)
     return GatedAttnWeights(
-        attn_q=q, attn_k=k, attn_v=v,
+        attn_q=q, attn_k=k, attn_v=v, biases=blocks.bind_qkv_biases(ops, i, n_q, n_kv, n_kv),
         attn_output=t(ops, p + "attn_output.weight", [H * d_h, D]),
         attn_q_norm=t(ops, p + "attn_q_norm.weight", [d_h]),
         attn_k_norm=t(ops, p + "attn_k_norm.weight", [d_h]))
@@ -203,7 +201,7 @@ class Qwen35(Model):
         ops, cfg = self.ops, self.cfg
         H, H_kv, d_h = cfg.n_head, cfg.n_head_kv, cfg.head_dim
         T = ops.shape(a)[0]
-        qg, k, v = ops.matmul_many(a, (w.attn_q, w.attn_k, w.attn_v))
+        qg, k, v = blocks.project_qkv(ops, a, (w.attn_q, w.attn_k, w.attn_v), w.biases)
         o = ops.rope_attention(ops.qwen35_take_q(qg, H), ops.view(k, (T, H_kv, d_h)),
                                ops.view(v, (T, H_kv, d_h)), w.attn_q_norm, w.attn_k_norm,
                                cfg.eps, pb, cfg.rope, kv[0], kv[1], 1.0 / math.sqrt(d_h))

@@ -1,9 +1,15 @@
-"""Fused ``attn_qkv`` / ``ffn_gate_up_exps`` files on the GPU (tests/test_fused_tensors.py has
-the CPU side and llama.cpp): the views point into the fused tensor (no copy), and the same kernels
-run on the same bytes, so a fused file's logits equal the unfused file's bit for bit -- prompts
-of 1, 7 and 80 tokens (GEMV, tiled, and the MoE's grouped path from 64 tokens), then greedy
-decode steps, and whole jobs with decode graphs; the views' dequantization (3-D views: expert by
-expert) against the NumPy twin."""
+"""The optional tensors of spec §4.7 on the GPU (tests/test_optional_tensors.py has the CPU side
+and llama.cpp).
+
+Fused ``attn_qkv`` / ``ffn_gate_up_exps`` files: the views point into the fused tensor (no copy),
+and the same kernels run on the same bytes, so a fused file's logits equal the unfused file's bit
+for bit -- prompts of 1, 7 and 80 tokens (GEMV, tiled, and the MoE's grouped path from 64
+tokens), then greedy decode steps, and whole jobs with decode graphs; the views' dequantization
+(3-D views: expert by expert) against the NumPy twin.
+
+Attention biases (``reflex_add_bias``, whose launcher tests/gpu/test_registered_ops_gpu.py checks
+against its twin): whole biased files against the NumPy reference, and their decode graphs
+against eager steps."""
 
 from __future__ import annotations
 
@@ -23,6 +29,12 @@ CASES = {
     "qwen35moe": (tiny_qwen35_kquant_shape("qwen35moe"), "Q4_K", ("qkv", "gate_up_exps")),
     "deepseek2": (tiny_deepseek2_kquant_shape(), "Q4_K", ("gate_up_exps",)),
     "qwen35moe-q8_0": (tiny_qwen35_kquant_shape("qwen35moe"), "Q8_0", ("qkv", "gate_up_exps")),
+}
+BIASED = {
+    "qwen3": (tiny_kquant_shape("qwen3", qkv_bias=True), "Q4_K", ()),
+    "qwen3moe-fused": (tiny_kquant_shape("qwen3moe", qkv_bias=True), "Q8_0", ("qkv",)),
+    "qwen35moe-fused": (tiny_qwen35_kquant_shape("qwen35moe", qkv_bias=True), "Q4_K",
+                        ("qkv", "gate_up_exps")),
 }
 
 
@@ -93,3 +105,26 @@ def test_views_dequantize_as_the_reference(gpu_and_reference, model_files):
             assert np.array_equal(got, rm.ops.dequantize(rv)), (name, r0, n)
     finally:
         g.close()
+
+
+@pytest.mark.parametrize("case", list(BIASED))
+@pytest.mark.parametrize("n_prompt", [1, 7, 80])
+def test_biased_file_matches_the_reference(prefill_decode_vs_reference, model_files, case,
+                                           n_prompt):
+    shape, wtype, fuse = BIASED[case]
+    path = model_files(shape, weight_type=wtype, seed=25, fuse=fuse)
+    prefill_decode_vs_reference(path, n_prompt, 1e-4, f"{case} with q/k/v biases")
+
+
+@pytest.mark.parametrize("case", list(BIASED))
+def test_biased_file_decode_graphs_equal_eager(cuda_device, model_files, case, monkeypatch):
+    shape, wtype, fuse = BIASED[case]
+    lm = engine.load(str(model_files(shape, weight_type=wtype, seed=26, fuse=fuse)), "cuda")[0]
+    try:
+        out = []
+        for graphs in ("0", "1"):
+            monkeypatch.setenv("REFLEX_CUDA_GRAPHS", graphs)
+            out.append(engine.generate(lm, [1, 2, 3, 4, 5], 24, SamplingParams()).token_ids)
+    finally:
+        lm.close()
+    assert out[0] == out[1] and len(out[0]) == 24

@@ -1,15 +1,19 @@
-"""Fused projections: ``attn_qkv`` in place of ``attn_q/k/v`` (qwen3, qwen3moe and the attention
+"""The optional tensors of spec §4.7 that llama.cpp 0.3.36 reads in these families.
+
+Fused projections: ``attn_qkv`` in place of ``attn_q/k/v`` (qwen3, qwen3moe and the attention
 layers of qwen35 / qwen35moe) and ``ffn_gate_up_exps`` in place of ``ffn_gate_exps`` +
 ``ffn_up_exps`` (qwen35moe, deepseek2), as llama.cpp's converter writes them with ``--fuse-qkv``
-/ ``--fuse-gate-up-exps`` and llama.cpp 0.3.36 loads them (spec §4.2, §4.7, §7.3).
+/ ``--fuse-gate-up-exps`` (spec §4.2, §4.7, §7.3). The models bind the fused tensor's rows as
+weights of their own (``Ops.weight_rows``), so a fused file must give the logits of the same file
+unfused bit for bit (the writer's fused tensor holds the parts' bytes: same seed, same values).
+qwen3moe's llama.cpp graph has no fused experts: such a file is refused there, and here.
 
-The models bind the fused tensor's rows as weights of their own (``Ops.weight_rows``), so a
-fused file must give the logits of the same file unfused bit for bit (the writer's fused tensor
-holds the parts' bytes: same seed, same values). Against llama.cpp the F32 bounds of the
-families' oracle tests apply. qwen3moe's llama.cpp graph has no fused experts: such a file is
-refused there, and here.
+Attention biases: ``attn_{q,k,v}.bias`` added after their projections (``Ops.add_bias``), with
+separate or fused weights, as llama.cpp's ``build_qkv`` adds them. A fused ``attn_qkv.bias`` is
+refused.
 
-The oracle tests FAIL (never skip) when llama-cpp-python is missing (marker ``oracle``).
+Against llama.cpp the F32 bounds of the families' oracle tests apply. The oracle tests FAIL
+(never skip) when llama-cpp-python is missing (marker ``oracle``).
 """
 
 from __future__ import annotations
@@ -255,3 +259,69 @@ def test_the_writer_refuses_what_it_cannot_fuse(kwargs, match):
     shape = kwargs.pop("shape")
     with pytest.raises(ValueError, match=match):
         tensor_plan(shape, **kwargs)
+
+
+# --- attention biases ----------------------------------------------------------------------
+
+BIAS_CASES = [
+    pytest.param(QWEN3.replace(qkv_bias=True), (), 5e-6, id="qwen3"),
+    pytest.param(QWEN3.replace(qkv_bias=True), ("qkv",), 5e-6, id="qwen3-fused-qkv"),
+    pytest.param(QWEN3MOE.replace(qkv_bias=True), (), 5e-6, id="qwen3moe"),
+    pytest.param(tiny_qwen35_shape(qkv_bias=True), (), 5e-5, id="qwen35"),
+    pytest.param(tiny_qwen35moe_shape(qkv_bias=True), ("qkv", "gate_up_exps"), 5e-5,
+                 id="qwen35moe-fused"),
+]
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("shape, fuse, bound", BIAS_CASES)
+def test_attention_biases_match_llama_cpp(tmp_path, shape, fuse, bound):
+    path = write_model(tmp_path / "b.gguf", shape, seed=9, fuse=fuse)
+    assert "blk.0.attn_v.bias" in _tensor_names(path) or "blk.3.attn_v.bias" in _tensor_names(path)
+    tokens = _tokens(shape)
+    ref = oracle.llama_logits(path, tokens, n_prompt=PROMPT)
+    got = oracle.reflex_logits(path, tokens, n_prompt=PROMPT)
+    oracle.check_logits(ref, got, bound, f"{shape.arch} with q/k/v biases")
+    # the biases matter: the same file without them is far from it
+    plain = write_model(tmp_path / "p.gguf", shape.replace(qkv_bias=False), seed=9, fuse=fuse)
+    assert oracle.compare(ref, oracle.reflex_logits(plain, tokens, n_prompt=PROMPT))["rel"] \
+        > 100 * bound
+
+
+def test_biases_are_added_to_their_projections(tmp_path):
+    from reflex_core import blocks
+
+    path = write_model(tmp_path / "b.gguf", QWEN3.replace(qkv_bias=True), seed=10)
+    g = open_gguf(str(path))
+    try:
+        ops = NumpyOps()
+        ops.attach(g)
+        w = blocks.bind_attn(ops, 1, 96, 6, 2, 48)
+        assert [b.name for b in w.biases] == [f"blk.1.attn_{t}.bias" for t in "qkv"]
+        x = np.random.default_rng(3).standard_normal((5, 96)).astype(np.float32)
+        q, k, v = blocks.project_qkv(ops, x, (w.attn_q, w.attn_k, w.attn_v), w.biases)
+        for y, wt, b in zip((q, k, v), (w.attn_q, w.attn_k, w.attn_v), w.biases):
+            assert np.array_equal(y, ops.matmul(x, wt) + ops.dequantize(b)[None, :])
+        with pytest.raises(ValueError, match="add_bias"):
+            ops.add_bias(x, w.biases[0])  # 96 columns, a bias of 288
+    finally:
+        g.close()
+
+
+def test_a_fused_qkv_bias_is_refused(tmp_path):
+    from reflex_core import blocks
+
+    path = write_model(tmp_path / "b.gguf", QWEN3, seed=11)
+    g = open_gguf(str(path))
+    try:
+        class WithFusedBias(NumpyOps):
+            def has_weight(self, name):
+                return name == "blk.0.attn_qkv.bias" or super().has_weight(name)
+
+        ops = WithFusedBias()
+        ops.attach(g)
+        with pytest.raises(ModelError, match=r"'blk\.0\.attn_qkv\.bias' \(a fused q/k/v bias\) "
+                                             r"is not supported"):
+            blocks.bind_attn(ops, 0, 96, 6, 2, 48)
+    finally:
+        g.close()
