@@ -223,11 +223,12 @@ def gqa_attention(ops: Ops, x, w: AttnWeights, kv: tuple, pb, rope: RopeParams, 
                   scale: Optional[float] = None):
     """Self-attention of the (already normalised) input ``x [T, D]`` -> ``[T, D]`` (spec §4.4).
 
-    q/k/v projections (and their biases, if any); per-head RMSNorm of q and k (weights shared by heads) BEFORE RoPE when
-    the norms are given; RoPE of q and k; K/V written to cells ``[cell0, cell0 + T)`` of the
-    layer's state buffers ``kv = (k_cache, v_cache)`` (``state.kv(layer)``); attention
-    over cells ``[0, n_kv)`` under the batch mask with ``scale`` (default ``1/sqrt(head_dim)``);
-    output projection. (``matmul_many`` and ``rope_attention`` are those steps fused.)
+    q/k/v projections (and their biases, if any); per-head RMSNorm of q and k (weights shared by
+    heads) BEFORE RoPE when the norms are given; RoPE of q and k; K/V written to cells
+    ``[cell0, cell0 + T)`` of the layer's state buffers ``kv = (k_cache, v_cache)``
+    (``state.kv(layer)``); attention over cells ``[0, n_kv)`` under the batch mask with ``scale``
+    (default ``1/sqrt(head_dim)``); output projection. (``matmul_many`` and ``rope_attention``
+    are those steps fused.)
     """
     dv = head_dim if head_dim_v is None else head_dim_v
     T = ops.shape(x)[0]

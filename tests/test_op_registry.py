@@ -61,9 +61,9 @@ def test_every_core_op_method_is_registered():
     """Nothing a forward pass calls escapes the registry (and so the generic GPU test)."""
     # weight_rows binds a view, as weight binds a tensor (tests/test_optional_tensors.py,
     # tests/gpu/test_optional_tensors_gpu.py)
-    not_ops = {"attach", "weight", "weight_rows", "has_weight", "prepare", "shape", "view", "zeros", "empty",
-               "clone", "copy_rows", "rows_to_bytes", "rows_from_bytes", "sample", "to_numpy",
-               "synchronize", "from_numpy", "release", "wait_attached",
+    not_ops = {"attach", "weight", "weight_rows", "has_weight", "prepare", "shape", "view",
+               "zeros", "empty", "clone", "copy_rows", "rows_to_bytes", "rows_from_bytes",
+               "sample", "to_numpy", "synchronize", "from_numpy", "release", "wait_attached",
                "release_host_registration", "dequantize", "kernels", "f32_data", "merge_lora",
                "prepared_words", "sample_into"}  # the last two: a decode graph's chained steps
     methods = {n for n in vars(CudaOps) | vars(Ops) if not n.startswith("_")
