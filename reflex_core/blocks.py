@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 from .errors import ModelError
 from .ops import Ops, RopeParams, Weight
@@ -49,7 +49,7 @@ class AttnWeights:
     attn_q_norm: Optional[Weight] = None
     attn_k_norm: Optional[Weight] = None
     # attn_{q,k,v}.bias where the file has them (spec §4.7)
-    biases: tuple[Optional[Weight], Optional[Weight], Optional[Weight]] = (None, None, None)
+    biases: tuple[Optional["Bias"], Optional["Bias"], Optional["Bias"]] = (None, None, None)
 
 
 @dataclass
@@ -100,26 +100,35 @@ def _reject_unsupported(ops: Ops, i: int) -> None:
             raise ModelError(f"tensor {name!r} is not supported (per-tensor scales)")
 
 
+class Bias(NamedTuple):
+    """A projection's bias: the elements of ``w`` from ``offset`` on (``Ops.add_bias``)."""
+
+    w: Weight
+    offset: int = 0
+
+
 def bind_qkv_biases(ops: Ops, i: int, n_q: int, n_k: int,
-                    n_v: int) -> tuple[Optional[Weight], Optional[Weight], Optional[Weight]]:
-    """``attn_{q,k,v}.bias`` of block i, each None where the file has none: llama.cpp adds each
-    it finds after its projection (spec §4.7), beside separate or fused weights. A fused
-    ``attn_qkv.bias`` is refused (the converter writes one only for a model with all three
-    biases fused by request)."""
+                    n_v: int) -> tuple[Optional[Bias], Optional[Bias], Optional[Bias]]:
+    """The biases of block i's q, k, v projections, each None where the file has none: a fused
+    ``attn_qkv.bias`` ``[n_q + n_k + n_v]`` (q's, k's, v's elements in turn) when the file has
+    one, else ``attn_{q,k,v}.bias`` -- llama.cpp adds what it finds after each projection (spec
+    §4.7), beside separate or fused weights."""
     p = f"blk.{i}."
-    if ops.has_weight(p + "attn_qkv.bias"):
-        raise ModelError(f"tensor {p + 'attn_qkv.bias'!r} (a fused q/k/v bias) is not "
-                         f"supported; a file with attn_q/k/v.bias is")
-    return (optional_tensor(ops, p + "attn_q.bias", [n_q]),
-            optional_tensor(ops, p + "attn_k.bias", [n_k]),
-            optional_tensor(ops, p + "attn_v.bias", [n_v]))
+    fused = optional_tensor(ops, p + "attn_qkv.bias", [n_q + n_k + n_v])
+    if fused is not None:
+        return Bias(fused, 0), Bias(fused, n_q), Bias(fused, n_q + n_k)
+    out = []
+    for t, n in (("attn_q", n_q), ("attn_k", n_k), ("attn_v", n_v)):
+        b = optional_tensor(ops, f"{p}{t}.bias", [n])
+        out.append(None if b is None else Bias(b))
+    return out[0], out[1], out[2]
 
 
 def project_qkv(ops: Ops, x, ws: Sequence[Weight],
-                biases: Sequence[Optional[Weight]] = (None, None, None)) -> list:
+                biases: Sequence[Optional[Bias]] = (None, None, None)) -> list:
     """The q, k, v projections of ``x`` (one ``matmul_many``), each with its bias if any."""
     outs = ops.matmul_many(x, tuple(ws))
-    return [y if b is None else ops.add_bias(y, b) for y, b in zip(outs, biases)]
+    return [y if b is None else ops.add_bias(y, b.w, b.offset) for y, b in zip(outs, biases)]
 
 
 def bind_qkv(ops: Ops, i: int, n_embd: int, n_q: int, n_k: int,

@@ -336,9 +336,9 @@ class Ops:
         """``a + b`` elementwise (same shape)."""
         raise NotImplementedError
 
-    def add_bias(self, x, b: Weight):
-        """``x [T, n]`` with the vector ``b`` (ne ``[n]``) added to every row: a projection's
-        bias (spec §4.7)."""
+    def add_bias(self, x, b: Weight, offset: int = 0):
+        """``x [T, n]`` with ``b[offset : offset + n]`` (``b`` a vector) added to every row: a
+        projection's bias (spec §4.7; a fused ``attn_qkv.bias`` holds q's, k's and v's)."""
         raise NotImplementedError
 
     def take_rows(self, x, rows: Sequence[int]):

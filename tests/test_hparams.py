@@ -323,7 +323,8 @@ def test_qwen3_binding(fake_gguf, tied):
                            r"\[64, 256\]"),
                           ({"blk__0__attn_q__bias": (127,)},
                            r"'blk\.0\.attn_q\.bias' has shape \[127\], expected \[128\]"),
-                          ({"blk__0__attn_qkv__bias": (256,)}, "fused q/k/v bias"),
+                          ({"blk__0__attn_qkv__bias": (255,)},
+                           r"'blk\.0\.attn_qkv\.bias' has shape \[255\], expected \[256\]"),
                           ({"blk__1__attn_k__scale": (1,)}, "per-tensor scales")]:
         with pytest.raises(ModelError, match=msg):
             Qwen3(_fake_file(fake_gguf, shape), PlanOps(plan, **override))

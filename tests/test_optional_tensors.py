@@ -8,9 +8,9 @@ weights of their own (``Ops.weight_rows``), so a fused file must give the logits
 unfused bit for bit (the writer's fused tensor holds the parts' bytes: same seed, same values).
 qwen3moe's llama.cpp graph has no fused experts: such a file is refused there, and here.
 
-Attention biases: ``attn_{q,k,v}.bias`` added after their projections (``Ops.add_bias``), with
-separate or fused weights, as llama.cpp's ``build_qkv`` adds them. A fused ``attn_qkv.bias`` is
-refused.
+Attention biases: ``attn_{q,k,v}.bias``, or a fused ``attn_qkv.bias`` (what the converter's
+``--fuse-qkv`` writes for a model with the three), added after their projections
+(``Ops.add_bias``), with separate or fused weights, as llama.cpp's ``build_qkv`` adds them.
 
 Against llama.cpp the F32 bounds of the families' oracle tests apply. The oracle tests FAIL
 (never skip) when llama-cpp-python is missing (marker ``oracle``).
@@ -250,7 +250,7 @@ def test_the_writer_fuses_in_the_converters_order():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(shape=QWEN3, fuse=("gate_up_exps",)), "no ffn_gate_exps / ffn_up_exps to fuse"),
+    (dict(shape=QWEN3, fuse=("gate_up_exps",)), "no ffn_gate_exps.weight / ffn_up_exps.weight to fuse"),
     (dict(shape=QWEN3, fuse=("qkv",), weight_type="Q4_0", type_overrides={"attn_v": "Q8_0"}),
      "a fused tensor has one"),
     (dict(shape=QWEN3, fuse=("qk",)), "unknown fusion 'qk'"),
@@ -265,11 +265,14 @@ def test_the_writer_refuses_what_it_cannot_fuse(kwargs, match):
 
 BIAS_CASES = [
     pytest.param(QWEN3.replace(qkv_bias=True), (), 5e-6, id="qwen3"),
-    pytest.param(QWEN3.replace(qkv_bias=True), ("qkv",), 5e-6, id="qwen3-fused-qkv"),
+    pytest.param(QWEN3.replace(qkv_bias=True), ("qkv",), 5e-6, id="qwen3-fused-weights"),
+    pytest.param(QWEN3.replace(qkv_bias=True), ("qkv", "qkv_bias"), 5e-6, id="qwen3-fused-bias"),
     pytest.param(QWEN3MOE.replace(qkv_bias=True), (), 5e-6, id="qwen3moe"),
     pytest.param(tiny_qwen35_shape(qkv_bias=True), (), 5e-5, id="qwen35"),
     pytest.param(tiny_qwen35moe_shape(qkv_bias=True), ("qkv", "gate_up_exps"), 5e-5,
                  id="qwen35moe-fused"),
+    pytest.param(tiny_qwen35moe_shape(qkv_bias=True), ("qkv", "qkv_bias", "gate_up_exps"), 5e-5,
+                 id="qwen35moe-fused-bias"),
 ]
 
 
@@ -277,13 +280,17 @@ BIAS_CASES = [
 @pytest.mark.parametrize("shape, fuse, bound", BIAS_CASES)
 def test_attention_biases_match_llama_cpp(tmp_path, shape, fuse, bound):
     path = write_model(tmp_path / "b.gguf", shape, seed=9, fuse=fuse)
-    assert "blk.0.attn_v.bias" in _tensor_names(path) or "blk.3.attn_v.bias" in _tensor_names(path)
+    names = _tensor_names(path)
+    fused = "qkv_bias" in fuse
+    assert any(n.endswith("attn_qkv.bias" if fused else "attn_v.bias") for n in names)
+    assert not any(n.endswith("attn_v.bias" if fused else "attn_qkv.bias") for n in names)
     tokens = _tokens(shape)
     ref = oracle.llama_logits(path, tokens, n_prompt=PROMPT)
     got = oracle.reflex_logits(path, tokens, n_prompt=PROMPT)
     oracle.check_logits(ref, got, bound, f"{shape.arch} with q/k/v biases")
     # the biases matter: the same file without them is far from it
-    plain = write_model(tmp_path / "p.gguf", shape.replace(qkv_bias=False), seed=9, fuse=fuse)
+    plain = write_model(tmp_path / "p.gguf", shape.replace(qkv_bias=False), seed=9,
+                        fuse=tuple(f for f in fuse if f != "qkv_bias"))
     assert oracle.compare(ref, oracle.reflex_logits(plain, tokens, n_prompt=PROMPT))["rel"] \
         > 100 * bound
 
@@ -297,31 +304,35 @@ def test_biases_are_added_to_their_projections(tmp_path):
         ops = NumpyOps()
         ops.attach(g)
         w = blocks.bind_attn(ops, 1, 96, 6, 2, 48)
-        assert [b.name for b in w.biases] == [f"blk.1.attn_{t}.bias" for t in "qkv"]
+        assert [(b.w.name, b.offset) for b in w.biases] == [
+            (f"blk.1.attn_{t}.bias", 0) for t in "qkv"]
         x = np.random.default_rng(3).standard_normal((5, 96)).astype(np.float32)
         q, k, v = blocks.project_qkv(ops, x, (w.attn_q, w.attn_k, w.attn_v), w.biases)
         for y, wt, b in zip((q, k, v), (w.attn_q, w.attn_k, w.attn_v), w.biases):
-            assert np.array_equal(y, ops.matmul(x, wt) + ops.dequantize(b)[None, :])
+            assert np.array_equal(y, ops.matmul(x, wt) + ops.dequantize(b.w)[None, :])
         with pytest.raises(ValueError, match="add_bias"):
-            ops.add_bias(x, w.biases[0])  # 96 columns, a bias of 288
+            ops.add_bias(x, w.biases[1].w, 1)  # 96 columns from element 1 of 96
     finally:
         g.close()
 
 
-def test_a_fused_qkv_bias_is_refused(tmp_path):
+def test_a_fused_bias_holds_q_k_v_in_turn(tmp_path):
     from reflex_core import blocks
 
-    path = write_model(tmp_path / "b.gguf", QWEN3, seed=11)
+    path = write_model(tmp_path / "b.gguf", QWEN3.replace(qkv_bias=True), seed=10,
+                       fuse=("qkv", "qkv_bias"))
     g = open_gguf(str(path))
     try:
-        class WithFusedBias(NumpyOps):
-            def has_weight(self, name):
-                return name == "blk.0.attn_qkv.bias" or super().has_weight(name)
-
-        ops = WithFusedBias()
+        ops = NumpyOps()
         ops.attach(g)
-        with pytest.raises(ModelError, match=r"'blk\.0\.attn_qkv\.bias' \(a fused q/k/v bias\) "
-                                             r"is not supported"):
-            blocks.bind_attn(ops, 0, 96, 6, 2, 48)
+        w = blocks.bind_attn(ops, 1, 96, 6, 2, 48)
+        assert [(b.w.name, b.offset) for b in w.biases] == [
+            ("blk.1.attn_qkv.bias", 0), ("blk.1.attn_qkv.bias", 288), ("blk.1.attn_qkv.bias", 384)]
+        x = np.random.default_rng(3).standard_normal((5, 96)).astype(np.float32)
+        whole = ops.dequantize(ops.weight("blk.1.attn_qkv.bias"))
+        got = blocks.project_qkv(ops, x, (w.attn_q, w.attn_k, w.attn_v), w.biases)
+        for y, wt, (lo, hi) in zip(got, (w.attn_q, w.attn_k, w.attn_v),
+                                   [(0, 288), (288, 384), (384, 480)]):
+            assert np.array_equal(y, ops.matmul(x, wt) + whole[None, lo:hi])
     finally:
         g.close()

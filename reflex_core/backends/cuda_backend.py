@@ -1140,14 +1140,15 @@ class CudaOps(Ops):
     def add(self, a, b) -> DeviceArray:
         return self._elementwise("reflex_add", a, b)
 
-    def add_bias(self, x, b: Weight) -> DeviceArray:
+    def add_bias(self, x, b: Weight, offset: int = 0) -> DeviceArray:
         n_rows, n = self._rows(x)
-        if len(x.shape) != 2 or prod(b.ne) != n:
-            raise ValueError(f"add_bias: input {x.shape}, {b.name!r} has {prod(b.ne)} elements")
+        if len(x.shape) != 2 or not 0 <= offset <= prod(b.ne) - n:
+            raise ValueError(f"add_bias: input {x.shape} from element {offset} of {b.name!r}, "
+                             f"which has {prod(b.ne)}")
         y = empty_f32(x.shape, n_rows * n)
         if n_rows * n:
             self.k.launch("reflex_add_bias", (n_rows * n + 255) // 256, 256,
-                          (x.ptr, self.f32_data(b), y.ptr, n, n_rows * n))
+                          (x.ptr, self.f32_data(b) + 4 * offset, y.ptr, n, n_rows * n))
         return y
 
     def take_rows(self, x, rows: Sequence[int]) -> DeviceArray:

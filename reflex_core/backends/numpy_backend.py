@@ -431,12 +431,13 @@ class NumpyOps(Ops):
             raise ValueError(f"add: shapes {a.shape} and {b.shape} differ")
         return np.add(a, b, dtype=np.float32)
 
-    def add_bias(self, x, b: Weight) -> np.ndarray:
+    def add_bias(self, x, b: Weight, offset: int = 0) -> np.ndarray:
         x = np.asarray(x, dtype=np.float32)
         v = self.dequantize(b).reshape(-1)
-        if x.ndim != 2 or x.shape[1] != v.shape[0]:
-            raise ValueError(f"add_bias: input {x.shape}, {b.name!r} has {v.shape[0]} elements")
-        return np.add(x, v[None, :], dtype=np.float32)
+        if x.ndim != 2 or not 0 <= offset <= v.shape[0] - x.shape[1]:
+            raise ValueError(f"add_bias: input {x.shape} from element {offset} of {b.name!r}, "
+                             f"which has {v.shape[0]}")
+        return np.add(x, v[None, offset:offset + x.shape[1]], dtype=np.float32)
 
     def take_rows(self, x, rows: Sequence[int]) -> np.ndarray:
         return np.ascontiguousarray(np.asarray(x)[np.asarray(list(rows), dtype=np.int64)])

@@ -988,18 +988,20 @@ class _Plan:
             self.mat("output.weight", (D, n_vocab), self.embd_std(D))
 
 
-# What llama.cpp's converter can fuse (``--fuse-qkv``, ``--fuse-gate-up-exps``): the parts of
-# each block, in the fused tensor's row order, and the fused tensor's short name.
+# What llama.cpp's converter can fuse (``--fuse-qkv``: the weights, and the biases of a model
+# that has all three; ``--fuse-gate-up-exps``): the parts of each block (names after
+# ``blk.N.``), in the fused tensor's row (a bias: element) order, and the fused tensor's name.
 FUSIONS = {
-    "qkv": (("attn_q", "attn_k", "attn_v"), "attn_qkv"),
-    "gate_up_exps": (("ffn_gate_exps", "ffn_up_exps"), "ffn_gate_up_exps"),
+    "qkv": (("attn_q.weight", "attn_k.weight", "attn_v.weight"), "attn_qkv.weight"),
+    "qkv_bias": (("attn_q.bias", "attn_k.bias", "attn_v.bias"), "attn_qkv.bias"),
+    "gate_up_exps": (("ffn_gate_exps.weight", "ffn_up_exps.weight"), "ffn_gate_up_exps.weight"),
 }
 
 
 def _fuse(specs: list[TensorSpec], fuse: tuple[str, ...]) -> list[TensorSpec]:
     """``specs`` with each block's parts of every fusion in ``fuse`` (FUSIONS) replaced by one
     tensor at the first part's place, holding their rows in order (of each expert, for expert
-    tensors), as the converter writes them. The parts must share one type (a fused tensor has
+    tensors; a bias: their elements), as the converter writes them. The parts must share one type (a fused tensor has
     one); a fusion with nothing to fuse in the plan is a ValueError."""
     unknown = [f for f in fuse if f not in FUSIONS]
     if unknown:
@@ -1012,11 +1014,11 @@ def _fuse(specs: list[TensorSpec], fuse: tuple[str, ...]) -> list[TensorSpec]:
         if s.name in fused_names:
             continue
         for f in fuse:
-            part_shorts, short = FUSIONS[f]
-            if not (s.name.startswith("blk.") and s.short == part_shorts[0]):
+            part_names, fused_name = FUSIONS[f]
+            if not (s.name.startswith("blk.") and s.name.split(".", 2)[2] == part_names[0]):
                 continue
             block = s.name.split(".")[1]
-            names = [f"blk.{block}.{p}.weight" for p in part_shorts]
+            names = [f"blk.{block}.{p}" for p in part_names]
             if not all(n in by_name for n in names):
                 continue
             parts = tuple(by_name[n] for n in names)
@@ -1024,8 +1026,11 @@ def _fuse(specs: list[TensorSpec], fuse: tuple[str, ...]) -> list[TensorSpec]:
             if len(types) > 1:
                 raise ValueError(f"fusing {', '.join(names)}: they have types {', '.join(types)}; "
                                  f"a fused tensor has one (override them to one type)")
-            ne = (s.ne[0], sum(p.ne[1] for p in parts)) + tuple(s.ne[2:])
-            out.append(TensorSpec(f"blk.{block}.{short}.weight", ne, types[0], "fused", s.sigma,
+            if len(s.ne) == 1:
+                ne = (sum(p.ne[0] for p in parts),)
+            else:
+                ne = (s.ne[0], sum(p.ne[1] for p in parts)) + tuple(s.ne[2:])
+            out.append(TensorSpec(f"blk.{block}.{fused_name}", ne, types[0], "fused", s.sigma,
                                   parts))
             fused_names.update(names)
             used.add(f)
@@ -1403,9 +1408,9 @@ _DT_BIAS_STD = 0.3
 
 
 def _fused_chunks(spec: TensorSpec, seed: int, zero_data: bool) -> Iterator[np.ndarray]:
-    """A fused tensor's bytes: each part's rows in turn, of the whole tensor (2-D) or of each
-    expert (3-D: the parts are held whole, one block's expert tensors at a time)."""
-    if len(spec.ne) == 2:
+    """A fused tensor's bytes: each part's rows in turn, of the whole tensor (1-D, 2-D) or of
+    each expert (3-D: the parts are held whole, one block's expert tensors at a time)."""
+    if len(spec.ne) <= 2:
         for part in spec.parts:
             yield from _tensor_chunks(part, seed, zero_data)
         return
@@ -1692,8 +1697,10 @@ def write_model(path, shape: ModelShape | None = None, *, weight_type: str = "F3
     arch_name: the file's general.architecture (and metadata prefix) when it differs from the
     layout's ``shape.arch`` (a plugin's test architecture with the qwen3 layout).
     fuse: fused tensors in place of their parts, as llama.cpp's converter writes with
-    ``--fuse-qkv`` (``"qkv"``: ``attn_qkv``) and ``--fuse-gate-up-exps`` (``"gate_up_exps"``:
-    ``ffn_gate_up_exps``); the values are those of the file without them (same seed).
+    ``--fuse-qkv`` (``"qkv"``: ``attn_qkv.weight``; ``"qkv_bias"``: ``attn_qkv.bias``, which the
+    converter writes too for a model with the three biases) and ``--fuse-gate-up-exps``
+    (``"gate_up_exps"``: ``ffn_gate_up_exps``); the values are those of the file without them
+    (same seed).
     The file is written to ``path + ".tmp"`` and renamed when complete.
     """
     shape = ModelShape() if shape is None else shape

@@ -162,8 +162,11 @@ def add(rng):
 
 
 def add_bias(rng):
-    return [OpCase(f"T={T}", (_f(rng, T, 77), WeightArg(f"b{T}", _f(rng, 77))), rtol=0, atol=0)
-            for T in TS]
+    out = [OpCase(f"T={T}", (_f(rng, T, 77), WeightArg(f"b{T}", _f(rng, 77))), rtol=0, atol=0)
+           for T in TS]
+    # the middle of a longer vector (a fused q/k/v bias)
+    return out + [OpCase(f"offset T={T}", (_f(rng, T, 33), WeightArg(f"bo{T}", _f(rng, 101)), 45),
+                         rtol=0, atol=0) for T in TS]
 
 
 def take_rows(rng):

@@ -8,8 +8,8 @@ tokens), then greedy decode steps, and whole jobs with decode graphs; the views'
 (3-D views: expert by expert) against the NumPy twin.
 
 Attention biases (``reflex_add_bias``, whose launcher tests/gpu/test_registered_ops_gpu.py checks
-against its twin): whole biased files against the NumPy reference, and their decode graphs
-against eager steps."""
+against its twin), separate or one fused ``attn_qkv.bias``: whole biased files against the NumPy
+reference, and their decode graphs against eager steps."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ BIASED = {
     "qwen3": (tiny_kquant_shape("qwen3", qkv_bias=True), "Q4_K", ()),
     "qwen3moe-fused": (tiny_kquant_shape("qwen3moe", qkv_bias=True), "Q8_0", ("qkv",)),
     "qwen35moe-fused": (tiny_qwen35_kquant_shape("qwen35moe", qkv_bias=True), "Q4_K",
-                        ("qkv", "gate_up_exps")),
+                        ("qkv", "qkv_bias", "gate_up_exps")),
 }
 
 
