@@ -8,7 +8,9 @@ counts and top-k up to E, Qwen3.5's layer patterns (interval or explicit array, 
 partial-RoPE sizes and IMROPE sections, GDN group and value-head counts, convolution widths,
 shared-expert gate shapes, DeepSeek's query LoRA ranks, latent sizes, MLA or legacy files,
 dense lead counts, gating functions, group-limited routing, weight normalisation and scale,
-selection bias. Each draw also picks the prompt length (one batch) and the decode steps after it.
+selection bias. Each draw also picks the prompt length (one batch) and the decode steps after it,
+and, from a generator of its own (``optional_tensors``), the optional tensors of spec §4.7: q/k/v
+biases, fused ``attn_qkv`` weights and biases, fused ``ffn_gate_up_exps``.
 
 The draws stay inside what llama.cpp 0.3.36 loads and what Reflex supports: a Qwen3.5 file
 keeps at least one attention and one GDN block (llama.cpp aborts on a hybrid file without
@@ -27,6 +29,8 @@ import random
 import pytest
 
 from reflex_core.testing import oracle
+from typing import Any
+
 from reflex_core.testing.modelwriter import DeepSeek2Shape, ModelShape, Qwen35Shape, write_model
 
 pytestmark = pytest.mark.oracle
@@ -119,6 +123,25 @@ def deepseek2(r: random.Random) -> DeepSeek2Shape:
                      yarn_mscale_all_dim=r.choice([None, 0.707, 1.0]))
 
 
+def optional_tensors(family: str, shape: Any, seed: int) -> tuple[Any, tuple[str, ...]]:
+    """(shape, fusions for ``write_model``): the draw's q/k/v biases and fused tensors, each where
+    llama.cpp's graph for the family takes them, drawn apart from the draws above so that those
+    stay what they were."""
+    o = random.Random(f"{family}-{seed}-optional")
+    fuse = []
+    if family != "deepseek2":
+        if o.random() < 0.4:
+            shape = shape.replace(qkv_bias=True)
+        if o.random() < 0.4:
+            fuse.append("qkv")
+            if shape.qkv_bias and o.random() < 0.5:
+                fuse.append("qkv_bias")
+    if family in ("qwen35moe", "deepseek2") and seed % 2:  # fused experts on every other draw
+        if family == "qwen35moe" or shape.n_dense_lead < shape.n_layer:
+            fuse.append("gate_up_exps")
+    return shape, tuple(fuse)
+
+
 FAMILIES = {
     "qwen3": lambda r: qwen3(r, False),
     "qwen3moe": lambda r: qwen3(r, True),
@@ -134,8 +157,10 @@ def test_random_shape_matches_llama_cpp(tmp_path, family, seed):
     r = random.Random(f"{family}-{seed}")
     shape = FAMILIES[family](r)
     n_prompt, n_decode = r.randint(1, 17), r.randint(0, 5)
-    path = write_model(tmp_path / "m.gguf", shape, seed=seed)
+    shape, fuse = optional_tensors(family, shape, seed)
+    path = write_model(tmp_path / "m.gguf", shape, seed=seed, fuse=fuse)
     tokens = oracle.random_tokens(shape.n_vocab, n_prompt + n_decode, seed)
     ref = oracle.llama_logits(path, tokens, n_prompt=n_prompt, kv_type="f32")
     got = oracle.reflex_logits(path, tokens, n_prompt=n_prompt)
-    oracle.check_logits(ref, got, BOUND, f"{shape} ({n_prompt} prompt tokens, {n_decode} steps)")
+    oracle.check_logits(ref, got, BOUND, f"{shape} fused {fuse} ({n_prompt} prompt tokens, "
+                                         f"{n_decode} steps)")
