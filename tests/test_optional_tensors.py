@@ -18,6 +18,8 @@ Against llama.cpp the F32 bounds of the families' oracle tests apply. The oracle
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 import pytest
 
@@ -52,6 +54,18 @@ CASES = [
 
 def _tokens(shape) -> list[int]:
     return oracle.random_tokens(shape.n_vocab or 128, PROMPT + DECODE, seed=2)
+
+
+@contextmanager
+def _numpy_ops(path, cache_weights: bool = True):
+    """A NumpyOps attached to the file at ``path``, closed afterwards."""
+    g = open_gguf(str(path))
+    try:
+        ops = NumpyOps(cache_weights=cache_weights)
+        ops.attach(g)
+        yield ops
+    finally:
+        g.close()
 
 
 def _tensor_names(path) -> set[str]:
@@ -115,10 +129,7 @@ def fused_moe(tmp_path_factory):
 
 @pytest.mark.parametrize("cache", [True, False])
 def test_weight_rows_are_the_rows_of_the_weight(fused_moe, cache):
-    g = open_gguf(str(fused_moe))
-    try:
-        ops = NumpyOps(cache_weights=cache)
-        ops.attach(g)
+    with _numpy_ops(fused_moe, cache_weights=cache) as ops:
         qkv = ops.weight("blk.3.attn_qkv.weight")  # the attention block of the tiny qwen35
         whole = ops.dequantize(qkv).copy()
         k = ops.weight_rows(qkv, 256, 64)
@@ -140,15 +151,10 @@ def test_weight_rows_are_the_rows_of_the_weight(fused_moe, cache):
             for j in range(2):
                 want = all_e[ids[t, j], F2 // 2:] @ x[t]
                 np.testing.assert_allclose(y[t, j], want, rtol=1e-5, atol=1e-5)
-    finally:
-        g.close()
 
 
 def test_a_merge_into_the_weight_is_seen_through_its_rows(fused_moe):
-    g = open_gguf(str(fused_moe))
-    try:
-        ops = NumpyOps(cache_weights=False)
-        ops.attach(g)
+    with _numpy_ops(fused_moe, cache_weights=False) as ops:
         exps = ops.weight("blk.0.ffn_gate_up_exps.weight")
         gate = ops.weight_rows(exps, 0, exps.ne[1] // 2)
         before = ops.dequantize(gate).copy()
@@ -156,24 +162,18 @@ def test_a_merge_into_the_weight_is_seen_through_its_rows(fused_moe):
         ops._f32[exps.name] = merged  # what merge_lora leaves
         assert np.array_equal(ops.dequantize(gate), before + np.float32(1.0))
         assert np.array_equal(ops._expert(gate, 2), merged[2, :exps.ne[1] // 2])
-    finally:
-        g.close()
 
 
 @pytest.mark.parametrize("row0, n, match", [(0, 0, r"rows \[0, 0\)"), (-1, 4, r"rows \[-1, 3\)"),
                                             (400, 100, r"rows \[400, 500\) of .* which has 480")])
 def test_weight_rows_outside_the_weight_are_refused(fused_moe, row0, n, match):
-    g = open_gguf(str(write_model(fused_moe.parent / "q3.gguf", QWEN3, seed=8, fuse=("qkv",))))
-    try:
-        ops = NumpyOps()
-        ops.attach(g)
+    path = write_model(fused_moe.parent / "q3.gguf", QWEN3, seed=8, fuse=("qkv",))
+    with _numpy_ops(path) as ops:
         qkv = ops.weight("blk.0.attn_qkv.weight")
         with pytest.raises(ValueError, match=match):
             ops.weight_rows(qkv, row0, n)
         with pytest.raises(ValueError, match="has no rows"):
             ops.weight_rows(ops.weight("blk.0.attn_norm.weight"), 0, 1)
-    finally:
-        g.close()
 
 
 # --- the CUDA backend's views, without a device ------------------------------------------------
@@ -250,7 +250,8 @@ def test_the_writer_fuses_in_the_converters_order():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(shape=QWEN3, fuse=("gate_up_exps",)), "no ffn_gate_exps.weight / ffn_up_exps.weight to fuse"),
+    (dict(shape=QWEN3, fuse=("gate_up_exps",)),
+     "no ffn_gate_exps.weight / ffn_up_exps.weight to fuse"),
     (dict(shape=QWEN3, fuse=("qkv",), weight_type="Q4_0", type_overrides={"attn_v": "Q8_0"}),
      "a fused tensor has one"),
     (dict(shape=QWEN3, fuse=("qk",)), "unknown fusion 'qk'"),
@@ -299,10 +300,7 @@ def test_biases_are_added_to_their_projections(tmp_path):
     from reflex_core import blocks
 
     path = write_model(tmp_path / "b.gguf", QWEN3.replace(qkv_bias=True), seed=10)
-    g = open_gguf(str(path))
-    try:
-        ops = NumpyOps()
-        ops.attach(g)
+    with _numpy_ops(path) as ops:
         w = blocks.bind_attn(ops, 1, 96, 6, 2, 48)
         assert [(b.w.name, b.offset) for b in w.biases] == [
             (f"blk.1.attn_{t}.bias", 0) for t in "qkv"]
@@ -312,8 +310,6 @@ def test_biases_are_added_to_their_projections(tmp_path):
             assert np.array_equal(y, ops.matmul(x, wt) + ops.dequantize(b.w)[None, :])
         with pytest.raises(ValueError, match="add_bias"):
             ops.add_bias(x, w.biases[1].w, 1)  # 96 columns from element 1 of 96
-    finally:
-        g.close()
 
 
 def test_a_fused_bias_holds_q_k_v_in_turn(tmp_path):
@@ -321,10 +317,7 @@ def test_a_fused_bias_holds_q_k_v_in_turn(tmp_path):
 
     path = write_model(tmp_path / "b.gguf", QWEN3.replace(qkv_bias=True), seed=10,
                        fuse=("qkv", "qkv_bias"))
-    g = open_gguf(str(path))
-    try:
-        ops = NumpyOps()
-        ops.attach(g)
+    with _numpy_ops(path) as ops:
         w = blocks.bind_attn(ops, 1, 96, 6, 2, 48)
         assert [(b.w.name, b.offset) for b in w.biases] == [
             ("blk.1.attn_qkv.bias", 0), ("blk.1.attn_qkv.bias", 288), ("blk.1.attn_qkv.bias", 384)]
@@ -334,5 +327,3 @@ def test_a_fused_bias_holds_q_k_v_in_turn(tmp_path):
         for y, wt, (lo, hi) in zip(got, (w.attn_q, w.attn_k, w.attn_v),
                                    [(0, 288), (288, 384), (384, 480)]):
             assert np.array_equal(y, ops.matmul(x, wt) + whole[None, lo:hi])
-    finally:
-        g.close()

@@ -75,20 +75,27 @@ def test_fused_file_matches_the_reference(prefill_decode_vs_reference, model_fil
     prefill_decode_vs_reference(path, 7, 1e-4, f"{case} fused")
 
 
+def _greedy_jobs(path, monkeypatch, graphs: tuple[str, ...]) -> list[list[int]]:
+    """24 greedy tokens after a 5-token prompt from the file's model on the GPU, once with
+    ``REFLEX_CUDA_GRAPHS`` set to each of ``graphs``."""
+    lm = engine.load(str(path), "cuda")[0]
+    try:
+        out = []
+        for g in graphs:
+            monkeypatch.setenv("REFLEX_CUDA_GRAPHS", g)
+            out.append(engine.generate(lm, [1, 2, 3, 4, 5], 24, SamplingParams()).token_ids)
+        return out
+    finally:
+        lm.close()
+
+
 @pytest.mark.parametrize("case", ["qwen3", "qwen35moe"])
 def test_fused_file_jobs_with_decode_graphs(cuda_device, model_files, case, monkeypatch):
     shape, wtype, fuse = CASES[case]
-    monkeypatch.setenv("REFLEX_CUDA_GRAPHS", "1")
-    greedy = SamplingParams()
-    out = []
-    for path in (model_files(shape, weight_type=wtype, seed=23),
-                 model_files(shape, weight_type=wtype, seed=23, fuse=fuse)):
-        lm = engine.load(str(path), "cuda")[0]
-        try:
-            out.append(engine.generate(lm, [1, 2, 3, 4, 5], 24, greedy).token_ids)
-        finally:
-            lm.close()
-    assert out[0] == out[1] and len(out[0]) == 24
+    plain, fused = (model_files(shape, weight_type=wtype, seed=23, **kw)
+                    for kw in ({}, {"fuse": fuse}))
+    want, got = _greedy_jobs(plain, monkeypatch, ("1",)) + _greedy_jobs(fused, monkeypatch, ("1",))
+    assert got == want and len(want) == 24
 
 
 def test_views_dequantize_as_the_reference(gpu_and_reference, model_files):
@@ -119,12 +126,6 @@ def test_biased_file_matches_the_reference(prefill_decode_vs_reference, model_fi
 @pytest.mark.parametrize("case", list(BIASED))
 def test_biased_file_decode_graphs_equal_eager(cuda_device, model_files, case, monkeypatch):
     shape, wtype, fuse = BIASED[case]
-    lm = engine.load(str(model_files(shape, weight_type=wtype, seed=26, fuse=fuse)), "cuda")[0]
-    try:
-        out = []
-        for graphs in ("0", "1"):
-            monkeypatch.setenv("REFLEX_CUDA_GRAPHS", graphs)
-            out.append(engine.generate(lm, [1, 2, 3, 4, 5], 24, SamplingParams()).token_ids)
-    finally:
-        lm.close()
-    assert out[0] == out[1] and len(out[0]) == 24
+    path = model_files(shape, weight_type=wtype, seed=26, fuse=fuse)
+    eager, graphed = _greedy_jobs(path, monkeypatch, ("0", "1"))
+    assert eager == graphed and len(eager) == 24
