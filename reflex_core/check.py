@@ -138,12 +138,8 @@ def _gpu_dequantizer(gpu_ops: Any):
     def dq(w: Any, expert: int | None) -> Any:
         gw = gpu_ops.weight(w.name)
         if expert is not None:
-            per = gw.ne[0] * gw.ne[1]
-            from .ggml_types import GGML_TYPES
-
-            info = GGML_TYPES[gw.ggml_type]
-            nbytes = per // info.block_size * info.type_size
-            gw = Weight(gw.name, gw.ggml_type, tuple(gw.ne[:2]), gw.data + expert * nbytes)
+            gw = Weight(gw.name, gw.ggml_type, tuple(gw.ne[:2]),
+                        gw.data + expert * gw.meta.expert_bytes)
         return gpu_ops.to_numpy(gpu_ops.dequantize(gw))
 
     return dq

@@ -540,8 +540,8 @@ class CudaOps(Ops):
         n = prod(w.ne)
         m = self._meta(w)
         parts = [(w.data, out.ptr, n)]
-        if len(w.ne) == 3 and n and m.expert_bytes * w.ne[2] != \
-                self._quant_ops.row_bytes(w.ggml_type, w.ne[0]) * w.ne[1] * w.ne[2]:
+        if len(w.ne) == 3 and n and \
+                m.expert_bytes != self._quant_ops.row_bytes(w.ggml_type, w.ne[0]) * w.ne[1]:
             per = w.ne[0] * w.ne[1]
             parts = [(w.data + e * m.expert_bytes, out.ptr + 4 * e * per, per)
                      for e in range(w.ne[2])]
