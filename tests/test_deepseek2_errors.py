@@ -47,8 +47,10 @@ BAD = {
                           "deepseek2.expert_shared_count"),
     "gating func": (lambda g: g.set("deepseek2.expert_gating_func", 9, UINT32),
                     "deepseek2.expert_gating_func"),
-    "temperature tuning": (lambda g: g.set("deepseek2.attention.temperature_scale", 0.5, FLOAT32),
-                           "deepseek2.attention.temperature_scale"),
+    # llama.cpp aborts on a temperature without its length
+    "temperature without length": (
+        lambda g: g.set("deepseek2.attention.temperature_scale", 0.5, FLOAT32),
+        "deepseek2.attention.temperature_length"),
 }
 
 

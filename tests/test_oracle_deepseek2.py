@@ -10,7 +10,8 @@ DECODE single-token steps over the latent cache. The files cover:
 * V2-Lite-like: 26 blocks (llama.cpp's lite rule: no query LoRA), softmax, no groups, no
   renormalisation, YaRN with mscale_all_dim 0.707;
 * legacy: ``attn_kv_b`` instead of ``attn_k_b``/``attn_v_b`` (decompressed multi-head K/V);
-* V3-like without rope scaling, and with an untied head.
+* V3-like without rope scaling, and with an untied head;
+* V3-like and legacy with the query temperature (``attention.temperature_scale`` / ``_length``).
 
 Bounds. F32 weights with an F32 KV cache: both sides compute in float32; the spec's validation
 reached 7.5e-7 (absorbed MLA) and 3.6e-6 (legacy, lite); measured here 5.9e-7 - 1.0e-6 over two
@@ -45,6 +46,10 @@ SHAPES = {
     "v3-no-rope-scaling": tiny_deepseek2_shape(rope_scaling=None, yarn_mscale_all_dim=None),
     "v3-untied-softmax": tiny_deepseek2_shape(tied=False, expert_gating_func=1,
                                               expert_weights_scale=None, exp_probs_bias=False),
+    # Llama-4-style query temperature (Mistral-Large-3): a floor every 3 positions, so the
+    # 14 tokens see 5 different factors
+    "v3-temperature": tiny_deepseek2_shape(attn_temperature=(0.8, 3)),
+    "legacy-temperature": tiny_deepseek2_legacy_shape(attn_temperature=(0.8, 3)),
 }
 
 

@@ -541,6 +541,9 @@ class DeepSeek2Shape(ModelShape):
     rope_scaling: dict | None = dataclasses.field(
         default_factory=lambda: {"type": "yarn", "factor": 4.0, "original_context_length": 64})
     yarn_mscale_all_dim: float | None = 1.0  # written as yarn_log_multiplier = 0.1·value
+    # (attention.temperature_scale, attention.temperature_length): Llama-4-style query
+    # temperature (Mistral-Large-3 files); None: keys absent
+    attn_temperature: tuple[float, int] | None = None
 
     @property
     def d_qk(self) -> int:
@@ -1614,6 +1617,10 @@ def _add_deepseek2_hparams(w: gguf.GGUFWriter, shape: DeepSeek2Shape) -> None:
     if shape.yarn_mscale_all_dim is not None:
         # the converter stores 0.1·mscale_all_dim and llama.cpp divides by 0.1 on load (spec 8.1)
         w.add_rope_scaling_yarn_log_mul(0.1 * float(shape.yarn_mscale_all_dim))
+    if shape.attn_temperature is not None:
+        scale, length = shape.attn_temperature
+        w.add_attn_temperature_scale(float(scale))
+        w.add_attn_temperature_length(int(length))
 
 
 def _add_rope_scaling(w: gguf.GGUFWriter, rs: dict | None) -> None:

@@ -1,6 +1,7 @@
 """DeepSeek-V2/V3 (deepseek2) on the GPU against the NumPy reference: MLA (with and without the
 query LoRA), the legacy attn_kv_b path, DeepSeek's routing (sigmoid + bias + groups, softmax),
-prefill of several lengths then decode over the latent cache, and system1's tree batch."""
+prefill of several lengths then decode over the latent cache, the query temperature, and
+system1's tree batch."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ SHAPES = {
     "v3": tiny_deepseek2_shape(),
     "v2-lite": tiny_deepseek2_lite_shape(),
     "legacy": tiny_deepseek2_legacy_shape(),
+    # the query temperature (Mistral-Large-3 files): a new factor every 5 positions
+    "v3-temperature": tiny_deepseek2_shape(attn_temperature=(0.8, 5)),
+    "legacy-temperature": tiny_deepseek2_legacy_shape(attn_temperature=(0.8, 5)),
 }
 
 

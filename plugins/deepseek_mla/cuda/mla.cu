@@ -6,6 +6,7 @@ launchers there check every shape before launching.
   reflex_mla_concat_heads   [a_h ; b_h], a one-head side repeated            grid T*H, block 128
   reflex_mla_store_rows     T contiguous rows into the cache's cells         grid <= 4096, block 256
   reflex_mla_attention_<NPL>  MQA over the shared latent rows, V = first n_v  grid (H, T), 256
+  reflex_mla_query_temperature  q[t] * tau(position of t)                   grid <= 4096, block 256
   reflex_mla_head_ids       ids[t, h] = h                                    grid ceil(n/256), 256
 
 Reductions use a fixed order (no atomics): every kernel is deterministic run to run.
@@ -160,6 +161,23 @@ MLA_ATTENTION_KERNEL(12)
 MLA_ATTENTION_KERNEL(18)
 MLA_ATTENTION_KERNEL(24)
 MLA_ATTENTION_KERNEL(32)
+
+// ------------------------------------------------------------------------------------------
+// query_temperature: out[t, :] = q[t, :] * tau(pos[t]) over the T * row floats. tau is rounded
+// where llama.cpp rounds it (llm_graph_input_attn_temp): the quotient and its floor in float32,
+// the logarithm and the rest in double, then float32. Positions come from the device (the
+// prepared batch), so a captured decode step replays at every position.
+
+extern "C" __global__ void __launch_bounds__(256)
+reflex_mla_query_temperature(const float* __restrict__ q, float* __restrict__ out,
+                             const int* __restrict__ pos, int row, int total, float scale,
+                             int length) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        const float f = floorf((float)pos[i / row] / (float)length);
+        const float tau = (float)(log((double)f + 1.0) * (double)scale + 1.0);
+        out[i] = q[i] * tau;
+    }
+}
 
 // ------------------------------------------------------------------------------------------
 // head_ids: ids[t, h] = h over the n = T * H entries.

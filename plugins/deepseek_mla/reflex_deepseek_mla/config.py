@@ -38,7 +38,9 @@ class DeepSeek2Config(MoEConfig):
     w_scale: float = key("expert_weights_scale", kind="f32", default=0.0)
     norm_w: bool = key("expert_weights_norm", kind="bool", default=False)
     gating_func: int = key("expert_gating_func", default=0)
+    # Llama-4-style query temperature (Mistral-Large-3 files; spec §8.4): 0 = off
     temperature_scale: float = key("attention.temperature_scale", kind="f32", default=0.0)
+    temperature_length: int = key("attention.temperature_length", default=0)
     q_lora_rank: int = derived()  # 0 for lite files
     yarn_log_mul: float = derived()  # rope.scaling.yarn_log_multiplier / 0.1
     gating: str = derived()  # the core router's gating name
@@ -125,8 +127,10 @@ class DeepSeek2Config(MoEConfig):
                              f"{k('attention.head_count')} ({self.n_head}), got {self.n_head_kv}")
         if self.n_shared <= 0:
             raise meta.error(f"{k('expert_shared_count')} must be > 0")
-        if self.temperature_scale != 0.0:
-            raise meta.error(f"{k('attention.temperature_scale')} (query temperature tuning) is "
-                             f"not supported")
+        if self.temperature_scale != 0.0 and self.temperature_length <= 0:
+            # llama.cpp aborts on such a file (an assert when the first batch is set up)
+            raise meta.error(f"{k('attention.temperature_scale')} is set but "
+                             f"{k('attention.temperature_length')} (its position floor scale) "
+                             f"is missing or 0")
         if self.n_dense > 0 and self.n_ff <= 0:
             raise meta.error(f"{k('feed_forward_length')} must be > 0 for the dense lead layers")

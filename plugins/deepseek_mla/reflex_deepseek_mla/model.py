@@ -11,6 +11,9 @@ per-head K/V and use the core's attention; their K/V rows are laid out ``[pe ; n
 the core's RoPE (first ``n_rot`` dims, NORM pairs) applies -- dot products do not depend on the
 order of the dimensions.
 
+Files with ``attention.temperature_scale`` (Mistral-Large-3) multiply each token's rotated query by
+a factor that grows with its position (Llama-4's temperature tuning), in both forms.
+
 FFN (spec §8.5): the first ``leading_dense_block_count`` layers are dense SwiGLU; the others route
 with the file's gating, selection bias, expert groups, normalisation and scale, and add the
 shared experts (ungated).
@@ -177,7 +180,7 @@ class DeepSeek2(Model):
         ops.mla_store_rows(ops.mla_concat_heads(c_kv, k_pe), latent, pb)
         q_nope, q_pe = ops.mla_split_heads(q, cfg.n_head, cfg.d_nope)
         q_abs = ops.moe_matmul(q_nope, w.attn_k_b, ids)  # [T, H, r_kv]
-        qq = ops.mla_concat_heads(q_abs, ops.rope(q_pe, pb, cfg.rope))
+        qq = self._temperature(ops.mla_concat_heads(q_abs, ops.rope(q_pe, pb, cfg.rope)), pb)
         o_lat = ops.mla_attention(qq, latent, pb, cfg.kq_scale, cfg.kv_lora_rank)
         o = ops.moe_matmul(o_lat, w.attn_v_b, ids)  # [T, H, d_v]
         return ops.matmul(ops.view(o, (T, cfg.n_head * cfg.d_v)), w.attn_output)
@@ -197,8 +200,17 @@ class DeepSeek2(Model):
         qq = ops.qk_norm_rope_store(ops.mla_concat_heads(q_pe, q_nope),
                                     ops.mla_concat_heads(k_pe, k_nope), v, None, None, cfg.eps,
                                     pb, cfg.rope, kv[0], kv[1])
-        o = ops.attention(qq, kv[0], kv[1], pb, cfg.kq_scale)
+        o = ops.attention(self._temperature(qq, pb), kv[0], kv[1], pb, cfg.kq_scale)
         return ops.matmul(o, w.attn_output)
+
+    def _temperature(self, q: Any, pb: Any) -> Any:
+        """The optional query temperature (spec §8.4), on the whole rotated query as llama.cpp
+        applies it: a factor per token that grows with its position."""
+        cfg = self.cfg
+        if cfg.temperature_scale == 0.0:
+            return q
+        return self.ops.mla_query_temperature(q, pb, cfg.temperature_scale,
+                                              cfg.temperature_length)
 
     def _ffn(self, b: Any, ffn: Any) -> Any:
         ops, cfg = self.ops, self.cfg

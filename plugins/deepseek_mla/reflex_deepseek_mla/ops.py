@@ -20,6 +20,11 @@ tests). Math: spec §8.4 (the absorbed MLA form) and §8.6 (legacy ``attn_kv_b``
     cells token t sees (``[0, prefix_end[t])`` and ``[own_start[t], own_end[t])``, as the core
     attention), softmax over j in float32 (max subtracted), ``o[t, h] = sum_j a[t, h, j]
     cache[j, :n_v]`` (V = the first ``n_v`` columns of the same row).
+``mla_query_temperature(q, pb, scale, length) -> q' [T, H, n]``
+    ``q'[t] = q[t] * tau(p_t)`` with ``p_t`` token t's position and, as llama.cpp computes it,
+    ``tau(p) = ln(floor(f32(p) / f32(length)) + 1) * scale + 1`` (the quotient and its floor in
+    float32, the logarithm and the rest in float64, tau rounded to float32 before the product):
+    the Llama-4-style query temperature of Mistral-Large-3 files (spec §8.4).
 ``mla_head_ids(T, n_head) -> ids [T, n_head]`` int32, ``ids[t, h] = h``
     the per-head weights ``attn_k_b`` / ``attn_v_b`` (ne ``[., ., H]``) go through the core's
     ``moe_matmul`` with the heads as experts.
@@ -131,6 +136,22 @@ def _attention_dims(q_shape, cache_shape, pb, n_v: int) -> tuple[int, int, int]:
     return T, H, n
 
 
+def _temperature_dims(q_shape, pb, length: int) -> tuple[int, int]:
+    """(T, row) of a query temperature call, checked: row = the floats of one token."""
+    op = "mla_query_temperature"
+    if len(q_shape) not in (2, 3):
+        raise ValueError(f"{op}: q {list(q_shape)} is not [T, H, n] or [T, n]")
+    T = int(q_shape[0])
+    if T != _n_tokens(pb):
+        raise ValueError(f"{op}: the batch has {_n_tokens(pb)} tokens but q {T}")
+    if int(length) < 1:
+        raise ValueError(f"{op}: temperature length {length} must be >= 1")
+    row = 1
+    for v in q_shape[1:]:
+        row *= int(v)
+    return T, row
+
+
 def _head_ids_dims(T: int, n_head: int) -> tuple[int, int]:
     if T < 0 or n_head < 1:
         raise ValueError(f"mla_head_ids: {T} tokens of {n_head} heads")
@@ -177,6 +198,24 @@ def attention_twin(ops, q, cache, pb, scale, n_v):
     e = np.exp(s - s.max(axis=-1, keepdims=True))  # the mask is never empty: max is finite
     a = e / e.sum(axis=-1, keepdims=True)
     return np.ascontiguousarray(np.matmul(a, rows[:, :n_v]), dtype=np.float32)
+
+
+def temperature_factors(positions, scale, length):
+    """tau(p) of every position, float32, rounded where llama.cpp rounds it."""
+    import numpy as np
+
+    p = np.asarray(positions).astype(np.float32)
+    f = np.floor(p / np.float32(length))  # float32 quotient and floor
+    return (np.log(f.astype(np.float64) + 1.0) * float(np.float32(scale)) + 1.0).astype(np.float32)
+
+
+def query_temperature_twin(ops, q, pb, scale, length):
+    import numpy as np
+
+    q = np.asarray(q, np.float32)
+    T, _ = _temperature_dims(q.shape, pb, length)
+    tau = temperature_factors(pb.positions, scale, length)
+    return np.ascontiguousarray(q * tau.reshape((T,) + (1,) * (q.ndim - 1)))
 
 
 def head_ids_twin(ops, T, n_head):
@@ -233,6 +272,17 @@ def attention_cuda(ops, q, cache, pb, scale, n_v):
                 (q.ptr, cache.ptr, o.ptr, pb.prefix_end, pb.own_start, pb.own_end, H, n,
                  int(n_v), float(scale)))
     return o
+
+
+def query_temperature_cuda(ops, q, pb, scale, length):
+    T, row = _temperature_dims(q.shape, pb, length)
+    out = ops.empty(tuple(q.shape))
+    total = T * row
+    if total:
+        # positions are read on the device (the prepared batch): a captured decode step replays
+        _launch(ops, "reflex_mla_query_temperature", min(4096, (total + 255) // 256), 256,
+                (q.ptr, out.ptr, pb.positions, row, total, float(scale), int(length)))
+    return out
 
 
 def head_ids_cuda(ops, T, n_head):
@@ -381,6 +431,33 @@ def attention_cases(rng):
         out.append(OpCase(f"{label} T={T} n_kv={n_kv} H={H} n={n} n_v={n_v}",
                           (q, cache, BatchArg(batch), scale, n_v), rtol=ATT_RTOL,
                           atol=ATT_ATOL, expect=want.astype(np.float32)))
+    return out
+
+
+def query_temperature_cases(rng):
+    import numpy as np
+
+    from reflex_core.plugin_api import BatchArg, OpCase
+
+    out = []
+    # (label, batch, head shape, scale, length): decode far into the sequence, a prefill that
+    # crosses several floors, length 1 (every position its own floor), the system1 tree (its
+    # branches restart at the same positions), a [T, n] query, a negative scale
+    for label, batch, heads, scale, length in (
+            ("decode", case_batch(8190, 1), (16, 576), 0.1, 8192),
+            ("prefill", case_batch(0, 67), (3, 72), 0.4, 5),
+            ("length 1", case_batch(3, 7), (5, 40), 0.25, 1),
+            ("tree", case_batch(3, 4, (3, 2, 1)), (3, 72), 0.7, 2),
+            ("flat", case_batch(9, 13), (33,), 1.5, 4),
+            ("negative", case_batch(0, 9), (2, 24), -0.3, 3)):
+        T = batch.n_tokens
+        q = _f(rng, T, *heads)
+        pos = np.asarray(batch.positions, np.float64)
+        tau = np.log(np.floor(pos / length) + 1.0) * scale + 1.0  # float64 throughout
+        want = q.astype(np.float64) * tau.reshape((T,) + (1,) * len(heads))
+        out.append(OpCase(f"{label} T={T} q={[T, *heads]} scale={scale} length={length}",
+                          (q, BatchArg(batch), scale, length), rtol=1e-6, atol=0,
+                          expect=want.astype(np.float32)))
     return out
 
 

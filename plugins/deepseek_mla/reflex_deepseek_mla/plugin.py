@@ -14,6 +14,8 @@ OPS = {
     "mla_store_rows": "write the batch's rows into the cells of a per-token state buffer",
     "mla_attention": "attention of every head over the shared latent rows; V = the first "
                      "columns of each row",
+    "mla_query_temperature": "scale each token's query by ln(floor(position / length) + 1) * "
+                             "scale + 1 (Llama-4-style temperature)",
     "mla_head_ids": "ids[t, h] = h: selects head h's slice of a per-head weight in moe_matmul",
 }
 
