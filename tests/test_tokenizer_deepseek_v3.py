@@ -85,46 +85,52 @@ CORPUS = [
 ]
 
 
-def _source() -> Path:
+def _source(name: str = SOURCE) -> Path:
     root = os.environ.get(ENV)
     if not root:
         pytest.fail(f"{ENV} is not set: run scripts/test.sh, or point it at llama.cpp's models/ "
                     f"directory (vendor/llama.cpp/models in the llama-cpp-python 0.3.36 sdist)",
                     pytrace=False)
-    path = Path(root) / SOURCE
+    path = Path(root) / name
     if not path.is_file():
-        pytest.fail(f"{ENV}={root} lacks {SOURCE}", pytrace=False)
+        pytest.fail(f"{ENV}={root} lacks {name}", pytrace=False)
     return path
 
 
-def write_derived_vocab(path: Path, pre: str, merges: list[str]) -> Path:
-    """A vocab-only GGUF at ``path``: the deepseek-llm vocabulary and hyper-parameters under
-    ``pre``, with ``merges`` (byte-level "left right" strings) and their tokens appended (the
-    pre-tokenizer does not depend on the architecture; llama.cpp's own vocab files are
-    ``llama`` files without tensors)."""
-    src = open_gguf(str(_source()))
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name(f"{pre} pre-tokenizer over the deepseek-llm vocabulary")
-    w.add_block_count(src.get("llama.block_count"))
-    w.add_context_length(src.get("llama.context_length"))
-    w.add_embedding_length(src.get("llama.embedding_length"))
-    w.add_feed_forward_length(src.get("llama.feed_forward_length"))
-    w.add_head_count(src.get("llama.attention.head_count"))
-    w.add_layer_norm_rms_eps(src.get("llama.attention.layer_norm_rms_epsilon"))
+def write_derived_vocab(path: Path, pre: str, merges: list[str], *, source: str = SOURCE,
+                        bos: int | None = BOS, eos: int = EOS, add_bos: bool = True,
+                        tokens_alone: tuple[str, ...] = ()) -> Path:
+    """A vocab-only GGUF at ``path``: the vocabulary and hyper-parameters of llama.cpp's
+    ``source`` vocab file under ``pre``, with ``merges`` (byte-level "left right" strings) and
+    their tokens appended, then ``tokens_alone`` (byte-level tokens no merge makes). The
+    pre-tokenizer does not depend on the architecture; llama.cpp's own vocab files have no
+    tensors. ``bos`` None: no BOS key."""
+    src = open_gguf(str(_source(source)))
+    arch = src.get("general.architecture")
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"{pre} pre-tokenizer over the {source} vocabulary")
+    for key in ("block_count", "context_length", "embedding_length", "feed_forward_length",
+                "attention.head_count", "attention.layer_norm_rms_epsilon"):
+        v = src.get(f"{arch}.{key}")
+        if key == "attention.layer_norm_rms_epsilon":
+            w.add_layer_norm_rms_eps(v)
+        else:
+            w.add_uint32(f"{arch}.{key}", v)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     tokens = list(src.get("tokenizer.ggml.tokens"))
-    extra = [m.replace(" ", "") for m in merges]
+    extra = [m.replace(" ", "") for m in merges] + list(tokens_alone)
     assert not set(extra) & set(tokens)
     assert {part for m in merges for part in m.split(" ")} <= set(tokens) | set(extra)
     w.add_token_list(tokens + extra)
     w.add_token_types([int(t) for t in src.get("tokenizer.ggml.token_type")]
                       + [int(gguf.TokenType.NORMAL)] * len(extra))
     w.add_token_merges(list(src.get("tokenizer.ggml.merges")) + merges)
-    w.add_bos_token_id(BOS)
-    w.add_eos_token_id(EOS)
-    w.add_pad_token_id(EOS)
-    w.add_add_bos_token(True)
+    if bos is not None:
+        w.add_bos_token_id(bos)
+    w.add_eos_token_id(eos)
+    w.add_pad_token_id(eos)
+    w.add_add_bos_token(add_bos)
     w.add_add_eos_token(False)
     w.write_header_to_file()
     w.write_kv_data_to_file()

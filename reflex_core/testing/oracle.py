@@ -285,6 +285,14 @@ def llama_tokenize(path: str | os.PathLike, text: str, add_special: bool = False
     return list(buf[:n])
 
 
+def llama_bos(path: str | os.PathLike) -> int | None:
+    """llama.cpp's BOS id of the vocabulary of ``path`` (None: it has none)."""
+    L = import_llama_cpp()
+    _, vocab = _llama_vocab(str(Path(path)))
+    bos = int(L.llama_vocab_bos(vocab))
+    return None if bos < 0 else bos
+
+
 def random_tokens(n_vocab: int, n: int, seed: int) -> list[int]:
     """``n`` token ids drawn uniformly from ``[0, n_vocab)`` (generator seeded ``1000 + seed``)."""
     rng = np.random.default_rng(1000 + seed)

@@ -27,16 +27,22 @@ class PreTokenizerSpec:
     those of the regex engine's Unicode version.
     normalizer: "NFC" or None. ignore_merges: BPE option (llama3-style vocabularies).
     add_bos_default: add_bos when ``tokenizer.ggml.add_bos_token`` is absent.
+    gpt2_bos: a file without ``tokenizer.ggml.bos_token_id`` has BOS = EOS = 11 (llama.cpp's BPE
+    default); False: no BOS then (llama.cpp's GLM vocabularies).
     """
 
     regexes: tuple[str, ...]
     normalizer: str | None = None
     ignore_merges: bool = False
     add_bos_default: bool = False
+    gpt2_bos: bool = True
 
 
 _QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# llama3's regex (llama.cpp matches it by hand): qwen2's with digits in runs of up to three
+_LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN35_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
               r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _DEEPSEEK_V3_RES = (
@@ -75,11 +81,17 @@ _DEEPSEEK_LLM_RES = (
 PRETOKENIZERS: dict[str, PreTokenizerSpec] = {
     "qwen2": PreTokenizerSpec((_QWEN2_RE,), normalizer="NFC"),
     "deepseek-r1-qwen": PreTokenizerSpec((_QWEN2_RE,), normalizer="NFC"),
+    "kormo": PreTokenizerSpec((_QWEN2_RE,), normalizer="NFC"),
+    "f2llmv2": PreTokenizerSpec((_QWEN2_RE,), normalizer="NFC"),
     # No NFC for qwen35: its regex takes combining marks (\p{M}) into words instead, and
     # llama.cpp's vocab test vectors (from Qwen3.5's own tokenizer) keep NFD input decomposed.
     "qwen35": PreTokenizerSpec((_QWEN35_RE,)),
     "deepseek-v3": PreTokenizerSpec(_DEEPSEEK_V3_RES),
     "deepseek-llm": PreTokenizerSpec(_DEEPSEEK_LLM_RES),
+    # GLM-4.5 / 4.7 vocabularies (GLM-4.7-Flash is a deepseek2 file): whole words that are
+    # tokens skip the merges, and no BOS unless the file names one
+    "glm4": PreTokenizerSpec((_LLAMA3_RE,), ignore_merges=True, gpt2_bos=False),
+    "glm5": PreTokenizerSpec((_LLAMA3_RE,), ignore_merges=True, gpt2_bos=False),
 }
 
 _ESC = re.compile(r"\\u([0-9A-Fa-f]{4})|\\U([0-9A-Fa-f]{8})")

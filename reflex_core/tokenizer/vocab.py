@@ -91,8 +91,8 @@ def special_tokens(md: dict, spec: PreTokenizerSpec, added: list[tuple[int, str,
                    lookup, n: int) -> SpecialTokens:
     """The special ids and the end-of-generation set, as llama.cpp reads them. ``added``: the
     (id, text, is CONTROL) added tokens; ``lookup``: text -> BPE vocab id or None."""
-    # BPE defaults: bos = eos = 11
-    bos = _opt_id(md, "tokenizer.ggml.bos_token_id", n, 11)
+    # BPE defaults: bos = eos = 11 (some pre types have no default BOS)
+    bos = _opt_id(md, "tokenizer.ggml.bos_token_id", n, 11 if spec.gpt2_bos else None)
     eos = _opt_id(md, "tokenizer.ggml.eos_token_id", n, 11)
     pad = _opt_id(md, "tokenizer.ggml.padding_token_id", n)
     eot = _opt_id(md, "tokenizer.ggml.eot_token_id", n)

@@ -1,0 +1,99 @@
+"""Pre types llama.cpp ships no vectors for, against llama.cpp's own tokenization: ``glm4``
+(GLM-4.5 / 4.7 vocabularies; GLM-4.7-Flash is a deepseek2 file) and the names llama.cpp reads as
+qwen2 (``kormo``, ``f2llmv2``: F2LLM-v2 is a qwen3 file).
+
+llama.cpp ships no vectors for ``glm4``, so as for deepseek-v3 (test_tokenizer_deepseek_v3.py)
+this writes a vocab-only GGUF with that pre type over a real byte-level BPE vocabulary (llama.cpp's
+``ggml-vocab-qwen2.gguf``: GLM's is of the same kind) plus:
+
+* merges that make digit grouping visible (qwen2's vocabulary has no multi-digit token): glm4
+  takes digits in runs of up to three, qwen2 one by one;
+* tokens no merge makes ("ignore merges": llama.cpp emits a piece that is a token as that token
+  without running the merges, as GLM's own tokenizer does);
+* no ``bos_token_id`` key: glm4 then has no BOS, where other BPE vocabularies default to 11.
+
+The qwen2 names: qwen2's own vocabulary under each name. Compared over
+test_tokenizer_oracle.py's random corpus and hand texts, with add_special /
+parse_special off and on. Without llama-cpp-python or REFLEX_LLAMA_VOCAB_DIR the tests fail,
+never skip.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import unicodedata
+
+import pytest
+
+from reflex_core.testing import oracle
+from test_tokenizer_deepseek_v3 import DIGIT_MERGES, _byte_level, write_derived_vocab
+from test_tokenizer_oracle import corpus
+from test_vocab_vectors import reflex_tokenizer
+
+pytestmark = pytest.mark.oracle
+
+EOS = 151643  # qwen2's <|endoftext|>
+N_QWEN2 = 151936
+# whole pieces no merge reaches: with a space in front (a word) and alone
+ALONE = ("zqxjv", " zqxjv", " Hellozqx")
+
+
+@pytest.fixture(scope="module")
+def vocab_file(tmp_path_factory) -> Path:
+    return write_derived_vocab(tmp_path_factory.mktemp("vocab") / "ggml-vocab-glm4.gguf", "glm4",
+                               list(DIGIT_MERGES), source="ggml-vocab-qwen2.gguf", bos=None,
+                               eos=EOS, add_bos=False,
+                               tokens_alone=tuple(_byte_level(t) for t in ALONE))
+
+
+HAND = ("1234567", "a1b22c333d4444", "x=12345678;", "zqxjv", "a zqxjv b", " Hellozqx!",
+        "Hellozqx", "\u0661\u0662\u0663\u0664", "\u00bd\u00b2 12", "don't STOP'LL", "\n\n  x  ")
+
+
+@pytest.mark.parametrize("mode", ["auto", "full"])
+def test_encodes_as_llama_cpp(vocab_file, mode):
+    tok = reflex_tokenizer(str(vocab_file), mode)
+    assert tok.pre == "glm4"
+    wrong = []
+    texts = list(HAND) + corpus(seed=7)
+    for text in texts:
+        for special in (False, True):
+            want = oracle.llama_tokenize(vocab_file, text, special, special)
+            got = tok.encode(text, add_special=special, parse_special=special)
+            if got != want:
+                wrong.append(f"{text!r} (special {special}): reflex {got} llama.cpp {want}")
+    assert not wrong, (f"{len(wrong)} of {2 * len(texts)} encodings differ ({mode}):\n"
+                       + "\n".join(wrong[:20]))
+
+
+def test_the_texts_reach_what_glm4_changes(vocab_file):
+    """Digits go in threes, a piece that is a token skips the merges, and there is no BOS: on
+    llama.cpp's side, so the comparison above covers each."""
+    extra = [m.replace(" ", "") for m in DIGIT_MERGES]
+    t123, t456 = (N_QWEN2 + extra.index(t) for t in ("123", "456"))
+    seven = oracle.llama_tokenize(vocab_file, "7")
+    assert oracle.llama_tokenize(vocab_file, "1234567") == [t123, t456, seven[0]]
+    alone = {t: N_QWEN2 + len(DIGIT_MERGES) + i for i, t in enumerate(ALONE)}
+    assert oracle.llama_tokenize(vocab_file, "a zqxjv b")[1] == alone[" zqxjv"]
+    assert oracle.llama_tokenize(vocab_file, "zqxjv") == [alone["zqxjv"]]
+    assert oracle.llama_bos(vocab_file) is None
+    tok = reflex_tokenizer(str(vocab_file), "auto")
+    assert tok.bos_id is None and tok.eos_id == EOS
+
+
+@pytest.mark.parametrize("pre", ["kormo", "f2llmv2"])
+def test_qwen2_names_encode_as_llama_cpp(tmp_path, pre):
+    """As qwen2 (NFC first, as for qwen2: test_tokenizer_oracle.py says why)."""
+    path = write_derived_vocab(tmp_path / f"ggml-vocab-{pre}.gguf", pre, [],
+                               source="ggml-vocab-qwen2.gguf", bos=EOS, eos=EOS, add_bos=False)
+    tok = reflex_tokenizer(str(path), "auto")
+    assert tok.pre == pre
+    wrong = []
+    texts = corpus(seed=8)[:150]
+    for text in texts:
+        want = oracle.llama_tokenize(path, unicodedata.normalize("NFC", text), True, True)
+        got = tok.encode(text, add_special=True, parse_special=True)
+        if got != want:
+            wrong.append(f"{text!r}: reflex {got} llama.cpp {want}")
+    assert not wrong, f"{len(wrong)} of {len(texts)} encodings differ ({pre}):\n" + "\n".join(wrong[:20])
