@@ -11,7 +11,9 @@ DECODE single-token steps over the latent cache. The files cover:
   renormalisation, YaRN with mscale_all_dim 0.707;
 * legacy: ``attn_kv_b`` instead of ``attn_k_b``/``attn_v_b`` (decompressed multi-head K/V);
 * V3-like without rope scaling, and with an untied head;
-* V3-like and legacy with the query temperature (``attention.temperature_scale`` / ``_length``).
+* V3-like and legacy with the query temperature (``attention.temperature_scale`` / ``_length``);
+* V3-like with a NextN/MTP block, and GLM-4.7-Flash's shape class (47 + 1 blocks, 154880 tokens,
+  no gating key: sigmoid by llama.cpp's rule).
 
 Bounds. F32 weights with an F32 KV cache: both sides compute in float32; the spec's validation
 reached 7.5e-7 (absorbed MLA) and 3.6e-6 (legacy, lite); measured here 5.9e-7 - 1.0e-6 over two
@@ -50,7 +52,19 @@ SHAPES = {
     # 14 tokens see 5 different factors
     "v3-temperature": tiny_deepseek2_shape(attn_temperature=(0.8, 3)),
     "legacy-temperature": tiny_deepseek2_legacy_shape(attn_temperature=(0.8, 3)),
+    # a NextN/MTP block after the trunk (loaded by llama.cpp, never run for the logits)
+    "v3-mtp": tiny_deepseek2_shape(nextn_predict_layers=1, mtp_shared_head=True),
 }
+
+# GLM-4.7-Flash's shape class: 47 blocks + one MTP block and a 154880-token vocabulary, where a
+# file without expert_gating_func routes by sigmoid (llama.cpp's rule; elsewhere softmax). Tiny
+# widths; deep enough that float32 rounding reaches 7e-6 of the logits (softmax would be ~1.2).
+GLM47_LITE = tiny_deepseek2_shape(n_layer=47, n_vocab=154880, n_embd=32, n_head=2, n_ff=64,
+                                  q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32, n_rot=8,
+                                  v_head_dim=32, n_expert=4, n_expert_used=2, n_ff_exp=32,
+                                  expert_gating_func=None, expert_group_count=1,
+                                  expert_group_used_count=1, nextn_predict_layers=1)
+GLM47_BOUND = 2e-5
 
 
 def run_both(path, seed: int, ops=None):
@@ -66,6 +80,17 @@ def test_f32_matches_llama_cpp(model_files, name):
         path = model_files(SHAPES[name], weight_type="F32", seed=seed)
         ref, got = run_both(path, seed)
         oracle.check_logits(ref, got, F32_BOUND, f"{name} seed {seed}")
+
+
+def test_glm47_flash_shape_matches_llama_cpp(model_files):
+    for seed in range(2):
+        path = model_files(GLM47_LITE, weight_type="F32", seed=seed)
+        tokens = oracle.random_tokens(GLM47_LITE.n_vocab, PROMPT + DECODE, seed)
+        ref = oracle.llama_logits(path, tokens, n_prompt=PROMPT, kv_type="f32")
+        model = oracle.load_model(path)
+        assert model.cfg.gating == "sigmoid" and model.cfg.n_layer == 47
+        got = oracle.model_logits(model, tokens, n_prompt=PROMPT)
+        oracle.check_logits(ref, got, GLM47_BOUND, f"glm-4.7-flash-like seed {seed}")
 
 
 # Measured over 8 seeds each (2026-12-01): share of rows within EXACT_ROW with the roundings

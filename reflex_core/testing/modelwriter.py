@@ -544,6 +544,14 @@ class DeepSeek2Shape(ModelShape):
     # (attention.temperature_scale, attention.temperature_length): Llama-4-style query
     # temperature (Mistral-Large-3 files); None: keys absent
     attn_temperature: tuple[float, int] | None = None
+    # NextN/MTP blocks appended after the trunk (GLM-4.7-Flash's files carry one): a routed block
+    # plus nextn.{eh_proj,enorm,hnorm} and, with mtp_shared_head, nextn.shared_head_{head,norm}
+    nextn_predict_layers: int = 0
+    mtp_shared_head: bool = False
+
+    @property
+    def n_layer_all(self) -> int:
+        return self.n_layer + self.nextn_predict_layers
 
     @property
     def d_qk(self) -> int:
@@ -885,6 +893,10 @@ def _check_deepseek2_shape(shape: DeepSeek2Shape) -> None:
             raise ValueError(f"DeepSeek2Shape.{f} must be > 0")
     if shape.n_rot % 2:
         raise ValueError(f"n_rot={shape.n_rot} must be even (NORM RoPE rotates pairs)")
+    if shape.nextn_predict_layers < 0:
+        raise ValueError("nextn_predict_layers must be >= 0")
+    if shape.nextn_predict_layers and shape.n_dense_lead >= shape.n_layer:
+        raise ValueError("MTP blocks are routed blocks: give the trunk at least one")
     if shape.q_lora_rank < 0:
         raise ValueError("q_lora_rank must be >= 0")
     if (shape.q_lora_rank == 0) != shape.lite:
@@ -1174,7 +1186,7 @@ def _deepseek2_plan(shape: DeepSeek2Shape, n_vocab: int, weight_type: str,
     plan = _Plan(weight_type, type_overrides)
     mat, f32, norm = plan.mat, plan.f32, plan.norm
     plan.embedding(D, n_vocab)
-    for i in range(shape.n_layer):
+    for i in range(shape.n_layer_all):
         p = f"blk.{i}."
         norm(p + "attn_norm.weight", D)
         if r_q > 0:
@@ -1201,6 +1213,13 @@ def _deepseek2_plan(shape: DeepSeek2Shape, n_vocab: int, weight_type: str,
                 f32(p + "exp_probs_b.bias", (E,), "bias", 0.1)
             plan.experts(p, D, shape.n_ff_exp, E)
             plan.swiglu(p, D, shape.n_ff_exp * shape.n_expert_shared, "_shexp")
+        if i >= shape.n_layer:  # MTP block
+            mat(p + "nextn.eh_proj.weight", (2 * D, D), 1.0 / (2 * D) ** 0.5)
+            norm(p + "nextn.enorm.weight", D)
+            norm(p + "nextn.hnorm.weight", D)
+            if shape.mtp_shared_head:
+                mat(p + "nextn.shared_head_head.weight", (D, n_vocab), plan.embd_std(D))
+                norm(p + "nextn.shared_head_norm.weight", D)
     plan.head(D, n_vocab, shape.tied)
     return plan.specs
 
@@ -1577,7 +1596,9 @@ def _add_deepseek2_hparams(w: gguf.GGUFWriter, shape: DeepSeek2Shape) -> None:
     types of gguf-py's add_* helpers. MLA files: head_count_kv 1, key_length r_kv + n_rot,
     value_length r_kv and the *_mla keys; legacy files: head_count_kv H, key/value_length
     d_qk / d_v and no *_mla keys."""
-    w.add_block_count(shape.n_layer)
+    w.add_block_count(shape.n_layer_all)
+    if shape.nextn_predict_layers:
+        w.add_nextn_predict_layers(shape.nextn_predict_layers)
     w.add_context_length(shape.context_length)
     w.add_embedding_length(shape.n_embd)
     w.add_feed_forward_length(shape.n_ff)
