@@ -136,22 +136,27 @@ class GenerationStream:
 
 
 def load(model: PathLike | None = None, *, backend: str = "auto",
-         lora: Sequence[LoraSpec] = (), revision: str | None = None) -> "Engine":
+         lora: Sequence[LoraSpec] = (), revision: str | None = None,
+         ctx_size: int = 0) -> "Engine":
     """Load ``model`` and return an :class:`Engine`.
 
     ``model``: a local GGUF path; or, when no such file exists, a Hugging Face repository
     ``"ORG/NAME"`` or ``"ORG/NAME:FILE.gguf"`` (fetched into the HF cache, as ``--model``
     does; ``revision`` a branch, tag or commit); None: the default model (``--quickstart``).
     ``backend``: "auto" (the GPU when there is one), "cuda" or "cpu". ``lora``: adapters merged
-    at load, each ``"FILE.gguf[:SCALE]"`` or ``(path, scale)``."""
-    return load_for_process(model, backend=backend, lora=lora, revision=revision, one_shot=False)
+    at load, each ``"FILE.gguf[:SCALE]"`` or ``(path, scale)``. ``ctx_size``: the context every
+    job must fit, in tokens (``-c``; 0: the model's context length; more than it runs, with a
+    notice in :attr:`Engine.notices`)."""
+    return load_for_process(model, backend=backend, lora=lora, revision=revision, one_shot=False,
+                            ctx_size=ctx_size)
 
 
 def load_for_process(model: PathLike | None, *, backend: str, lora: Sequence[LoraSpec],
-                     revision: str | None, one_shot: bool) -> "Engine":
+                     revision: str | None, one_shot: bool, ctx_size: int = 0) -> "Engine":
     """:func:`load`; ``one_shot``: the engine lives as long as the process, which ends through
     reflex_core.lifecycle.finish (the CLI's servers): the weights' host pages stay pinned and
     the file's missing index is written at exit, as for a one-shot command."""
+    _check(_is_int(ctx_size) and ctx_size >= 0, "ctx_size must be an integer >= 0")
     if backend in ("auto", "cuda"):  # first: the Hub look-up and the imports overlap with it
         from .cuda.start import start
 
@@ -160,7 +165,7 @@ def load_for_process(model: PathLike | None, *, backend: str, lora: Sequence[Lor
     path = _resolve_model(model, revision, t)
     pairs = [_lora_pair(x) for x in lora]
     lm, _ = engine.load(path, backend, t, one_shot=one_shot, lora=pairs)
-    return Engine(lm, t)
+    return Engine(lm, t, int(ctx_size))
 
 
 def _resolve_model(model: PathLike | None, revision: str | None, t: Timings) -> str:
@@ -199,7 +204,7 @@ def _lora_pair(x: LoraSpec) -> tuple[str, float]:
 class Engine:
     """A loaded model. Make it with :func:`load`."""
 
-    def __init__(self, lm: engine.Loaded, load_timings: Timings):
+    def __init__(self, lm: engine.Loaded, load_timings: Timings, ctx_size: int = 0):
         self._lm: engine.Loaded | None = lm
         self._load_timings = load_timings
         self._stream: weakref.ref | None = None  # the open GenerationStream, if any
@@ -210,7 +215,12 @@ class Engine:
         self.notices: list[str] = list(lm.notices)  # e.g. the fall back to the CPU
         self.lora: list[str] = list(lm.lora)
         self.n_ctx_train: int = int(lm.model.n_ctx_train or 0)
+        # the context each job must fit (load's ctx_size; 0: the model's context length)
+        self.ctx_size: int = ctx_size
         self.n_vocab: int = int(lm.model.n_vocab or 0)
+        note = engine.context_notice(lm, ctx_size, f"ctx_size {ctx_size}")
+        if note:
+            self.notices.append(note)
 
     # ---------------------------------------------------------------------------- life
 
@@ -310,7 +320,7 @@ class Engine:
         sampling = SamplingParams(float(temperature), top_k, float(top_p), seed, float(min_p),
                                   float(repeat_penalty), repeat_last_n)
         steps = engine.generate_steps(lm, ids, max_tokens, sampling, stream, resume=saved,
-                                      keep_state=keep_state, stop=stops)
+                                      keep_state=keep_state, stop=stops, ctx_size=self.ctx_size)
         if not stream:
             while True:
                 try:
@@ -366,7 +376,7 @@ class Engine:
         prefix: list[dict] = []
         res = evaluate(lm.model, lm.ops, ids, cands, cand_ids, bool(normalize),
                        None if saved is None else saved.dumped,
-                       prefix.append if keep_state else None)
+                       prefix.append if keep_state else None, self.ctx_size)
         d = render.system1_json(res, since_process_start_ms(), bool(normalize), lm.backend)
         del d["status"]
         d["candidates"] = list(res.candidates)

@@ -434,6 +434,9 @@ def generate(args, quickstart, hub_model, revision, prompt_opt, n_tokens, stops,
               help="A candidate continuation (repeat for each).")
 @click.option("--normalize", is_flag=True,
               help="Divide each score by its token count before the softmax over candidates.")
+@click.option("--ctx-size", type=click.IntRange(min=0), default=0,
+              help="Context size in tokens: the prompt and every candidate must fit (default "
+                   "0: the model's context length; more than that runs, with a notice).")
 @backend_option
 @lora_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of lines.")
@@ -441,8 +444,9 @@ def generate(args, quickstart, hub_model, revision, prompt_opt, n_tokens, stops,
 @click.option("--timings", is_flag=True, help="Print each cold-path phase to stderr.")
 @state_file_options
 @prompt_options
-def system1(args, quickstart, hub_model, revision, prompt_opt, candidates, normalize, backend,
-            lora, as_json, quiet, timings, import_kv, export_kv, chat, system, prompt_file):
+def system1(args, quickstart, hub_model, revision, prompt_opt, candidates, normalize, ctx_size,
+            backend, lora, as_json, quiet, timings, import_kv, export_kv, chat, system,
+            prompt_file):
     """Score each --candidate continuation of PROMPT in one forward pass (no decode loop); with
     --chat the candidates continue the rendered chat, i.e. they are the assistant's reply."""
     from . import engine, system1 as s1
@@ -465,8 +469,9 @@ def system1(args, quickstart, hub_model, revision, prompt_opt, candidates, norma
                           chat=chat_args)
     saved = saved_state(reading, lm, t)
     if not quiet:
-        for note in lm.notices:
-            engine.warn(note)
+        for note in lm.notices + [engine.context_notice(lm, ctx_size, f"--ctx-size {ctx_size}")]:
+            if note:
+                engine.warn(note)
     tok = lm.require_tokenizer()
     past: list[int] = []
     if saved is not None:
@@ -477,7 +482,7 @@ def system1(args, quickstart, hub_model, revision, prompt_opt, candidates, norma
     with t.span("score (one forward)"):
         res = s1.evaluate(lm.model, lm.ops, ids or [], candidates, cand_ids, normalize,
                           None if saved is None else saved.dumped,
-                          prefix.append if export_kv is not None else None)
+                          prefix.append if export_kv is not None else None, ctx_size)
     ms = since_process_start_ms()
     t.notes["prefill"] = (f"{res.n_prefill} tokens"
                           + (f" after {res.n_imported} imported" if saved is not None else ""))
@@ -496,7 +501,10 @@ def system1(args, quickstart, hub_model, revision, prompt_opt, candidates, norma
 
 def server_options(f):
     """The loading options of the servers: the model (a positional or --model/--quickstart),
-    --backend, --lora."""
+    --backend, --lora, -c/--ctx-size."""
+    f = click.option("-c", "--ctx-size", type=click.IntRange(min=0), default=0,
+                     help="Context size in tokens that every request must fit (default 0: the "
+                          "model's context length; more than that runs, with a notice).")(f)
     f = lora_option(backend_option(f))
     f = click.option("--revision", default=None,
                      help="With --model/--quickstart: a branch, tag or commit of the repository.")(f)
@@ -508,7 +516,7 @@ def server_options(f):
 
 
 def load_server_engine(model: str | None, quickstart: bool, hub_model: str | None,
-                       revision: str | None, backend: str, lora):
+                       revision: str | None, backend: str, lora, ctx_size: int = 0):
     """The servers' engine: loaded as a one-shot command's (the process ends through
     lifecycle.finish), its notices on stderr."""
     from . import api, engine
@@ -528,7 +536,7 @@ def load_server_engine(model: str | None, quickstart: bool, hub_model: str | Non
         hub.parse_spec(hub_model)
         model = hub_model
     eng = api.load_for_process(None if quickstart else model, backend=backend, lora=lora,
-                               revision=revision, one_shot=True)
+                               revision=revision, one_shot=True, ctx_size=ctx_size)
     for note in eng.notices:
         engine.warn(note)
     return eng
@@ -537,13 +545,13 @@ def load_server_engine(model: str | None, quickstart: bool, hub_model: str | Non
 @cli.command()
 @click.argument("model", required=False)
 @server_options
-def stdio(model, quickstart, hub_model, revision, backend, lora):
+def stdio(model, quickstart, hub_model, revision, backend, lora, ctx_size):
     """Serve MODEL over stdin/stdout: one JSON request per line, one JSON reply per line
     (docs/ipc.md). Ends at the end of stdin (0) or on SIGINT/SIGTERM (130/143) once the request
     under way is answered."""
     from . import ipc
 
-    eng = load_server_engine(model, quickstart, hub_model, revision, backend, lora)
+    eng = load_server_engine(model, quickstart, hub_model, revision, backend, lora, ctx_size)
     click.echo(f"reflex stdio: serving {eng.path} ({eng.backend})", err=True)
     raise click.exceptions.Exit(ipc.run_stdio(eng))
 
@@ -551,7 +559,7 @@ def stdio(model, quickstart, hub_model, revision, backend, lora):
 @cli.command()
 @click.argument("args", nargs=-1, metavar="[MODEL] PATH")
 @server_options
-def uds(args, quickstart, hub_model, revision, backend, lora):
+def uds(args, quickstart, hub_model, revision, backend, lora, ctx_size):
     """Serve MODEL on the Unix socket PATH (created 0600), the stdio protocol, one connection
     at a time (docs/ipc.md). Ends on SIGINT/SIGTERM (130/143) once the request under way is
     answered, or on a "shutdown" request (0)."""
@@ -565,7 +573,7 @@ def uds(args, quickstart, hub_model, revision, backend, lora):
     sock = ipc.bind_socket(path)  # before the load: a taken path fails at once
     try:
         eng = load_server_engine(args[0] if want == 2 else None, quickstart, hub_model,
-                                 revision, backend, lora)
+                                 revision, backend, lora, ctx_size)
     except BaseException:
         sock.close()
         os.unlink(path)

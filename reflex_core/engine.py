@@ -332,6 +332,16 @@ class GenerateResult:
     stop_reason: str = "length"
 
 
+def context_notice(lm: Loaded, ctx_size: int, what: str) -> str | None:
+    """The notice for a context size (``what``, as the user gave it) above the model's training
+    context, which runs as llama.cpp runs it, with a warning; None when it is not above."""
+    trained = int(lm.model.n_ctx_train or 0)
+    if not (trained and ctx_size > trained):
+        return None
+    return (f"notice: {what} is larger than the model's context length ({trained} tokens): "
+            f"positions past it are ones the model was not trained on")
+
+
 def fit_context(lm: Loaded, prompt_ids: Sequence[int], n_new: int, ctx_size: int = 0,
                 truncate: bool = False, resume: Any = None) -> tuple[list[int], int, list[str]]:
     """Size a generate job to its context: (prompt ids, tokens to generate, notices).
@@ -343,10 +353,9 @@ def fit_context(lm: Loaded, prompt_ids: Sequence[int], n_new: int, ctx_size: int
     kept: the model was trained with it in front). Pass ``ctx_size`` on to :func:`generate`."""
     trained = int(lm.model.n_ctx_train or 0)
     notices = []
-    if trained and ctx_size > trained:
-        notices.append(f"notice: -c {ctx_size} is larger than the model's context length "
-                       f"({trained} tokens): positions past it are ones the model was not "
-                       f"trained on")
+    note = context_notice(lm, ctx_size, f"-c {ctx_size}")
+    if note:
+        notices.append(note)
     limit = ctx_size or trained
     n_past = len(resume.tokens) if resume is not None else 0
     n_pending = len(resume.pending) if resume is not None else 0

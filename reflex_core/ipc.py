@@ -279,7 +279,8 @@ class Handler:
 
         e = self.eng
         return {"model": e.path, "arch": e.arch, "backend": e.backend, "device": e.device,
-                "n_ctx_train": e.n_ctx_train, "n_vocab": e.n_vocab, "lora": e.lora,
+                "n_ctx_train": e.n_ctx_train, "ctx_size": e.ctx_size, "n_vocab": e.n_vocab,
+                "lora": e.lora,
                 "version": __version__, "protocol": PROTOCOL, "max_line_bytes": MAX_LINE,
                 "ops": list(PARAMS), "slots": sorted(self.slots), "pid": os.getpid()}
 

@@ -66,7 +66,7 @@ def tokenize_candidates(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]
 
 def score(model: Any, ops: Any, prompt: Sequence[int], cands: Sequence[Sequence[int]],
           start: Mapping | None = None,
-          on_prefix: Callable[[dict], None] | None = None) -> list[float]:
+          on_prefix: Callable[[dict], None] | None = None, ctx_size: int = 0) -> list[float]:
     """Sum of log-probabilities of each candidate's tokens given the prompt.
 
     Attention-only state: ONE forward pass over the tree batch (the prompt as sequence 0, each
@@ -75,20 +75,22 @@ def score(model: Any, ops: Any, prompt: Sequence[int], cands: Sequence[Sequence[
 
     ``start``: a one-sequence :meth:`State.dump` (an imported state file) the prompt continues.
     ``on_prefix`` receives the state after the prompt but its last token (a one-sequence dump:
-    what ``--export-kv`` writes, with the last token pending)."""
+    what ``--export-kv`` writes, with the last token pending). ``ctx_size``: the context the
+    job must fit (0: the model's context length)."""
     if not prompt:
         raise ReflexError("empty prompt: system1 needs a prompt to condition on")
     P = len(prompt)
     K = 0 if start is None else int(start["n_cells_used"])
     total = P + sum(len(c) for c in cands)
     spec = model.state_spec()
-    limit = model.n_ctx_train
+    limit = ctx_size or model.n_ctx_train
     # the tree batch holds every candidate at once; forked sequences only one each
     need = K + (P + max(map(len, cands)) if spec.recurrent else total)
     if limit and need > limit:
         past = f"the imported state ({K} tokens) + " if K else ""
-        raise ReflexError(f"{past}prompt + candidates ({total} tokens) exceed the model's "
-                          f"context length ({limit} tokens)")
+        where = "the context size" if ctx_size else "the model's context length"
+        raise ReflexError(f"{past}prompt + candidates ({total} tokens) exceed {where} "
+                          f"({limit} tokens)")
     n_seqs = 1 + len(cands)
     state = (model.new_state(total, n_seqs) if start is None
              else State.load(spec, ops, start, K + total, n_seqs))
@@ -156,9 +158,11 @@ def _forked_logprobs(model: Any, ops: Any, state: State, last: Any,
 def evaluate(model: Any, ops: Any, prompt: Sequence[int], texts: Sequence[str],
              cand_ids: Sequence[Sequence[int]], normalize: bool = False,
              start: Mapping | None = None,
-             on_prefix: Callable[[dict], None] | None = None) -> System1Result:
-    """Score the candidates (:func:`score`; ``start``/``on_prefix`` as there) and rank them."""
-    scores = score(model, ops, prompt, cand_ids, start, on_prefix)
+             on_prefix: Callable[[dict], None] | None = None,
+             ctx_size: int = 0) -> System1Result:
+    """Score the candidates (:func:`score`; ``start``/``on_prefix``/``ctx_size`` as there) and
+    rank them."""
+    scores = score(model, ops, prompt, cand_ids, start, on_prefix, ctx_size)
     logits = [s / len(c) if normalize else s for s, c in zip(scores, cand_ids)]
     m = max(logits)
     exps = [math.exp(x - m) for x in logits]

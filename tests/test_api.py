@@ -196,6 +196,36 @@ def test_load_and_close(path, tmp_path, monkeypatch):
     assert "\n" not in str(err.value)
 
 
+def test_context_size(path, eng):
+    """ctx_size is the CLI's -c: jobs must fit it, and above the model's context length they run
+    with a notice, as llama.cpp runs them."""
+    n = len(eng.tokenize(PROMPT))
+    with reflex_core.load(path, backend="cpu", ctx_size=n + 2) as small:
+        assert small.ctx_size == n + 2 and not small.notices
+        with pytest.raises(ReflexError, match=rf"exceeds the context size \(-c\) \({n + 2} "):
+            small.generate(PROMPT, max_tokens=3)
+        assert small.generate(PROMPT, max_tokens=2).n_tokens == 2
+        with pytest.raises(ReflexError, match=rf"exceed the context size \({n + 2} tokens\)"):
+            small.system1(PROMPT, [" a b c"])
+    trained = SHAPE.context_length
+    long = PROMPT * 53
+    assert trained < len(eng.tokenize(long)) + 1 <= trained + 40
+    with pytest.raises(ReflexError, match="context length"):
+        eng.generate(PROMPT, max_tokens=trained)
+    with pytest.raises(ReflexError, match="context length"):
+        eng.system1(long, [" x"])
+    with reflex_core.load(path, backend="cpu", ctx_size=trained + 40) as big:
+        assert big.notices == [f"notice: ctx_size {trained + 40} is larger than the model's "
+                               f"context length ({trained} tokens): positions past it are ones "
+                               f"the model was not trained on"]
+        out = big.generate(PROMPT, max_tokens=trained - n + 8)
+        assert out.n_prompt_tokens + out.n_tokens == trained + 8
+        assert len(big.system1(long, [" x"]).candidates) == 1
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ReflexError, match="ctx_size must be an integer >= 0"):
+            reflex_core.load(path, backend="cpu", ctx_size=bad)
+
+
 def test_importing_the_package_stays_cheap():
     code = ("import sys, reflex_core; heavy = [m for m in ('reflex_core.api', 'reflex_core.engine',"
             " 'numpy', 'click') if m in sys.modules]; print(heavy); "

@@ -171,6 +171,18 @@ def test_context_size_error_and_truncation(tiny):
     line = one_line_error(reflex("generate", str(tiny), PROMPT, "-n", "300", "--backend", "cpu"))
     assert f"prompt ({n} tokens) + 300 new tokens exceeds the model's context length (256 " \
            "tokens)" in line
+    # system1's --ctx-size (its -c is --candidate)
+    line = one_line_error(reflex("system1", str(tiny), PROMPT, "-c", " a b", "--ctx-size",
+                                 str(n), "--backend", "cpu"))
+    assert f"exceed the context size ({n} tokens)" in line
+    long = PROMPT * 60
+    line = one_line_error(reflex("system1", str(tiny), long, "-c", " a", "--backend", "cpu"))
+    assert "exceed the model's context length (256 tokens)" in line
+    p = reflex("system1", str(tiny), long, "-c", " a", "--ctx-size", "400", "--backend", "cpu",
+               "--json")
+    assert p.returncode == 0, p.stderr
+    assert "notice: --ctx-size 400 is larger than the model's context length" in p.stderr
+    assert json.loads(p.stdout)["num_candidates"] == 1
 
 
 def test_n_minus_one_runs_to_the_end_of_the_context(tiny):

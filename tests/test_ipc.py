@@ -301,6 +301,24 @@ def test_uds_shutdown_request(tiny, tmp_path):
         p.wait()
 
 
+def test_stdio_context_size(tiny):
+    """-c as generate's: every request must fit it (info reports it)."""
+    p = start("stdio", tiny, "--backend", "cpu", "-c", "8")
+    try:
+        assert ask(p, {"id": "i", "op": "info"})["result"]["ctx_size"] == 8
+        prompt = "The capital of France is"  # 5 tokens
+        assert ask(p, {"id": 1, "op": "generate", "prompt": prompt,
+                       "max_tokens": 3})["result"]["n_tokens"] == 3
+        reply = ask(p, {"id": 2, "op": "generate", "prompt": prompt, "max_tokens": 4})
+        assert "exceeds the context size (-c) (8 tokens)" in reply["error"]["message"]
+        reply = ask(p, {"id": 3, "op": "system1", "prompt": prompt,
+                        "candidates": [" a b c d"]})
+        assert "exceed the context size (8 tokens)" in reply["error"]["message"]
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_uds_refuses_a_path_that_is_not_a_socket(tiny, tmp_path):
     f = tmp_path / "file"
     f.write_text("keep me")
