@@ -109,13 +109,9 @@ def write_derived_vocab(path: Path, pre: str, merges: list[str], *, source: str 
     arch = src.get("general.architecture")
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"{pre} pre-tokenizer over the {source} vocabulary")
-    for key in ("block_count", "context_length", "embedding_length", "feed_forward_length",
-                "attention.head_count", "attention.layer_norm_rms_epsilon"):
-        v = src.get(f"{arch}.{key}")
-        if key == "attention.layer_norm_rms_epsilon":
-            w.add_layer_norm_rms_eps(v)
-        else:
-            w.add_uint32(f"{arch}.{key}", v)
+    for key, v in src.metadata.items():  # the architecture's hyper-parameters, as they are
+        if key.startswith(arch + "."):
+            (w.add_float32 if isinstance(v, float) else w.add_uint32)(key, v)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     tokens = list(src.get("tokenizer.ggml.tokens"))

@@ -1,6 +1,8 @@
 """Pre types llama.cpp ships no vectors for, against llama.cpp's own tokenization: ``glm4``
-(GLM-4.5 / 4.7 vocabularies; GLM-4.7-Flash is a deepseek2 file) and the names llama.cpp reads as
-qwen2 (``kormo``, ``f2llmv2``: F2LLM-v2 is a qwen3 file).
+(GLM-4.5 / 4.7 vocabularies; GLM-4.7-Flash is a deepseek2 file), ``kanana2`` / ``gpt-4o``
+(GPT-4o's regex; Kanana-2 is a deepseek2 "lite" file), ``gigachat`` (GPT-2's regex; GigaChat3 is
+one too) and the names llama.cpp reads as qwen2 (``kormo``, ``f2llmv2``: F2LLM-v2 is a qwen3
+file).
 
 llama.cpp ships no vectors for ``glm4``, so as for deepseek-v3 (test_tokenizer_deepseek_v3.py)
 this writes a vocab-only GGUF with that pre type over a real byte-level BPE vocabulary (llama.cpp's
@@ -12,7 +14,7 @@ this writes a vocab-only GGUF with that pre type over a real byte-level BPE voca
   without running the merges, as GLM's own tokenizer does);
 * no ``bos_token_id`` key: glm4 then has no BOS, where other BPE vocabularies default to 11.
 
-The qwen2 names: qwen2's own vocabulary under each name. Compared over
+The others: qwen2's vocabulary (gigachat: GPT-2's) under each name. Compared over
 test_tokenizer_oracle.py's random corpus and hand texts, with add_special /
 parse_special off and on. Without llama-cpp-python or REFLEX_LLAMA_VOCAB_DIR the tests fail,
 never skip.
@@ -97,3 +99,31 @@ def test_qwen2_names_encode_as_llama_cpp(tmp_path, pre):
         if got != want:
             wrong.append(f"{text!r}: reflex {got} llama.cpp {want}")
     assert not wrong, f"{len(wrong)} of {len(texts)} encodings differ ({pre}):\n" + "\n".join(wrong[:20])
+
+
+# the look-ahead classes of GPT-4o's regex: case runs, a capital inside a word, contractions
+# after either case, letters outside ASCII (neither a-z nor A-Z), marks, digits in threes
+GPT4O_HAND = ("HelloWorld", "HTTPServer", "iPhone", "camelCaseWord", "ALLCAPS's", "don'T",
+              "WE'LL go", "\u00c9cole \u00e9t\u00e9", "\u00dcBER\u00fcber", "a\u0301b\u0301C",
+              "\u0391\u03b8\u03ae\u03bd\u03b1", "x1234567y", "path/to/file\n\n", "  A  b  ")
+
+
+@pytest.mark.parametrize("pre,source", [("kanana2", "ggml-vocab-qwen2.gguf"),
+                                        ("gpt-4o", "ggml-vocab-qwen2.gguf"),
+                                        ("gigachat", "ggml-vocab-gpt-2.gguf")])
+def test_other_regexes_encode_as_llama_cpp(tmp_path, pre, source):
+    eos = EOS if "qwen2" in source else 50256
+    path = write_derived_vocab(tmp_path / f"ggml-vocab-{pre}.gguf", pre, [], source=source,
+                               bos=eos, eos=eos, add_bos=False)
+    tok = reflex_tokenizer(str(path), "auto")
+    assert tok.pre == pre
+    wrong = []
+    texts = list(GPT4O_HAND) + corpus(seed=9)
+    for text in texts:
+        for special in (False, True):
+            want = oracle.llama_tokenize(path, text, special, special)
+            got = tok.encode(text, add_special=special, parse_special=special)
+            if got != want:
+                wrong.append(f"{text!r} (special {special}): reflex {got} llama.cpp {want}")
+    assert not wrong, (f"{len(wrong)} of {2 * len(texts)} encodings differ ({pre}):\n"
+                       + "\n".join(wrong[:20]))

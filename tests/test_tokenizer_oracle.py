@@ -36,7 +36,7 @@ from test_vocab_vectors import reflex_tokenizer
 pytestmark = pytest.mark.oracle
 
 ENV = "REFLEX_LLAMA_VOCAB_DIR"
-VOCABS = ("qwen2", "qwen35", "deepseek-llm")
+VOCABS = ("qwen2", "qwen35", "deepseek-llm", "deepseek-coder", "gpt-2")
 N_RANDOM = 400
 
 POOL = (

@@ -24,7 +24,7 @@ from reflex_core.modelfile import load_tokenizer
 
 ENV = "REFLEX_LLAMA_VOCAB_DIR"
 # The pre types we support that llama.cpp ships vectors for; the file name is the pre type.
-VOCABS = ("qwen35", "qwen2", "deepseek-llm")
+VOCABS = ("qwen35", "qwen2", "deepseek-llm", "deepseek-coder", "gpt-2")
 # "auto": the default (prompt-scoped BPE where it can serve, else the full one);
 # "full": REFLEX_TOKENIZER=full, the full Hugging Face BPE for every text.
 MODES = ("auto", "full")

@@ -38,11 +38,18 @@ class PreTokenizerSpec:
     gpt2_bos: bool = True
 
 
+_GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # llama3's regex (llama.cpp matches it by hand): qwen2's with digits in runs of up to three
 _LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# GPT-4o's regex as llama.cpp spells it (its letters-case classes as look-aheads: a letter that
+# is not a-z, then letters that are not A-Z), matched by its generic regex path
+_CONTRACTION = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+_GPT4O_RE = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CONTRACTION
+             + r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _CONTRACTION
+             + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN35_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
               r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _DEEPSEEK_V3_RES = (
@@ -56,6 +63,9 @@ _DEEPSEEK_V3_RES = (
 # replaced by a vertical tab, so U+3000 and the other Unicode spaces match \s there and never a
 # literal class. Here they are left out of those classes (U+3000 from regex 3's \u3000-\u3002,
 # llama.cpp's whitespace set from regex 5's \u0800-\u4E00), which gives llama.cpp's pieces.
+# deepseek-coder's regex 4 is deepseek-llm's regex 5.
+_CJK_HANGUL_RE = (r"[\u4E00-\u9FA5\u0800-\u167F\u1681-\u1FFF\u200B-\u2027\u202A-\u202E"
+                  r"\u2030-\u205E\u2060-\u2FFF\u3001-\u4E00\uAC00-\uD7FF]+")
 _DEEPSEEK_LLM_RES = (
     r"[\r\n]",
     r"\s?[A-Za-z\u00B5\u00C0-\u00D6\u00D8-\u00F6\u00F8-\u01BA\u01BC-\u01BF\u01C4-\u0293\u0295-\u02AF"
@@ -72,10 +82,10 @@ _DEEPSEEK_LLM_RES = (
     r"\U0001E900-\U0001E943]+",
     r"\s?[!-/:-~\uFF01-\uFF0F\uFF1A-\uFF5E\u2018-\u201F\u3001-\u3002]+",
     r"\s+$",
-    r"[\u4E00-\u9FA5\u0800-\u167F\u1681-\u1FFF\u200B-\u2027\u202A-\u202E\u2030-\u205E"
-    r"\u2060-\u2FFF\u3001-\u4E00\uAC00-\uD7FF]+",
+    _CJK_HANGUL_RE,
     r"\p{N}+",
 )
+_DEEPSEEK_CODER_RES = (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK_HANGUL_RE, r"\p{N}")
 
 # Keyed by tokenizer.ggml.pre. An open table: a plugin may add entries for its own vocabularies.
 PRETOKENIZERS: dict[str, PreTokenizerSpec] = {
@@ -88,6 +98,13 @@ PRETOKENIZERS: dict[str, PreTokenizerSpec] = {
     "qwen35": PreTokenizerSpec((_QWEN35_RE,)),
     "deepseek-v3": PreTokenizerSpec(_DEEPSEEK_V3_RES),
     "deepseek-llm": PreTokenizerSpec(_DEEPSEEK_LLM_RES),
+    "deepseek-coder": PreTokenizerSpec(_DEEPSEEK_CODER_RES),
+    # GPT-2's regex; GigaChat3 (a deepseek2 "lite" file) declares it as "gigachat"
+    "gpt-2": PreTokenizerSpec((_GPT2_RE,)),
+    "gigachat": PreTokenizerSpec((_GPT2_RE,)),
+    # GPT-4o's regex; Kanana-2 (a deepseek2 "lite" file) declares it as "kanana2"
+    "gpt-4o": PreTokenizerSpec((_GPT4O_RE,)),
+    "kanana2": PreTokenizerSpec((_GPT4O_RE,)),
     # GLM-4.5 / 4.7 vocabularies (GLM-4.7-Flash is a deepseek2 file): whole words that are
     # tokens skip the merges, and no BOS unless the file names one
     "glm4": PreTokenizerSpec((_LLAMA3_RE,), ignore_merges=True, gpt2_bos=False),
