@@ -98,13 +98,13 @@ def _source(name: str = SOURCE) -> Path:
 
 
 def write_derived_vocab(path: Path, pre: str, merges: list[str], *, source: str = SOURCE,
-                        bos: int | None = BOS, eos: int = EOS, add_bos: bool = True,
+                        bos: int | None = BOS, eos: int = EOS, add_bos: bool | None = True,
                         tokens_alone: tuple[str, ...] = ()) -> Path:
     """A vocab-only GGUF at ``path``: the vocabulary and hyper-parameters of llama.cpp's
     ``source`` vocab file under ``pre``, with ``merges`` (byte-level "left right" strings) and
     their tokens appended, then ``tokens_alone`` (byte-level tokens no merge makes). The
     pre-tokenizer does not depend on the architecture; llama.cpp's own vocab files have no
-    tensors. ``bos`` None: no BOS key."""
+    tensors. ``bos`` / ``add_bos`` None: no such key."""
     src = open_gguf(str(_source(source)))
     arch = src.get("general.architecture")
     w = gguf.GGUFWriter(str(path), arch)
@@ -126,7 +126,8 @@ def write_derived_vocab(path: Path, pre: str, merges: list[str], *, source: str 
         w.add_bos_token_id(bos)
     w.add_eos_token_id(eos)
     w.add_pad_token_id(eos)
-    w.add_add_bos_token(add_bos)
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
     w.add_add_eos_token(False)
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -1,6 +1,7 @@
 """Pre types llama.cpp ships no vectors for, against llama.cpp's own tokenization: ``glm4``
 (GLM-4.5 / 4.7 vocabularies; GLM-4.7-Flash is a deepseek2 file), ``kanana2`` / ``gpt-4o``
-(GPT-4o's regex; Kanana-2 is a deepseek2 "lite" file), ``gigachat`` (GPT-2's regex; GigaChat3 is
+(GPT-4o's regex; Kanana-2 is a deepseek2 "lite" file), ``tekken`` (Mistral-Large-3's, a
+deepseek2 file; a BOS by default), ``gigachat`` (GPT-2's regex; GigaChat3 is
 one too) and the names llama.cpp reads as qwen2 (``kormo``, ``f2llmv2``: F2LLM-v2 is a qwen3
 file).
 
@@ -108,13 +109,15 @@ GPT4O_HAND = ("HelloWorld", "HTTPServer", "iPhone", "camelCaseWord", "ALLCAPS's"
               "\u0391\u03b8\u03ae\u03bd\u03b1", "x1234567y", "path/to/file\n\n", "  A  b  ")
 
 
-@pytest.mark.parametrize("pre,source", [("kanana2", "ggml-vocab-qwen2.gguf"),
-                                        ("gpt-4o", "ggml-vocab-qwen2.gguf"),
-                                        ("gigachat", "ggml-vocab-gpt-2.gguf")])
-def test_other_regexes_encode_as_llama_cpp(tmp_path, pre, source):
+@pytest.mark.parametrize("pre,source,add_bos", [("kanana2", "ggml-vocab-qwen2.gguf", False),
+                                                ("gpt-4o", "ggml-vocab-qwen2.gguf", False),
+                                                ("tekken", "ggml-vocab-qwen2.gguf", None),
+                                                ("gigachat", "ggml-vocab-gpt-2.gguf", False)])
+def test_other_regexes_encode_as_llama_cpp(tmp_path, pre, source, add_bos):
+    """add_bos None: no key (tekken adds a BOS by default)."""
     eos = EOS if "qwen2" in source else 50256
     path = write_derived_vocab(tmp_path / f"ggml-vocab-{pre}.gguf", pre, [], source=source,
-                               bos=eos, eos=eos, add_bos=False)
+                               bos=eos, eos=eos, add_bos=add_bos)
     tok = reflex_tokenizer(str(path), "auto")
     assert tok.pre == pre
     wrong = []

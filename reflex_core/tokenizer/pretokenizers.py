@@ -50,6 +50,10 @@ _CONTRACTION = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
 _GPT4O_RE = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CONTRACTION
              + r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _CONTRACTION
              + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Mistral's tekken: GPT-4o's case runs without the contractions, digits one by one
+_TEKKEN_RE = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+              r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+              r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN35_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
               r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _DEEPSEEK_V3_RES = (
@@ -105,6 +109,8 @@ PRETOKENIZERS: dict[str, PreTokenizerSpec] = {
     # GPT-4o's regex; Kanana-2 (a deepseek2 "lite" file) declares it as "kanana2"
     "gpt-4o": PreTokenizerSpec((_GPT4O_RE,)),
     "kanana2": PreTokenizerSpec((_GPT4O_RE,)),
+    # Mistral-Large-3 (a deepseek2 file)
+    "tekken": PreTokenizerSpec((_TEKKEN_RE,), ignore_merges=True, add_bos_default=True),
     # GLM-4.5 / 4.7 vocabularies (GLM-4.7-Flash is a deepseek2 file): whole words that are
     # tokens skip the merges, and no BOS unless the file names one
     "glm4": PreTokenizerSpec((_LLAMA3_RE,), ignore_merges=True, gpt2_bos=False),
