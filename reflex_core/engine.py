@@ -335,6 +335,8 @@ class GenerateResult:
 def context_notice(lm: Loaded, ctx_size: int, what: str) -> str | None:
     """The notice for a context size (``what``, as the user gave it) above the model's training
     context, which runs as llama.cpp runs it, with a warning; None when it is not above."""
+    if not ctx_size:
+        return None
     trained = int(lm.model.n_ctx_train or 0)
     if not (trained and ctx_size > trained):
         return None
