@@ -232,8 +232,8 @@ def test_unsupported_model_and_pre():
     with pytest.raises(ModelError, match="supported: gpt2") as e:
         Tokenizer.from_gguf(_Meta({"tokenizer.ggml.model": "llama"}))
     assert "\n" not in str(e.value)
-    with pytest.raises(ModelError, match="'kimi-k2'.*known:.*qwen2") as e:
-        Tokenizer.from_gguf(_Meta({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "kimi-k2",
+    with pytest.raises(ModelError, match="'llama-bpe'.*known:.*qwen2") as e:
+        Tokenizer.from_gguf(_Meta({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "llama-bpe",
                                    "tokenizer.ggml.tokens": ["a"]}))
     assert "\n" not in str(e.value)
 

@@ -1,7 +1,8 @@
 """Pre types llama.cpp ships no vectors for, against llama.cpp's own tokenization: ``glm4``
 (GLM-4.5 / 4.7 vocabularies; GLM-4.7-Flash is a deepseek2 file), ``kanana2`` / ``gpt-4o``
 (GPT-4o's regex; Kanana-2 is a deepseek2 "lite" file), ``tekken`` (Mistral-Large-3's, a
-deepseek2 file; a BOS by default), ``gigachat`` (GPT-2's regex; GigaChat3 is
+deepseek2 file; a BOS by default), ``kimi-k2`` (Kimi-K2's and Moonlight's deepseek2 files: Han
+runs apart from other letters), ``gigachat`` (GPT-2's regex; GigaChat3 is
 one too) and the names llama.cpp reads as qwen2 (``kormo``, ``f2llmv2``: F2LLM-v2 is a qwen3
 file).
 
@@ -106,19 +107,26 @@ def test_qwen2_names_encode_as_llama_cpp(tmp_path, pre):
 # after either case, letters outside ASCII (neither a-z nor A-Z), marks, digits in threes
 GPT4O_HAND = ("HelloWorld", "HTTPServer", "iPhone", "camelCaseWord", "ALLCAPS's", "don'T",
               "WE'LL go", "\u00c9cole \u00e9t\u00e9", "\u00dcBER\u00fcber", "a\u0301b\u0301C",
-              "\u0391\u03b8\u03ae\u03bd\u03b1", "x1234567y", "path/to/file\n\n", "  A  b  ")
+              "\u0391\u03b8\u03ae\u03bd\u03b1", "x1234567y", "path/to/file\n\n", "  A  b  ",
+              # Han against other letters (kimi-k2): runs, inside words, after a leading character,
+              # kana and Hangul (letters, not Han), an extension-B character, a contraction after Han
+              "Hello\u4e16\u754c", "\u4e2d\u6587abc", " \u4e2d", "!\u4e2d\u6587", "x\u4e2dy",
+              "\u3053\u3093\u306b\u3061\u306f\u4e16\u754c", "\ud55c\uad6d\uc5b4 \u4e2d",
+              "\U00020000\U00020001a", "\u4e2d's", "\uf900\u3400x", "it's\u4e2d")
 
 
 @pytest.mark.parametrize("pre,source,add_bos", [("kanana2", "ggml-vocab-qwen2.gguf", False),
                                                 ("gpt-4o", "ggml-vocab-qwen2.gguf", False),
                                                 ("tekken", "ggml-vocab-qwen2.gguf", None),
+                                                ("kimi-k2", "ggml-vocab-qwen2.gguf", False),
                                                 ("gigachat", "ggml-vocab-gpt-2.gguf", False)])
-def test_other_regexes_encode_as_llama_cpp(tmp_path, pre, source, add_bos):
+@pytest.mark.parametrize("mode", ["auto", "full"])
+def test_other_regexes_encode_as_llama_cpp(tmp_path, pre, source, add_bos, mode):
     """add_bos None: no key (tekken adds a BOS by default)."""
     eos = EOS if "qwen2" in source else 50256
     path = write_derived_vocab(tmp_path / f"ggml-vocab-{pre}.gguf", pre, [], source=source,
                                bos=eos, eos=eos, add_bos=add_bos)
-    tok = reflex_tokenizer(str(path), "auto")
+    tok = reflex_tokenizer(str(path), mode)
     assert tok.pre == pre
     wrong = []
     texts = list(GPT4O_HAND) + corpus(seed=9)
@@ -128,5 +136,5 @@ def test_other_regexes_encode_as_llama_cpp(tmp_path, pre, source, add_bos):
             got = tok.encode(text, add_special=special, parse_special=special)
             if got != want:
                 wrong.append(f"{text!r} (special {special}): reflex {got} llama.cpp {want}")
-    assert not wrong, (f"{len(wrong)} of {2 * len(texts)} encodings differ ({pre}):\n"
+    assert not wrong, (f"{len(wrong)} of {2 * len(texts)} encodings differ ({pre}, {mode}):\n"
                        + "\n".join(wrong[:20]))

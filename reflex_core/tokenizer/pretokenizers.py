@@ -54,6 +54,13 @@ _GPT4O_RE = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" +
 _TEKKEN_RE = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
               r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
               r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Kimi-K2's regex as llama.cpp matches it by hand: Han runs (its ranges, assigned or not), then
+# words of letters that are not Han (no case split, no marks) with an optional leading character
+# and contraction, digits in threes, then qwen2's punctuation and whitespace rules
+_HAN = r"\u3400-\u4DBF\u4E00-\u9FFF\uF900-\uFAFF\U00020000-\U0002A6DF\U0002A700-\U0002EBEF\U0002F800-\U0002FA1F"
+_KIMI_K2_RE = (r"[" + _HAN + r"]+|[^\r\n\p{L}\p{N}]?(?:(?![" + _HAN + r"])\p{L})+"
+               r"(?:'[sS]|'[tT]|'[mM]|'[dD]|'[rR][eE]|'[vV][eE]|'[lL][lL])?"
+               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN35_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
               r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _DEEPSEEK_V3_RES = (
@@ -109,6 +116,8 @@ PRETOKENIZERS: dict[str, PreTokenizerSpec] = {
     # GPT-4o's regex; Kanana-2 (a deepseek2 "lite" file) declares it as "kanana2"
     "gpt-4o": PreTokenizerSpec((_GPT4O_RE,)),
     "kanana2": PreTokenizerSpec((_GPT4O_RE,)),
+    # Kimi-K2 and Moonlight (deepseek2 files)
+    "kimi-k2": PreTokenizerSpec((_KIMI_K2_RE,)),
     # Mistral-Large-3 (a deepseek2 file)
     "tekken": PreTokenizerSpec((_TEKKEN_RE,), ignore_merges=True, add_bos_default=True),
     # GLM-4.5 / 4.7 vocabularies (GLM-4.7-Flash is a deepseek2 file): whole words that are
