@@ -82,8 +82,12 @@ def test_the_texts_reach_what_glm4_changes(vocab_file):
     assert oracle.llama_tokenize(vocab_file, "a zqxjv b")[1] == alone[" zqxjv"]
     assert oracle.llama_tokenize(vocab_file, "zqxjv") == [alone["zqxjv"]]
     assert oracle.llama_bos(vocab_file) is None
-    tok = reflex_tokenizer(str(vocab_file), "auto")
+    tok = reflex_tokenizer.__wrapped__(str(vocab_file), "auto")  # a fresh one
     assert tok.bos_id is None and tok.eos_id == EOS
+    # the prompt-scoped BPE serves it (the comparison above ran on it in "auto" until the many
+    # texts made the full build the cheaper path)
+    assert tok.encode("a zqxjv b") == oracle.llama_tokenize(vocab_file, "a zqxjv b")
+    assert tok.last_path == "fast", tok.fast_reason
 
 
 @pytest.mark.parametrize("pre", ["kormo", "f2llmv2"])

@@ -5,7 +5,9 @@ and only the relative order of merge ranks matters. So a tiny ``models.BPE`` hol
 tokens that are substrings of the text's words, plus the merges producing them in rank order,
 gives exactly the full tokenizer's ids (~0.3-1 ms to build). Its words come from the same
 pipeline: split on the added tokens (leftmost-longest, as HF), normalize and pre-tokenize each
-piece with the same ``tokenizers`` objects.
+piece with the same ``tokenizers`` objects. Vocabularies that skip the merges for a word that is
+a token (``ignore_merges``: GLM, tekken) are served too: a word is one of its own substrings, so
+it is in the mini vocabulary exactly when it is in the full one.
 
 Which merge produces a token: the one whose "a b" is the token's text a+b. A trained BPE's
 token ids follow its merge order, so the map is a few *runs*: merges r0.. make tokens t0, t0+1,
@@ -126,8 +128,6 @@ class PromptScopedBPE:
         runs (see the module's docstring)."""
         if self._raw is None:
             raise NotScoped("no token bytes")
-        if self._spec.ignore_merges:
-            raise NotScoped("ignore_merges vocabularies use the full tokenizer")
         k, vocab = self._k, self._vocab
         if k < 0:
             raise NotScoped("UNKNOWN or BYTE tokens in the BPE vocabulary")
