@@ -142,3 +142,19 @@ def test_other_regexes_encode_as_llama_cpp(tmp_path, pre, source, add_bos, mode)
                 wrong.append(f"{text!r} (special {special}): reflex {got} llama.cpp {want}")
     assert not wrong, (f"{len(wrong)} of {2 * len(texts)} encodings differ ({pre}, {mode}):\n"
                        + "\n".join(wrong[:20]))
+
+
+def test_glm4_served_from_tables(vocab_file):
+    """What the file's index keeps (``tables()``) serves glm4 as the file does: the skipped
+    merges and the missing BOS come back from the tables."""
+    from reflex_core.gguf import open_gguf
+    from reflex_core.tokenizer import Tokenizer, tables
+
+    g = open_gguf(str(vocab_file))
+    t = Tokenizer.from_gguf(g).tables()
+    assert t["fast"] is True
+    served = Tokenizer.from_tables(g, tables.loads(tables.dumps(t)))
+    assert served is not None and served.bos_id is None
+    for text in HAND:
+        assert served.encode(text) == oracle.llama_tokenize(vocab_file, text), text
+        assert served.last_path == "fast"
