@@ -12,7 +12,6 @@ it); without it the test fails, never skips.
 from __future__ import annotations
 
 import itertools
-import shutil
 import zlib
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from reflex_core.backends.numpy_backend import NumpyOps
 from reflex_core.gguf import open_gguf
 from reflex_core.testing import op_harness
 from reflex_core.testing.op_harness import BatchArg, WeightArg
+from test_quant_host import _FakeKernels
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = {"reflex_qwen35_hybrid": ROOT / "plugins" / "qwen35_hybrid",
@@ -33,19 +33,15 @@ PLUGINS = {"reflex_qwen35_hybrid": ROOT / "plugins" / "qwen35_hybrid",
 GRID_MAX = (2**31 - 1, 65535, 65535)
 
 
-def _nvcc() -> str:
-    for cand in (shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
-        if cand and Path(cand).exists():
-            return cand
-    pytest.fail("nvcc not found: cannot preprocess the plugins' CUDA modules")
-
-
 @pytest.fixture(scope="module")
 def signatures() -> dict[tuple[str, str], dict[str, str]]:
     """(package, module) -> kernel name -> signature, for every plugin module."""
     from reflex_core import _build
 
-    nvcc = _nvcc()
+    try:
+        nvcc = _build.find_nvcc()
+    except _build.BuildError as e:
+        pytest.fail(f"cannot preprocess the plugins' CUDA modules: {e}")
     out = {}
     for pkg, root in PLUGINS.items():
         for cu in sorted((root / "cuda").glob("*.cu")):
@@ -67,29 +63,17 @@ class _Weight:
         self.name, self.ne, self.ggml_type, self.ptr = name, tuple(ne), ggml_type, ptr
 
 
-class _Kernels:
-    def __init__(self, sigs: dict[str, str], calls: list):
-        self.sigs, self.calls = sigs, calls
-
-    def launch(self, name, grid, block, args, shmem=0):
-        from reflex_core.cuda.modules import packer
-
-        assert name in self.sigs, f"{name} is not a kernel of its module"
-        packer(self.sigs[name]).pack(args)  # struct.error on a count or type mismatch
-        grid, block = ((v, 1, 1) if type(v) is int else (tuple(v) + (1, 1))[:3]
-                       for v in (grid, block))
-        assert all(1 <= g <= m for g, m in zip(grid, GRID_MAX)), (name, grid)
-        assert all(b >= 1 for b in block) and np.prod(block) <= 1024, (name, block)
-        self.calls.append(name)
-
-
 class _DryOps:
     """What a plugin launcher asks of CudaOps, recording its launches."""
 
     def __init__(self, signatures, gguf):
         self._sigs, self._gguf = signatures, gguf
         self._addr = itertools.count(1 << 20, 1 << 20)
-        self.calls: list[str] = []
+        self._kernels: dict[tuple[str, str], _FakeKernels] = {}
+
+    def launches(self) -> list[tuple]:
+        """(name, grid, block, args) of every launch so far, module by module."""
+        return [c for k in self._kernels.values() for c in k.calls]
 
     def empty(self, shape, dtype="f32"):
         return _Array(next(self._addr), shape, dtype)
@@ -98,7 +82,10 @@ class _DryOps:
         return _Array(next(self._addr), np.shape(a), "i32" if a.dtype.kind in "iu" else "f32")
 
     def kernels(self, package, module):
-        return _Kernels(self._sigs[(package, module)], self.calls)
+        key = (package, module)
+        if key not in self._kernels:
+            self._kernels[key] = _FakeKernels(self._sigs[key])
+        return self._kernels[key]
 
     def weight(self, name):
         t = self._gguf.tensors[name]
@@ -161,6 +148,10 @@ def test_launcher_fits_its_kernels_and_its_twins_shapes(name, signatures, tmp_pa
                 and all(isinstance(x, WeightArg) for x in a)
                 else a for a in case.args]
         got = launcher(dry, *args, **case.kwargs)
-        assert dry.calls, f"{case.label}: no kernel launched"
+        launches = dry.launches()
+        assert launches, f"{case.label}: no kernel launched"
+        for kernel, grid, block, _ in launches:
+            assert all(1 <= g <= m for g, m in zip(grid, GRID_MAX)), (kernel, grid)
+            assert all(b >= 1 for b in block) and np.prod(block) <= 1024, (kernel, block)
         if case.result:
             assert _shapes(got) == _shapes(want), (case.label, _shapes(got), _shapes(want))

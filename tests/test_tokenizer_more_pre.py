@@ -26,13 +26,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import unicodedata
-
 import pytest
 
 from reflex_core.testing import oracle
 from test_tokenizer_deepseek_v3 import DIGIT_MERGES, _byte_level, write_derived_vocab
-from test_tokenizer_oracle import corpus
+from test_tokenizer_oracle import assert_encodes_as_llama_cpp, corpus
 from test_vocab_vectors import reflex_tokenizer
 
 pytestmark = pytest.mark.oracle
@@ -59,16 +57,7 @@ HAND = ("1234567", "a1b22c333d4444", "x=12345678;", "zqxjv", "a zqxjv b", " Hell
 def test_encodes_as_llama_cpp(vocab_file, mode):
     tok = reflex_tokenizer(str(vocab_file), mode)
     assert tok.pre == "glm4"
-    wrong = []
-    texts = list(HAND) + corpus(seed=7)
-    for text in texts:
-        for special in (False, True):
-            want = oracle.llama_tokenize(vocab_file, text, special, special)
-            got = tok.encode(text, add_special=special, parse_special=special)
-            if got != want:
-                wrong.append(f"{text!r} (special {special}): reflex {got} llama.cpp {want}")
-    assert not wrong, (f"{len(wrong)} of {2 * len(texts)} encodings differ ({mode}):\n"
-                       + "\n".join(wrong[:20]))
+    assert_encodes_as_llama_cpp(vocab_file, tok, list(HAND) + corpus(seed=7), f"glm4, {mode}")
 
 
 def test_the_texts_reach_what_glm4_changes(vocab_file):
@@ -97,14 +86,7 @@ def test_qwen2_names_encode_as_llama_cpp(tmp_path, pre):
                                source="ggml-vocab-qwen2.gguf", bos=EOS, eos=EOS, add_bos=False)
     tok = reflex_tokenizer(str(path), "auto")
     assert tok.pre == pre
-    wrong = []
-    texts = corpus(seed=8)[:150]
-    for text in texts:
-        want = oracle.llama_tokenize(path, unicodedata.normalize("NFC", text), True, True)
-        got = tok.encode(text, add_special=True, parse_special=True)
-        if got != want:
-            wrong.append(f"{text!r}: reflex {got} llama.cpp {want}")
-    assert not wrong, f"{len(wrong)} of {len(texts)} encodings differ ({pre}):\n" + "\n".join(wrong[:20])
+    assert_encodes_as_llama_cpp(path, tok, corpus(seed=8)[:150], pre, specials=(True,), nfc=True)
 
 
 # the look-ahead classes of GPT-4o's regex: case runs, a capital inside a word, contractions
@@ -132,16 +114,7 @@ def test_other_regexes_encode_as_llama_cpp(tmp_path, pre, source, add_bos, mode)
                                bos=eos, eos=eos, add_bos=add_bos)
     tok = reflex_tokenizer(str(path), mode)
     assert tok.pre == pre
-    wrong = []
-    texts = list(GPT4O_HAND) + corpus(seed=9)
-    for text in texts:
-        for special in (False, True):
-            want = oracle.llama_tokenize(path, text, special, special)
-            got = tok.encode(text, add_special=special, parse_special=special)
-            if got != want:
-                wrong.append(f"{text!r} (special {special}): reflex {got} llama.cpp {want}")
-    assert not wrong, (f"{len(wrong)} of {2 * len(texts)} encodings differ ({pre}, {mode}):\n"
-                       + "\n".join(wrong[:20]))
+    assert_encodes_as_llama_cpp(path, tok, list(GPT4O_HAND) + corpus(seed=9), f"{pre}, {mode}")
 
 
 def test_glm4_served_from_tables(vocab_file):

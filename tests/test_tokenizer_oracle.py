@@ -99,22 +99,30 @@ def llama_tokenize(path: Path, text: str, special: bool) -> list[int]:
     return oracle.llama_tokenize(path, text, add_special=special, parse_special=special)
 
 
+def assert_encodes_as_llama_cpp(path: Path, tok, texts, what: str,
+                                specials=(False, True), nfc: bool = False) -> None:
+    """``tok`` encodes every one of ``texts`` as llama.cpp does with ``path``'s vocabulary, with
+    add_special = parse_special = each of ``specials``; ``nfc``: llama.cpp gets the NFC form
+    (Reflex normalizes first for qwen2, llama.cpp does not)."""
+    wrong = []
+    for text in texts:
+        theirs = unicodedata.normalize("NFC", text) if nfc else text
+        for special in specials:
+            want = llama_tokenize(path, theirs, special)
+            got = tok.encode(text, add_special=special, parse_special=special)
+            if got != want:
+                wrong.append(f"{text!r} (special {special}): reflex {got} llama.cpp {want}")
+    assert not wrong, (f"{len(wrong)} of {len(specials) * len(texts)} encodings differ "
+                       f"({what}):\n" + "\n".join(wrong[:20]))
+
+
 @pytest.mark.parametrize("mode", ["auto", "full"])
 @pytest.mark.parametrize("name", VOCABS)
 def test_encodes_as_llama_cpp(name, mode):
     path = _vocab_path(name)
     tok = reflex_tokenizer(str(path), mode)
-    wrong = []
-    texts = corpus(seed=VOCABS.index(name))
-    for text in texts:
-        theirs = unicodedata.normalize("NFC", text) if name == "qwen2" else text
-        for special in (False, True):
-            want = llama_tokenize(path, theirs, special)
-            got = tok.encode(text, add_special=special, parse_special=special)
-            if got != want:
-                wrong.append(f"{text!r} (special {special}): reflex {got} llama.cpp {want}")
-    assert not wrong, (f"{len(wrong)} of {2 * len(texts)} encodings differ ({name}, {mode}):\n"
-                       + "\n".join(wrong[:20]))
+    assert_encodes_as_llama_cpp(path, tok, corpus(seed=VOCABS.index(name)), f"{name}, {mode}",
+                                nfc=name == "qwen2")
 
 
 def test_the_corpus_reaches_the_whitespace_rules():
