@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -55,26 +54,19 @@ IQ1_M_SCALES = 48  # the 4 u16 holding IQ1_M's 3-bit scales and, in their top ni
 MXFP4_E_OFFSET = 113  # E8M0 byte e scales by 2^(e - 128): e = f16 exponent field + 113 matches
 
 
-def _find_nvcc() -> str | None:
-    for var in ("REFLEX_NVCC",):
-        if os.environ.get(var):
-            return os.environ[var]
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        root = os.environ.get(var)
-        if root and (Path(root) / "bin" / "nvcc").exists():
-            return str(Path(root) / "bin" / "nvcc")
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    return "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None
+def _nvcc(why: str) -> str:
+    """The build's nvcc (reflex_core._build.find_nvcc); a missing one fails the test with why."""
+    from reflex_core import _build
+
+    try:
+        return _build.find_nvcc()
+    except _build.BuildError as exc:
+        pytest.fail(f"{why}: {exc}")
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    nvcc = _find_nvcc()
-    if nvcc is None:
-        pytest.fail("nvcc not found: the quant decoder tests compile tests/native/quant_host.cu "
-                    "with nvcc (install the CUDA toolkit or set CUDA_HOME / REFLEX_NVCC)")
+    nvcc = _nvcc("the quant decoder tests compile tests/native/quant_host.cu")
     out = tmp_path_factory.mktemp("quanthost") / "libquanthost.so"
     cmd = [nvcc, "-x", "cu", "-std=c++17", "-O2", "-shared",
            "-Xcompiler", "-fPIC,-ffp-contract=off,-Wall,-Wno-unknown-pragmas",
@@ -520,9 +512,7 @@ class _FakeKernels:
 def quant_signatures():
     from reflex_core import _build
 
-    nvcc = _find_nvcc()
-    if nvcc is None:
-        pytest.fail("nvcc not found: cannot preprocess cuda/quant.cu")
+    nvcc = _nvcc("cannot preprocess cuda/quant.cu")
     sigs = {}
     for module in ("quant", "quant_lowbit", "core"):  # core: reflex_x_limbs, moe_schedule
         sigs.update(_build.module_signatures(nvcc, ROOT / "cuda" / f"{module}.cu", [INCLUDE], 90))
@@ -1058,9 +1048,7 @@ def test_quant_module_builds_cleanly(tmp_path):
     the launchers use (one SASS target here; the package build does them all)."""
     from reflex_core.cuda import quant_ops as q
 
-    nvcc = _find_nvcc()
-    if nvcc is None:
-        pytest.fail("nvcc not found: cannot compile cuda/quant.cu")
+    nvcc = _nvcc("cannot compile cuda/quant.cu")
     out = tmp_path / "quant.cubin"
     cmd = [nvcc, "-cubin", "-O3", "-std=c++17", "-Xptxas=-O3", "-arch=sm_80", f"-I{INCLUDE}",
            str(ROOT / "cuda" / "quant.cu"), "-o", str(out)]
@@ -1153,9 +1141,7 @@ def test_moe_grouped_launches(quant_signatures):
     from reflex_core import _build
     from reflex_core.cuda import quant_ops as q
 
-    nvcc = _find_nvcc()
-    if nvcc is None:
-        pytest.fail("nvcc not found: cannot preprocess cuda/core.cu")
+    nvcc = _nvcc("cannot preprocess cuda/core.cu")
     core = _FakeKernels(_build.module_signatures(nvcc, ROOT / "cuda" / "core.cu", [INCLUDE], 90))
     k = _FakeKernels(quant_signatures)
     T, kk, E = q.MOE_TILED_MIN_T, 8, 128
