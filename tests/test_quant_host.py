@@ -19,7 +19,6 @@ No GPU needed; nvcc is (CI has it): without it these tests FAIL with a message, 
 from __future__ import annotations
 
 import ctypes
-import os
 import subprocess
 import sys
 from pathlib import Path
