@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .ops import Batch, Ops
+from . import blocks
+from .ops import Batch, Ops, Weight
 from .state import State, StateSpec
 
 
@@ -18,8 +19,9 @@ class Model:
     """Base class of an architecture's model.
 
     Subclasses set ``arch`` and implement ``__init__(gguf, ops)`` (read the config, bind
-    weights), :meth:`state_spec` and :meth:`forward`. The backend allocates the declared state
-    (:meth:`new_state`); batches come from the state, so a model never counts cells.
+    weights: :meth:`configure` does the part every family shares), :meth:`state_spec` and
+    :meth:`forward`. The backend allocates the declared state (:meth:`new_state`); batches come
+    from the state, so a model never counts cells.
     """
 
     arch: str = ""
@@ -29,6 +31,22 @@ class Model:
         self.ops = ops
         self.n_vocab: int = 0  # rows of the logits
         self.n_ctx_train: int = 0
+
+    def configure(self, config_class: type) -> Any:
+        """The start of a transformer family's ``__init__``: ``self.cfg``, the file's
+        configuration (``config_class.from_gguf`` under its ``general.architecture``, this
+        class's ``arch`` where the key is missing), ``n_vocab`` and ``n_ctx_train`` from it, and
+        the embedding and head bound (``token_embd``, ``output_norm``, ``output``, ``tied``:
+        :func:`blocks.bind_embed_head`; ``cfg.n_embd`` and ``cfg.n_vocab``). Returns the config."""
+        arch = self.gguf.get("general.architecture", self.arch) or self.arch
+        self.cfg = cfg = config_class.from_gguf(self.gguf, arch)
+        self.n_vocab, self.n_ctx_train = cfg.n_vocab, cfg.n_ctx_train
+        io = blocks.bind_embed_head(self.ops, cfg.n_embd, cfg.n_vocab)
+        self.token_embd: Weight = io.token_embd
+        self.output_norm: Weight = io.output_norm
+        self.output: Weight = io.output
+        self.tied: bool = io.tied
+        return cfg
 
     @classmethod
     def load(cls, gguf: Any, ops: Ops) -> "Model":

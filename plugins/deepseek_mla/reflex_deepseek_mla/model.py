@@ -114,14 +114,8 @@ class DeepSeek2(Model):
 
     def __init__(self, gguf: Any, ops: Ops) -> None:
         super().__init__(gguf, ops)
-        arch = gguf.get("general.architecture", self.arch) or self.arch
-        self.cfg = cfg = DeepSeek2Config.from_gguf(gguf, arch)
-        self.n_vocab = cfg.n_vocab
-        self.n_ctx_train = cfg.n_ctx_train
+        cfg = self.configure(DeepSeek2Config)
         D = cfg.n_embd
-        io = blocks.bind_embed_head(ops, D, cfg.n_vocab)
-        self.token_embd, self.output_norm, self.output, self.tied = (
-            io.token_embd, io.output_norm, io.output, io.tied)
         self.layers = [DeepSeek2Layer(
             attn_norm=blocks.tensor(ops, f"blk.{i}.attn_norm.weight", [D]),
             attn=_bind_attn(ops, i, cfg),

@@ -39,14 +39,8 @@ class Qwen3(Model):
 
     def __init__(self, gguf: Any, ops: Ops) -> None:
         super().__init__(gguf, ops)
-        arch = gguf.get("general.architecture", self.arch) or self.arch
-        self.cfg = cfg = Qwen3Config.from_gguf(gguf, arch)
-        self.n_vocab = cfg.n_vocab
-        self.n_ctx_train = cfg.n_ctx_train
+        cfg = self.configure(Qwen3Config)
         D = cfg.n_embd
-        io = blocks.bind_embed_head(ops, D, cfg.n_vocab)
-        self.token_embd, self.output_norm, self.output, self.tied = (
-            io.token_embd, io.output_norm, io.output, io.tied)
         self.layers = [
             Qwen3Layer(
                 attn_norm=blocks.tensor(ops, f"blk.{i}.attn_norm.weight", [D]),

@@ -128,14 +128,8 @@ class Qwen35(Model):
 
     def __init__(self, gguf: Any, ops: Ops) -> None:
         super().__init__(gguf, ops)
-        arch = gguf.get("general.architecture", self.arch) or self.arch
-        self.cfg = cfg = self.config_class.from_gguf(gguf, arch)
-        self.n_vocab = cfg.n_vocab
-        self.n_ctx_train = cfg.n_ctx_train
+        cfg = self.configure(self.config_class)
         D = cfg.n_embd
-        io = blocks.bind_embed_head(ops, D, cfg.n_vocab)
-        self.token_embd, self.output_norm, self.output, self.tied = (
-            io.token_embd, io.output_norm, io.output, io.tied)
         self.layers = []
         for i in range(cfg.n_layer):
             if cfg.recurrent[i]:

@@ -21,11 +21,8 @@ class TestGated(Model):
 
     def __init__(self, gguf: Any, ops: Any) -> None:
         super().__init__(gguf, ops)
-        self.cfg = cfg = TestGatedConfig.from_gguf(gguf, self.arch)
-        self.n_vocab, self.n_ctx_train = cfg.n_vocab, cfg.n_ctx_train
+        cfg = self.configure(TestGatedConfig)
         D = cfg.n_embd
-        io = blocks.bind_embed_head(ops, D, cfg.n_vocab)
-        self.io = io
         self.layers = [(blocks.tensor(ops, f"blk.{i}.attn_norm.weight", [D]),
                         blocks.bind_attn(ops, i, D, cfg.n_head, cfg.n_head_kv, cfg.head_dim),
                         blocks.tensor(ops, f"blk.{i}.ffn_norm.weight", [D]),
@@ -37,12 +34,12 @@ class TestGated(Model):
     def forward(self, batch, state: State, out_rows: Sequence[int]) -> Any:
         ops, cfg = self.ops, self.cfg
         pb = ops.prepare(batch)
-        x, h = ops.embed(self.io.token_embd, pb), None
+        x, h = ops.embed(self.token_embd, pb), None
         for i, (attn_norm, attn, ffn_norm, f) in enumerate(self.layers):
             x, a = blocks.residual_rmsnorm(ops, x, h, attn_norm, cfg.eps)
             h = blocks.gqa_attention(ops, a, attn, state.kv(i), pb, cfg.rope, cfg.eps,
                                      cfg.n_head, cfg.n_head_kv, cfg.head_dim)
             x, b = ops.add_rmsnorm(x, h, ffn_norm, cfg.eps)
             h = ops.testop_sigmoid_mul(blocks.swiglu_ffn(ops, b, f.ffn_gate, f.ffn_up, f.ffn_down), b)
-        return blocks.lm_head(ops, x, self.io.output_norm, self.io.output, cfg.eps, out_rows,
+        return blocks.lm_head(ops, x, self.output_norm, self.output, cfg.eps, out_rows,
                               residual=h)
