@@ -259,6 +259,28 @@ def llama_candidate_scores(path: str | os.PathLike, prompt: Sequence[int],
     return out
 
 
+def check_system1(path: str | os.PathLike, prompt: Sequence[int],
+                  cands: Sequence[Sequence[int]]) -> list[int]:
+    """Assert that Reflex's system1 scores (reference backend) of ``cands`` after ``prompt``
+    are llama.cpp's (:func:`llama_candidate_scores`) within 1e-4 a token; returns the token
+    count of each forward pass the scoring ran (one tree pass, or the prompt then the forks)."""
+    from reflex_core import system1
+
+    model = load_model(path)
+    calls: list[int] = []
+    real = model.forward
+
+    def counting(batch, state, rows):
+        calls.append(batch.n_tokens)
+        return real(batch, state, rows)
+
+    model.forward = counting
+    ours = system1.score(model, model.ops, prompt, cands)
+    for c, score, ref in zip(cands, ours, llama_candidate_scores(path, prompt, cands)):
+        assert abs(score - ref) <= 1e-4 * len(c), (c, score, ref)
+    return calls
+
+
 @functools.lru_cache(maxsize=None)
 def _llama_vocab(path: str) -> tuple[Any, Any]:
     """(model, vocab) of llama.cpp's vocab-only load of ``path``, kept for the process."""
