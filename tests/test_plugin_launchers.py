@@ -25,7 +25,7 @@ from reflex_core.backends.numpy_backend import NumpyOps
 from reflex_core.gguf import open_gguf
 from reflex_core.testing import op_harness
 from reflex_core.testing.op_harness import BatchArg, WeightArg
-from test_quant_host import _FakeKernels
+from test_quant_host import _FakeKernels, _nvcc
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = {"reflex_qwen35_hybrid": ROOT / "plugins" / "qwen35_hybrid",
@@ -38,10 +38,7 @@ def signatures() -> dict[tuple[str, str], dict[str, str]]:
     """(package, module) -> kernel name -> signature, for every plugin module."""
     from reflex_core import _build
 
-    try:
-        nvcc = _build.find_nvcc()
-    except _build.BuildError as e:
-        pytest.fail(f"cannot preprocess the plugins' CUDA modules: {e}")
+    nvcc = _nvcc("cannot preprocess the plugins' CUDA modules")
     out = {}
     for pkg, root in PLUGINS.items():
         for cu in sorted((root / "cuda").glob("*.cu")):
