@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from reflex_core.errors import ModelError
-from reflex_core.ops import AttnMask, Batch
 from reflex_core.testing.modelwriter import ModelShape
 from reflex_core.testing.oracle import load_model
 

@@ -53,7 +53,6 @@ def _device_or_skip():
     if _state["no_gpu"]:
         pytest.skip(f"no GPU here: {_state['no_gpu']}")
     if "device" not in _state:
-        from reflex_core.cuda import driver
         from reflex_core.errors import ReflexError
 
         try:
