@@ -19,7 +19,6 @@ import pytest
 
 from reflex_core import system1
 from reflex_core.errors import ReflexError
-from reflex_core.ops import Batch
 from reflex_core.testing import oracle
 from reflex_core.testing.modelwriter import ModelShape
 
@@ -144,13 +143,6 @@ def test_one_forward_pass(model_files):
     """Scoring runs exactly one model forward, whatever the number of candidates."""
     path = model_files(SHAPES["qwen3"], weight_type="F32", seed=21)
     model = oracle.load_model(path)
-    calls = []
-    real = model.forward
-
-    def counting(batch: Batch, cache, rows):
-        calls.append(batch.n_tokens)
-        return real(batch, cache, rows)
-
-    model.forward = counting
+    calls = oracle.count_forwards(model)
     system1.score(model, model.ops, [1, 2, 3], CANDS)
     assert calls == [3 + sum(map(len, CANDS))]

@@ -267,6 +267,16 @@ def check_system1(path: str | os.PathLike, prompt: Sequence[int],
     from reflex_core import system1
 
     model = load_model(path)
+    calls = count_forwards(model)
+    ours = system1.score(model, model.ops, prompt, cands)
+    for c, score, ref in zip(cands, ours, llama_candidate_scores(path, prompt, cands)):
+        assert abs(score - ref) <= 1e-4 * len(c), (c, score, ref)
+    return calls
+
+
+def count_forwards(model: Any) -> list[int]:
+    """From now on, ``model.forward`` appends each batch's token count to the returned list
+    (then runs as before): how many forward passes a caller ran, and how large."""
     calls: list[int] = []
     real = model.forward
 
@@ -275,9 +285,6 @@ def check_system1(path: str | os.PathLike, prompt: Sequence[int],
         return real(batch, state, rows)
 
     model.forward = counting
-    ours = system1.score(model, model.ops, prompt, cands)
-    for c, score, ref in zip(cands, ours, llama_candidate_scores(path, prompt, cands)):
-        assert abs(score - ref) <= 1e-4 * len(c), (c, score, ref)
     return calls
 
 
