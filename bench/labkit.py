@@ -37,3 +37,35 @@ def median_ms(launch, n: int, reps: int = 3) -> float:
         e1.record()
         times.append(memory.elapsed_ms(e0, e1) / n)
     return sorted(times)[len(times) // 2]
+
+
+def graph_us(launch, n: int, pdl: bool = False, reps: int = 3) -> float:
+    """``launch(i)`` for i < n captured once in a CUDA graph (``pdl``: the core's kernels with
+    programmatic stream serialization, as a decode step's), the graph replayed reps + 1 times;
+    the median of the last reps, us a launch. The launch rate of Python does not enter."""
+    from reflex_core.cuda import driver, memory, modules
+
+    d = driver._d
+    stream = driver.check(d.cuStreamCreate(0), "cuStreamCreate")
+    saved = driver._STREAM
+    driver._STREAM, modules.pdl = stream, pdl
+    try:
+        driver.check(d.cuStreamBeginCapture(
+            stream, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED), "cuStreamBeginCapture")
+        for i in range(n):
+            launch(i)
+        graph = driver.check(d.cuStreamEndCapture(stream), "cuStreamEndCapture")
+        ex = driver.check(d.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        times = []
+        for _ in range(reps + 1):
+            e0, e1 = memory.Event(), memory.Event()
+            e0.record()
+            driver.check(d.cuGraphLaunch(ex, stream), "cuGraphLaunch")
+            e1.record()
+            times.append(memory.elapsed_ms(e0, e1) * 1e3 / n)
+        driver.check(d.cuGraphExecDestroy(ex), "cuGraphExecDestroy")
+        driver.check(d.cuGraphDestroy(graph), "cuGraphDestroy")
+    finally:
+        driver._STREAM, modules.pdl = saved, False
+        driver.check(d.cuStreamDestroy(stream), "cuStreamDestroy")
+    return sorted(times[1:])[len(times[1:]) // 2]

@@ -139,6 +139,10 @@ class Kernels:
             self._fns[name] = f
         return f
 
+    def sm(self) -> int:
+        """The device's compute capability as one number (90 for sm_90)."""
+        return _drv.current_device().sm
+
     def multiprocessors(self) -> int:
         """The device's multiprocessor count (launchers size their blocks by it)."""
         return _device_attribute("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT")

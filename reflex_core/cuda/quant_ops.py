@@ -325,6 +325,46 @@ GEMV_XS = os.environ.get("REFLEX_GEMV_XS", "1") != "0"
 NORM_TYPES = frozenset({0, 1, 8, 12, 13, 14})
 
 
+# The streamed SwiGLU reader (reflex_matmul_gemv1xsn_<t>, gemv_stream_body in
+# reflex/quant_kernels.cuh): gemv1xn's gate/up launch, the same bits, as a persistent grid (a
+# block an SM) whose weights reach shared memory through the bulk copy engine, so the loads in
+# flight cost the compute warps nothing and x is staged once a block. sm_90+ SASS only (the
+# instructions are Hopper's). Types with the kernel; REFLEX_GEMV_STREAM=0 keeps gemv1xn.
+STREAM_TYPES = frozenset({12})  # Q4_K
+GEMV_STREAM = os.environ.get("REFLEX_GEMV_STREAM", "1") != "0"
+_GSTREAM_THREADS = 32 * (8 + 1)  # GSTREAM_WARPS compute warps and the copies' warp
+_GSTREAM_OUT = 8  # GSTREAM_OUT: outputs a tile (their gate and up rows: a ring slot)
+# GSTREAM_STAGES: ring slots at most. Three, not four, though four fit the 8B's rows: the smaller
+# block leaves room for the next launch's blocks to start early (programmatic launch) and ask
+# the L2 for their rows; on an H100 (BENCHMARKS.md, 2026-12-05) 8B warm decode took 2.634
+# ms/token with three, 2.657 with four, 2.970 with two (2.752 with gemv1xn).
+_GSTREAM_STAGES = 3
+
+
+def gemv_stream_smem(ggml_type: int, n_in: int, stages: int) -> int:
+    """Dynamic shared memory of reflex_matmul_gemv1xsn_<t> with ``stages`` ring slots: the staged
+    x, the slots' barriers, the slots from a 128-byte boundary."""
+    ring = (x_staged_bytes(ggml_type, n_in) + 16 * _GSTREAM_STAGES + 127) & ~127
+    return ring + stages * 2 * _GSTREAM_OUT * row_bytes(ggml_type, n_in)
+
+
+def _stream_launch(kern, p: "MatPlan", n0: int, gemv_w_ok: bool, x_ptr: int) -> tuple | None:
+    """(kernel, grid, block, dynamic shared memory) of the streamed SwiGLU reader for ``n0``
+    outputs of ``p``'s gate and up weights, or None where it does not apply (another type or
+    device, a misaligned operand, too few rows, fewer than two ring slots fit)."""
+    if not (GEMV_STREAM and p.ggml_type in STREAM_TYPES and p.gemv1x is not None and gemv_w_ok
+            and x_ptr % 16 == 0 and p.row_bytes % 16 == 0 and 2 * n0 >= GEMV_WIDE_MIN_ROWS
+            and kern.image == "sass" and kern.sm() >= 90):
+        return None
+    name = f"reflex_matmul_gemv1xsn_{_info(p.ggml_type)[0]}"
+    for stages in range(_GSTREAM_STAGES, 1, -1):
+        smem = gemv_stream_smem(p.ggml_type, p.n_in, stages)
+        if smem <= XS_MAX_SHMEM and kern.allow_shmem(name, smem):
+            grid = min(-(-n0 // _GSTREAM_OUT), kern.multiprocessors())
+            return name, (grid, 1, 1), (_GSTREAM_THREADS, 1, 1), smem
+    return None
+
+
 def x_staged_bytes(ggml_type: int, n_in: int) -> int:
     """Dynamic shared memory of reflex_matmul_gemv1x_<t> for rows of ``n_in``: x in whole chunks."""
     c = XS_CHUNK[ggml_type]
@@ -471,6 +511,10 @@ def fused_norm_launch(kern, p: MatPlan, n_outs: tuple, swiglu: bool, gemv_w_ok: 
     :func:`matmul_fused`."""
     if p.fused is None or (form == "r" and (swiglu or n_outs[1] or n_outs[2])):
         return None
+    if form == "n" and swiglu and not shared:
+        c = _stream_launch(kern, p, n_outs[0], gemv_w_ok, x_ptr)
+        if c is not None:
+            return c
     c = (_gemv1_wide(kern, p, n_outs, swiglu, gemv_w_ok, x_ptr, shared=shared)
          or _gemv_small(p, 1, n_outs, swiglu, gemv_w_ok, x_ptr))
     name = None if c is None else p.fused.get(c[0], {}).get(form)
@@ -858,6 +902,8 @@ def kernel_names(module: str = COMMON_MODULE) -> list[str]:
         if t in XH_TYPES:
             names += [f"reflex_matmul_xh_{suffix}", f"reflex_moe_xh_{suffix}"]
         names += [f"reflex_matmul_gemv1xn_{v}" for v in MIXED_XS.get(t, {}).values()]
+        if t in STREAM_TYPES:
+            names.append(f"reflex_matmul_gemv1xsn_{suffix}")
     if module == COMMON_MODULE:
         names += [f"reflex_matmul_f16x{t}{f}" for t in _PAIRS_STAGES for f in _PAIRS_FORMS]
     return names

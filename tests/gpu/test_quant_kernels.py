@@ -524,6 +524,59 @@ def test_gemv_staged_limbs_head_shape(qk, name):
     assert c[0] == f"reflex_matmul_gemv1xn_{quant_ops._TYPES[t][0]}", c
 
 
+def test_gemv_stream_reader(qk):
+    """The streamed SwiGLU reader (reflex_matmul_gemv1xsn_q4_k): on sm_90 the launcher picks it
+    for a wide Q4_K gate/up launch on a normed x, and its outputs are gemv1xn's, bit for bit:
+    odd output counts (a partial last tile), rows of several lengths, 2 and 3 ring slots, grids
+    small enough that every block goes round its ring several times, a NaN in x (the outputs it
+    reaches are NaN in both)."""
+    ctx, kernels_of = qk
+    kern = kernels_of("Q4_K")
+    if kern.sm() < 90 or kern.image != "sass":
+        pytest.skip("the streamed reader is for sm_90+ SASS")
+    t = TYPES["Q4_K"]
+    rng = np.random.default_rng(290)
+    name = "reflex_matmul_gemv1xsn_q4_k"
+    for n_in, n_out in ((2048, 1037), (4096, 6001), (5120, 3000)):
+        raw_g, _ = random_weights(rng, "Q4_K", n_out, n_in)
+        raw_u, _ = random_weights(rng, "Q4_K", n_out, n_in)
+        _, gwp = upload(ctx, raw_g)
+        _, uwp = upload(ctx, raw_u)
+        p = quant_ops.plan(t, (n_in, n_out), gwp)
+        n_part = 200
+        _, pp = upload(ctx, (rng.random(n_part) * 50).astype(np.float32))
+        for nan in (False, True):
+            x = rng.standard_normal((1, n_in)).astype(np.float32)
+            if nan:
+                x[0, 300] = np.nan
+            _, xp = upload(ctx, x)
+
+            def run(launch):
+                yp = upload(ctx, np.full(n_out, np.nan, np.float32))[1]
+                quant_ops.matmul_fused(kern, launch, p, xp, (gwp, uwp, 0), (yp, 0, 0),
+                                       (n_out, 0, 0), True, 0, 0, 0, pp, n_part, 1e-6)
+                return download(ctx, yp, n_out)
+
+            want = run(("reflex_matmul_gemv1xn_q4_k",
+                        (quant_ops._gemv_grid_x(2, (n_out, 0, 0), True, 4, 8), 1, 1), (256, 1, 1),
+                        p.x_staged))
+            assert np.isnan(want).any() == nan
+            c = quant_ops.fused_norm_launch(kern, p, (n_out, 0, 0), True, True, xp, "n")
+            assert c is not None and c[0] == name, c
+            assert_bits_equal(run(c), want, f"{name} n_in={n_in} n_out={n_out} as launched")
+            for stages in (2, 3):
+                smem = quant_ops.gemv_stream_smem(t, n_in, stages)
+                if not kern.allow_shmem(name, smem):
+                    continue
+                for grid in (5, 37):
+                    assert_bits_equal(run((name, (grid, 1, 1), c[2], smem)), want,
+                                      f"{name} n_in={n_in} n_out={n_out} {stages} slots, "
+                                      f"{grid} blocks, NaN {nan}")
+    # fewer rows than the wide GEMVs take: the narrow reader, as before
+    narrow = quant_ops.fused_norm_launch(kern, p, (300, 0, 0), True, True, xp, "n")
+    assert narrow is not None and narrow[0] == "reflex_matmul_gemv1sn_q4_k", narrow
+
+
 def norm_scale_ref(part, n, eps):
     """rx_norm_scale's arithmetic in float32: lane l adds part[l], part[l + 32], ... in turn, the
     lanes' butterfly sum, then 1 / sqrt(sum / n + eps)."""

@@ -14,6 +14,7 @@
 //   rx_warp_sum           butterfly sum over a full warp (device)
 //   rx_norm_load/_scale   an RMSNorm scale from block sums of squares, in one fixed order (device)
 //   rx_cp_async16/8/4     asynchronous global -> shared copies, zeros when refused (sm_80+)
+//   rx_mbar_*, rx_bulk_load  shared-memory barriers and the bulk copy engine (sm_90+)
 //   rx_mma_f16            one m16n8k16 float16 tensor-core product, f32 accumulation (sm_80+)
 //   rx_wg_mma, rx_wg_desc64  Hopper's warpgroup MMA on shared-memory tiles (sm_90a only)
 //   RX_PDL_ENTRY()        first statement of a core kernel: programmatic dependent launch
@@ -298,6 +299,56 @@ __device__ __forceinline__ void rx_cp_async4(void* dst, const void* src, bool ok
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 4 : 0));
 }
 __device__ __forceinline__ void rx_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+#endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Shared-memory barriers (mbarrier) and the bulk copy engine (sm_90+): rx_bulk_load copies
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory and
+// counts them against `bar`'s expected transaction bytes (rx_mbar_expect), so the phase completes
+// when they have landed; rx_mbar_wait(bar, p) returns once the phase of parity p has completed.
+__device__ __forceinline__ uint32_t rx_smem_addr(const void* p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void rx_mbar_init(uint64_t* bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(rx_smem_addr(bar)), "r"(count) : "memory");
+}
+// after every rx_mbar_init, before a barrier is used by the copy engine or other threads
+__device__ __forceinline__ void rx_mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void rx_mbar_expect(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(rx_smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void rx_mbar_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(rx_smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void rx_mbar_wait(uint64_t* bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            " selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(rx_smem_addr(bar)), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void rx_bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            rx_smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(rx_smem_addr(bar))
+        : "memory");
+}
+// a barrier of the `threads` threads (a multiple of 32) that use the same ID (1 .. 15; 0 is
+// __syncthreads'); a constant, so that a block reserves only the barriers it names
+template <int ID>
+__device__ __forceinline__ void rx_bar_sync(int threads) {
+    static_assert(ID >= 1 && ID <= 15, "named barriers 1 .. 15");
+    asm volatile("bar.sync %0, %1;" ::"n"(ID), "r"(threads) : "memory");
+}
 #endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

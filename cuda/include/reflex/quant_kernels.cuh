@@ -1641,6 +1641,120 @@ struct rx_sm_blocks {
         }                                                                                             \
     }
 
+// The streamed SwiGLU reader (sm_90+, the types whose rx_lu has load_any: Q4_K):
+// reflex_matmul_gemv1xsn_<t> computes what gemv1xn_<t> does in mode 1 (gate rows w0, up rows w1,
+// n0 outputs, x the normed y0 of a residual step), with the same bits, in a persistent grid
+// (a block an SM at most) whose weights reach shared memory by the bulk copy engine. Each block
+// stages x once; a tile is GSTREAM_WARPS / 2 row groups of 4 rows (two warps a group, as
+// gemv1xn's), i.e. GSTREAM_OUT outputs: their gate rows, then their up rows, copied as two runs
+// into one slot of a ring; the blocks take tiles blockIdx.x, + gridDim.x, ... An extra warp's
+// lane 0 keeps the ring full (its first tiles are asked for before the wait for the kernel
+// ahead: weights are read-only): full[s] completes when slot s has landed, empty[s] when the
+// compute warps are done with it. So the loads in flight take no registers and no instructions
+// of the compute warps, and x is staged once a block instead of once every 16 rows.
+// Dynamic shared memory: x's limbs (rx_x_lanes' chunks), the barriers, then 2 to GSTREAM_STAGES
+// slots of 2 * GSTREAM_OUT rows from a 128-byte boundary (the launcher's gemv_stream_smem; the
+// kernel takes as many whole slots as it is given). row_bytes a multiple of 16, w0 and w1
+// 16-byte aligned.
+#define GSTREAM_WARPS 8
+#define GSTREAM_OUT (GSTREAM_WARPS / 2 * 2)
+#define GSTREAM_STAGES 3
+template <int TYPE>
+__device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    typedef rx_x_lanes<TYPE> XL;
+    constexpr int KS = 2, R = 4, WARPS = GSTREAM_WARPS, GROUPS = WARPS / KS;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp / KS, slice = warp % KS;
+    const int n = n0, n_tiles = (n + GSTREAM_OUT - 1) / GSTREAM_OUT;
+    const long long rb = row_bytes, slot_bytes = 2LL * GSTREAM_OUT * row_bytes;
+    uint8_t* base = (uint8_t*)rx_x_staged_words();
+    const int xb = XL::chunks(n_in) * XL::SLOTS * 16;
+    uint64_t* full = (uint64_t*)(base + xb);
+    uint64_t* empty = full + GSTREAM_STAGES;
+    const int ring_off = (xb + 16 * GSTREAM_STAGES + 127) & ~127;
+    uint8_t* ring = base + ring_off;
+    uint32_t dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    const int S = min(GSTREAM_STAGES, (int)(((long long)dyn - ring_off) / slot_bytes));
+    __shared__ float part_s[2][GROUPS][R];
+    __shared__ float norm_r;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; ++s) {
+            rx_mbar_init(full + s, 1);
+            rx_mbar_init(empty + s, WARPS);
+        }
+        rx_mbar_init_fence();
+    }
+    __syncthreads();
+    if (warp == WARPS) {  // the copies
+        if (lane == 0) {
+            int k = 0;
+            for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++k) {
+                const int s = k % S, first = t * GSTREAM_OUT, v = min(GSTREAM_OUT, n - first);
+                if (k >= S) rx_mbar_wait(empty + s, (uint32_t)((k / S - 1) & 1));
+                uint8_t* dst = ring + s * slot_bytes;
+                rx_mbar_expect(full + s, (uint32_t)(2 * v * rb));
+                rx_bulk_load(dst, w0 + first * rb, (uint32_t)(v * rb), full + s);
+                rx_bulk_load(dst + GSTREAM_OUT * rb, w1 + first * rb, (uint32_t)(v * rb), full + s);
+            }
+        }
+        return;
+    }
+    RX_PDL_ENTRY();
+    float pv[RX_NORM_PV];
+    if (warp == 0) rx_norm_load(part, n_part, pv);
+    const uint32_t* xl = rx_stage_x_limbs<TYPE, WARPS * 32, false>(x, n_in);
+    if (warp == 0) {
+        const float r = rx_norm_scale(part, n_part, pv, n_in, eps);
+        if (lane == 0) norm_r = r;
+    }
+    rx_bar_sync<1>(WARPS * 32);
+    const float rn = norm_r;
+    int k = 0;
+    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++k) {
+        const int s = k % S, first = t * GSTREAM_OUT, v = min(GSTREAM_OUT, n - first);
+        const int o0 = group * (R / 2);  // the group's first output within the tile
+        const uint8_t* slot = ring + s * slot_bytes;
+        const uint8_t* rp[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r)  // rows past n read the tile's last row (not stored)
+            rp[r] = slot + ((r & 1) * GSTREAM_OUT + min(o0 + r / 2, v - 1)) * rb;
+        rx_mbar_wait(full + s, (uint32_t)((k / S) & 1));
+        float acc[R][1];
+        rx_gemv_rows_limbs<TYPE, R, true>(rp, xl, n_in, 32 * slice + lane, 32 * KS, acc);
+        __syncwarp();
+        if (lane == 0) rx_mbar_arrive(empty + s);
+        // gemv_sums' order: each warp's butterfly, then slice 1's sums added to slice 0's
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r][0] = rx_warp_sum(acc[r][0]);
+        if (slice == 1) {
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                if (lane == r) part_s[k & 1][group][r] = acc[r][0];
+        }
+        static_assert(GROUPS == 4, "a pair barrier a group");
+        switch (group) {  // constant ids: a block reserves only the barriers it names
+            case 0: rx_bar_sync<2>(64); break;
+            case 1: rx_bar_sync<3>(64); break;
+            case 2: rx_bar_sync<4>(64); break;
+            default: rx_bar_sync<5>(64); break;
+        }
+        if (slice == 0) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r][0] = (acc[r][0] + part_s[k & 1][group][r]) * rn;
+            gemv_store<1>(acc, true, y0, 1, n, first + o0);
+        }
+    }
+#else
+    __trap();  // the launcher picks it on sm_90+ SASS only
+#endif
+}
+#define RX_QUANT_STREAM_KERNEL(name, TYPE)                                                            \
+    extern "C" __global__ void __launch_bounds__((GSTREAM_WARPS + 1) * 32, 1)                         \
+        reflex_matmul_gemv1xsn_##name(RX_MM_NORM_PARAMS) {                                           \
+        gemv_stream_body<TYPE>(RX_MM_NORM_ARGS);                                                      \
+    }
+
 // The prefill GEMM on float16 pairs (pairs_body), in the common module (cuda/quant.cu): x and
 // segments as reflex_matmul_xh_<t>, x = reflex_x_pairs' planes, w_i = reflex_unpack_pairs_<t>'s.
 // reflex_matmul_f16x3 (three products a pair, ~float32) and reflex_matmul_f16x1 (hi only): 128 x

@@ -724,6 +724,11 @@ struct rx_lu<RX_Q4_K> {
         rx_ld_v4(b, hd);
         rx_ld_v4(b + 16 + 16 * j, q);
     }
+    // the same from a block that may be in shared memory (16-byte aligned)
+    RX_HD void load_any(const uint8_t* b, int j) {
+        rx_ld_v4_any((const uint32_t*)b, hd);
+        rx_ld_v4_any((const uint32_t*)(b + 16 + 16 * j), q);
+    }
     RX_HD void prep(int j) {
         const float d = rx_f16_to_f32_fast(hd[0] & 0xffffu), dmin = rx_f16_to_f32_fast(hd[0] >> 16);
         uint32_t sc2, m2;
@@ -1188,8 +1193,9 @@ RX_HD void rx_x_limb_run(const float* __restrict__ x, int n_in, int c, int l, in
 // rx_x_limb_run wrote) for the K-quants with an integer view (rx_lu's ints / affine: the weight
 // is mul * b - sub for the unsigned bytes b): per lane run, sum b_i X_i in three int32 limb sums
 // (dp4a, exact: |S| < 2^22; S = 65536 S2 + 256 S1 + S0 rounded once to a float), then
-// acc += (mul * s) * S - (sub * s) * sum X.
-template <int TYPE, int R>
+// acc += (mul * s) * S - (sub * s) * sum X. SHARED: the rows may be in shared memory (generic
+// loads, rx_lu's load_any: the types that have one).
+template <int TYPE, int R, bool SHARED = false>
 RX_HD void rx_gemv_rows_limbs(const uint8_t* const (&rp)[R], const uint32_t* xl, int n_in, int first,
                               int stride, float (&acc)[R][1]) {
     typedef rx_lu<TYPE> L;
@@ -1204,7 +1210,13 @@ RX_HD void rx_gemv_rows_limbs(const uint8_t* const (&rp)[R], const uint32_t* xl,
         const int j = (int)(U % (unsigned)L::LPB);
         L u[R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) u[r].load(rp[r] + (long long)blk * L::TS, j);
+        for (int r = 0; r < R; ++r) {
+            if constexpr (SHARED) {
+                u[r].load_any(rp[r] + (long long)blk * L::TS, j);
+            } else {
+                u[r].load(rp[r] + (long long)blk * L::TS, j);
+            }
+        }
 #pragma unroll
         for (int r = 0; r < R; ++r) u[r].prep(j);
         const uint32_t* xc = xl + 4 * ((long long)(U >> 5) * XL::SLOTS + l);

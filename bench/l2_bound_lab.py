@@ -1,0 +1,102 @@
+"""How fast the module's one-token K-quant GEMV (reflex_matmul_gemv1x_<t>) runs when its weights
+already sit in the L2, against the same launches from HBM (a benchmark, not a test).
+
+If the L2-resident launch is not much faster than the HBM one, the kernel's own chain (the wait,
+x staged, the unit iterations, the sums) bounds it and no prefetching of the weights can help; if
+it is much faster, the HBM's idle time between and inside the launches is what a prefetch could
+fill. Launches are captured in a CUDA graph (40 a replay), so the launch rate does not bound
+them; "pdl" captures them with programmatic stream serialization as the decode step does.
+Microseconds a launch: the median of 3 replays.
+
+usage: python bench/l2_bound_lab.py
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+N = 40
+# (label, n_in, n_out, swiglu): a Qwen3-8B layer's launches, and parts of them that fit the L2
+SHAPES = [("o", 4096, 4096, False), ("gate/up 1/3", 4096, 4096, True),
+          ("gate/up", 4096, 12288, True), ("down 1/2", 12288, 2048, False),
+          ("down", 12288, 4096, False)]
+TYPES = {"q4_k": (12, 256, 144, (0, 2)), "q6_k": (14, 256, 210, (208,))}
+
+
+def main() -> int:
+    from reflex_core.cuda import driver, memory, modules, quant_ops
+    from reflex_core.cuda.start import start
+
+    start().wait()
+    d = driver._d
+    core = modules.get_kernels(quant_ops.COMMON_MODULE)
+    stream = driver.check(d.cuStreamCreate(0), "cuStreamCreate")
+    rng = np.random.default_rng(7)
+    for tname, (t, qk, ts, f16) in TYPES.items():
+        name = f"reflex_matmul_gemv1x_{tname}"
+        for label, n_in, n_out, swiglu in SHAPES:
+            nb = n_in // qk
+            rows = 2 * n_out if swiglu else n_out
+            blocks = rng.integers(0, 256, size=(rows * nb, ts), dtype=np.uint8)
+            for off in f16:
+                v = rng.uniform(2**-10, 2**-6, rows * nb) * rng.choice([-1, 1], rows * nb)
+                blocks[:, off:off + 2] = v.astype(np.float16).view(np.uint8).reshape(-1, 2)
+            wbytes = blocks.tobytes()
+            copies = max(2, -(-(400 << 20) // len(wbytes)))
+            wps = []
+            for _ in range(copies):
+                p = memory.alloc(len(wbytes))
+                memory.htod(p, wbytes)
+                wps.append(p)
+            xp = memory.alloc(4 * n_in)
+            memory.htod(xp, rng.standard_normal(n_in).astype(np.float32).tobytes())
+            yp = memory.alloc(4 * rows)
+            rb = nb * ts
+            half = n_out * rb
+            smem = quant_ops.x_staged_bytes(t, n_in)
+            core.allow_shmem(name, smem)
+            grid = -(-n_out // (8 // 2 * (2 if swiglu else 4)))
+            line = []
+            for mode in ("hbm", "l2"):
+                for pdl in (False, True):
+                    saved = driver._STREAM
+                    driver._STREAM = stream
+                    modules.pdl = pdl
+                    try:
+                        driver.check(d.cuStreamBeginCapture(
+                            stream, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED),
+                            "cuStreamBeginCapture")
+                        for i in range(N):
+                            w = wps[i % copies] if mode == "hbm" else wps[0]
+                            args = ((w, w + half, 0, xp, yp, 0, 0, 1, n_in, n_out, 0, 0, rb, 1)
+                                    if swiglu else
+                                    (w, 0, 0, xp, yp, 0, 0, 1, n_in, n_out, 0, 0, rb, 0))
+                            core.launch(name, (grid, 1, 1), (256, 1, 1), args, smem)
+                        graph = driver.check(d.cuStreamEndCapture(stream), "cuStreamEndCapture")
+                        ex = driver.check(d.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+                        times = []
+                        for _ in range(4):
+                            e0, e1 = memory.Event(), memory.Event()
+                            e0.record()
+                            driver.check(d.cuGraphLaunch(ex, stream), "cuGraphLaunch")
+                            e1.record()
+                            times.append(memory.elapsed_ms(e0, e1) * 1e3 / N)
+                        driver.check(d.cuGraphExecDestroy(ex), "cuGraphExecDestroy")
+                        driver.check(d.cuGraphDestroy(graph), "cuGraphDestroy")
+                    finally:
+                        driver._STREAM = saved
+                        modules.pdl = False
+                    us = sorted(times[1:])[1]
+                    line.append(f"{mode}{'+pdl' if pdl else ''} {us:6.2f} us "
+                                f"{len(wbytes) / us / 1e3:5.0f} GB/s")
+            print(f"{tname} {label:12s} {len(wbytes) / 1e6:5.1f} MB: " + " | ".join(line),
+                  flush=True)
+            for p in wps + [xp, yp]:
+                memory.free(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
