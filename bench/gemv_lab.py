@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from labkit import load_lab, median_ms
+from labkit import device_copies, load_lab, median_ms, random_blocks
 
 SIG = "PPPPPPPiiiiiqi"
 # (label, n_in, n_out, swiglu)
@@ -51,17 +51,9 @@ def main() -> int:
         for label, n_in, n_out, swiglu in (shapes[2:3] if ncu else shapes):
             nb = n_in // qk
             rows = 2 * n_out if swiglu else n_out
-            blocks = rng.integers(0, 256, size=(rows * nb, ts), dtype=np.uint8)
-            for off in f16:  # scales 2^-10 .. 2^-6, either sign
-                v = (rng.uniform(2**-10, 2**-6, rows * nb) * rng.choice([-1, 1], rows * nb))
-                blocks[:, off:off + 2] = v.astype(np.float16).view(np.uint8).reshape(-1, 2)
-            wbytes = blocks.tobytes()
-            copies = 1 if ncu else max(2, -(-(256 << 20) // len(wbytes)))
-            wps = []
-            for _ in range(copies):
-                p = memory.alloc(len(wbytes))
-                memory.htod(p, wbytes)
-                wps.append(p)
+            wbytes = random_blocks(rng, rows * nb, ts, f16)
+            wps = device_copies(wbytes, 1 if ncu else 256 << 20)
+            copies = len(wps)
             x = rng.standard_normal(n_in).astype(np.float32)
             xp = memory.alloc(4 * n_in)
             memory.htod(xp, x.tobytes())

@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+from labkit import device_copies, graph_us, random_blocks
 
 N = 40
 # (label, n_in, n_out, swiglu): a Qwen3-8B layer's launches, and parts of them that fit the L2
@@ -26,30 +27,20 @@ TYPES = {"q4_k": (12, 256, 144, (0, 2)), "q6_k": (14, 256, 210, (208,))}
 
 
 def main() -> int:
-    from reflex_core.cuda import driver, memory, modules, quant_ops
+    from reflex_core.cuda import memory, modules, quant_ops
     from reflex_core.cuda.start import start
 
     start().wait()
-    d = driver._d
     core = modules.get_kernels(quant_ops.COMMON_MODULE)
-    stream = driver.check(d.cuStreamCreate(0), "cuStreamCreate")
     rng = np.random.default_rng(7)
     for tname, (t, qk, ts, f16) in TYPES.items():
         name = f"reflex_matmul_gemv1x_{tname}"
         for label, n_in, n_out, swiglu in SHAPES:
             nb = n_in // qk
             rows = 2 * n_out if swiglu else n_out
-            blocks = rng.integers(0, 256, size=(rows * nb, ts), dtype=np.uint8)
-            for off in f16:
-                v = rng.uniform(2**-10, 2**-6, rows * nb) * rng.choice([-1, 1], rows * nb)
-                blocks[:, off:off + 2] = v.astype(np.float16).view(np.uint8).reshape(-1, 2)
-            wbytes = blocks.tobytes()
-            copies = max(2, -(-(400 << 20) // len(wbytes)))
-            wps = []
-            for _ in range(copies):
-                p = memory.alloc(len(wbytes))
-                memory.htod(p, wbytes)
-                wps.append(p)
+            wbytes = random_blocks(rng, rows * nb, ts, f16)
+            wps = device_copies(wbytes, 400 << 20)
+            copies = len(wps)
             xp = memory.alloc(4 * n_in)
             memory.htod(xp, rng.standard_normal(n_in).astype(np.float32).tobytes())
             yp = memory.alloc(4 * rows)
@@ -61,34 +52,14 @@ def main() -> int:
             line = []
             for mode in ("hbm", "l2"):
                 for pdl in (False, True):
-                    saved = driver._STREAM
-                    driver._STREAM = stream
-                    modules.pdl = pdl
-                    try:
-                        driver.check(d.cuStreamBeginCapture(
-                            stream, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED),
-                            "cuStreamBeginCapture")
-                        for i in range(N):
-                            w = wps[i % copies] if mode == "hbm" else wps[0]
-                            args = ((w, w + half, 0, xp, yp, 0, 0, 1, n_in, n_out, 0, 0, rb, 1)
-                                    if swiglu else
-                                    (w, 0, 0, xp, yp, 0, 0, 1, n_in, n_out, 0, 0, rb, 0))
-                            core.launch(name, (grid, 1, 1), (256, 1, 1), args, smem)
-                        graph = driver.check(d.cuStreamEndCapture(stream), "cuStreamEndCapture")
-                        ex = driver.check(d.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
-                        times = []
-                        for _ in range(4):
-                            e0, e1 = memory.Event(), memory.Event()
-                            e0.record()
-                            driver.check(d.cuGraphLaunch(ex, stream), "cuGraphLaunch")
-                            e1.record()
-                            times.append(memory.elapsed_ms(e0, e1) * 1e3 / N)
-                        driver.check(d.cuGraphExecDestroy(ex), "cuGraphExecDestroy")
-                        driver.check(d.cuGraphDestroy(graph), "cuGraphDestroy")
-                    finally:
-                        driver._STREAM = saved
-                        modules.pdl = False
-                    us = sorted(times[1:])[1]
+                    def launch(i, mode=mode):
+                        w = wps[i % copies] if mode == "hbm" else wps[0]
+                        args = ((w, w + half, 0, xp, yp, 0, 0, 1, n_in, n_out, 0, 0, rb, 1)
+                                if swiglu else
+                                (w, 0, 0, xp, yp, 0, 0, 1, n_in, n_out, 0, 0, rb, 0))
+                        core.launch(name, (grid, 1, 1), (256, 1, 1), args, smem)
+
+                    us = graph_us(launch, N, pdl)
                     line.append(f"{mode}{'+pdl' if pdl else ''} {us:6.2f} us "
                                 f"{len(wbytes) / us / 1e3:5.0f} GB/s")
             print(f"{tname} {label:12s} {len(wbytes) / 1e6:5.1f} MB: " + " | ".join(line),

@@ -69,3 +69,28 @@ def graph_us(launch, n: int, pdl: bool = False, reps: int = 3) -> float:
         driver._STREAM, modules.pdl = saved, False
         driver.check(d.cuStreamDestroy(stream), "cuStreamDestroy")
     return sorted(times[1:])[len(times[1:]) // 2]
+
+
+def random_blocks(rng, n_blocks: int, ts: int, f16_offsets) -> bytes:
+    """``n_blocks`` quantized blocks of ``ts`` random bytes whose float16 scales (at the given
+    byte offsets) are 2^-10 .. 2^-6, either sign: finite weights of a lab's shapes."""
+    import numpy as np
+
+    blocks = rng.integers(0, 256, size=(n_blocks, ts), dtype=np.uint8)
+    for off in f16_offsets:
+        v = rng.uniform(2**-10, 2**-6, n_blocks) * rng.choice([-1, 1], n_blocks)
+        blocks[:, off:off + 2] = v.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return blocks.tobytes()
+
+
+def device_copies(data: bytes, at_least: int) -> list[int]:
+    """Device copies of ``data``, at least two and together at least ``at_least`` bytes: launches
+    that cycle through them read every byte from HBM, not the L2."""
+    from reflex_core.cuda import memory
+
+    ptrs = []
+    for _ in range(max(2, -(-at_least // len(data)))):
+        p = memory.alloc(len(data))
+        memory.htod(p, data)
+        ptrs.append(p)
+    return ptrs

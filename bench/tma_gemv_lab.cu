@@ -13,39 +13,7 @@
 #define REFLEX_QUANTS_COMMON_ONLY
 #include "reflex/quant_kernels.cuh"
 
-__device__ __forceinline__ uint32_t lab_sa(const void* p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-__device__ __forceinline__ void lab_bar_init(uint64_t* b, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(lab_sa(b)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void lab_bar_expect(uint64_t* b, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(lab_sa(b)), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void lab_bar_arrive(uint64_t* b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(lab_sa(b)) : "memory");
-}
-__device__ __forceinline__ void lab_bar_wait(uint64_t* b, uint32_t parity) {
-    uint32_t ok = 0;
-    do {
-        asm volatile(
-            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-            " selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(ok)
-            : "r"(lab_sa(b)), "r"(parity)
-            : "memory");
-    } while (!ok);
-}
-__device__ __forceinline__ void lab_bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-            lab_sa(dst)),
-        "l"(src), "r"(bytes), "r"(lab_sa(bar))
-        : "memory");
-}
-
-// rx_gemv_rows_limbs (Q4_K) with the rows in shared memory
+// rx_gemv_rows_limbs (Q4_K, one warp a row group) with the rows in shared memory
 template <int R>
 __device__ __forceinline__ void lab_rows_smem(const uint8_t* const (&rp)[R], const uint32_t* xl, int n_in,
                                               int lane, float (&acc)[R][1]) {
@@ -54,59 +22,9 @@ __device__ __forceinline__ void lab_rows_smem(const uint8_t* const (&rp)[R], con
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
     const unsigned n_units = (unsigned)(n_in / L::QK) * (unsigned)L::LPB;
-    for (unsigned U = (unsigned)lane; U < n_units; U += 32u) {
-        const unsigned blk = U / (unsigned)L::LPB;
-        const int j = (int)(U % (unsigned)L::LPB);
-        L u[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const uint8_t* b = rp[r] + (long long)blk * L::TS;
-            rx_ld_v4_any((const uint32_t*)b, u[r].hd);
-            rx_ld_v4_any((const uint32_t*)(b + 16 + 16 * j), u[r].q);
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) u[r].prep(j);
-        const uint32_t* xc = xl + 4 * ((long long)(U >> 5) * XL::SLOTS + lane);
-        int s0[R][2], s1[R][2], s2[R][2];
-#pragma unroll
-        for (int r = 0; r < R; ++r) s0[r][0] = s1[r][0] = s2[r][0] = s0[r][1] = s1[r][1] = s2[r][1] = 0;
-        float xs[2], xsum[2];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            uint32_t g0[4], g1[4];
-            rx_ld_v4_any(xc + 128 * (2 * k), g0);
-            rx_ld_v4_any(xc + 128 * (2 * k + 1), g1);
-            if (k == 0) {
-                xs[0] = rx_as_float(g0[3]);
-                xs[1] = rx_as_float(g1[3]);
-            } else if (k == 1) {
-                xsum[0] = (float)(int)g0[3];
-                xsum[1] = (float)(int)g1[3];
-            }
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                uint32_t lo, hi;
-                u[r].ints(j, k, lo, hi);
-                s0[r][0] = rx_dp4a<false>(lo, g0[0], s0[r][0]);
-                s1[r][0] = rx_dp4a<false>(lo, g0[1], s1[r][0]);
-                s2[r][0] = rx_dp4a<true>(lo, g0[2], s2[r][0]);
-                s0[r][1] = rx_dp4a<false>(hi, g1[0], s0[r][1]);
-                s1[r][1] = rx_dp4a<false>(hi, g1[1], s1[r][1]);
-                s2[r][1] = rx_dp4a<true>(hi, g1[2], s2[r][1]);
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float mul, sub;
-                u[r].affine(h, mul, sub);
-                const float v = fmaf((float)(s2[r][h] * 256 + s1[r][h]), 256.0f, rx_small_int_f(s0[r][h]));
-                acc[r][0] = fmaf(mul * xs[h], v, acc[r][0]);
-                acc[r][0] = fmaf(-sub * xs[h], xsum[h], acc[r][0]);
-            }
-        }
-    }
+    for (unsigned U = (unsigned)lane; U < n_units; U += 32u)
+        rx_limbs_unit<RX_Q4_K, R, true>(rp, (long long)(U / L::LPB) * L::TS, (int)(U % L::LPB),
+                                        xl + 4 * ((long long)(U >> 5) * XL::SLOTS + lane), acc);
 }
 
 // PART 0: the whole GEMV; 1: the copies alone (the compute warps release each slot when it has
@@ -129,10 +47,10 @@ __device__ __forceinline__ void lab_tma_body(const uint8_t* __restrict__ w0, con
     const int slot_bytes = ROWS * rb;
     if (threadIdx.x == 0) {
         for (int s = 0; s < S; ++s) {
-            lab_bar_init(full + s, 1);
-            lab_bar_init(empty + s, WARPS);
+            rx_mbar_init(full + s, 1);
+            rx_mbar_init(empty + s, WARPS);
         }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        rx_mbar_init_fence();
     }
     __syncthreads();
     if (warp == WARPS) {  // the producer
@@ -140,17 +58,17 @@ __device__ __forceinline__ void lab_tma_body(const uint8_t* __restrict__ w0, con
             int k = 0;
             for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++k) {
                 const int s = k % S;
-                if (k >= S) lab_bar_wait(empty + s, (uint32_t)((k / S - 1) & 1));
+                if (k >= S) rx_mbar_wait(empty + s, (uint32_t)((k / S - 1) & 1));
                 const int first = t * per_tile, v = min(per_tile, n0 - first);
                 uint8_t* dst = ring + (long long)s * slot_bytes;
                 if (swiglu) {
-                    lab_bar_expect(full + s, (uint32_t)(2 * v * rb));
-                    lab_bulk_load(dst, w0 + (long long)first * rb, (uint32_t)(v * rb), full + s);
-                    lab_bulk_load(dst + (long long)per_tile * rb, w1 + (long long)first * rb,
+                    rx_mbar_expect(full + s, (uint32_t)(2 * v * rb));
+                    rx_bulk_load(dst, w0 + (long long)first * rb, (uint32_t)(v * rb), full + s);
+                    rx_bulk_load(dst + (long long)per_tile * rb, w1 + (long long)first * rb,
                                   (uint32_t)(v * rb), full + s);
                 } else {
-                    lab_bar_expect(full + s, (uint32_t)(v * rb));
-                    lab_bulk_load(dst, w0 + (long long)first * rb, (uint32_t)(v * rb), full + s);
+                    rx_mbar_expect(full + s, (uint32_t)(v * rb));
+                    rx_bulk_load(dst, w0 + (long long)first * rb, (uint32_t)(v * rb), full + s);
                 }
             }
         }
@@ -158,15 +76,15 @@ __device__ __forceinline__ void lab_tma_body(const uint8_t* __restrict__ w0, con
     }
     RX_PDL_ENTRY();
     const uint32_t* xl = rx_stage_x_limbs<RX_Q4_K, WARPS * 32, false>(x, n_in);
-    asm volatile("bar.sync 1, %0;" ::"r"(WARPS * 32) : "memory");
+    rx_bar_sync<1>(WARPS * 32);
     int k = 0;
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++k) {
         const int s = k % S;
         const int first = t * per_tile, v = min(per_tile, n0 - first);
-        if (PART != 2) lab_bar_wait(full + s, (uint32_t)((k / S) & 1));
+        if (PART != 2) rx_mbar_wait(full + s, (uint32_t)((k / S) & 1));
         if (PART == 1) {
             __syncwarp();
-            if (lane == 0) lab_bar_arrive(empty + s);
+            if (lane == 0) rx_mbar_arrive(empty + s);
             continue;
         }
         const uint8_t* slot = ring + (long long)s * slot_bytes;
@@ -187,7 +105,7 @@ __device__ __forceinline__ void lab_tma_body(const uint8_t* __restrict__ w0, con
         float acc[R][1];
         lab_rows_smem<R>(rp, xl, n_in, lane, acc);
         __syncwarp();
-        if (lane == 0) lab_bar_arrive(empty + s);
+        if (lane == 0) rx_mbar_arrive(empty + s);
         gemv_sums<1, 1, R, WARPS>(acc);
         gemv_store<1>(acc, swiglu, y0, 1, n0, row0);
     }

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from labkit import graph_us, load_lab
+from labkit import device_copies, graph_us, load_lab, random_blocks
 
 SIG = "PPPPPPPiiiiiqi"
 SHAPES = [("8B o", 4096, 4096, False), ("8B q+k", 4096, 5120, False),
@@ -41,17 +41,9 @@ def main() -> int:
     for label, n_in, n_out, swiglu in SHAPES:
         nb = n_in // qk
         rows = 2 * n_out if swiglu else n_out
-        blocks = rng.integers(0, 256, size=(rows * nb, ts), dtype=np.uint8)
-        for off in (0, 2):
-            v = rng.uniform(2**-10, 2**-6, rows * nb) * rng.choice([-1, 1], rows * nb)
-            blocks[:, off:off + 2] = v.astype(np.float16).view(np.uint8).reshape(-1, 2)
-        wbytes = blocks.tobytes()
-        copies = max(2, -(-(400 << 20) // len(wbytes)))
-        wps = []
-        for _ in range(copies):
-            p = memory.alloc(len(wbytes))
-            memory.htod(p, wbytes)
-            wps.append(p)
+        wbytes = random_blocks(rng, rows * nb, ts, (0, 2))
+        wps = device_copies(wbytes, 400 << 20)
+        copies = len(wps)
         xp = memory.alloc(4 * n_in)
         memory.htod(xp, rng.standard_normal(n_in).astype(np.float32).tobytes())
         yp = memory.alloc(4 * n_out)

@@ -12,7 +12,8 @@
 // residual projections and norm readers mostly have (F32, F16, Q8_0 and the K-quants) the residual
 // step fused into the wide one-token GEMVs, reflex_matmul_gemv1ws{r,n}_<t> (and
 // reflex_matmul_gemv1x{,4}{r,n}_<t> and gemv1x1n_<t> for the K-quants, and
-// reflex_matmul_gemv1xn_q{4,5}_k_q6_k for q/k/v launches whose v is Q6_K); and once, for every
+// reflex_matmul_gemv1xn_q{4,5}_k_q6_k for q/k/v launches whose v is Q6_K, and the streamed forms
+// reflex_matmul_gemv1xsn_q{4,6}_k and gemv1xsr_q4_k on sm_90+); and once, for every
 // type, the prefill GEMM on float16 pairs, reflex_matmul_f16x{3,1}{,_64} (its weights from
 // reflex_unpack_pairs_<t>). Their algorithm, parameters and launch shapes are documented with
 // their bodies in reflex/quant_kernels.cuh. Launchers (which module serves which type):
@@ -45,7 +46,9 @@ RX_QUANT_XS_KERNEL(q5_k, RX_Q5_K)
 RX_QUANT_XS_KERNEL(q6_k, RX_Q6_K)
 RX_QUANT_XS_MIXED_KERNEL(q4_k, RX_Q4_K, q6_k, RX_Q6_K)
 RX_QUANT_XS_MIXED_KERNEL(q5_k, RX_Q5_K, q6_k, RX_Q6_K)
-RX_QUANT_STREAM_KERNEL(q4_k, RX_Q4_K)
+RX_QUANT_STREAM_KERNEL(n, GEMV_NORMED, q4_k, RX_Q4_K)
+RX_QUANT_STREAM_KERNEL(n, GEMV_NORMED, q6_k, RX_Q6_K)
+RX_QUANT_STREAM_KERNEL(r, GEMV_RESNORM, q4_k, RX_Q4_K)
 RX_QUANT_XH_KERNELS(q8_0, RX_Q8_0)
 RX_QUANT_XH_KERNELS(q4_0, RX_Q4_0)
 RX_QUANT_XH_KERNELS(q5_0, RX_Q5_0)

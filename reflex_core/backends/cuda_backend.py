@@ -914,7 +914,7 @@ class CudaOps(Ops):
         form writes s = a + W x and y = s * w with the block sums of s^2; y's scale is left to
         its readers (:class:`_NormScale`). The deferred product itself stays available."""
         m = pg.m
-        n_part = pg.resnorm[1][0]
+        n_part = self._quant_ops.resnorm_parts(pg.resnorm, n)
         s, y, part = self._resnorm_outputs(a.shape, n, n_part, eps)
         self._quant_ops.matmul_fused(self._qkern(m.module), pg.resnorm, m, pg.x.ptr,
                                      (pg.w_ptr, 0, 0), (y.address, 0, 0), (n, 0, 0), False, a.ptr,

@@ -325,44 +325,72 @@ GEMV_XS = os.environ.get("REFLEX_GEMV_XS", "1") != "0"
 NORM_TYPES = frozenset({0, 1, 8, 12, 13, 14})
 
 
-# The streamed SwiGLU reader (reflex_matmul_gemv1xsn_<t>, gemv_stream_body in
-# reflex/quant_kernels.cuh): gemv1xn's gate/up launch, the same bits, as a persistent grid (a
-# block an SM) whose weights reach shared memory through the bulk copy engine, so the loads in
-# flight cost the compute warps nothing and x is staged once a block. sm_90+ SASS only (the
-# instructions are Hopper's). Types with the kernel; REFLEX_GEMV_STREAM=0 keeps gemv1xn.
-STREAM_TYPES = frozenset({12})  # Q4_K
+# The streamed residual-step GEMVs (reflex_matmul_gemv1xs{n,r}_<t>, gemv_stream_body in
+# reflex/quant_kernels.cuh): gemv1xn's SwiGLU reader and gemv1xr's producer, the same bits, as a
+# persistent grid (a block an SM) whose weights reach shared memory through the bulk copy
+# engine, so the loads in flight cost the compute warps nothing and x is staged once a block.
+# They stand in for gemv1x's own shape (two warps a row group, 16 rows a block) only. sm_90+ SASS
+# only (the copy engine is Hopper's). Form -> the types that have it; REFLEX_GEMV_STREAM=0 keeps
+# gemv1x's. No Q6_K producer: on the H200 (BENCHMARKS.md, 2026-12-05) the 8B's warm decode took
+# 2.362 ms/token without it and 2.374 with it (its Q6_K down projection's rows arrive in six
+# chunks of a copy a row).
+STREAM_FORMS = {"n": frozenset({12, 14}), "r": frozenset({12})}  # Q4_K, Q6_K
 GEMV_STREAM = os.environ.get("REFLEX_GEMV_STREAM", "1") != "0"
 _GSTREAM_THREADS = 32 * (8 + 1)  # GSTREAM_WARPS compute warps and the copies' warp
-_GSTREAM_OUT = 8  # GSTREAM_OUT: outputs a tile (their gate and up rows: a ring slot)
-# GSTREAM_STAGES: ring slots at most. Three, not four, though four fit the 8B's rows: the smaller
-# block leaves room for the next launch's blocks to start early (programmatic launch) and ask
-# the L2 for their rows; on an H100 (BENCHMARKS.md, 2026-12-05) 8B warm decode took 2.634
-# ms/token with three, 2.657 with four, 2.970 with two (2.752 with gemv1xn).
+_GSTREAM_ROWS = 16  # GSTREAM_ROWS: rows a tile (gemv1x's block)
+_GSTREAM_SLOT_MAX = 40 << 10  # GSTREAM_SLOT_MAX
+# GSTREAM_STAGES: ring slots at most. Three, not four, though four fit the 8B's gate/up rows: the
+# smaller block leaves room for the next launch's blocks to start early (programmatic launch)
+# and ask the L2 for their rows; on an H100 (BENCHMARKS.md, 2026-12-05) 8B warm decode with the
+# streamed gate/up alone took 2.634 ms/token with three, 2.657 with four, 2.970 with two (2.752
+# with gemv1xn).
 _GSTREAM_STAGES = 3
 
 
+def _stream_chunk_blocks(nb: int, ts: int) -> int:
+    """rx_stream_chunk_blocks: blocks of a row a ring slot holds."""
+    if _GSTREAM_ROWS * nb * ts <= _GSTREAM_SLOT_MAX:
+        return nb
+    return max(8, (_GSTREAM_SLOT_MAX // (_GSTREAM_ROWS * ts)) & ~7)
+
+
 def gemv_stream_smem(ggml_type: int, n_in: int, stages: int) -> int:
-    """Dynamic shared memory of reflex_matmul_gemv1xsn_<t> with ``stages`` ring slots: the staged
-    x, the slots' barriers, the slots from a 128-byte boundary."""
+    """Dynamic shared memory of reflex_matmul_gemv1xs{n,r}_<t> with ``stages`` ring slots: the
+    staged x, the slots' barriers, the slots from a 128-byte boundary."""
+    _, _, bs, ts, _ = _info(ggml_type)
     ring = (x_staged_bytes(ggml_type, n_in) + 16 * _GSTREAM_STAGES + 127) & ~127
-    return ring + stages * 2 * _GSTREAM_OUT * row_bytes(ggml_type, n_in)
+    return ring + stages * _GSTREAM_ROWS * _stream_chunk_blocks(n_in // bs, ts) * ts
 
 
-def _stream_launch(kern, p: "MatPlan", n0: int, gemv_w_ok: bool, x_ptr: int) -> tuple | None:
-    """(kernel, grid, block, dynamic shared memory) of the streamed SwiGLU reader for ``n0``
-    outputs of ``p``'s gate and up weights, or None where it does not apply (another type or
-    device, a misaligned operand, too few rows, fewer than two ring slots fit)."""
-    if not (GEMV_STREAM and p.ggml_type in STREAM_TYPES and p.gemv1x is not None and gemv_w_ok
-            and x_ptr % 16 == 0 and p.row_bytes % 16 == 0 and 2 * n0 >= GEMV_WIDE_MIN_ROWS
+def _stream_launch(kern, p: "MatPlan", form: str, n0: int) -> tuple | None:
+    """(kernel, grid, block, dynamic shared memory) of the streamed form ("n": the SwiGLU reader
+    of ``n0`` outputs, "r": the producer of ``n0`` rows) of ``p``'s weights, for a launch
+    that would take gemv1x's shape; None where it does not apply (another type or device, rows
+    the copy engine cannot move, fewer than two ring slots fit)."""
+    _, _, bs, ts, _ = _info(p.ggml_type)
+    nb = p.n_in // bs
+    cb = _stream_chunk_blocks(nb, ts)  # each copy a multiple of 16 bytes
+    if not (GEMV_STREAM and p.ggml_type in STREAM_FORMS.get(form, ()) and p.row_bytes % 16 == 0
+            and (cb == nb or (cb * ts % 16 == 0 and nb % cb * ts % 16 == 0))
             and kern.image == "sass" and kern.sm() >= 90):
         return None
-    name = f"reflex_matmul_gemv1xsn_{_info(p.ggml_type)[0]}"
+    name = f"reflex_matmul_gemv1xs{form}_{_info(p.ggml_type)[0]}"
+    per_tile = _GSTREAM_ROWS // 2 if form == "n" else _GSTREAM_ROWS
     for stages in range(_GSTREAM_STAGES, 1, -1):
         smem = gemv_stream_smem(p.ggml_type, p.n_in, stages)
         if smem <= XS_MAX_SHMEM and kern.allow_shmem(name, smem):
-            grid = min(-(-n0 // _GSTREAM_OUT), kern.multiprocessors())
+            grid = min(-(-n0 // per_tile), kern.multiprocessors())
             return name, (grid, 1, 1), (_GSTREAM_THREADS, 1, 1), smem
     return None
+
+
+def resnorm_parts(launch: tuple, n_out: int) -> int:
+    """The block sums of h^2 that a producer launch (:func:`fused_norm_launch` "r") of ``n_out``
+    rows writes: its grid's width, or the streamed producer's tile count (its grid is
+    persistent)."""
+    if launch[0].startswith("reflex_matmul_gemv1xsr_"):
+        return -(-n_out // _GSTREAM_ROWS)
+    return launch[1][0]
 
 
 def x_staged_bytes(ggml_type: int, n_in: int) -> int:
@@ -505,18 +533,19 @@ def fused_norm_launch(kern, p: MatPlan, n_outs: tuple, swiglu: bool, gemv_w_ok: 
                       x_ptr: int, form: str, shared: bool = False) -> tuple | None:
     """The residual-step form of the one-token GEMV :func:`matmul_planned` would launch, as
     (kernel, grid, block, dynamic shared memory), or None when that GEMV has none (a type outside
-    NORM_TYPES, another GEMV). ``form`` "r": the producer (one weight, plain products; its grid
-    is the count of block sums it writes; the wide GEMVs only); "n": the reader of a normed x
-    (the wide GEMVs and gemv1s). ``shared`` as :func:`_gemv1_wide`'s. Launch it with
-    :func:`matmul_fused`."""
+    NORM_TYPES, another GEMV). ``form`` "r": the producer (one weight, plain products; the
+    count of block sums it writes is :func:`resnorm_parts`; the wide GEMVs only); "n": the
+    reader of a normed x (the wide GEMVs and gemv1s). Where the wide GEMV is gemv1x's shape and
+    the streamed form applies (the producer, or a SwiGLU reader), the streamed form. ``shared``
+    as :func:`_gemv1_wide`'s. Launch it with :func:`matmul_fused`."""
     if p.fused is None or (form == "r" and (swiglu or n_outs[1] or n_outs[2])):
         return None
-    if form == "n" and swiglu and not shared:
-        c = _stream_launch(kern, p, n_outs[0], gemv_w_ok, x_ptr)
-        if c is not None:
-            return c
     c = (_gemv1_wide(kern, p, n_outs, swiglu, gemv_w_ok, x_ptr, shared=shared)
          or _gemv_small(p, 1, n_outs, swiglu, gemv_w_ok, x_ptr))
+    if c is not None and c[0] == p.gemv1x and not shared and (form == "r" or swiglu):
+        st = _stream_launch(kern, p, form, n_outs[0])
+        if st is not None:
+            return st
     name = None if c is None else p.fused.get(c[0], {}).get(form)
     if name is None:
         return None
@@ -902,8 +931,7 @@ def kernel_names(module: str = COMMON_MODULE) -> list[str]:
         if t in XH_TYPES:
             names += [f"reflex_matmul_xh_{suffix}", f"reflex_moe_xh_{suffix}"]
         names += [f"reflex_matmul_gemv1xn_{v}" for v in MIXED_XS.get(t, {}).values()]
-        if t in STREAM_TYPES:
-            names.append(f"reflex_matmul_gemv1xsn_{suffix}")
+        names += [f"reflex_matmul_gemv1xs{e}_{suffix}" for e in "nr" if t in STREAM_FORMS[e]]
     if module == COMMON_MODULE:
         names += [f"reflex_matmul_f16x{t}{f}" for t in _PAIRS_STAGES for f in _PAIRS_FORMS]
     return names

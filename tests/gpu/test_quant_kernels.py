@@ -524,57 +524,83 @@ def test_gemv_staged_limbs_head_shape(qk, name):
     assert c[0] == f"reflex_matmul_gemv1xn_{quant_ops._TYPES[t][0]}", c
 
 
-def test_gemv_stream_reader(qk):
-    """The streamed SwiGLU reader (reflex_matmul_gemv1xsn_q4_k): on sm_90 the launcher picks it
-    for a wide Q4_K gate/up launch on a normed x, and its outputs are gemv1xn's, bit for bit:
-    odd output counts (a partial last tile), rows of several lengths, 2 and 3 ring slots, grids
-    small enough that every block goes round its ring several times, a NaN in x (the outputs it
-    reaches are NaN in both)."""
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+def test_gemv_stream_forms(qk, name):
+    """The streamed residual-step GEMVs (reflex_matmul_gemv1xs{n,r}_<t>, the types
+    quant_ops.STREAM_FORMS gives each form): on sm_90 the launcher picks them where the wide GEMV
+    is gemv1x's shape (the SwiGLU reader, the producer), and their
+    outputs are gemv1xn's and gemv1xr's (h, h * w, the block sums), bit for bit: odd row counts
+    (a partial last tile), rows in one ring slot and in several chunks (a short last one), 2 and
+    3 ring slots, grids small enough that every block goes round its ring several times, a NaN in
+    x (the outputs it reaches are NaN in both); rows the copy engine cannot move in chunks keep
+    gemv1x's forms."""
     ctx, kernels_of = qk
-    kern = kernels_of("Q4_K")
+    kern = kernels_of(name)
     if kern.sm() < 90 or kern.image != "sass":
-        pytest.skip("the streamed reader is for sm_90+ SASS")
-    t = TYPES["Q4_K"]
-    rng = np.random.default_rng(290)
-    name = "reflex_matmul_gemv1xsn_q4_k"
-    for n_in, n_out in ((2048, 1037), (4096, 6001), (5120, 3000)):
-        raw_g, _ = random_weights(rng, "Q4_K", n_out, n_in)
-        raw_u, _ = random_weights(rng, "Q4_K", n_out, n_in)
+        pytest.skip("the streamed forms are for sm_90+ SASS")
+    t = TYPES[name]
+    suffix = quant_ops._TYPES[t][0]
+    rng = np.random.default_rng(290 + t)
+    shapes = ((2048, 1037), (4096, 6001), (5120, 3000), (12288, 2200))
+    for n_in, n_out in shapes:
+        raw_g, _ = random_weights(rng, name, n_out, n_in)
+        raw_u, _ = random_weights(rng, name, n_out, n_in)
         _, gwp = upload(ctx, raw_g)
         _, uwp = upload(ctx, raw_u)
         p = quant_ops.plan(t, (n_in, n_out), gwp)
         n_part = 200
         _, pp = upload(ctx, (rng.random(n_part) * 50).astype(np.float32))
+        resid = rng.standard_normal(n_out).astype(np.float32)
+        nw = (rng.standard_normal(n_out) * 0.5 + 1).astype(np.float32)
+        _, rsp = upload(ctx, resid)
+        _, nwp = upload(ctx, nw)
+        tiles = -(-n_out // 16)
         for nan in (False, True):
             x = rng.standard_normal((1, n_in)).astype(np.float32)
             if nan:
                 x[0, 300] = np.nan
             _, xp = upload(ctx, x)
 
-            def run(launch):
+            def reader(launch):
                 yp = upload(ctx, np.full(n_out, np.nan, np.float32))[1]
                 quant_ops.matmul_fused(kern, launch, p, xp, (gwp, uwp, 0), (yp, 0, 0),
                                        (n_out, 0, 0), True, 0, 0, 0, pp, n_part, 1e-6)
                 return download(ctx, yp, n_out)
 
-            want = run(("reflex_matmul_gemv1xn_q4_k",
-                        (quant_ops._gemv_grid_x(2, (n_out, 0, 0), True, 4, 8), 1, 1), (256, 1, 1),
-                        p.x_staged))
-            assert np.isnan(want).any() == nan
-            c = quant_ops.fused_norm_launch(kern, p, (n_out, 0, 0), True, True, xp, "n")
-            assert c is not None and c[0] == name, c
-            assert_bits_equal(run(c), want, f"{name} n_in={n_in} n_out={n_out} as launched")
-            for stages in (2, 3):
-                smem = quant_ops.gemv_stream_smem(t, n_in, stages)
-                if not kern.allow_shmem(name, smem):
+            def producer(launch):
+                yp, hp, qp = (upload(ctx, np.full(n, np.nan, np.float32))[1]
+                              for n in (n_out, n_out, tiles))
+                quant_ops.matmul_fused(kern, launch, p, xp, (gwp, 0, 0), (yp, 0, 0), (n_out, 0, 0),
+                                       False, rsp, nwp, hp, qp, tiles, 0.0)
+                return np.concatenate([download(ctx, yp, n_out), download(ctx, hp, n_out),
+                                       download(ctx, qp, tiles)])
+
+            for form, run, outs, rows in (("n", reader, True, -(-n_out // 8)),
+                                          ("r", producer, False, tiles)):
+                kname, plain = (f"reflex_matmul_gemv1x{s}{form}_{suffix}" for s in ("s", ""))
+                assert kern.allow_shmem(plain, p.x_staged)
+                want = run((plain, (rows, 1, 1), (256, 1, 1), p.x_staged))
+                assert np.isnan(want).any() == nan
+                c = quant_ops.fused_norm_launch(kern, p, (n_out, 0, 0), outs, True, xp, form)
+                # Q6_K rows of 20 blocks: a last chunk of 4 * 210 bytes, not a multiple of 16
+                if t not in quant_ops.STREAM_FORMS[form] or (name == "Q6_K" and n_in == 5120):
+                    assert c is not None and c[0] == plain, c
                     continue
-                for grid in (5, 37):
-                    assert_bits_equal(run((name, (grid, 1, 1), c[2], smem)), want,
-                                      f"{name} n_in={n_in} n_out={n_out} {stages} slots, "
-                                      f"{grid} blocks, NaN {nan}")
+                assert c is not None and c[0] == kname, c
+                if form == "r":
+                    assert quant_ops.resnorm_parts(c, n_out) == tiles
+                what = f"{kname} n_in={n_in} n_out={n_out} NaN {nan}"
+                assert_bits_equal(run(c), want, f"{what} as launched")
+                for stages in (2, 3):
+                    smem = quant_ops.gemv_stream_smem(t, n_in, stages)
+                    if not kern.allow_shmem(kname, smem):
+                        continue
+                    for grid in (5, 37):
+                        assert_bits_equal(run((kname, (grid, 1, 1), c[2], smem)), want,
+                                          f"{what}, {stages} slots, {grid} blocks")
     # fewer rows than the wide GEMVs take: the narrow reader, as before
     narrow = quant_ops.fused_norm_launch(kern, p, (300, 0, 0), True, True, xp, "n")
-    assert narrow is not None and narrow[0] == "reflex_matmul_gemv1sn_q4_k", narrow
+    assert narrow is not None and narrow[0] == f"reflex_matmul_gemv1sn_{suffix}", narrow
 
 
 def norm_scale_ref(part, n, eps):
@@ -615,7 +641,7 @@ def test_residual_step_forms(qk, cuda_ctx, name):
         _, nwp = upload(ctx, nw)
         c = quant_ops.fused_norm_launch(kern, p, (n_out, 0, 0), False, True, xp, "r")
         assert c is not None, f"{name} n_in={n_in}: no producer form"
-        n_part = c[1][0]
+        n_part = quant_ops.resnorm_parts(c, n_out)
         rows_per_block = -(-n_out // n_part)
         assert rows_per_block in (8, 16)
         yp, hp, pp = (upload(ctx, np.full(n, np.nan, np.float32))[1]

@@ -173,8 +173,9 @@ RX_HD uint32_t rx_ld_u32(const uint8_t* p) {
 
 // N little-endian 32-bit words from ANY address. Device: N aligned word loads, plus one more
 // only when p is misaligned (it then holds needed bytes, so nothing outside the words that
-// contain [p, p + 4N) is touched), joined with funnel shifts.
-template <int N>
+// contain [p, p + 4N) is touched), joined with funnel shifts. NC false: generic loads (p may be
+// shared memory).
+template <int N, bool NC = true>
 RX_HD void rx_ld_words(const uint8_t* p, uint32_t (&w)[N]) {
 #ifdef __CUDA_ARCH__
     const uintptr_t a = (uintptr_t)p;
@@ -182,8 +183,8 @@ RX_HD void rx_ld_words(const uint8_t* p, uint32_t (&w)[N]) {
     const uint32_t sh = (uint32_t)(a & 3u) * 8u;
     uint32_t r[N + 1];
 #pragma unroll
-    for (int i = 0; i < N; ++i) r[i] = __ldg(q + i);
-    r[N] = sh ? __ldg(q + N) : 0u;
+    for (int i = 0; i < N; ++i) r[i] = NC ? __ldg(q + i) : q[i];
+    r[N] = sh ? (NC ? __ldg(q + N) : q[N]) : 0u;
 #pragma unroll
     for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(r[i], r[i + 1], sh);
 #else

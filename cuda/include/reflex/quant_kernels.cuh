@@ -1641,32 +1641,52 @@ struct rx_sm_blocks {
         }                                                                                             \
     }
 
-// The streamed SwiGLU reader (sm_90+, the types whose rx_lu has load_any: Q4_K):
-// reflex_matmul_gemv1xsn_<t> computes what gemv1xn_<t> does in mode 1 (gate rows w0, up rows w1,
-// n0 outputs, x the normed y0 of a residual step), with the same bits, in a persistent grid
-// (a block an SM at most) whose weights reach shared memory by the bulk copy engine. Each block
-// stages x once; a tile is GSTREAM_WARPS / 2 row groups of 4 rows (two warps a group, as
-// gemv1xn's), i.e. GSTREAM_OUT outputs: their gate rows, then their up rows, copied as two runs
-// into one slot of a ring; the blocks take tiles blockIdx.x, + gridDim.x, ... An extra warp's
-// lane 0 keeps the ring full (its first tiles are asked for before the wait for the kernel
-// ahead: weights are read-only): full[s] completes when slot s has landed, empty[s] when the
-// compute warps are done with it. So the loads in flight take no registers and no instructions
-// of the compute warps, and x is staged once a block instead of once every 16 rows.
-// Dynamic shared memory: x's limbs (rx_x_lanes' chunks), the barriers, then 2 to GSTREAM_STAGES
-// slots of 2 * GSTREAM_OUT rows from a 128-byte boundary (the launcher's gemv_stream_smem; the
-// kernel takes as many whole slots as it is given). row_bytes a multiple of 16, w0 and w1
-// 16-byte aligned.
+// The streamed residual-step GEMVs (sm_90+; the K-quants whose rx_lu has load_any: Q4_K, Q6_K):
+// reflex_matmul_gemv1xsn_<t> computes what gemv1xn_<t> does in mode 1 (the SwiGLU reader: gate
+// rows w0, up rows w1, n0 outputs, x the normed y0 of a residual step) and
+// reflex_matmul_gemv1xsr_<t> what gemv1xr_<t> does (the producer: mode 0, one weight), each with
+// the same bits, in a persistent grid (a block an SM) whose weights reach shared memory through
+// the bulk copy engine. Each block stages x once. A tile is gemv1x's block of rows: 4 row groups
+// of 4 rows, two warps a group (mode 1: 8 outputs, their gate rows then their up rows); the
+// blocks take tiles blockIdx.x, + gridDim.x, ... and each tile's rows arrive in chunks of
+// rx_stream_chunk_blocks blocks (one chunk where the rows fit a slot: one copy a weight, else a
+// copy a row), each chunk in one slot of a ring. An extra warp's lane 0 keeps the ring full (its
+// first chunks are asked for before the wait for the kernel ahead: weights are read-only):
+// full[s] completes when slot s has landed, empty[s] when the compute warps are done with it. So
+// the loads in flight take no registers and no instructions of the compute warps, and x is
+// staged once a block instead of once every 16 rows. The producer writes part[tile] (the tile's
+// sum of h^2 in gemv1xr's order): n_part is the tile count, as gemv1xr's grid.
+// Dynamic shared memory (quant_ops.gemv_stream_smem): x's limbs (rx_x_lanes' chunks), the
+// barriers, then 2 to GSTREAM_STAGES slots from a 128-byte boundary (the kernel takes as many
+// whole slots as it is given). row_bytes a multiple of 16, and so each chunk's bytes where a row
+// takes several; w0 and w1 16-byte aligned.
 #define GSTREAM_WARPS 8
-#define GSTREAM_OUT (GSTREAM_WARPS / 2 * 2)
+#define GSTREAM_ROWS 16
 #define GSTREAM_STAGES 3
-template <int TYPE>
+#define GSTREAM_SLOT_MAX (40 << 10)
+// blocks of a row a slot holds: all of them where a tile's rows fit GSTREAM_SLOT_MAX, else the
+// most that do in a multiple of 8 (at least 8)
+RX_HD int rx_stream_chunk_blocks(int nb, int ts) {
+    if ((long long)GSTREAM_ROWS * nb * ts <= GSTREAM_SLOT_MAX) return nb;
+    const int cb = (GSTREAM_SLOT_MAX / (GSTREAM_ROWS * ts)) & ~7;
+    return cb > 8 ? cb : 8;
+}
+template <int TYPE, int EPI>
 __device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    static_assert(EPI == GEMV_NORMED || EPI == GEMV_RESNORM, "the residual step's two forms");
+    typedef rx_lu<TYPE> L;
     typedef rx_x_lanes<TYPE> XL;
     constexpr int KS = 2, R = 4, WARPS = GSTREAM_WARPS, GROUPS = WARPS / KS;
+    static_assert(GROUPS * R == GSTREAM_ROWS, "a tile is gemv1x's block");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp / KS, slice = warp % KS;
-    const int n = n0, n_tiles = (n + GSTREAM_OUT - 1) / GSTREAM_OUT;
-    const long long rb = row_bytes, slot_bytes = 2LL * GSTREAM_OUT * row_bytes;
+    const bool swiglu = EPI == GEMV_NORMED;  // the reader is the SwiGLU's, the producer mode 0's
+    const int per_tile = swiglu ? GSTREAM_ROWS / 2 : GSTREAM_ROWS;  // outputs a tile
+    const int n = n0, n_tiles = (n + per_tile - 1) / per_tile;
+    const int nb = n_in / L::QK, cb = rx_stream_chunk_blocks(nb, L::TS);
+    const int n_chunks = (nb + cb - 1) / cb;
+    const long long rb = row_bytes, srow = (long long)cb * L::TS;  // a row's bytes in a slot
+    const long long slot_bytes = GSTREAM_ROWS * srow;
     uint8_t* base = (uint8_t*)rx_x_staged_words();
     const int xb = XL::chunks(n_in) * XL::SLOTS * 16;
     uint64_t* full = (uint64_t*)(base + xb);
@@ -1676,7 +1696,8 @@ __device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
     uint32_t dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     const int S = min(GSTREAM_STAGES, (int)(((long long)dyn - ring_off) / slot_bytes));
-    __shared__ float part_s[2][GROUPS][R];
+    __shared__ float part_s[2][WARPS][R];  // slice 1's sums, by tile parity
+    __shared__ float gss[2][GROUPS];       // the producer's group sums of h^2, by tile parity
     __shared__ float norm_r;
     if (threadIdx.x == 0) {
         for (int s = 0; s < S; ++s) {
@@ -1689,48 +1710,80 @@ __device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
     if (warp == WARPS) {  // the copies
         if (lane == 0) {
             int k = 0;
-            for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++k) {
-                const int s = k % S, first = t * GSTREAM_OUT, v = min(GSTREAM_OUT, n - first);
-                if (k >= S) rx_mbar_wait(empty + s, (uint32_t)((k / S - 1) & 1));
-                uint8_t* dst = ring + s * slot_bytes;
-                rx_mbar_expect(full + s, (uint32_t)(2 * v * rb));
-                rx_bulk_load(dst, w0 + first * rb, (uint32_t)(v * rb), full + s);
-                rx_bulk_load(dst + GSTREAM_OUT * rb, w1 + first * rb, (uint32_t)(v * rb), full + s);
+            for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+                const int first = t * per_tile, v = min(per_tile, n - first);
+                for (int c = 0; c < n_chunks; ++c, ++k) {
+                    const int s = k % S, b0 = c * cb;
+                    const uint32_t bytes = (uint32_t)(min(cb, nb - b0) * L::TS);
+                    if (k >= S) rx_mbar_wait(empty + s, (uint32_t)((k / S - 1) & 1));
+                    uint8_t* dst = ring + s * slot_bytes;
+                    rx_mbar_expect(full + s, (uint32_t)((swiglu ? 2 : 1) * v) * bytes);
+                    if (n_chunks == 1) {  // the tile's rows are one run of each weight
+                        rx_bulk_load(dst, w0 + first * rb, (uint32_t)(v * rb), full + s);
+                        if (swiglu)
+                            rx_bulk_load(dst + per_tile * srow, w1 + first * rb, (uint32_t)(v * rb),
+                                         full + s);
+                    } else {
+                        for (int i = 0; i < v; ++i) {
+                            const long long src = (first + i) * rb + (long long)b0 * L::TS;
+                            rx_bulk_load(dst + i * srow, w0 + src, bytes, full + s);
+                            if (swiglu) rx_bulk_load(dst + (per_tile + i) * srow, w1 + src, bytes, full + s);
+                        }
+                    }
+                }
             }
         }
         return;
     }
     RX_PDL_ENTRY();
     float pv[RX_NORM_PV];
-    if (warp == 0) rx_norm_load(part, n_part, pv);
+    if (EPI == GEMV_NORMED && warp == 0) rx_norm_load(part, n_part, pv);
     const uint32_t* xl = rx_stage_x_limbs<TYPE, WARPS * 32, false>(x, n_in);
-    if (warp == 0) {
+    if (EPI == GEMV_NORMED && warp == 0) {
         const float r = rx_norm_scale(part, n_part, pv, n_in, eps);
         if (lane == 0) norm_r = r;
     }
     rx_bar_sync<1>(WARPS * 32);
-    const float rn = norm_r;
-    int k = 0;
-    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++k) {
-        const int s = k % S, first = t * GSTREAM_OUT, v = min(GSTREAM_OUT, n - first);
-        const int o0 = group * (R / 2);  // the group's first output within the tile
-        const uint8_t* slot = ring + s * slot_bytes;
-        const uint8_t* rp[R];
+    const float rn = EPI == GEMV_NORMED ? norm_r : 1.0f;
+    const int l = lane;  // the lane's slot in every x chunk (stride 64)
+    int k = 0, it = 0;
+    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++it) {
+        const int first = t * per_tile, v = min(per_tile, n - first);
+        // the group's rows within the tile's slots; rows past n read the tile's last row (not
+        // stored)
+        int ri[R];
+        const int row0 = first + group * (swiglu ? R / 2 : R);
 #pragma unroll
-        for (int r = 0; r < R; ++r)  // rows past n read the tile's last row (not stored)
-            rp[r] = slot + ((r & 1) * GSTREAM_OUT + min(o0 + r / 2, v - 1)) * rb;
-        rx_mbar_wait(full + s, (uint32_t)((k / S) & 1));
+        for (int r = 0; r < R; ++r)
+            ri[r] = swiglu ? (r & 1) * per_tile + min(group * (R / 2) + r / 2, v - 1)
+                           : min(group * R + r, v - 1);
         float acc[R][1];
-        rx_gemv_rows_limbs<TYPE, R, true>(rp, xl, n_in, 32 * slice + lane, 32 * KS, acc);
-        __syncwarp();
-        if (lane == 0) rx_mbar_arrive(empty + s);
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
+        unsigned U = 32 * slice + lane;
+        for (int c = 0; c < n_chunks; ++c, ++k) {
+            const int s = k % S;
+            const unsigned u_end = (unsigned)min((c + 1) * cb, nb) * L::LPB;
+            const uint8_t* slot = ring + s * slot_bytes;
+            const uint8_t* rp[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) rp[r] = slot + ri[r] * srow;
+            rx_mbar_wait(full + s, (uint32_t)((k / S) & 1));
+            for (; U < u_end; U += 32 * KS) {
+                const int blk = (int)(U / L::LPB) - c * cb;
+                rx_limbs_unit<TYPE, R, true>(rp, (long long)blk * L::TS, (int)(U % L::LPB),
+                                             xl + 4 * ((long long)(U >> 5) * XL::SLOTS + l), acc);
+            }
+            __syncwarp();
+            if (lane == 0) rx_mbar_arrive(empty + s);
+        }
         // gemv_sums' order: each warp's butterfly, then slice 1's sums added to slice 0's
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[r][0] = rx_warp_sum(acc[r][0]);
         if (slice == 1) {
 #pragma unroll
             for (int r = 0; r < R; ++r)
-                if (lane == r) part_s[k & 1][group][r] = acc[r][0];
+                if (lane == r) part_s[it & 1][warp][r] = acc[r][0];
         }
         static_assert(GROUPS == 4, "a pair barrier a group");
         switch (group) {  // constant ids: a block reserves only the barriers it names
@@ -1741,18 +1794,50 @@ __device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
         }
         if (slice == 0) {
 #pragma unroll
-            for (int r = 0; r < R; ++r) acc[r][0] = (acc[r][0] + part_s[k & 1][group][r]) * rn;
-            gemv_store<1>(acc, true, y0, 1, n, first + o0);
+            for (int r = 0; r < R; ++r) acc[r][0] += part_s[it & 1][warp + 1][r];
+        }
+        if constexpr (EPI == GEMV_NORMED) {
+            if (slice == 0) {
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[r][0] *= rn;
+                gemv_store<1>(acc, true, y0, 1, n, row0);
+            }
+        } else {  // gemv_body's GEMV_RESNORM epilogue, the tile for the block
+            if (slice == 0) {
+                float vr = 0.0f, sq = 0.0f;
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    if (lane == r) vr = acc[r][0];
+                const int row = row0 + lane;
+                if (lane < R && row < n) {
+                    const float h = resid[row] + vr;
+                    h_out[row] = h;
+                    y0[row] = nw != nullptr ? h * nw[row] : h;
+                    sq = h * h;
+                }
+                float gs = 0.0f;
+#pragma unroll
+                for (int r = 0; r < R; ++r) gs += __shfl_sync(0xffffffffu, sq, r);
+                if (lane == 0) gss[it & 1][group] = gs;
+            }
+            rx_bar_sync<1>(WARPS * 32);
+            if (threadIdx.x == 0) {
+                float ts = 0.0f;
+#pragma unroll
+                for (int g = 0; g < GROUPS; ++g) ts += gss[it & 1][g];
+                part[t] = ts;
+            }
         }
     }
 #else
     __trap();  // the launcher picks it on sm_90+ SASS only
 #endif
 }
-#define RX_QUANT_STREAM_KERNEL(name, TYPE)                                                            \
+// FORM n: the reader (GEMV_NORMED), r: the producer (GEMV_RESNORM)
+#define RX_QUANT_STREAM_KERNEL(FORM, EPI, name, TYPE)                                                 \
     extern "C" __global__ void __launch_bounds__((GSTREAM_WARPS + 1) * 32, 1)                         \
-        reflex_matmul_gemv1xsn_##name(RX_MM_NORM_PARAMS) {                                           \
-        gemv_stream_body<TYPE>(RX_MM_NORM_ARGS);                                                      \
+        reflex_matmul_gemv1xs##FORM##_##name(RX_MM_NORM_PARAMS) {                                    \
+        gemv_stream_body<TYPE, EPI>(RX_MM_NORM_ARGS);                                                 \
     }
 
 // The prefill GEMM on float16 pairs (pairs_body), in the common module (cuda/quant.cu): x and

@@ -825,6 +825,14 @@ struct rx_lu<RX_Q6_K> {
         scb = rx_ld_u8(b + 192 + 8 * h + k) | (rx_ld_u8(b + 196 + 8 * h + k) << 8);
         dh = rx_ld_u16(b + 208);
     }
+    // the same from a block that may be in shared memory (2-byte aligned, as in a row)
+    RX_HD void load_any(const uint8_t* b, int j) {
+        const int h = j >> 2, k = j & 3;
+        rx_ld_words<4, false>(b + 64 * h + 16 * k, ql);
+        rx_ld_words<4, false>(b + 128 + 32 * h + 16 * (k & 1), qh);
+        scb = (uint32_t)b[192 + 8 * h + k] | ((uint32_t)b[196 + 8 * h + k] << 8);
+        dh = (uint32_t)*(const uint16_t*)(b + 208);
+    }
     RX_HD void prep(int) {
         const float d = rx_f16_to_f32_fast(dh);
         a0 = RX_FMUL(d, (float)(int)(int8_t)(uint8_t)(scb & 0xffu));
@@ -1193,9 +1201,69 @@ RX_HD void rx_x_limb_run(const float* __restrict__ x, int n_in, int c, int l, in
 // rx_x_limb_run wrote) for the K-quants with an integer view (rx_lu's ints / affine: the weight
 // is mul * b - sub for the unsigned bytes b): per lane run, sum b_i X_i in three int32 limb sums
 // (dp4a, exact: |S| < 2^22; S = 65536 S2 + 256 S1 + S0 rounded once to a float), then
-// acc += (mul * s) * S - (sub * s) * sum X. SHARED: the rows may be in shared memory (generic
-// loads, rx_lu's load_any: the types that have one).
+// acc += (mul * s) * S - (sub * s) * sum X. rx_limbs_unit adds one lane unit U's terms (its
+// block at byte `boff` of each row, j = U % LPB, xc its x slots: xl + 4 (U / 32 * SLOTS + U % 32));
+// SHARED: the rows may be in shared memory (generic loads, rx_lu's load_any: the types that have
+// one).
 template <int TYPE, int R, bool SHARED = false>
+RX_HD void rx_limbs_unit(const uint8_t* const (&rp)[R], long long boff, int j, const uint32_t* xc,
+                         float (&acc)[R][1]) {
+    typedef rx_lu<TYPE> L;
+    L u[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        if constexpr (SHARED) {
+            u[r].load_any(rp[r] + boff, j);
+        } else {
+            u[r].load(rp[r] + boff, j);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) u[r].prep(j);
+    int s0[R][2], s1[R][2], s2[R][2];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        s0[r][0] = s1[r][0] = s2[r][0] = s0[r][1] = s1[r][1] = s2[r][1] = 0;
+    }
+    float xs[2], xsum[2];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        uint32_t g0[4], g1[4];  // xl is shared memory in the kernels
+        rx_ld_v4_any(xc + 128 * (2 * k), g0);
+        rx_ld_v4_any(xc + 128 * (2 * k + 1), g1);
+        if (k == 0) {
+            xs[0] = rx_as_float(g0[3]);
+            xs[1] = rx_as_float(g1[3]);
+        } else if (k == 1) {
+            xsum[0] = (float)(int)g0[3];
+            xsum[1] = (float)(int)g1[3];
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            uint32_t lo, hi;
+            u[r].ints(j, k, lo, hi);
+            s0[r][0] = rx_dp4a<false>(lo, g0[0], s0[r][0]);
+            s1[r][0] = rx_dp4a<false>(lo, g0[1], s1[r][0]);
+            s2[r][0] = rx_dp4a<true>(lo, g0[2], s2[r][0]);
+            s0[r][1] = rx_dp4a<false>(hi, g1[0], s0[r][1]);
+            s1[r][1] = rx_dp4a<false>(hi, g1[1], s1[r][1]);
+            s2[r][1] = rx_dp4a<true>(hi, g1[2], s2[r][1]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float mul, sub;
+            u[r].affine(h, mul, sub);
+            // 256 S2 + S1 is below 2^24 (b <= 63: 16 * 63 * (64 * 256 + 255)): exact as a float
+            const float v = fmaf((float)(s2[r][h] * 256 + s1[r][h]), 256.0f, rx_small_int_f(s0[r][h]));
+            acc[r][0] = fmaf(mul * xs[h], v, acc[r][0]);
+            acc[r][0] = fmaf(-sub * xs[h], xsum[h], acc[r][0]);
+        }
+    }
+}
+template <int TYPE, int R>
 RX_HD void rx_gemv_rows_limbs(const uint8_t* const (&rp)[R], const uint32_t* xl, int n_in, int first,
                               int stride, float (&acc)[R][1]) {
     typedef rx_lu<TYPE> L;
@@ -1208,60 +1276,8 @@ RX_HD void rx_gemv_rows_limbs(const uint8_t* const (&rp)[R], const uint32_t* xl,
     for (unsigned U = (unsigned)first; U < n_units; U += (unsigned)stride) {
         const unsigned blk = U / (unsigned)L::LPB;
         const int j = (int)(U % (unsigned)L::LPB);
-        L u[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            if constexpr (SHARED) {
-                u[r].load_any(rp[r] + (long long)blk * L::TS, j);
-            } else {
-                u[r].load(rp[r] + (long long)blk * L::TS, j);
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) u[r].prep(j);
-        const uint32_t* xc = xl + 4 * ((long long)(U >> 5) * XL::SLOTS + l);
-        int s0[R][2], s1[R][2], s2[R][2];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            s0[r][0] = s1[r][0] = s2[r][0] = s0[r][1] = s1[r][1] = s2[r][1] = 0;
-        }
-        float xs[2], xsum[2];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            uint32_t g0[4], g1[4];  // xl is shared memory in the kernels
-            rx_ld_v4_any(xc + 128 * (2 * k), g0);
-            rx_ld_v4_any(xc + 128 * (2 * k + 1), g1);
-            if (k == 0) {
-                xs[0] = rx_as_float(g0[3]);
-                xs[1] = rx_as_float(g1[3]);
-            } else if (k == 1) {
-                xsum[0] = (float)(int)g0[3];
-                xsum[1] = (float)(int)g1[3];
-            }
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                uint32_t lo, hi;
-                u[r].ints(j, k, lo, hi);
-                s0[r][0] = rx_dp4a<false>(lo, g0[0], s0[r][0]);
-                s1[r][0] = rx_dp4a<false>(lo, g0[1], s1[r][0]);
-                s2[r][0] = rx_dp4a<true>(lo, g0[2], s2[r][0]);
-                s0[r][1] = rx_dp4a<false>(hi, g1[0], s0[r][1]);
-                s1[r][1] = rx_dp4a<false>(hi, g1[1], s1[r][1]);
-                s2[r][1] = rx_dp4a<true>(hi, g1[2], s2[r][1]);
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float mul, sub;
-                u[r].affine(h, mul, sub);
-                // 256 S2 + S1 is below 2^24 (b <= 63: 16 * 63 * (64 * 256 + 255)): exact as a float
-                const float v = fmaf((float)(s2[r][h] * 256 + s1[r][h]), 256.0f, rx_small_int_f(s0[r][h]));
-                acc[r][0] = fmaf(mul * xs[h], v, acc[r][0]);
-                acc[r][0] = fmaf(-sub * xs[h], xsum[h], acc[r][0]);
-            }
-        }
+        rx_limbs_unit<TYPE, R>(rp, (long long)blk * L::TS, j,
+                               xl + 4 * ((long long)(U >> 5) * XL::SLOTS + l), acc);
     }
 }
 
