@@ -338,17 +338,22 @@ STREAM_FORMS = {"n": frozenset({12, 14}), "r": frozenset({12})}  # Q4_K, Q6_K
 GEMV_STREAM = os.environ.get("REFLEX_GEMV_STREAM", "1") != "0"
 _GSTREAM_THREADS = 32 * (8 + 1)  # GSTREAM_WARPS compute warps and the copies' warp
 _GSTREAM_ROWS = 16  # GSTREAM_ROWS: rows a tile (gemv1x's block)
-_GSTREAM_SLOT_MAX = 40 << 10  # GSTREAM_SLOT_MAX
-# GSTREAM_STAGES: ring slots at most. Three, not four, though four fit the 8B's gate/up rows: the
+# A ring slot holds at most this much of a tile's rows: 16 rows of 4096 Q4_K weights whole. Half
+# slots (rows in chunks of 8 blocks, a copy a row) at four to eight slots were slower on the H100
+# (BENCHMARKS.md, 2026-12-05: 2.77-2.94 ms/token against 2.60).
+_GSTREAM_SLOT_MAX = 40 << 10
+# Ring slots at most. Three, not four, though four fit the 8B's gate/up rows: the
 # smaller block leaves room for the next launch's blocks to start early (programmatic launch)
 # and ask the L2 for their rows; on an H100 (BENCHMARKS.md, 2026-12-05) 8B warm decode with the
 # streamed gate/up alone took 2.634 ms/token with three, 2.657 with four, 2.970 with two (2.752
 # with gemv1xn).
 _GSTREAM_STAGES = 3
+_GSTREAM_BARRIERS = 4  # GSTREAM_STAGES: the kernel's barrier pairs (ring slots at most)
 
 
 def _stream_chunk_blocks(nb: int, ts: int) -> int:
-    """rx_stream_chunk_blocks: blocks of a row a ring slot holds."""
+    """Blocks of a row a ring slot holds (the streamed kernels' n2): all of them where a tile's
+    rows fit a slot, else the most that do in a multiple of 8 (at least 8)."""
     if _GSTREAM_ROWS * nb * ts <= _GSTREAM_SLOT_MAX:
         return nb
     return max(8, (_GSTREAM_SLOT_MAX // (_GSTREAM_ROWS * ts)) & ~7)
@@ -358,7 +363,7 @@ def gemv_stream_smem(ggml_type: int, n_in: int, stages: int) -> int:
     """Dynamic shared memory of reflex_matmul_gemv1xs{n,r}_<t> with ``stages`` ring slots: the
     staged x, the slots' barriers, the slots from a 128-byte boundary."""
     _, _, bs, ts, _ = _info(ggml_type)
-    ring = (x_staged_bytes(ggml_type, n_in) + 16 * _GSTREAM_STAGES + 127) & ~127
+    ring = (x_staged_bytes(ggml_type, n_in) + 16 * _GSTREAM_BARRIERS + 127) & ~127
     return ring + stages * _GSTREAM_ROWS * _stream_chunk_blocks(n_in // bs, ts) * ts
 
 
@@ -563,6 +568,9 @@ def matmul_fused(kern, launch: tuple, p: MatPlan, x_ptr: int, w_ptrs: tuple, y_p
     x is such a ``y_ptrs[0]`` and the products are scaled by ``1 / sqrt(sum(part[:n_part]) / n_in
     + eps)``, so that they are those of ``rmsnorm(h) * nw`` (resid, nw, h_out unused: 0)."""
     name, grid, block, smem = launch
+    if name.startswith("reflex_matmul_gemv1xs"):  # its n2: the blocks of a row a slot holds
+        bs, ts = _info(p.ggml_type)[2:4]
+        n_outs = (n_outs[0], 0, _stream_chunk_blocks(p.n_in // bs, ts))
     kern.launch(name, grid, block,
                 _mm_args(p, x_ptr, 1, w_ptrs, y_ptrs, n_outs, swiglu)
                 + (resid, nw, h_out, part, n_part, eps), smem)

@@ -1648,29 +1648,22 @@ struct rx_sm_blocks {
 // the same bits, in a persistent grid (a block an SM) whose weights reach shared memory through
 // the bulk copy engine. Each block stages x once. A tile is gemv1x's block of rows: 4 row groups
 // of 4 rows, two warps a group (mode 1: 8 outputs, their gate rows then their up rows); the
-// blocks take tiles blockIdx.x, + gridDim.x, ... and each tile's rows arrive in chunks of
-// rx_stream_chunk_blocks blocks (one chunk where the rows fit a slot: one copy a weight, else a
-// copy a row), each chunk in one slot of a ring. An extra warp's lane 0 keeps the ring full (its
+// blocks take tiles blockIdx.x, + gridDim.x, ... and each tile's rows arrive in chunks of n2
+// blocks (one chunk where the rows fit a slot: one copy a weight, else a copy a row), each chunk
+// in one slot of a ring. An extra warp's lane 0 keeps the ring full (its
 // first chunks are asked for before the wait for the kernel ahead: weights are read-only):
 // full[s] completes when slot s has landed, empty[s] when the compute warps are done with it. So
 // the loads in flight take no registers and no instructions of the compute warps, and x is
 // staged once a block instead of once every 16 rows. The producer writes part[tile] (the tile's
 // sum of h^2 in gemv1xr's order): n_part is the tile count, as gemv1xr's grid.
-// Dynamic shared memory (quant_ops.gemv_stream_smem): x's limbs (rx_x_lanes' chunks), the
-// barriers, then 2 to GSTREAM_STAGES slots from a 128-byte boundary (the kernel takes as many
-// whole slots as it is given). row_bytes a multiple of 16, and so each chunk's bytes where a row
-// takes several; w0 and w1 16-byte aligned.
+// n2 is the blocks of a row a slot holds (quant_ops._stream_chunk_blocks: all of them, or a
+// multiple of 8). Dynamic shared memory (quant_ops.gemv_stream_smem): x's limbs (rx_x_lanes'
+// chunks), the barriers, then 2 to GSTREAM_STAGES slots from a 128-byte boundary (the kernel
+// takes as many whole slots as it is given). row_bytes a multiple of 16, and so each chunk's
+// bytes where a row takes several; w0 and w1 16-byte aligned.
 #define GSTREAM_WARPS 8
 #define GSTREAM_ROWS 16
-#define GSTREAM_STAGES 3
-#define GSTREAM_SLOT_MAX (40 << 10)
-// blocks of a row a slot holds: all of them where a tile's rows fit GSTREAM_SLOT_MAX, else the
-// most that do in a multiple of 8 (at least 8)
-RX_HD int rx_stream_chunk_blocks(int nb, int ts) {
-    if ((long long)GSTREAM_ROWS * nb * ts <= GSTREAM_SLOT_MAX) return nb;
-    const int cb = (GSTREAM_SLOT_MAX / (GSTREAM_ROWS * ts)) & ~7;
-    return cb > 8 ? cb : 8;
-}
+#define GSTREAM_STAGES 4
 template <int TYPE, int EPI>
 __device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1683,7 +1676,7 @@ __device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
     const bool swiglu = EPI == GEMV_NORMED;  // the reader is the SwiGLU's, the producer mode 0's
     const int per_tile = swiglu ? GSTREAM_ROWS / 2 : GSTREAM_ROWS;  // outputs a tile
     const int n = n0, n_tiles = (n + per_tile - 1) / per_tile;
-    const int nb = n_in / L::QK, cb = rx_stream_chunk_blocks(nb, L::TS);
+    const int nb = n_in / L::QK, cb = n2;  // n2: the blocks of a row a slot holds
     const int n_chunks = (nb + cb - 1) / cb;
     const long long rb = row_bytes, srow = (long long)cb * L::TS;  // a row's bytes in a slot
     const long long slot_bytes = GSTREAM_ROWS * srow;
