@@ -233,6 +233,8 @@ def test_every_launched_kernel_is_in_the_manifest_with_its_arity(core_manifest):
                                    # + gemv1x{,4}{r,n}, gemv1x1n, moe_matmulxn
                                    + 6 * len(quant_ops.NORM_TYPES & set(quant_ops.XS_CHUNK))
                                    + sum(len(v) for v in quant_ops.MIXED_XS.values())
+                                   # + the streamed gemv1xs{n,r}
+                                   + sum(len(v) for v in quant_ops.STREAM_FORMS.values())
                                    + 4)  # the pairs GEMM: f16x{3,1}{,_64}
     missing = sorted(n for n in literals | weight_kernels if n not in kernels)
     assert not missing, f"launched but not built: {missing}"

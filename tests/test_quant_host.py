@@ -484,6 +484,12 @@ class _FakeKernels:
         self.allowed = {}  # allow_shmem: name -> bytes
         self.optin = 227 << 10  # the device's opt-in limit (an H100 / H200's)
         self.sms = 132  # an H100 / H200 SXM's multiprocessors
+        # an sm_80 device's SASS unless a test says otherwise: no streamed GEMVs (sm_90+)
+        self.cc = 80
+        self.image = "sass"
+
+    def sm(self):
+        return self.cc
 
     def multiprocessors(self):
         return self.sms
@@ -753,6 +759,57 @@ def test_fused_norm_launches(quant_signatures):
     assert q.fused_norm_launch(k, p, (4096, 0, 0), False, p.gemv_w_ok, X, "n") is None
     p = q.plan(12, (2048, 4096), W)
     assert q.fused_norm_launch(k, p, (4096, 0, 0), False, True, X + 4, "n") is None
+
+
+def test_stream_launches(quant_signatures, monkeypatch):
+    """On sm_90+ SASS the SwiGLU reader (Q4_K, Q6_K) and the Q4_K producer of gemv1x's shape
+    launch as the streamed forms: a block an SM at most, the copies' warp beside 8 compute warps,
+    gemv_stream_smem's shared memory (three slots where they fit), n2 the blocks of a row a slot
+    holds, the producer's block sums one per 16-row tile. Not for gemv1x's other shapes, rows the
+    copy engine cannot move in chunks, an older device, a PTX image or REFLEX_GEMV_STREAM=0."""
+    from reflex_core.cuda import quant_ops as q
+
+    k = _FakeKernels(quant_signatures)
+    k.cc = 90
+    W, X, Y, R, WN, H, P = (i << 20 for i in range(1, 8))
+
+    def launch(t, n_in, n_out, swiglu, form):
+        p = q.plan(t, (n_in, n_out), W)
+        outs = (n_out, 0, 0)
+        c = q.fused_norm_launch(k, p, outs, swiglu, True, X, form)
+        q.matmul_fused(k, c, p, X, (W, W + (1 << 28) if swiglu else 0, 0), (Y, 0, 0), outs, swiglu,
+                       R, WN, H, P, q.resnorm_parts(c, n_out), 1e-6)
+        return c, k.calls[-1]
+
+    for t, n_in, n_out, swiglu, form, cb, grid in (
+            (12, 4096, 12288, True, "n", 16, 132),  # an 8B's gate/up: rows whole in a slot
+            (12, 12288, 4096, False, "r", 16, 132),  # its down: three chunks of 16 blocks
+            (12, 4096, 4096, False, "r", 16, 132),  # its output projection
+            (14, 4096, 12288, True, "n", 8, 132),  # Q6_K rows of 16 blocks: two chunks of 8
+            (12, 2048, 1037, True, "n", 8, 130)):  # fewer tiles than SMs
+        c, (name, g, block, args) = launch(t, n_in, n_out, swiglu, form)
+        suffix = q._TYPES[t][0]
+        assert c[0] == name == f"reflex_matmul_gemv1xs{form}_{suffix}"
+        assert g == (grid, 1, 1) and block == (288, 1, 1)
+        assert c[3] == q.gemv_stream_smem(t, n_in, 3) == k.shmem[-1] <= q.XS_MAX_SHMEM
+        assert args[9:12] == (n_out, 0, cb) and args[13] == (1 if swiglu else 0)
+        if form == "r":
+            assert q.resnorm_parts(c, n_out) == -(-n_out // 16)
+    # rows of 20 Q6_K blocks would end in a chunk of 4 * 210 bytes; the Q6_K producer; gemv1x4
+    for t, n_in, n_out, swiglu, form, want in (
+            (14, 5120, 3000, True, "n", "gemv1xn"),
+            (14, 12288, 4096, False, "r", "gemv1xr"),
+            (12, 4096, 2048, False, "r", "gemv1x4r")):
+        assert launch(t, n_in, n_out, swiglu, form)[0][0] == f"reflex_matmul_{want}_{q._TYPES[t][0]}"
+    for setting in ("ptx", 80, "off"):
+        k.cc, k.image = 90, "sass"
+        monkeypatch.setattr(q, "GEMV_STREAM", setting != "off")
+        if setting == "ptx":
+            k.image = "ptx"
+        elif setting == 80:
+            k.cc = 80
+        assert launch(12, 4096, 12288, True, "n")[0][0] == "reflex_matmul_gemv1xn_q4_k"
+        assert launch(12, 12288, 4096, False, "r")[0][0] == "reflex_matmul_gemv1xr_q4_k"
 
 
 def _fake_cuda_ops(quant_signatures, monkeypatch):
