@@ -2,7 +2,7 @@
 # The streamed residual-step GEMVs against the tree before them, in one call on the GPU machine:
 # warm decode (8B Q4_K_M, 0.6B Q8_0) alternating .whl-main / .whl-new, greedy output of both,
 # launch -> first token (0.6B, W1) alternating, then the new wheels' GPU tests.
-# usage: bash bench/gpu_stream_session.sh [ROUNDS]
+# usage: [COLD=runs] [TEST_S=seconds] bash bench/gpu_stream_session.sh [ROUNDS]
 set -u
 R=$(pwd); ROUNDS=${1:-2}
 for w in main new; do python3 -m pip install -q --no-index --no-deps --target /tmp/$w .whl-$w/*.whl; done
@@ -19,7 +19,7 @@ done
 for m in /tmp/m/*.gguf; do
   for w in main new; do run $w reflex generate $m "The history of the bicycle" -n 48 2>/dev/null | grep -v REFLEX_ | md5sum | sed "s/^/greedy $(basename $m) $w /"; done
 done
-for i in 1 2 3 4 5; do
+for i in $(seq ${COLD:-5}); do
   for w in main new; do
     run $w reflex generate /tmp/m/qwen3-0.6b-shaped-q8_0.gguf "Hello there, how" -n 1 2>&1 | grep -o "process_start_to_first_token_ms=[0-9.]*" | sed "s/^/cold $w /"
   done
