@@ -5,6 +5,7 @@ under way finish; the socket's creation rules; the example client of docs/ipc.md
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import select
@@ -31,6 +32,13 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def tiny(model_files) -> str:
     return str(model_files(SHAPE, weight_type="Q8_0", tokenizer="qwen3", seed=3))
+
+
+@pytest.fixture(scope="module")
+def tiny_long(model_files) -> str:
+    """The tiny model with room for a job of 1000 tokens."""
+    shape = dataclasses.replace(SHAPE, context_length=1024)
+    return str(model_files(shape, weight_type="Q8_0", tokenizer="qwen3", seed=3))
 
 
 def _default_signals() -> None:
@@ -183,12 +191,13 @@ def test_stdio_answers_every_bad_request_and_keeps_serving(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_stdio_signal_finishes_the_request_under_way(tiny, sig, code):
-    p = start("stdio", tiny, "--backend", "cpu")
+def test_stdio_signal_finishes_the_request_under_way(tiny_long, sig, code):
+    p = start("stdio", tiny_long, "--backend", "cpu")
     try:
         assert ask(p, {"id": 0, "op": "ping"})["result"] == {"pong": True}
-        # long enough on the CPU that the signal comes while it runs
-        req = {"id": "long", "op": "generate", "prompt": "Once upon a time", "max_tokens": 250}
+        # long enough on the CPU that the signal comes while it runs (250 tokens took 0.35 s:
+        # too close to the signal's 0.3 s on a busy machine)
+        req = {"id": "long", "op": "generate", "prompt": "Once upon a time", "max_tokens": 1000}
         t_send = time.monotonic()
         p.stdin.write(json.dumps(req).encode() + b"\n")
         p.stdin.write(b'{"id": "never", "op": "ping"}\n')  # read after the signal: not served
@@ -197,7 +206,7 @@ def test_stdio_signal_finishes_the_request_under_way(tiny, sig, code):
         t_sig = time.monotonic()
         p.send_signal(sig)
         res = read_reply(p.stdout)["result"]
-        assert res["n_tokens"] == 250 or res["stop_reason"] == "eog"  # the whole job
+        assert res["n_tokens"] == 1000 or res["stop_reason"] == "eog"  # the whole job
         # it ran across the signal (the server was idle when the request was sent)
         assert res["compute_ms"] / 1e3 > t_sig - t_send + 0.05, res["compute_ms"]
         assert p.wait(60) == code

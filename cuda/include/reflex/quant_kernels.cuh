@@ -341,6 +341,32 @@ __device__ __forceinline__ void gemv_store(const float (&acc)[R][TT], bool swigl
     }
 }
 
+// A residual step's producer, one row group (GEMV_RESNORM; lane r < R holds row row0 + r's
+// product): h = resid + product stored at h_out, y = h * nw (nw null: h), rows past n skipped.
+// Returns the group's sum of h^2, rows in order (every lane of the warp).
+template <int R>
+__device__ __forceinline__ float rx_resnorm_rows(const float (&acc)[R][1], int row0, int n,
+                                                 const float* __restrict__ resid,
+                                                 const float* __restrict__ nw, float* __restrict__ h_out,
+                                                 float* __restrict__ y) {
+    const int lane = threadIdx.x & 31;
+    float v = 0.0f, sq = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+        if (lane == r) v = acc[r][0];
+    const int row = row0 + lane;
+    if (lane < R && row < n) {
+        const float h = resid[row] + v;
+        h_out[row] = h;
+        y[row] = nw != nullptr ? h * nw[row] : h;
+        sq = h * h;
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; ++r) s += __shfl_sync(0xffffffffu, sq, r);
+    return s;
+}
+
 // Which segment block blk of a multi-segment launch works on (blocks_i = ceil(n_i / rows per
 // block)): its weight, output, row count, and the block index b within the segment.
 __device__ __forceinline__ void seg_select(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2,
@@ -462,22 +488,8 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
     if constexpr (EPI == GEMV_RESNORM) {
         // lane r < R of a live group's slice 0 holds row row0 + r's product
         __shared__ float gss[GROUPS];
-        float sq = 0.0f;
         if (slice == 0 && live) {
-            float v = 0.0f;
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-                if (lane == r) v = acc[r][0];
-            const int row = row0 + lane;
-            if (lane < R && row < n) {
-                const float h = resid[row] + v;
-                h_out[row] = h;
-                y[row] = nw != nullptr ? h * nw[row] : h;
-                sq = h * h;
-            }
-            float s = 0.0f;
-#pragma unroll
-            for (int r = 0; r < R; ++r) s += __shfl_sync(0xffffffffu, sq, r);
+            const float s = rx_resnorm_rows<R>(acc, row0, n, resid, nw, h_out, y);
             if (lane == 0) gss[group] = s;
         } else if (slice == 0 && lane == 0) {
             gss[group] = 0.0f;
@@ -1797,20 +1809,7 @@ __device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
             }
         } else {  // gemv_body's GEMV_RESNORM epilogue, the tile for the block
             if (slice == 0) {
-                float vr = 0.0f, sq = 0.0f;
-#pragma unroll
-                for (int r = 0; r < R; ++r)
-                    if (lane == r) vr = acc[r][0];
-                const int row = row0 + lane;
-                if (lane < R && row < n) {
-                    const float h = resid[row] + vr;
-                    h_out[row] = h;
-                    y0[row] = nw != nullptr ? h * nw[row] : h;
-                    sq = h * h;
-                }
-                float gs = 0.0f;
-#pragma unroll
-                for (int r = 0; r < R; ++r) gs += __shfl_sync(0xffffffffu, sq, r);
+                const float gs = rx_resnorm_rows<R>(acc, row0, n, resid, nw, h_out, y0);
                 if (lane == 0) gss[it & 1][group] = gs;
             }
             rx_bar_sync<1>(WARPS * 32);
