@@ -765,20 +765,21 @@ def test_stream_launches(quant_signatures, monkeypatch):
     """On sm_90+ SASS the SwiGLU reader (Q4_K, Q6_K) and the Q4_K producer of gemv1x's shape
     launch as the streamed forms: a block an SM at most, the copies' warp beside 8 compute warps,
     gemv_stream_smem's shared memory (three slots where they fit), n2 the blocks of a row a slot
-    holds, the producer's block sums one per 16-row tile. Not for gemv1x's other shapes, rows the
-    copy engine cannot move in chunks, an older device, a PTX image or REFLEX_GEMV_STREAM=0."""
+    holds, the producer's block sums one per 16-row tile. Not for gemv1x's other shapes, rows or
+    weights the copy engine cannot move, an older device, a PTX image or REFLEX_GEMV_STREAM=0."""
     from reflex_core.cuda import quant_ops as q
 
     k = _FakeKernels(quant_signatures)
     k.cc = 90
     W, X, Y, R, WN, H, P = (i << 20 for i in range(1, 8))
 
-    def launch(t, n_in, n_out, swiglu, form):
+    def launch(t, n_in, n_out, swiglu, form, up=W + (1 << 28)):
         p = q.plan(t, (n_in, n_out), W)
         outs = (n_out, 0, 0)
-        c = q.fused_norm_launch(k, p, outs, swiglu, True, X, form)
-        q.matmul_fused(k, c, p, X, (W, W + (1 << 28) if swiglu else 0, 0), (Y, 0, 0), outs, swiglu,
-                       R, WN, H, P, q.resnorm_parts(c, n_out), 1e-6)
+        ws = (W, up) if swiglu else (W,)
+        c = q.fused_norm_launch(k, p, outs, swiglu, True, X, form, w_ptrs=ws)
+        q.matmul_fused(k, c, p, X, (ws + (0, 0))[:3], (Y, 0, 0), outs, swiglu, R, WN, H, P,
+                       q.resnorm_parts(c, n_out), 1e-6)
         return c, k.calls[-1]
 
     for t, n_in, n_out, swiglu, form, cb, grid in (
@@ -801,6 +802,12 @@ def test_stream_launches(quant_signatures, monkeypatch):
             (14, 12288, 4096, False, "r", "gemv1xr"),
             (12, 4096, 2048, False, "r", "gemv1x4r")):
         assert launch(t, n_in, n_out, swiglu, form)[0][0] == f"reflex_matmul_{want}_{q._TYPES[t][0]}"
+    # a weight the copy engine cannot read (8-byte aligned: a GGUF of general.alignment 8), or
+    # none given: gemv1x's forms
+    assert launch(14, 4096, 12288, True, "n", up=W + 8)[0][0] == "reflex_matmul_gemv1xn_q6_k"
+    p = q.plan(12, (12288, 4096), W)
+    assert q.fused_norm_launch(k, p, (4096, 0, 0), False, True, X, "r")[0] == \
+        "reflex_matmul_gemv1xr_q4_k"
     for setting in ("ptx", 80, "off"):
         k.cc, k.image = 90, "sass"
         monkeypatch.setattr(q, "GEMV_STREAM", setting != "off")

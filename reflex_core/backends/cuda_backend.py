@@ -723,7 +723,8 @@ class CudaOps(Ops):
         if T == 1 and FUSE_NORM and m.fused is not None and n_out:
             # one token: deferred, in case an add_rmsnorm takes it as its branch output
             rn = self._quant_ops.fused_norm_launch(self._qkern(m.module), m, (n_out, 0, 0), False,
-                                                   m.gemv_w_ok, x.address, "r")
+                                                   m.gemv_w_ok, x.address, "r",
+                                                   w_ptrs=(w.data,))
             if rn is not None:
                 blk = Block(4 * n_out)
                 return LazyArray(blk.ptr, shape[:-1] + (n_out,), blk,
@@ -747,7 +748,8 @@ class CudaOps(Ops):
         if T == 1 and type(x) is LazyArray and type(x.pending) is _NormScale and not (
                 m.gemvq is not None and gemv_ok and _GEMV_XQ):
             kern = self._qkern(m.module)
-            c = qo.fused_norm_launch(kern, m, n_outs, swiglu, gemv_ok, x.address, "n")
+            c = qo.fused_norm_launch(kern, m, n_outs, swiglu, gemv_ok, x.address, "n",
+                                     w_ptrs=tuple(w for w in w_ptrs if w))
             if c is not None:
                 ns = x.pending
                 qo.matmul_fused(kern, c, m, x.address, w_ptrs, y_ptrs, n_outs, swiglu, 0, 0, 0,

@@ -367,16 +367,18 @@ def gemv_stream_smem(ggml_type: int, n_in: int, stages: int) -> int:
     return ring + stages * _GSTREAM_ROWS * _stream_chunk_blocks(n_in // bs, ts) * ts
 
 
-def _stream_launch(kern, p: "MatPlan", form: str, n0: int) -> tuple | None:
+def _stream_launch(kern, p: "MatPlan", form: str, n0: int, w_ptrs: tuple) -> tuple | None:
     """(kernel, grid, block, dynamic shared memory) of the streamed form ("n": the SwiGLU reader
-    of ``n0`` outputs, "r": the producer of ``n0`` rows) of ``p``'s weights, for a launch
-    that would take gemv1x's shape; None where it does not apply (another type or device, rows
-    the copy engine cannot move, fewer than two ring slots fit)."""
+    of ``n0`` outputs, "r": the producer of ``n0`` rows) of ``p``'s weights at ``w_ptrs``, for a
+    launch that would take gemv1x's shape; None where it does not apply (another type or device,
+    weights or rows the copy engine cannot move: it takes 16-byte aligned runs of a multiple of
+    16 bytes; fewer than two ring slots fit)."""
     _, _, bs, ts, _ = _info(p.ggml_type)
     nb = p.n_in // bs
-    cb = _stream_chunk_blocks(nb, ts)  # each copy a multiple of 16 bytes
+    cb = _stream_chunk_blocks(nb, ts)
     if not (GEMV_STREAM and p.ggml_type in STREAM_FORMS.get(form, ()) and p.row_bytes % 16 == 0
             and (cb == nb or (cb * ts % 16 == 0 and nb % cb * ts % 16 == 0))
+            and w_ptrs[0] and all(w % 16 == 0 for w in w_ptrs)
             and kern.image == "sass" and kern.sm() >= 90):
         return None
     name = f"reflex_matmul_gemv1xs{form}_{_info(p.ggml_type)[0]}"
@@ -535,20 +537,22 @@ def _gemv_small(p: MatPlan, T: int, n_outs: tuple, swiglu: bool, gemv_w_ok: bool
 
 
 def fused_norm_launch(kern, p: MatPlan, n_outs: tuple, swiglu: bool, gemv_w_ok: bool,
-                      x_ptr: int, form: str, shared: bool = False) -> tuple | None:
+                      x_ptr: int, form: str, shared: bool = False,
+                      w_ptrs: tuple = (0,)) -> tuple | None:
     """The residual-step form of the one-token GEMV :func:`matmul_planned` would launch, as
     (kernel, grid, block, dynamic shared memory), or None when that GEMV has none (a type outside
     NORM_TYPES, another GEMV). ``form`` "r": the producer (one weight, plain products; the
     count of block sums it writes is :func:`resnorm_parts`; the wide GEMVs only); "n": the
     reader of a normed x (the wide GEMVs and gemv1s). Where the wide GEMV is gemv1x's shape and
-    the streamed form applies (the producer, or a SwiGLU reader), the streamed form. ``shared``
-    as :func:`_gemv1_wide`'s. Launch it with :func:`matmul_fused`."""
+    the streamed form applies (the producer, or a SwiGLU reader; ``w_ptrs``, the launch's
+    weights, given and each 16-byte aligned), the streamed form. ``shared`` as
+    :func:`_gemv1_wide`'s. Launch it with :func:`matmul_fused`."""
     if p.fused is None or (form == "r" and (swiglu or n_outs[1] or n_outs[2])):
         return None
     c = (_gemv1_wide(kern, p, n_outs, swiglu, gemv_w_ok, x_ptr, shared=shared)
          or _gemv_small(p, 1, n_outs, swiglu, gemv_w_ok, x_ptr))
     if c is not None and c[0] == p.gemv1x and not shared and (form == "r" or swiglu):
-        st = _stream_launch(kern, p, form, n_outs[0])
+        st = _stream_launch(kern, p, form, n_outs[0], w_ptrs)
         if st is not None:
             return st
     name = None if c is None else p.fused.get(c[0], {}).get(form)

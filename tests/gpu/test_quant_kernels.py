@@ -581,7 +581,9 @@ def test_gemv_stream_forms(qk, name):
                 assert kern.allow_shmem(plain, p.x_staged)
                 want = run((plain, (rows, 1, 1), (256, 1, 1), p.x_staged))
                 assert np.isnan(want).any() == nan
-                c = quant_ops.fused_norm_launch(kern, p, (n_out, 0, 0), outs, True, xp, form)
+                ws = (gwp, uwp) if outs else (gwp,)
+                c = quant_ops.fused_norm_launch(kern, p, (n_out, 0, 0), outs, True, xp, form,
+                                                w_ptrs=ws)
                 # Q6_K rows of 20 blocks: a last chunk of 4 * 210 bytes, not a multiple of 16
                 if t not in quant_ops.STREAM_FORMS[form] or (name == "Q6_K" and n_in == 5120):
                     assert c is not None and c[0] == plain, c
