@@ -351,9 +351,11 @@ _GSTREAM_STAGES = 3
 _GSTREAM_BARRIERS = 4  # GSTREAM_STAGES: the kernel's barrier pairs (ring slots at most)
 
 
-def _stream_chunk_blocks(nb: int, ts: int) -> int:
-    """Blocks of a row a ring slot holds (the streamed kernels' n2): all of them where a tile's
-    rows fit a slot, else the most that do in a multiple of 8 (at least 8)."""
+def _stream_chunk_blocks(ggml_type: int, n_in: int) -> int:
+    """Blocks of a row of ``n_in`` a ring slot holds (the streamed kernels' n2): all of them where
+    a tile's rows fit a slot, else the most that do in a multiple of 8 (at least 8)."""
+    _, _, bs, ts, _ = _info(ggml_type)
+    nb = n_in // bs
     if _GSTREAM_ROWS * nb * ts <= _GSTREAM_SLOT_MAX:
         return nb
     return max(8, (_GSTREAM_SLOT_MAX // (_GSTREAM_ROWS * ts)) & ~7)
@@ -362,9 +364,9 @@ def _stream_chunk_blocks(nb: int, ts: int) -> int:
 def gemv_stream_smem(ggml_type: int, n_in: int, stages: int) -> int:
     """Dynamic shared memory of reflex_matmul_gemv1xs{n,r}_<t> with ``stages`` ring slots: the
     staged x, the slots' barriers, the slots from a 128-byte boundary."""
-    _, _, bs, ts, _ = _info(ggml_type)
     ring = (x_staged_bytes(ggml_type, n_in) + 16 * _GSTREAM_BARRIERS + 127) & ~127
-    return ring + stages * _GSTREAM_ROWS * _stream_chunk_blocks(n_in // bs, ts) * ts
+    slot = _GSTREAM_ROWS * _stream_chunk_blocks(ggml_type, n_in) * _info(ggml_type)[3]
+    return ring + stages * slot
 
 
 def _stream_launch(kern, p: "MatPlan", form: str, n0: int, w_ptrs: tuple) -> tuple | None:
@@ -373,15 +375,15 @@ def _stream_launch(kern, p: "MatPlan", form: str, n0: int, w_ptrs: tuple) -> tup
     launch that would take gemv1x's shape; None where it does not apply (another type or device,
     weights or rows the copy engine cannot move: it takes 16-byte aligned runs of a multiple of
     16 bytes; fewer than two ring slots fit)."""
-    _, _, bs, ts, _ = _info(p.ggml_type)
+    suffix, _, bs, ts, _ = _info(p.ggml_type)
     nb = p.n_in // bs
-    cb = _stream_chunk_blocks(nb, ts)
+    cb = _stream_chunk_blocks(p.ggml_type, p.n_in)
     if not (GEMV_STREAM and p.ggml_type in STREAM_FORMS.get(form, ()) and p.row_bytes % 16 == 0
             and (cb == nb or (cb * ts % 16 == 0 and nb % cb * ts % 16 == 0))
-            and w_ptrs[0] and all(w % 16 == 0 for w in w_ptrs)
+            and w_ptrs and all(w and w % 16 == 0 for w in w_ptrs)
             and kern.image == "sass" and kern.sm() >= 90):
         return None
-    name = f"reflex_matmul_gemv1xs{form}_{_info(p.ggml_type)[0]}"
+    name = f"reflex_matmul_gemv1xs{form}_{suffix}"
     per_tile = _GSTREAM_ROWS // 2 if form == "n" else _GSTREAM_ROWS
     for stages in range(_GSTREAM_STAGES, 1, -1):
         smem = gemv_stream_smem(p.ggml_type, p.n_in, stages)
@@ -538,7 +540,7 @@ def _gemv_small(p: MatPlan, T: int, n_outs: tuple, swiglu: bool, gemv_w_ok: bool
 
 def fused_norm_launch(kern, p: MatPlan, n_outs: tuple, swiglu: bool, gemv_w_ok: bool,
                       x_ptr: int, form: str, shared: bool = False,
-                      w_ptrs: tuple = (0,)) -> tuple | None:
+                      w_ptrs: tuple = ()) -> tuple | None:
     """The residual-step form of the one-token GEMV :func:`matmul_planned` would launch, as
     (kernel, grid, block, dynamic shared memory), or None when that GEMV has none (a type outside
     NORM_TYPES, another GEMV). ``form`` "r": the producer (one weight, plain products; the
@@ -573,8 +575,7 @@ def matmul_fused(kern, launch: tuple, p: MatPlan, x_ptr: int, w_ptrs: tuple, y_p
     + eps)``, so that they are those of ``rmsnorm(h) * nw`` (resid, nw, h_out unused: 0)."""
     name, grid, block, smem = launch
     if name.startswith("reflex_matmul_gemv1xs"):  # its n2: the blocks of a row a slot holds
-        bs, ts = _info(p.ggml_type)[2:4]
-        n_outs = (n_outs[0], 0, _stream_chunk_blocks(p.n_in // bs, ts))
+        n_outs = (n_outs[0], 0, _stream_chunk_blocks(p.ggml_type, p.n_in))
     kern.launch(name, grid, block,
                 _mm_args(p, x_ptr, 1, w_ptrs, y_ptrs, n_outs, swiglu)
                 + (resid, nw, h_out, part, n_part, eps), smem)
