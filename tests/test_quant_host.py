@@ -86,11 +86,12 @@ def lib(tmp_path_factory):
     so.rx_host_gemv_xq.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                    ctypes.c_int, ctypes.c_longlong, ctypes.c_int]
     so.rx_host_gemv_xq.restype = ctypes.c_int
-    so.rx_host_stage_xs.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    so.rx_host_stage_xs.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                    ctypes.c_int]
     so.rx_host_xs_elem.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
     so.rx_host_gemv_xs.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                    ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
-                                   ctypes.c_int]
+                                   ctypes.c_int, ctypes.c_int]
     so.rx_host_gemv_xs.restype = ctypes.c_int
     so.rx_host_f16_table.argtypes = [ctypes.c_void_p]
     so.rx_host_f16_table.restype = None
@@ -421,7 +422,7 @@ def test_staged_limbs_match_the_twin(lib, name):
     for n_in in (256, 2304, 4096):
         x = inputs_of_every_kind(rng, n_in, 16)
         staged = np.full(x_staged_bytes(t, n_in) // 4, 0xDEADBEEF, np.uint32)
-        assert lib.rx_host_stage_xs(t, _ptr(x), n_in, _ptr(staged)) == 0
+        assert lib.rx_host_stage_xs(t, _ptr(x), n_in, _ptr(staged), 3) == 0
         slots = staged.reshape(-1, 256, 4)  # [chunk][slot][word]
         seen = []
         for c in range(slots.shape[0]):
@@ -444,13 +445,53 @@ def test_staged_limbs_match_the_twin(lib, name):
         assert sorted(seen) == list(range(0, n_in, 16)), f"{name} n_in={n_in}: the runs' starts"
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+def test_staged_two_limbs_match_the_twin(lib, name):
+    """rx_x_limb2_run (the streamed forms' staged x) against testing.x_limbs.scaled_ints with 14
+    bits, bit for bit: slot 32 k + lane of a chunk holds bytes 0 and 1 of step k's four X of run 0
+    (words 0, 1) and run 1 (words 2, 3), slot 128 + lane the runs' scales, then their sums of X;
+    runs past the row are zeros."""
+    from reflex_core.testing.x_limbs import inputs_of_every_kind, scaled_ints
+
+    t = TYPES[name]
+    rng = np.random.default_rng(1700 + t)
+    for n_in in (256, 2304, 4096):
+        x = inputs_of_every_kind(rng, n_in, 16)
+        chunks = -(-n_in // 1024)
+        staged = np.full(chunks * 160 * 4, 0xDEADBEEF, np.uint32)
+        assert lib.rx_host_stage_xs(t, _ptr(x), n_in, _ptr(staged), 2) == 0
+        slots = staged.reshape(chunks, 160, 4)
+        seen = []
+        for c in range(chunks):
+            for h in (0, 1):
+                for lane in range(32):
+                    e = lib.rx_host_xs_elem(t, c, 32 * h + lane)
+                    run = slots[c, [32 * k + lane for k in range(4)]][:, 2 * h:2 * h + 2]
+                    b = run[:, :, None] >> np.array([0, 8, 16, 24], np.uint32) & np.uint32(0xFF)
+                    hi = b[:, 1].astype(np.int64)
+                    X = (np.where(hi >= 128, hi - 256, hi) * 256 + b[:, 0].astype(np.int64)).reshape(-1)
+                    want_x = x[e:e + 16] if e < n_in else np.zeros(16, np.float32)
+                    s_bits, want = scaled_ints(want_x[None, :], 14)
+                    what = f"{name} n_in={n_in} chunk {c} run {h} lane {lane} (x[{e}:])"
+                    assert np.abs(want).max() <= 1 << 14, what
+                    assert (X == want[0]).all(), what
+                    assert slots[c, 128 + lane, h] == s_bits[0], what
+                    assert int(slots[c, 128 + lane, 2 + h].view(np.int32)) == int(want[0].sum()), what
+                    seen += [e] if e < n_in else []
+        assert sorted(seen) == list(range(0, n_in, 16)), f"{name} n_in={n_in}: the runs' starts"
+
+
+@pytest.mark.parametrize("limbs", [3, 2])
 @pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
-def test_gemv_on_staged_limbs(lib, name):
+def test_gemv_on_staged_limbs(lib, name, limbs):
     """The K-quants' one-token GEMV on x limbs in the lanes' order (rx_x_limb_run writing every
     lane slot's runs, then rx_gemv_rows_limbs, on the host): within the float GEMV's bound of the
     float64 product, one and two warps a row pair, rows that end inside a chunk, x plain and
-    with runs of zeros, of subnormals and of huge values (_special_runs); a NaN in x gives NaN."""
+    with runs of zeros, of subnormals and of huge values (_special_runs); a NaN in x gives NaN.
+    Two limbs (rx_x_limb2_run, rx_limbs2_unit): the product of the values the runs stand for
+    (testing.x_limbs.run_values, 14 bits) within the same bound."""
     from reflex_core.cuda.quant_ops import x_staged_bytes
+    from reflex_core.testing.x_limbs import run_values
 
     t = TYPES[name]
     rng = np.random.default_rng(1600 + t)
@@ -461,11 +502,12 @@ def test_gemv_on_staged_limbs(lib, name):
         for x in _special_runs(rng, plain):
             y = np.full(n_out, np.nan, np.float32)
             assert lib.rx_host_gemv_xs(t, _ptr(raw), _ptr(x), _ptr(staged), _ptr(y), n_in, n_out,
-                                       raw.shape[1], ks) == 0
-            _check_matmul(y[None, :], wf, x, f"{name} staged limbs n_in={n_in} ks={ks}")
+                                       raw.shape[1], ks, limbs) == 0
+            xr = x if limbs == 3 else run_values(x, 14)
+            _check_matmul(y[None, :], wf, xr, f"{name} {limbs} staged limbs n_in={n_in} ks={ks}")
     x[0, 200] = np.nan
     assert lib.rx_host_gemv_xs(t, _ptr(raw), _ptr(x), _ptr(staged), _ptr(y), n_in, n_out,
-                               raw.shape[1], 2) == 0
+                               raw.shape[1], 2, limbs) == 0
     assert np.isnan(y).all()
 
 
@@ -762,49 +804,60 @@ def test_fused_norm_launches(quant_signatures):
 
 
 def test_stream_launches(quant_signatures, monkeypatch):
-    """On sm_90+ SASS the SwiGLU reader (Q4_K, Q6_K) and the Q4_K producer of gemv1x's shape
-    launch as the streamed forms: a block an SM at most, the copies' warp beside 8 compute warps,
-    gemv_stream_smem's shared memory (three slots where they fit), n2 the blocks of a row a slot
-    holds, the producer's block sums one per 16-row tile. Not for gemv1x's other shapes, rows or
-    weights the copy engine cannot move, an older device, a PTX image or REFLEX_GEMV_STREAM=0."""
+    """On sm_90+ SASS the SwiGLU reader (Q4_K, Q6_K) and the Q4_K producer of gemv1x's shape,
+    and the plain reader of one weight of gemv1x1's (a head), launch as the streamed forms: a
+    block an SM at most, the copies' warp beside 8 compute warps, gemv_stream_smem's shared memory
+    (three slots where they fit), T the blocks of a row a slot holds, the producer's block sums
+    one per 16-row tile. Not for gemv1x's plain readers (q/k/v), gemv1x4, rows or weights the copy
+    engine cannot move, an older device, a PTX image or REFLEX_GEMV_STREAM=0."""
     from reflex_core.cuda import quant_ops as q
 
     k = _FakeKernels(quant_signatures)
     k.cc = 90
     W, X, Y, R, WN, H, P = (i << 20 for i in range(1, 8))
+    W1, W2 = W + (1 << 28), W + (1 << 29)
 
-    def launch(t, n_in, n_out, swiglu, form, up=W + (1 << 28)):
-        p = q.plan(t, (n_in, n_out), W)
-        outs = (n_out, 0, 0)
-        ws = (W, up) if swiglu else (W,)
-        c = q.fused_norm_launch(k, p, outs, swiglu, True, X, form, w_ptrs=ws)
-        q.matmul_fused(k, c, p, X, (ws + (0, 0))[:3], (Y, 0, 0), outs, swiglu, R, WN, H, P,
-                       q.resnorm_parts(c, n_out), 1e-6)
+    def launch(t, n_in, n_outs, swiglu, form, ws=None):
+        p = q.plan(t, (n_in, n_outs[0]), W)
+        n_outs = tuple(n_outs) + (0,) * (3 - len(n_outs))
+        if ws is None:
+            ws = (W, W1) if swiglu else (W, W1, W2)[:sum(1 for n in n_outs if n)]
+        c = q.fused_norm_launch(k, p, n_outs, swiglu, True, X, form, w_ptrs=ws)
+        q.matmul_fused(k, c, p, X, (tuple(ws) + (0, 0))[:3], (Y, 0, 0), n_outs, swiglu, R, WN,
+                       H, P, q.resnorm_parts(c, n_outs[0]), 1e-6)
         return c, k.calls[-1]
 
-    for t, n_in, n_out, swiglu, form, cb, grid in (
-            (12, 4096, 12288, True, "n", 16, 132),  # an 8B's gate/up: rows whole in a slot
-            (12, 12288, 4096, False, "r", 16, 132),  # its down: three chunks of 16 blocks
-            (12, 4096, 4096, False, "r", 16, 132),  # its output projection
-            (14, 4096, 12288, True, "n", 8, 132),  # Q6_K rows of 16 blocks: two chunks of 8
-            (12, 2048, 1037, True, "n", 8, 130)):  # fewer tiles than SMs
-        c, (name, g, block, args) = launch(t, n_in, n_out, swiglu, form)
+    for t, n_in, n_outs, swiglu, form, cb, grid in (
+            (12, 4096, [12288], True, "n", 16, 132),  # an 8B's gate/up: rows whole in a slot
+            (12, 12288, [4096], False, "r", 16, 132),  # its down: three chunks of 16 blocks
+            (12, 4096, [4096], False, "r", 16, 132),  # its output projection
+            (14, 4096, [151936], False, "n", 8, 132),  # a Q6_K head (gemv1x1's shape)
+            (12, 2048, [151937], False, "n", 8, 132),  # a Q4_K one, a partial last tile
+            (14, 4096, [12288], True, "n", 8, 132),  # Q6_K rows of 16 blocks: two chunks of 8
+            (12, 2048, [1037], True, "n", 8, 130)):  # fewer tiles than SMs
+        c, (name, g, block, args) = launch(t, n_in, n_outs, swiglu, form)
         suffix = q._TYPES[t][0]
         assert c[0] == name == f"reflex_matmul_gemv1xs{form}_{suffix}"
         assert g == (grid, 1, 1) and block == (288, 1, 1)
         assert c[3] == q.gemv_stream_smem(t, n_in, 3) == k.shmem[-1] <= q.XS_MAX_SHMEM
-        assert args[9:12] == (n_out, 0, cb) and args[13] == (1 if swiglu else 0)
+        assert args[7] == cb and args[9:12] == tuple(n_outs) + (0,) * (3 - len(n_outs))
+        assert args[13] == (1 if swiglu else 0)
         if form == "r":
-            assert q.resnorm_parts(c, n_out) == -(-n_out // 16)
-    # rows of 20 Q6_K blocks would end in a chunk of 4 * 210 bytes; the Q6_K producer; gemv1x4
-    for t, n_in, n_out, swiglu, form, want in (
-            (14, 5120, 3000, True, "n", "gemv1xn"),
-            (14, 12288, 4096, False, "r", "gemv1xr"),
-            (12, 4096, 2048, False, "r", "gemv1x4r")):
-        assert launch(t, n_in, n_out, swiglu, form)[0][0] == f"reflex_matmul_{want}_{q._TYPES[t][0]}"
+            assert q.resnorm_parts(c, n_outs[0]) == -(-n_outs[0] // 16)
+    # rows of 20 Q6_K blocks would end in a chunk of 4 * 210 bytes; the Q6_K producer; gemv1x4;
+    # gemv1x's plain readers (q/k/v, one weight); a head's launch of two weights
+    for t, n_in, n_outs, swiglu, form, want in (
+            (14, 5120, [3000], True, "n", "gemv1xn"),
+            (14, 12288, [4096], False, "r", "gemv1xr"),
+            (12, 4096, [2048], False, "r", "gemv1x4r"),
+            (12, 4096, [4096, 1024, 1024], False, "n", "gemv1xn"),
+            (12, 4096, [12288], False, "n", "gemv1xn"),
+            (14, 4096, [151936, 151936], False, "n", "gemv1x1n")):
+        assert launch(t, n_in, n_outs, swiglu, form)[0][0] == \
+            f"reflex_matmul_{want}_{q._TYPES[t][0]}"
     # a weight the copy engine cannot read (8-byte aligned: a GGUF of general.alignment 8), or
-    # none given: gemv1x's forms
-    assert launch(14, 4096, 12288, True, "n", up=W + 8)[0][0] == "reflex_matmul_gemv1xn_q6_k"
+    # fewer given than the launch reads: gemv1x's forms
+    assert launch(14, 4096, [12288], True, "n", ws=(W, W1 + 8))[0][0] == "reflex_matmul_gemv1xn_q6_k"
     p = q.plan(12, (12288, 4096), W)
     assert q.fused_norm_launch(k, p, (4096, 0, 0), False, True, X, "r")[0] == \
         "reflex_matmul_gemv1xr_q4_k"
@@ -815,8 +868,9 @@ def test_stream_launches(quant_signatures, monkeypatch):
             k.image = "ptx"
         elif setting == 80:
             k.cc = 80
-        assert launch(12, 4096, 12288, True, "n")[0][0] == "reflex_matmul_gemv1xn_q4_k"
-        assert launch(12, 12288, 4096, False, "r")[0][0] == "reflex_matmul_gemv1xr_q4_k"
+        assert launch(12, 4096, [12288], True, "n")[0][0] == "reflex_matmul_gemv1xn_q4_k"
+        assert launch(12, 12288, [4096], False, "r")[0][0] == "reflex_matmul_gemv1xr_q4_k"
+        assert launch(14, 4096, [151936], False, "n")[0][0] == "reflex_matmul_gemv1x1n_q6_k"
 
 
 def _fake_cuda_ops(quant_signatures, monkeypatch):

@@ -326,14 +326,17 @@ NORM_TYPES = frozenset({0, 1, 8, 12, 13, 14})
 
 
 # The streamed residual-step GEMVs (reflex_matmul_gemv1xs{n,r}_<t>, gemv_stream_body in
-# reflex/quant_kernels.cuh): gemv1xn's SwiGLU reader and gemv1xr's producer, the same bits, as a
-# persistent grid (a block an SM) whose weights reach shared memory through the bulk copy
-# engine, so the loads in flight cost the compute warps nothing and x is staged once a block.
-# They stand in for gemv1x's own shape (two warps a row group, 16 rows a block) only. sm_90+ SASS
-# only (the copy engine is Hopper's). Form -> the types that have it; REFLEX_GEMV_STREAM=0 keeps
-# gemv1x's. No Q6_K producer: on the H200 (BENCHMARKS.md, 2026-12-05) the 8B's warm decode took
-# 2.362 ms/token without it and 2.374 with it (its Q6_K down projection's rows arrive in six
-# chunks of a copy a row).
+# reflex/quant_kernels.cuh): gemv1xn's SwiGLU reader, gemv1x1n's head (one weight's plain
+# products) and gemv1xr's producer as a persistent grid (a block an SM) whose weights reach
+# shared memory through the bulk copy engine, so the loads in flight cost the compute warps
+# nothing and x is staged once a block, as two limbs (two dp4a a 4 weights). On an H100
+# (BENCHMARKS.md, 2026-12-05) the 8B Q4_K_M's warm decode took 2.591 ms/token with the SwiGLU
+# reader and producer on three limbs, 2.547 on two, 2.488 with the head streamed too; streaming
+# its q/k/v as well (gemv1xn's plain launches) gave 2.487, and cost the 30B-A3B 2.078 -> 2.113,
+# so those keep gemv1x. sm_90+ SASS only (the copy engine is Hopper's). Form -> the types that
+# have it; REFLEX_GEMV_STREAM=0 keeps gemv1x's. No Q6_K producer: on the H200 the 8B's warm
+# decode took 2.362 ms/token without it and 2.374 with it on three limbs, on an H100 2.547 and
+# 2.664 on two (its down projection's rows arrive in six chunks of a copy a row).
 STREAM_FORMS = {"n": frozenset({12, 14}), "r": frozenset({12})}  # Q4_K, Q6_K
 GEMV_STREAM = os.environ.get("REFLEX_GEMV_STREAM", "1") != "0"
 _GSTREAM_THREADS = 32 * (8 + 1)  # GSTREAM_WARPS compute warps and the copies' warp
@@ -341,6 +344,7 @@ _GSTREAM_ROWS = 16  # GSTREAM_ROWS: rows a tile (gemv1x's block)
 # A ring slot holds at most this much of a tile's rows: 16 rows of 4096 Q4_K weights whole. Half
 # slots (rows in chunks of 8 blocks, a copy a row) at four to eight slots were slower on the H100
 # (BENCHMARKS.md, 2026-12-05: 2.77-2.94 ms/token against 2.60).
+# Slots of 54 KB (a Q6_K head's 16 rows of 4096 whole) were slower there too: 2.525 against 2.489.
 _GSTREAM_SLOT_MAX = 40 << 10
 # Ring slots at most. Three, not four, though four fit the 8B's gate/up rows: the
 # smaller block leaves room for the next launch's blocks to start early (programmatic launch)
@@ -349,10 +353,11 @@ _GSTREAM_SLOT_MAX = 40 << 10
 # with gemv1xn).
 _GSTREAM_STAGES = 3
 _GSTREAM_BARRIERS = 4  # GSTREAM_STAGES: the kernel's barrier pairs (ring slots at most)
+_X2_CHUNK_BYTES = 16 * 5 * 32  # RX_X2_SLOTS slots of 16 bytes: a chunk of XS_CHUNK elements
 
 
 def _stream_chunk_blocks(ggml_type: int, n_in: int) -> int:
-    """Blocks of a row of ``n_in`` a ring slot holds (the streamed kernels' n2): all of them where
+    """Blocks of a row of ``n_in`` a ring slot holds (the streamed kernels' T): all of them where
     a tile's rows fit a slot, else the most that do in a multiple of 8 (at least 8)."""
     _, _, bs, ts, _ = _info(ggml_type)
     nb = n_in // bs
@@ -363,32 +368,35 @@ def _stream_chunk_blocks(ggml_type: int, n_in: int) -> int:
 
 def gemv_stream_smem(ggml_type: int, n_in: int, stages: int) -> int:
     """Dynamic shared memory of reflex_matmul_gemv1xs{n,r}_<t> with ``stages`` ring slots: the
-    staged x, the slots' barriers, the slots from a 128-byte boundary."""
-    ring = (x_staged_bytes(ggml_type, n_in) + 16 * _GSTREAM_BARRIERS + 127) & ~127
+    staged x (two limbs), the slots' barriers, the slots from a 128-byte boundary."""
+    xb = _X2_CHUNK_BYTES * -(-n_in // XS_CHUNK[ggml_type])
+    ring = (xb + 16 * _GSTREAM_BARRIERS + 127) & ~127
     slot = _GSTREAM_ROWS * _stream_chunk_blocks(ggml_type, n_in) * _info(ggml_type)[3]
     return ring + stages * slot
 
 
-def _stream_launch(kern, p: "MatPlan", form: str, n0: int, w_ptrs: tuple) -> tuple | None:
-    """(kernel, grid, block, dynamic shared memory) of the streamed form ("n": the SwiGLU reader
-    of ``n0`` outputs, "r": the producer of ``n0`` rows) of ``p``'s weights at ``w_ptrs``, for a
-    launch that would take gemv1x's shape; None where it does not apply (another type or device,
-    weights or rows the copy engine cannot move: it takes 16-byte aligned runs of a multiple of
-    16 bytes; fewer than two ring slots fit)."""
+def _stream_launch(kern, p: "MatPlan", form: str, n0: int, swiglu: bool,
+                   w_ptrs: tuple) -> tuple | None:
+    """(kernel, grid, block, dynamic shared memory) of the streamed form ("n": a reader of ``n0``
+    outputs, the SwiGLU's where ``swiglu``; "r": the producer of ``n0`` rows) of ``p``'s weights
+    at ``w_ptrs``; None where it does not apply (another type or device, weights or rows the copy
+    engine cannot move: it takes 16-byte aligned runs of a multiple of 16 bytes; fewer than two
+    ring slots fit)."""
     suffix, _, bs, ts, _ = _info(p.ggml_type)
     nb = p.n_in // bs
     cb = _stream_chunk_blocks(p.ggml_type, p.n_in)
+    n_w = 2 if swiglu else 1
     if not (GEMV_STREAM and p.ggml_type in STREAM_FORMS.get(form, ()) and p.row_bytes % 16 == 0
             and (cb == nb or (cb * ts % 16 == 0 and nb % cb * ts % 16 == 0))
-            and w_ptrs and all(w and w % 16 == 0 for w in w_ptrs)
+            and len(w_ptrs) >= n_w and all(w and w % 16 == 0 for w in w_ptrs[:n_w])
             and kern.image == "sass" and kern.sm() >= 90):
         return None
     name = f"reflex_matmul_gemv1xs{form}_{suffix}"
-    per_tile = _GSTREAM_ROWS // 2 if form == "n" else _GSTREAM_ROWS
+    tiles = -(-n0 // (_GSTREAM_ROWS // 2 if swiglu else _GSTREAM_ROWS))
     for stages in range(_GSTREAM_STAGES, 1, -1):
         smem = gemv_stream_smem(p.ggml_type, p.n_in, stages)
         if smem <= XS_MAX_SHMEM and kern.allow_shmem(name, smem):
-            grid = min(-(-n0 // per_tile), kern.multiprocessors())
+            grid = min(tiles, kern.multiprocessors())
             return name, (grid, 1, 1), (_GSTREAM_THREADS, 1, 1), smem
     return None
 
@@ -545,16 +553,19 @@ def fused_norm_launch(kern, p: MatPlan, n_outs: tuple, swiglu: bool, gemv_w_ok: 
     (kernel, grid, block, dynamic shared memory), or None when that GEMV has none (a type outside
     NORM_TYPES, another GEMV). ``form`` "r": the producer (one weight, plain products; the
     count of block sums it writes is :func:`resnorm_parts`; the wide GEMVs only); "n": the
-    reader of a normed x (the wide GEMVs and gemv1s). Where the wide GEMV is gemv1x's shape and
-    the streamed form applies (the producer, or a SwiGLU reader; ``w_ptrs``, the launch's
-    weights, given and each 16-byte aligned), the streamed form. ``shared`` as
+    reader of a normed x (the wide GEMVs and gemv1s). Where the streamed form applies (gemv1x's
+    producer and SwiGLU reader, gemv1x1's reader of one weight; ``w_ptrs``, the launch's weights,
+    given and each 16-byte aligned), the streamed form. ``shared`` as
     :func:`_gemv1_wide`'s. Launch it with :func:`matmul_fused`."""
     if p.fused is None or (form == "r" and (swiglu or n_outs[1] or n_outs[2])):
         return None
     c = (_gemv1_wide(kern, p, n_outs, swiglu, gemv_w_ok, x_ptr, shared=shared)
          or _gemv_small(p, 1, n_outs, swiglu, gemv_w_ok, x_ptr))
-    if c is not None and c[0] == p.gemv1x and not shared and (form == "r" or swiglu):
-        st = _stream_launch(kern, p, form, n_outs[0], w_ptrs)
+    # streamed: gemv1x's producer and SwiGLU reader, gemv1x1's plain reader (a head)
+    if c is not None and not shared and (
+            (c[0] == p.gemv1x and (form == "r" or swiglu))
+            or (c[0] == p.gemv1x1 and form == "n" and not (swiglu or n_outs[1] or n_outs[2]))):
+        st = _stream_launch(kern, p, form, n_outs[0], swiglu, w_ptrs)
         if st is not None:
             return st
     name = None if c is None else p.fused.get(c[0], {}).get(form)
@@ -574,10 +585,10 @@ def matmul_fused(kern, launch: tuple, p: MatPlan, x_ptr: int, w_ptrs: tuple, y_p
     x is such a ``y_ptrs[0]`` and the products are scaled by ``1 / sqrt(sum(part[:n_part]) / n_in
     + eps)``, so that they are those of ``rmsnorm(h) * nw`` (resid, nw, h_out unused: 0)."""
     name, grid, block, smem = launch
-    if name.startswith("reflex_matmul_gemv1xs"):  # its n2: the blocks of a row a slot holds
-        n_outs = (n_outs[0], 0, _stream_chunk_blocks(p.ggml_type, p.n_in))
+    # the streamed forms' T: the blocks of a row a ring slot holds
+    T = _stream_chunk_blocks(p.ggml_type, p.n_in) if name.startswith("reflex_matmul_gemv1xs") else 1
     kern.launch(name, grid, block,
-                _mm_args(p, x_ptr, 1, w_ptrs, y_ptrs, n_outs, swiglu)
+                _mm_args(p, x_ptr, T, w_ptrs, y_ptrs, n_outs, swiglu)
                 + (resid, nw, h_out, part, n_part, eps), smem)
 
 

@@ -271,6 +271,15 @@ __device__ __forceinline__ const uint32_t* rx_stage_x_limbs(const float* __restr
     if (SYNC) __syncthreads();
     return xl;
 }
+// the same on two limbs (rx_x_limb2_run: chunks of RX_X2_SLOTS slots)
+template <int TYPE, int THREADS>
+__device__ __forceinline__ const uint32_t* rx_stage_x_limbs2(const float* __restrict__ x, int n_in) {
+    typedef rx_x_lanes<TYPE> XL;
+    uint32_t* xl = rx_x_staged_words();
+    for (int i = threadIdx.x; i < XL::chunks(n_in) * 64; i += THREADS)
+        rx_x_limb2_run<TYPE>(x, n_in, i >> 6, i & 31, (i >> 5) & 1, xl + 4 * (i >> 6) * RX_X2_SLOTS);
+    return xl;
+}
 
 // The sums of a row group's partial dot products: each warp's lanes (butterfly: every lane gets
 // every sum), then, when KS > 1 warps split the rows' units, the other slices' sums added to
@@ -1653,26 +1662,29 @@ struct rx_sm_blocks {
         }                                                                                             \
     }
 
-// The streamed residual-step GEMVs (sm_90+; the K-quants whose rx_lu has load_any: Q4_K, Q6_K):
-// reflex_matmul_gemv1xsn_<t> computes what gemv1xn_<t> does in mode 1 (the SwiGLU reader: gate
-// rows w0, up rows w1, n0 outputs, x the normed y0 of a residual step) and
-// reflex_matmul_gemv1xsr_<t> what gemv1xr_<t> does (the producer: mode 0, one weight), each with
-// the same bits, in a persistent grid (a block an SM) whose weights reach shared memory through
-// the bulk copy engine. Each block stages x once. A tile is gemv1x's block of rows: 4 row groups
-// of 4 rows, two warps a group (mode 1: 8 outputs, their gate rows then their up rows); the
-// blocks take tiles blockIdx.x, + gridDim.x, ... and each tile's rows arrive in chunks of n2
-// blocks (one chunk where the rows fit a slot: one copy a weight, else a copy a row), each chunk
-// in one slot of a ring. An extra warp's lane 0 keeps the ring full (its
-// first chunks are asked for before the wait for the kernel ahead: weights are read-only):
-// full[s] completes when slot s has landed, empty[s] when the compute warps are done with it. So
-// the loads in flight take no registers and no instructions of the compute warps, and x is
-// staged once a block instead of once every 16 rows. The producer writes part[tile] (the tile's
-// sum of h^2 in gemv1xr's order): n_part is the tile count, as gemv1xr's grid.
-// n2 is the blocks of a row a slot holds (quant_ops._stream_chunk_blocks: all of them, or a
-// multiple of 8). Dynamic shared memory (quant_ops.gemv_stream_smem): x's limbs (rx_x_lanes'
+// The streamed residual-step GEMVs (sm_90+; the K-quants whose rx_lu has load_any: Q4_K, Q6_K),
+// a persistent grid (a block an SM) whose weights reach shared memory through the bulk copy
+// engine. reflex_matmul_gemv1xsn_<t> is the reader of a normed x (x the y0 of a residual step,
+// products scaled by rx_norm_scale of part): mode 1 the SwiGLU (gate rows w0, up rows w1, n0
+// outputs), mode 0 one weight's plain products (w0's n0 rows to y0: an LM head);
+// reflex_matmul_gemv1xsr_<t> the producer (one weight, n0 rows: h = resid + W x at h_out,
+// y0 = h * nw, part[tile] the tile's sum of h^2). A tile is 16 rows (mode 1: 8 outputs, their
+// gate rows then their up rows): 4 row groups of 4 rows, two warps a group, gemv1x's row groups
+// and sums. The blocks take tiles
+// blockIdx.x, + gridDim.x, ... and each tile's rows arrive in chunks of T blocks (one chunk where
+// the rows fit a slot: one copy a weight, else a copy a row), each chunk in one slot of a ring.
+// An extra warp's lane 0 keeps the ring full (its first chunks are asked for before the wait for
+// the kernel ahead: weights are read-only): full[s] completes when slot s has landed, empty[s]
+// when the compute warps are done with it. So the loads in flight take no registers and no
+// instructions of the compute warps, and x is staged once a block. x is staged as two limbs
+// (rx_x_limb2_run, 15 bits of each run's largest value: two dp4a a 4 weights where gemv1x takes
+// three), so the outputs differ from gemv1x's by x's rounding. The producer's n_part is its
+// tile count (quant_ops.resnorm_parts).
+// T is the blocks of a row a slot holds (quant_ops._stream_chunk_blocks: all of them, or a
+// multiple of 8). Dynamic shared memory (quant_ops.gemv_stream_smem): x's limbs (RX_X2_SLOTS
 // chunks), the barriers, then 2 to GSTREAM_STAGES slots from a 128-byte boundary (the kernel
 // takes as many whole slots as it is given). row_bytes a multiple of 16, and so each chunk's
-// bytes where a row takes several; w0 and w1 16-byte aligned.
+// bytes where a row takes several; the weights 16-byte aligned.
 #define GSTREAM_WARPS 8
 #define GSTREAM_ROWS 16
 #define GSTREAM_STAGES 4
@@ -1685,15 +1697,15 @@ __device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
     constexpr int KS = 2, R = 4, WARPS = GSTREAM_WARPS, GROUPS = WARPS / KS;
     static_assert(GROUPS * R == GSTREAM_ROWS, "a tile is gemv1x's block");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp / KS, slice = warp % KS;
-    const bool swiglu = EPI == GEMV_NORMED;  // the reader is the SwiGLU's, the producer mode 0's
+    const bool swiglu = EPI == GEMV_NORMED && mode == 1;
     const int per_tile = swiglu ? GSTREAM_ROWS / 2 : GSTREAM_ROWS;  // outputs a tile
     const int n = n0, n_tiles = (n + per_tile - 1) / per_tile;
-    const int nb = n_in / L::QK, cb = n2;  // n2: the blocks of a row a slot holds
+    const int nb = n_in / L::QK, cb = T;  // T: the blocks of a row a slot holds
     const int n_chunks = (nb + cb - 1) / cb;
     const long long rb = row_bytes, srow = (long long)cb * L::TS;  // a row's bytes in a slot
     const long long slot_bytes = GSTREAM_ROWS * srow;
     uint8_t* base = (uint8_t*)rx_x_staged_words();
-    const int xb = XL::chunks(n_in) * XL::SLOTS * 16;
+    const int xb = XL::chunks(n_in) * RX_X2_SLOTS * 16;
     uint64_t* full = (uint64_t*)(base + xb);
     uint64_t* empty = full + GSTREAM_STAGES;
     const int ring_off = (xb + 16 * GSTREAM_STAGES + 127) & ~127;
@@ -1743,7 +1755,7 @@ __device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
     RX_PDL_ENTRY();
     float pv[RX_NORM_PV];
     if (EPI == GEMV_NORMED && warp == 0) rx_norm_load(part, n_part, pv);
-    const uint32_t* xl = rx_stage_x_limbs<TYPE, WARPS * 32, false>(x, n_in);
+    const uint32_t* xl = rx_stage_x_limbs2<TYPE, WARPS * 32>(x, n_in);
     if (EPI == GEMV_NORMED && warp == 0) {
         const float r = rx_norm_scale(part, n_part, pv, n_in, eps);
         if (lane == 0) norm_r = r;
@@ -1776,8 +1788,8 @@ __device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
             rx_mbar_wait(full + s, (uint32_t)((k / S) & 1));
             for (; U < u_end; U += 32 * KS) {
                 const int blk = (int)(U / L::LPB) - c * cb;
-                rx_limbs_unit<TYPE, R, true>(rp, (long long)blk * L::TS, (int)(U % L::LPB),
-                                             xl + 4 * ((long long)(U >> 5) * XL::SLOTS + l), acc);
+                rx_limbs2_unit<TYPE, R, true>(rp, (long long)blk * L::TS, (int)(U % L::LPB),
+                                              xl + 4 * ((long long)(U >> 5) * RX_X2_SLOTS + l), acc);
             }
             __syncwarp();
             if (lane == 0) rx_mbar_arrive(empty + s);
@@ -1805,7 +1817,7 @@ __device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
             if (slice == 0) {
 #pragma unroll
                 for (int r = 0; r < R; ++r) acc[r][0] *= rn;
-                gemv_store<1>(acc, true, y0, 1, n, row0);
+                gemv_store<1>(acc, swiglu, y0, 1, n, row0);
             }
         } else {  // gemv_body's GEMV_RESNORM epilogue, the tile for the block
             if (slice == 0) {
