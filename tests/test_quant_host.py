@@ -86,12 +86,11 @@ def lib(tmp_path_factory):
     so.rx_host_gemv_xq.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                    ctypes.c_int, ctypes.c_longlong, ctypes.c_int]
     so.rx_host_gemv_xq.restype = ctypes.c_int
-    so.rx_host_stage_xs.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                                    ctypes.c_int]
+    so.rx_host_stage_xs.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
     so.rx_host_xs_elem.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
     so.rx_host_gemv_xs.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                    ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
-                                   ctypes.c_int, ctypes.c_int]
+                                   ctypes.c_int]
     so.rx_host_gemv_xs.restype = ctypes.c_int
     so.rx_host_f16_table.argtypes = [ctypes.c_void_p]
     so.rx_host_f16_table.restype = None
@@ -422,7 +421,7 @@ def test_staged_limbs_match_the_twin(lib, name):
     for n_in in (256, 2304, 4096):
         x = inputs_of_every_kind(rng, n_in, 16)
         staged = np.full(x_staged_bytes(t, n_in) // 4, 0xDEADBEEF, np.uint32)
-        assert lib.rx_host_stage_xs(t, _ptr(x), n_in, _ptr(staged), 3) == 0
+        assert lib.rx_host_stage_xs(t, _ptr(x), n_in, _ptr(staged)) == 0
         slots = staged.reshape(-1, 256, 4)  # [chunk][slot][word]
         seen = []
         for c in range(slots.shape[0]):
@@ -445,53 +444,13 @@ def test_staged_limbs_match_the_twin(lib, name):
         assert sorted(seen) == list(range(0, n_in, 16)), f"{name} n_in={n_in}: the runs' starts"
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
-def test_staged_two_limbs_match_the_twin(lib, name):
-    """rx_x_limb2_run (the streamed forms' staged x) against testing.x_limbs.scaled_ints with 14
-    bits, bit for bit: slot 32 k + lane of a chunk holds bytes 0 and 1 of step k's four X of run 0
-    (words 0, 1) and run 1 (words 2, 3), slot 128 + lane the runs' scales, then their sums of X;
-    runs past the row are zeros."""
-    from reflex_core.testing.x_limbs import inputs_of_every_kind, scaled_ints
-
-    t = TYPES[name]
-    rng = np.random.default_rng(1700 + t)
-    for n_in in (256, 2304, 4096):
-        x = inputs_of_every_kind(rng, n_in, 16)
-        chunks = -(-n_in // 1024)
-        staged = np.full(chunks * 160 * 4, 0xDEADBEEF, np.uint32)
-        assert lib.rx_host_stage_xs(t, _ptr(x), n_in, _ptr(staged), 2) == 0
-        slots = staged.reshape(chunks, 160, 4)
-        seen = []
-        for c in range(chunks):
-            for h in (0, 1):
-                for lane in range(32):
-                    e = lib.rx_host_xs_elem(t, c, 32 * h + lane)
-                    run = slots[c, [32 * k + lane for k in range(4)]][:, 2 * h:2 * h + 2]
-                    b = run[:, :, None] >> np.array([0, 8, 16, 24], np.uint32) & np.uint32(0xFF)
-                    hi = b[:, 1].astype(np.int64)
-                    X = (np.where(hi >= 128, hi - 256, hi) * 256 + b[:, 0].astype(np.int64)).reshape(-1)
-                    want_x = x[e:e + 16] if e < n_in else np.zeros(16, np.float32)
-                    s_bits, want = scaled_ints(want_x[None, :], 14)
-                    what = f"{name} n_in={n_in} chunk {c} run {h} lane {lane} (x[{e}:])"
-                    assert np.abs(want).max() <= 1 << 14, what
-                    assert (X == want[0]).all(), what
-                    assert slots[c, 128 + lane, h] == s_bits[0], what
-                    assert int(slots[c, 128 + lane, 2 + h].view(np.int32)) == int(want[0].sum()), what
-                    seen += [e] if e < n_in else []
-        assert sorted(seen) == list(range(0, n_in, 16)), f"{name} n_in={n_in}: the runs' starts"
-
-
-@pytest.mark.parametrize("limbs", [3, 2])
 @pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
-def test_gemv_on_staged_limbs(lib, name, limbs):
+def test_gemv_on_staged_limbs(lib, name):
     """The K-quants' one-token GEMV on x limbs in the lanes' order (rx_x_limb_run writing every
     lane slot's runs, then rx_gemv_rows_limbs, on the host): within the float GEMV's bound of the
     float64 product, one and two warps a row pair, rows that end inside a chunk, x plain and
-    with runs of zeros, of subnormals and of huge values (_special_runs); a NaN in x gives NaN.
-    Two limbs (rx_x_limb2_run, rx_limbs2_unit): the product of the values the runs stand for
-    (testing.x_limbs.run_values, 14 bits) within the same bound."""
+    with runs of zeros, of subnormals and of huge values (_special_runs); a NaN in x gives NaN."""
     from reflex_core.cuda.quant_ops import x_staged_bytes
-    from reflex_core.testing.x_limbs import run_values
 
     t = TYPES[name]
     rng = np.random.default_rng(1600 + t)
@@ -502,12 +461,11 @@ def test_gemv_on_staged_limbs(lib, name, limbs):
         for x in _special_runs(rng, plain):
             y = np.full(n_out, np.nan, np.float32)
             assert lib.rx_host_gemv_xs(t, _ptr(raw), _ptr(x), _ptr(staged), _ptr(y), n_in, n_out,
-                                       raw.shape[1], ks, limbs) == 0
-            xr = x if limbs == 3 else run_values(x, 14)
-            _check_matmul(y[None, :], wf, xr, f"{name} {limbs} staged limbs n_in={n_in} ks={ks}")
+                                       raw.shape[1], ks) == 0
+            _check_matmul(y[None, :], wf, x, f"{name} staged limbs n_in={n_in} ks={ks}")
     x[0, 200] = np.nan
     assert lib.rx_host_gemv_xs(t, _ptr(raw), _ptr(x), _ptr(staged), _ptr(y), n_in, n_out,
-                               raw.shape[1], 2, limbs) == 0
+                               raw.shape[1], 2) == 0
     assert np.isnan(y).all()
 
 

@@ -326,17 +326,19 @@ NORM_TYPES = frozenset({0, 1, 8, 12, 13, 14})
 
 
 # The streamed residual-step GEMVs (reflex_matmul_gemv1xs{n,r}_<t>, gemv_stream_body in
-# reflex/quant_kernels.cuh): gemv1xn's SwiGLU reader, gemv1x1n's head (one weight's plain
-# products) and gemv1xr's producer as a persistent grid (a block an SM) whose weights reach
-# shared memory through the bulk copy engine, so the loads in flight cost the compute warps
-# nothing and x is staged once a block, as two limbs (two dp4a a 4 weights). On an H100
-# (BENCHMARKS.md, 2026-12-05) the 8B Q4_K_M's warm decode took 2.591 ms/token with the SwiGLU
-# reader and producer on three limbs, 2.547 on two, 2.488 with the head streamed too; streaming
-# its q/k/v as well (gemv1xn's plain launches) gave 2.487, and cost the 30B-A3B 2.078 -> 2.113,
-# so those keep gemv1x. sm_90+ SASS only (the copy engine is Hopper's). Form -> the types that
-# have it; REFLEX_GEMV_STREAM=0 keeps gemv1x's. No Q6_K producer: on the H200 the 8B's warm
-# decode took 2.362 ms/token without it and 2.374 with it on three limbs, on an H100 2.547 and
-# 2.664 on two (its down projection's rows arrive in six chunks of a copy a row).
+# reflex/quant_kernels.cuh): gemv1xn's SwiGLU reader, gemv1xn's plain reader of one weight where
+# the launch takes gemv1x1's shape (an LM head) and gemv1xr's producer, with gemv1x's bits, as a
+# persistent grid (a block an SM) whose weights reach shared memory through the bulk copy engine,
+# so the loads in flight cost the compute warps nothing and x is staged once a block. sm_90+ SASS
+# only (the copy engine is Hopper's). Form -> the types that have it; REFLEX_GEMV_STREAM=0 keeps
+# gemv1x's. On an H100 (BENCHMARKS.md, 2026-12-05) the 8B Q4_K_M's warm decode took 2.591
+# ms/token without the head streamed and 2.560 with it; streaming its q/k/v launches too gave
+# nothing more (on x of two limbs: 2.488 -> 2.487) and cost the 30B-A3B 2.078 -> 2.113, so those
+# keep gemv1x. No
+# Q6_K producer: on the H200 the 8B's warm decode took 2.362 ms/token without it and 2.374 with
+# it (its down projection's rows arrive in six chunks of a copy a row). x stays on gemv1x's three
+# limbs: two (15 bits a run) took the 8B from 2.591 to 2.547 ms/token but its decode logits' error
+# against the NumPy reference (reflex check) from 2e-6 to 1.4e-4 of the largest.
 STREAM_FORMS = {"n": frozenset({12, 14}), "r": frozenset({12})}  # Q4_K, Q6_K
 GEMV_STREAM = os.environ.get("REFLEX_GEMV_STREAM", "1") != "0"
 _GSTREAM_THREADS = 32 * (8 + 1)  # GSTREAM_WARPS compute warps and the copies' warp
@@ -353,7 +355,6 @@ _GSTREAM_SLOT_MAX = 40 << 10
 # with gemv1xn).
 _GSTREAM_STAGES = 3
 _GSTREAM_BARRIERS = 4  # GSTREAM_STAGES: the kernel's barrier pairs (ring slots at most)
-_X2_CHUNK_BYTES = 16 * 5 * 32  # RX_X2_SLOTS slots of 16 bytes: a chunk of XS_CHUNK elements
 
 
 def _stream_chunk_blocks(ggml_type: int, n_in: int) -> int:
@@ -368,9 +369,8 @@ def _stream_chunk_blocks(ggml_type: int, n_in: int) -> int:
 
 def gemv_stream_smem(ggml_type: int, n_in: int, stages: int) -> int:
     """Dynamic shared memory of reflex_matmul_gemv1xs{n,r}_<t> with ``stages`` ring slots: the
-    staged x (two limbs), the slots' barriers, the slots from a 128-byte boundary."""
-    xb = _X2_CHUNK_BYTES * -(-n_in // XS_CHUNK[ggml_type])
-    ring = (xb + 16 * _GSTREAM_BARRIERS + 127) & ~127
+    staged x, the slots' barriers, the slots from a 128-byte boundary."""
+    ring = (x_staged_bytes(ggml_type, n_in) + 16 * _GSTREAM_BARRIERS + 127) & ~127
     slot = _GSTREAM_ROWS * _stream_chunk_blocks(ggml_type, n_in) * _info(ggml_type)[3]
     return ring + stages * slot
 

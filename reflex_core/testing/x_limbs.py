@@ -33,11 +33,10 @@ def words_for(n: int) -> int:
     return -(-n // CHUNK) * CHUNK
 
 
-def scaled_ints(b, bits: int = 22) -> tuple[np.ndarray, np.ndarray]:
+def scaled_ints(b) -> tuple[np.ndarray, np.ndarray]:
     """The rule for each row of ``b`` (float32 [rows, size]): its scale s's bits (uint32 [rows])
-    and integers X (int64 [rows, size], |X| <= 2^bits). The staged runs of the K-quants'
-    one-token GEMV (``rx_x_limb_run``, runs of 16) follow it too; ``bits`` 14: the two limbs of
-    the streamed forms (``rx_x_limb2_run``)."""
+    and integers X (int64 [rows, size]). The staged runs of the K-quants' one-token GEMV
+    (``rx_x_limb_run``, runs of 16) follow it too."""
     b = np.asarray(b, dtype=np.float32)
     with np.errstate(invalid="ignore"):
         m = np.abs(b).max(axis=1)
@@ -46,11 +45,11 @@ def scaled_ints(b, bits: int = 22) -> tuple[np.ndarray, np.ndarray]:
     _, e = np.frexp(m[live])
     e = np.maximum(e.astype(np.int64), -127)
     X = np.zeros(b.shape, np.int64)
-    # x * 2^(bits-e) is exact in float32 (|result| < 2^bits, or < 1/2 when it would be
-    # subnormal), so float64 and rint (halves to even, as __float2int_rn) give the kernel's integers
-    X[live] = np.rint(np.ldexp(b[live].astype(np.float64), (bits - e)[:, None])).astype(np.int64)
+    # x * 2^(22-e) is exact in float32 (|result| < 2^22, or < 1/2 when it would be subnormal),
+    # so float64 and rint (halves to even, as __float2int_rn) give the kernel's integers
+    X[live] = np.rint(np.ldexp(b[live].astype(np.float64), (22 - e)[:, None])).astype(np.int64)
     s = np.ones(b.shape[0], np.float32)
-    s[live] = np.ldexp(np.float32(1.0), (e - bits).astype(np.int32)).astype(np.float32)
+    s[live] = np.ldexp(np.float32(1.0), (e - 22).astype(np.int32)).astype(np.float32)
     s_bits = s.view(np.uint32).copy()
     s_bits[~finite] = _NAN_BITS
     return s_bits, X
@@ -86,15 +85,6 @@ def x_from_limbs(words, n: int) -> np.ndarray:
     X = hi * 65536 + b[:, 1].astype(np.int64) * 256 + b[:, 0].astype(np.int64)
     s = w[:, 3].copy().view(np.float32).astype(np.float64)
     return (X * s[:, None]).reshape(-1)
-
-
-def run_values(x, bits: int, run: int = 16) -> np.ndarray:
-    """The float64 values that the staged runs of ``x`` (float32, its size a multiple of ``run``)
-    stand for under :func:`scaled_ints` with ``bits``: s * X, NaN through a run with a NaN or an
-    inf (the kernels' s)."""
-    b = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, run)
-    s_bits, X = scaled_ints(b, bits)
-    return (X * s_bits.view(np.float32).astype(np.float64)[:, None]).reshape(np.shape(x))
 
 
 def inputs_of_every_kind(rng, n: int, size: int) -> np.ndarray:

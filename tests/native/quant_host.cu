@@ -181,25 +181,18 @@ extern "C" int rx_host_gemv_xq(const uint8_t* w, const uint32_t* xq, float* y, i
 
 // The staging alone (rx_x_limb_run for every lane slot's two runs), and rx_x_lanes<T>::elem: the
 // first element of x that slot q of chunk c holds (for the staged-limbs twin test).
-// limbs 2: rx_x_limb2_run's chunks (the streamed forms')
 template <int T>
-void stage_xs(const float* x, int n_in, uint32_t* staged, int limbs) {
+void stage_xs(const float* x, int n_in, uint32_t* staged) {
     typedef rx_x_lanes<T> XL;
-    for (int i = 0; i < XL::chunks(n_in) * 64; ++i) {
-        if (limbs == 3) {
-            rx_x_limb_run<T>(x, n_in, i >> 6, i & 31, (i >> 5) & 1, staged + 4 * (i >> 6) * XL::SLOTS);
-        } else {
-            rx_x_limb2_run<T>(x, n_in, i >> 6, i & 31, (i >> 5) & 1, staged + 4 * (i >> 6) * RX_X2_SLOTS);
-        }
-    }
+    for (int i = 0; i < XL::chunks(n_in) * 64; ++i)
+        rx_x_limb_run<T>(x, n_in, i >> 6, i & 31, (i >> 5) & 1, staged + 4 * (i >> 6) * XL::SLOTS);
 }
 
-extern "C" int rx_host_stage_xs(int type, const float* x, int n_in, uint32_t* staged, int limbs) {
-    if (limbs != 2 && limbs != 3) return -1;
+extern "C" int rx_host_stage_xs(int type, const float* x, int n_in, uint32_t* staged) {
     switch (type) {
-        case RX_Q4_K: stage_xs<RX_Q4_K>(x, n_in, staged, limbs); return 0;
-        case RX_Q5_K: stage_xs<RX_Q5_K>(x, n_in, staged, limbs); return 0;
-        case RX_Q6_K: stage_xs<RX_Q6_K>(x, n_in, staged, limbs); return 0;
+        case RX_Q4_K: stage_xs<RX_Q4_K>(x, n_in, staged); return 0;
+        case RX_Q5_K: stage_xs<RX_Q5_K>(x, n_in, staged); return 0;
+        case RX_Q6_K: stage_xs<RX_Q6_K>(x, n_in, staged); return 0;
     }
     return -1;
 }
@@ -218,24 +211,19 @@ extern "C" int rx_host_xs_elem(int type, int c, int q) {
 // words), then the row pairs on them.
 template <int T>
 int gemv_xs(const uint8_t* w, const float* x, uint32_t* staged, float* y, int n_in, int n_out,
-            long long row_bytes, int ks, int limbs) {
-    stage_xs<T>(x, n_in, staged, limbs);
+            long long row_bytes, int ks) {
+    stage_xs<T>(x, n_in, staged);
     return row_pairs(w, y, n_out, row_bytes, ks, [&](const uint8_t* const (&rp)[2], int lane, float (&acc)[2][1]) {
-        if (limbs == 3) {
-            rx_gemv_rows_limbs<T, 2, 3>(rp, staged, n_in, lane, 32 * ks, acc);
-        } else {
-            rx_gemv_rows_limbs<T, 2, 2>(rp, staged, n_in, lane, 32 * ks, acc);
-        }
+        rx_gemv_rows_limbs<T, 2>(rp, staged, n_in, lane, 32 * ks, acc);
     });
 }
 
 extern "C" int rx_host_gemv_xs(int type, const uint8_t* w, const float* x, uint32_t* staged, float* y,
-                               int n_in, int n_out, long long row_bytes, int ks, int limbs) {
-    if (limbs != 2 && limbs != 3) return -1;
+                               int n_in, int n_out, long long row_bytes, int ks) {
     switch (type) {
-        case RX_Q4_K: return gemv_xs<RX_Q4_K>(w, x, staged, y, n_in, n_out, row_bytes, ks, limbs);
-        case RX_Q5_K: return gemv_xs<RX_Q5_K>(w, x, staged, y, n_in, n_out, row_bytes, ks, limbs);
-        case RX_Q6_K: return gemv_xs<RX_Q6_K>(w, x, staged, y, n_in, n_out, row_bytes, ks, limbs);
+        case RX_Q4_K: return gemv_xs<RX_Q4_K>(w, x, staged, y, n_in, n_out, row_bytes, ks);
+        case RX_Q5_K: return gemv_xs<RX_Q5_K>(w, x, staged, y, n_in, n_out, row_bytes, ks);
+        case RX_Q6_K: return gemv_xs<RX_Q6_K>(w, x, staged, y, n_in, n_out, row_bytes, ks);
     }
     return -1;
 }

@@ -271,15 +271,6 @@ __device__ __forceinline__ const uint32_t* rx_stage_x_limbs(const float* __restr
     if (SYNC) __syncthreads();
     return xl;
 }
-// the same on two limbs (rx_x_limb2_run: chunks of RX_X2_SLOTS slots)
-template <int TYPE, int THREADS>
-__device__ __forceinline__ const uint32_t* rx_stage_x_limbs2(const float* __restrict__ x, int n_in) {
-    typedef rx_x_lanes<TYPE> XL;
-    uint32_t* xl = rx_x_staged_words();
-    for (int i = threadIdx.x; i < XL::chunks(n_in) * 64; i += THREADS)
-        rx_x_limb2_run<TYPE>(x, n_in, i >> 6, i & 31, (i >> 5) & 1, xl + 4 * (i >> 6) * RX_X2_SLOTS);
-    return xl;
-}
 
 // The sums of a row group's partial dot products: each warp's lanes (butterfly: every lane gets
 // every sum), then, when KS > 1 warps split the rows' units, the other slices' sums added to
@@ -1668,20 +1659,18 @@ struct rx_sm_blocks {
 // products scaled by rx_norm_scale of part): mode 1 the SwiGLU (gate rows w0, up rows w1, n0
 // outputs), mode 0 one weight's plain products (w0's n0 rows to y0: an LM head);
 // reflex_matmul_gemv1xsr_<t> the producer (one weight, n0 rows: h = resid + W x at h_out,
-// y0 = h * nw, part[tile] the tile's sum of h^2). A tile is 16 rows (mode 1: 8 outputs, their
-// gate rows then their up rows): 4 row groups of 4 rows, two warps a group, gemv1x's row groups
-// and sums. The blocks take tiles
-// blockIdx.x, + gridDim.x, ... and each tile's rows arrive in chunks of T blocks (one chunk where
-// the rows fit a slot: one copy a weight, else a copy a row), each chunk in one slot of a ring.
-// An extra warp's lane 0 keeps the ring full (its first chunks are asked for before the wait for
-// the kernel ahead: weights are read-only): full[s] completes when slot s has landed, empty[s]
-// when the compute warps are done with it. So the loads in flight take no registers and no
-// instructions of the compute warps, and x is staged once a block. x is staged as two limbs
-// (rx_x_limb2_run, 15 bits of each run's largest value: two dp4a a 4 weights where gemv1x takes
-// three), so the outputs differ from gemv1x's by x's rounding. The producer's n_part is its
-// tile count (quant_ops.resnorm_parts).
+// y0 = h * nw, part[tile] the tile's sum of h^2). Each has the bits of gemv1xn_<t> (mode 1 or
+// 0) or gemv1xr_<t>. A tile is gemv1x's block: 4 row groups of 4 rows, two warps a group, the
+// same row groups and sums (mode 1: 8 outputs, their gate rows then their up rows). The blocks
+// take tiles blockIdx.x, + gridDim.x, ... and each tile's rows arrive in chunks of T blocks (one
+// chunk where the rows fit a slot: one copy a weight, else a copy a row), each chunk in one slot
+// of a ring. An extra warp's lane 0 keeps the ring full (its first chunks are asked for before
+// the wait for the kernel ahead: weights are read-only): full[s] completes when slot s has
+// landed, empty[s] when the compute warps are done with it. So the loads in flight take no
+// registers and no instructions of the compute warps, and x is staged once a block instead of
+// once every 16 rows. The producer's n_part is its tile count (quant_ops.resnorm_parts).
 // T is the blocks of a row a slot holds (quant_ops._stream_chunk_blocks: all of them, or a
-// multiple of 8). Dynamic shared memory (quant_ops.gemv_stream_smem): x's limbs (RX_X2_SLOTS
+// multiple of 8). Dynamic shared memory (quant_ops.gemv_stream_smem): x's limbs (rx_x_lanes'
 // chunks), the barriers, then 2 to GSTREAM_STAGES slots from a 128-byte boundary (the kernel
 // takes as many whole slots as it is given). row_bytes a multiple of 16, and so each chunk's
 // bytes where a row takes several; the weights 16-byte aligned.
@@ -1705,7 +1694,7 @@ __device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
     const long long rb = row_bytes, srow = (long long)cb * L::TS;  // a row's bytes in a slot
     const long long slot_bytes = GSTREAM_ROWS * srow;
     uint8_t* base = (uint8_t*)rx_x_staged_words();
-    const int xb = XL::chunks(n_in) * RX_X2_SLOTS * 16;
+    const int xb = XL::chunks(n_in) * XL::SLOTS * 16;
     uint64_t* full = (uint64_t*)(base + xb);
     uint64_t* empty = full + GSTREAM_STAGES;
     const int ring_off = (xb + 16 * GSTREAM_STAGES + 127) & ~127;
@@ -1755,7 +1744,7 @@ __device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
     RX_PDL_ENTRY();
     float pv[RX_NORM_PV];
     if (EPI == GEMV_NORMED && warp == 0) rx_norm_load(part, n_part, pv);
-    const uint32_t* xl = rx_stage_x_limbs2<TYPE, WARPS * 32>(x, n_in);
+    const uint32_t* xl = rx_stage_x_limbs<TYPE, WARPS * 32, false>(x, n_in);
     if (EPI == GEMV_NORMED && warp == 0) {
         const float r = rx_norm_scale(part, n_part, pv, n_in, eps);
         if (lane == 0) norm_r = r;
@@ -1788,8 +1777,8 @@ __device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
             rx_mbar_wait(full + s, (uint32_t)((k / S) & 1));
             for (; U < u_end; U += 32 * KS) {
                 const int blk = (int)(U / L::LPB) - c * cb;
-                rx_limbs2_unit<TYPE, R, true>(rp, (long long)blk * L::TS, (int)(U % L::LPB),
-                                              xl + 4 * ((long long)(U >> 5) * RX_X2_SLOTS + l), acc);
+                rx_limbs_unit<TYPE, R, true>(rp, (long long)blk * L::TS, (int)(U % L::LPB),
+                                             xl + 4 * ((long long)(U >> 5) * XL::SLOTS + l), acc);
             }
             __syncwarp();
             if (lane == 0) rx_mbar_arrive(empty + s);

@@ -1134,16 +1134,16 @@ struct rx_x_lanes {
 
 // The staged x of the K-quants' one-token GEMV are limbs in that order: each lane run (the 16
 // elements a lane unit pairs with its e0 weights, or with its e1 weights: 4 slots of one lane)
-// has a power-of-two scale s and integers X_i = rint(x_i / s), |X_i| <= 2^B, s from the run's
-// largest |x| as in reflex_x_limbs (cuda/core.cu): M < 2^e, s = 2^(e-B); M = 0: s = 1, X = 0; a
-// NaN or inf in the run: s = NaN, X = 0. rx_x_run_ints computes run h of lane l of chunk c (x has
-// n_in elements; a run past the row's end is zeros): its 16 X, s and the sum of X.
-template <int TYPE, int B>
-RX_HD void rx_x_run_ints(const float* __restrict__ x, int n_in, int c, int l, int h, int (&X)[16],
-                         float& s, int& sum) {
+// has a power-of-two scale s and integers X_i = rint(x_i / s), |X_i| <= 2^22, s from the run's
+// largest |x| as in reflex_x_limbs (cuda/core.cu): M < 2^e, s = 2^(e-22); M = 0: s = 1, X = 0; a
+// NaN or inf in the run: s = NaN, X = 0. A slot is 4 words: bytes 0, 1 and 2 of its four X
+// (the last signed), then in the run's first slot s and in its second the run's sum of X (an
+// int32; the weights' min term takes it). rx_x_limb_run writes run h of lane l of chunk c (x has
+// n_in elements, out is the chunk's first word); a run past the row's end is zeros.
+template <int TYPE>
+RX_HD void rx_x_limb_run(const float* __restrict__ x, int n_in, int c, int l, int h, uint32_t* out) {
     typedef rx_x_lanes<TYPE> XL;
     static_assert(XL::P == 1 && XL::STEPS == 4, "a lane run is its unit's 4 steps");
-    static_assert(B == 22 || B == 14, "three limbs or two");
     const int e = XL::elem(c, 32 * h + l);  // the run's first element; its steps follow on
     float v[16];
     uint32_t mb = 0;
@@ -1161,69 +1161,40 @@ RX_HD void rx_x_run_ints(const float* __restrict__ x, int n_in, int c, int l, in
         }
     }
     // M < 2^ex: ex = the exponent field - 126 (frexp's) for a normal M; for a subnormal one -126,
-    // or -127 below 2^-127 (then s = 2^(-127-B) and X = x / s exactly)
+    // or -127 below 2^-127 (then s = 2^-149 and X = x exactly)
     const bool bad = mb >= 0x7f800000u, zero = mb == 0;
     const int ex = mb >= 0x00800000u ? (int)(mb >> 23) - 126 : mb >= 0x00400000u ? -126 : -127;
-    // x * 2^(B-ex) and s = 2^(ex-B) through two power-of-two factors each (B - ex is at most
-    // B + 127 and at least B - 128: each factor a normal float, the products exact)
-    const int p = B - ex, p1 = p >> 1, p2 = p - p1;
+    // x * 2^(22-ex) and s = 2^(ex-22) through two power-of-two factors each (22 - ex is
+    // -106 .. 149: each factor a normal float, the products exact)
+    const int p = 22 - ex, p1 = p >> 1, p2 = p - p1;
     const float f1 = rx_as_float((uint32_t)(p1 + 127) << 23), f2 = rx_as_float((uint32_t)(p2 + 127) << 23);
-    s = bad ? rx_nan()
-            : zero ? 1.0f
-                   : RX_FMUL(rx_as_float((uint32_t)(127 - p1) << 23), rx_as_float((uint32_t)(127 - p2) << 23));
-    sum = 0;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-        // rint by the 1.5 * 2^23 bias (|x * 2^(B-ex)| <= 2^B)
-        const float r = RX_FADD(RX_FMUL(RX_FMUL(v[i], f1), f2), 12582912.0f);
-        X[i] = (bad || zero) ? 0 : (int)rx_as_uint(r) - 0x4B400000;
-        sum += X[i];
-    }
-}
-// bytes 0 and 1 of X[0..3] -> lo, hi (one byte a value, in order)
-RX_HD void rx_x_bytes01(const int* X, uint32_t& lo, uint32_t& hi) {
-    const uint32_t a = rx_byte_perm((uint32_t)X[0], (uint32_t)X[1], 0x5140u);  // b0 b0' b1 b1'
-    const uint32_t b = rx_byte_perm((uint32_t)X[2], (uint32_t)X[3], 0x5140u);
-    lo = rx_byte_perm(a, b, 0x5410u);
-    hi = rx_byte_perm(a, b, 0x7632u);
-}
-// Three limbs (B = 22; gemv1x): a slot is 4 words: bytes 0, 1 and 2 of its four X (the last
-// signed), then in the run's first slot s and in its second the run's sum of X (an int32; the
-// weights' min term takes it). rx_x_limb_run writes run h of lane l of chunk c (out is the
-// chunk's first word; a chunk is rx_x_lanes::SLOTS slots).
-template <int TYPE>
-RX_HD void rx_x_limb_run(const float* __restrict__ x, int n_in, int c, int l, int h, uint32_t* out) {
-    int X[16], sum;
-    float s;
-    rx_x_run_ints<TYPE, 22>(x, n_in, c, l, h, X, s, sum);
+    const float s = bad ? rx_nan()
+                        : zero ? 1.0f
+                               : RX_FMUL(rx_as_float((uint32_t)(127 - p1) << 23),
+                                         rx_as_float((uint32_t)(127 - p2) << 23));
+    int sum = 0;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
+        int X[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            // rint by the 1.5 * 2^23 bias (|x * 2^(22-ex)| <= 2^22)
+            const float r = RX_FADD(RX_FMUL(RX_FMUL(v[4 * k + i], f1), f2), 12582912.0f);
+            X[i] = (bad || zero) ? 0 : (int)rx_as_uint(r) - 0x4B400000;
+            sum += X[i];
+        }
         uint32_t* w = out + 4 * (32 * (2 * k + h) + l);
-        rx_x_bytes01(X + 4 * k, w[0], w[1]);
-        const uint32_t b01 = rx_byte_perm((uint32_t)X[4 * k], (uint32_t)X[4 * k + 1], 0x0062u);  // b2 b2'
-        const uint32_t b23 = rx_byte_perm((uint32_t)X[4 * k + 2], (uint32_t)X[4 * k + 3], 0x0062u);
-        w[2] = rx_byte_perm(b01, b23, 0x5410u);
+        // bytes 0, 1, 2 of X[0..3] -> words 0, 1, 2
+        const uint32_t lo01 = rx_byte_perm((uint32_t)X[0], (uint32_t)X[1], 0x5140u);  // b0 b0' b1 b1'
+        const uint32_t lo23 = rx_byte_perm((uint32_t)X[2], (uint32_t)X[3], 0x5140u);
+        const uint32_t hi01 = rx_byte_perm((uint32_t)X[0], (uint32_t)X[1], 0x0062u);  // b2 b2'
+        const uint32_t hi23 = rx_byte_perm((uint32_t)X[2], (uint32_t)X[3], 0x0062u);
+        w[0] = rx_byte_perm(lo01, lo23, 0x5410u);
+        w[1] = rx_byte_perm(lo01, lo23, 0x7632u);
+        w[2] = rx_byte_perm(hi01, hi23, 0x5410u);
         w[3] = k == 0 ? rx_as_uint(s) : 0u;
     }
     out[4 * (32 * (2 + h) + l) + 3] = (uint32_t)sum;  // step 1's slot
-}
-// Two limbs (B = 14; the streamed forms): |X| <= 2^14, so X = 256 * (byte 1, signed) + byte 0,
-// and a lane's step takes one 16-byte slot for both its runs. A chunk is X2_SLOTS slots: slot
-// 32 k + l holds lane l's step k, words 2h and 2h + 1 bytes 0 and 1 of run h's four X; slot
-// 128 + l the lane's s of run 0 and 1, then its sums of X.
-constexpr int RX_X2_SLOTS = 5 * 32;
-template <int TYPE>
-RX_HD void rx_x_limb2_run(const float* __restrict__ x, int n_in, int c, int l, int h, uint32_t* out) {
-    int X[16], sum;
-    float s;
-    rx_x_run_ints<TYPE, 14>(x, n_in, c, l, h, X, s, sum);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        uint32_t* w = out + 4 * (32 * k + l) + 2 * h;
-        rx_x_bytes01(X + 4 * k, w[0], w[1]);
-    }
-    out[4 * (128 + l) + h] = rx_as_uint(s);
-    out[4 * (128 + l) + 2 + h] = (uint32_t)sum;
 }
 
 // The one-token GEMV of rx_gemv_rows (the same lane slots) on the staged limbs xl (the chunks
@@ -1292,65 +1263,12 @@ RX_HD void rx_limbs_unit(const uint8_t* const (&rp)[R], long long boff, int j, c
         }
     }
 }
-// rx_limbs_unit on two limbs (rx_x_limb2_run's chunks; xc: xl + 4 (U / 32 * RX_X2_SLOTS + U % 32)):
-// per lane run S = 256 S1 + S0 from two dp4a a 4 weights, |S| < 2^24 (b <= 63: 16 * 63 * 2^14),
-// exact as a float.
-template <int TYPE, int R, bool SHARED = false>
-RX_HD void rx_limbs2_unit(const uint8_t* const (&rp)[R], long long boff, int j, const uint32_t* xc,
-                          float (&acc)[R][1]) {
-    typedef rx_lu<TYPE> L;
-    L u[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        if constexpr (SHARED) {
-            u[r].load_any(rp[r] + boff, j);
-        } else {
-            u[r].load(rp[r] + boff, j);
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) u[r].prep(j);
-    int s0[R][2], s1[R][2];
-#pragma unroll
-    for (int r = 0; r < R; ++r) s0[r][0] = s1[r][0] = s0[r][1] = s1[r][1] = 0;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        uint32_t g[4];
-        rx_ld_v4_any(xc + 128 * k, g);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            uint32_t lo, hi;
-            u[r].ints(j, k, lo, hi);
-            s0[r][0] = rx_dp4a<false>(lo, g[0], s0[r][0]);
-            s1[r][0] = rx_dp4a<true>(lo, g[1], s1[r][0]);
-            s0[r][1] = rx_dp4a<false>(hi, g[2], s0[r][1]);
-            s1[r][1] = rx_dp4a<true>(hi, g[3], s1[r][1]);
-        }
-    }
-    uint32_t m[4];
-    rx_ld_v4_any(xc + 128 * 4, m);
-    const float xs[2] = {rx_as_float(m[0]), rx_as_float(m[1])};
-    const float xsum[2] = {rx_small_int_f((int)m[2]), rx_small_int_f((int)m[3])};  // |sum| <= 2^18
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float mul, sub;
-            u[r].affine(h, mul, sub);
-            const float v = fmaf(rx_small_int_f(s1[r][h]), 256.0f, rx_small_int_f(s0[r][h]));
-            acc[r][0] = fmaf(mul * xs[h], v, acc[r][0]);
-            acc[r][0] = fmaf(-sub * xs[h], xsum[h], acc[r][0]);
-        }
-    }
-}
-// LIMBS 2: on rx_x_limb2_run's chunks (rx_limbs2_unit)
-template <int TYPE, int R, int LIMBS = 3>
+template <int TYPE, int R>
 RX_HD void rx_gemv_rows_limbs(const uint8_t* const (&rp)[R], const uint32_t* xl, int n_in, int first,
                               int stride, float (&acc)[R][1]) {
     typedef rx_lu<TYPE> L;
     typedef rx_x_lanes<TYPE> XL;
     static_assert(XL::P == 1 && XL::STEPS == 4, "the limb runs' lane order");
-    constexpr int SLOTS = LIMBS == 3 ? XL::SLOTS : RX_X2_SLOTS;
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
     const unsigned n_units = (unsigned)(n_in / L::QK) * (unsigned)L::LPB;
@@ -1358,12 +1276,8 @@ RX_HD void rx_gemv_rows_limbs(const uint8_t* const (&rp)[R], const uint32_t* xl,
     for (unsigned U = (unsigned)first; U < n_units; U += (unsigned)stride) {
         const unsigned blk = U / (unsigned)L::LPB;
         const int j = (int)(U % (unsigned)L::LPB);
-        const uint32_t* xc = xl + 4 * ((long long)(U >> 5) * SLOTS + l);
-        if constexpr (LIMBS == 3) {
-            rx_limbs_unit<TYPE, R>(rp, (long long)blk * L::TS, j, xc, acc);
-        } else {
-            rx_limbs2_unit<TYPE, R>(rp, (long long)blk * L::TS, j, xc, acc);
-        }
+        rx_limbs_unit<TYPE, R>(rp, (long long)blk * L::TS, j,
+                               xl + 4 * ((long long)(U >> 5) * XL::SLOTS + l), acc);
     }
 }
 
