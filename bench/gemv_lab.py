@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from labkit import device_copies, load_lab, median_ms, random_blocks
+from labkit import device_copies, gemv_args, load_lab, median_ms, random_blocks
 
 SIG = "PPPPPPPiiiiiqi"
 # (label, n_in, n_out, swiglu)
@@ -77,9 +77,8 @@ def main() -> int:
                 grid = -(-n_out // per_block)
 
                 def launch(w):
-                    args = ((w, w + half, 0, xp, yp, 0, 0, 1, n_in, n_out, 0, 0, rb, 1) if swiglu
-                            else (w, 0, 0, xp, yp, 0, 0, 1, n_in, n_out, 0, 0, rb, 0))
-                    kern.launch(name, (grid, 1, 1), (32 * warps, 1, 1), args, smem)
+                    kern.launch(name, (grid, 1, 1), (32 * warps, 1, 1),
+                                gemv_args(w, half, xp, yp, n_in, n_out, rb, swiglu), smem)
 
                 launch(wps[0])
                 driver.synchronize()

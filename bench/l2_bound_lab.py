@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from labkit import device_copies, graph_us, random_blocks
+from labkit import device_copies, gemv_args, graph_us, random_blocks
 
 N = 40
 # (label, n_in, n_out, swiglu): a Qwen3-8B layer's launches, and parts of them that fit the L2
@@ -54,10 +54,8 @@ def main() -> int:
                 for pdl in (False, True):
                     def launch(i, mode=mode):
                         w = wps[i % copies] if mode == "hbm" else wps[0]
-                        args = ((w, w + half, 0, xp, yp, 0, 0, 1, n_in, n_out, 0, 0, rb, 1)
-                                if swiglu else
-                                (w, 0, 0, xp, yp, 0, 0, 1, n_in, n_out, 0, 0, rb, 0))
-                        core.launch(name, (grid, 1, 1), (256, 1, 1), args, smem)
+                        core.launch(name, (grid, 1, 1), (256, 1, 1),
+                                    gemv_args(w, half, xp, yp, n_in, n_out, rb, swiglu), smem)
 
                     us = graph_us(launch, N, pdl)
                     line.append(f"{mode}{'+pdl' if pdl else ''} {us:6.2f} us "

@@ -94,3 +94,12 @@ def device_copies(data: bytes, at_least: int) -> list[int]:
         memory.htod(p, data)
         ptrs.append(p)
     return ptrs
+
+
+def gemv_args(w: int, half: int, x: int, y: int, n_in: int, n_out: int, row_bytes: int,
+              swiglu: bool) -> tuple:
+    """A one-token GEMV launch's RX_MM_PARAMS for ``n_out`` rows of ``row_bytes`` at ``w``
+    (``swiglu``: the gate rows there, the up rows ``half`` bytes on, mode 1; else mode 0)."""
+    if swiglu:
+        return (w, w + half, 0, x, y, 0, 0, 1, n_in, n_out, 0, 0, row_bytes, 1)
+    return (w, 0, 0, x, y, 0, 0, 1, n_in, n_out, 0, 0, row_bytes, 0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from labkit import device_copies, graph_us, load_lab, random_blocks
+from labkit import device_copies, gemv_args, graph_us, load_lab, random_blocks
 
 SIG = "PPPPPPPiiiiiqi"
 SHAPES = [("8B o", 4096, 4096, False), ("8B q+k", 4096, 5120, False),
@@ -67,9 +67,7 @@ def main() -> int:
             kern.allow_shmem(name, smem)
 
             def launch(i, kern=kern, name=name, grid=grid, block=block, smem=smem):
-                w = wps[i % copies]
-                args = ((w, w + half, 0, xp, yp, 0, 0, 1, n_in, n_out, 0, 0, rb, 1) if swiglu
-                        else (w, 0, 0, xp, yp, 0, 0, 1, n_in, n_out, 0, 0, rb, 0))
+                args = gemv_args(wps[i % copies], half, xp, yp, n_in, n_out, rb, swiglu)
                 kern.launch(name, (grid, 1, 1), (block, 1, 1), args, smem)
 
             memory.memset(yp, 0, 4 * n_out)
