@@ -334,11 +334,11 @@ NORM_TYPES = frozenset({0, 1, 8, 12, 13, 14})
 # gemv1x's. On an H100 (BENCHMARKS.md, 2026-12-05) the 8B Q4_K_M's warm decode took 2.591
 # ms/token without the head streamed and 2.560 with it; streaming its q/k/v launches too gave
 # nothing more (on x of two limbs: 2.488 -> 2.487) and cost the 30B-A3B 2.078 -> 2.113, so those
-# keep gemv1x. No
-# Q6_K producer: on the H200 the 8B's warm decode took 2.362 ms/token without it and 2.374 with
-# it (its down projection's rows arrive in six chunks of a copy a row). x stays on gemv1x's three
-# limbs: two (15 bits a run) took the 8B from 2.591 to 2.547 ms/token but its decode logits' error
-# against the NumPy reference (reflex check) from 2e-6 to 1.4e-4 of the largest.
+# keep gemv1x. No Q6_K producer: on the H200 the 8B's warm decode took 2.362 ms/token without it
+# and 2.374 with it (its down projection's rows arrive in six chunks of a copy a row). x stays on
+# gemv1x's three limbs: two (15 bits a run) took the 8B from 2.591 to 2.547 ms/token but its
+# decode logits' error against the NumPy reference (reflex check) from 2e-6 to 1.4e-4 of the
+# largest.
 STREAM_FORMS = {"n": frozenset({12, 14}), "r": frozenset({12})}  # Q4_K, Q6_K
 GEMV_STREAM = os.environ.get("REFLEX_GEMV_STREAM", "1") != "0"
 _GSTREAM_THREADS = 32 * (8 + 1)  # GSTREAM_WARPS compute warps and the copies' warp
