@@ -114,6 +114,15 @@ def sass_targets(nvcc: str) -> tuple[list[int], int]:
     return sms, max(sms)
 
 
+def code_flags(includes: list[Path]) -> list[str]:
+    """The nvcc flags that decide a module's machine code, whatever the output (the build's
+    fatbin, bench/sass_same.py's cubin): optimisation, language and the include folders."""
+    flags = ["-O3", "-std=c++17", "-Xptxas=-O3"]
+    if os.environ.get("REFLEX_CUDA_LINEINFO", "") not in ("", "0"):
+        flags.append("-lineinfo")  # source lines for profilers; ~4x larger fatbins
+    return flags + [f"-I{inc}" for inc in includes]
+
+
 def compile_module(nvcc: str, src: Path, out: Path, includes: list[Path], sms: list[int],
                    ptx_sm: int, threads: int) -> None:
     """``out`` (NAME.fatbin), and beside it each SASS target's cubin (NAME.sm_XX.cubin) kept
@@ -121,11 +130,7 @@ def compile_module(nvcc: str, src: Path, out: Path, includes: list[Path], sms: l
     the whole fatbin) and falls back to the fatbin (PTX) for a GPU no cubin fits."""
     import tempfile
 
-    cmd = [nvcc, "-fatbin", "-O3", "-std=c++17", "-Xptxas=-O3", f"--threads={threads}"]
-    if os.environ.get("REFLEX_CUDA_LINEINFO", "") not in ("", "0"):
-        cmd.append("-lineinfo")  # source lines for profilers; ~4x larger fatbins
-    for inc in includes:
-        cmd.append(f"-I{inc}")
+    cmd = [nvcc, "-fatbin", *code_flags(includes), f"--threads={threads}"]
     for sm in sms:
         cmd.append(f"-gencode=arch=compute_{_sass_arch(sm)},code=sm_{_sass_arch(sm)}")
     cmd.append(f"-gencode=arch=compute_{ptx_sm},code=compute_{ptx_sm}")
