@@ -45,14 +45,7 @@ __device__ __forceinline__ void lab_tma_body(const uint8_t* __restrict__ w0, con
     uint64_t* empty = full + S;
     uint8_t* ring = base + ((xb + 16 * S + 127) & ~127);
     const int slot_bytes = ROWS * rb;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < S; ++s) {
-            rx_mbar_init(full + s, 1);
-            rx_mbar_init(empty + s, WARPS);
-        }
-        rx_mbar_init_fence();
-    }
-    __syncthreads();
+    rx_mbar_ring_init(full, empty, S, WARPS);
     if (warp == WARPS) {  // the producer
         if (PART != 2 && lane == 0) {
             int k = 0;

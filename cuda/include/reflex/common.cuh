@@ -317,6 +317,21 @@ __device__ __forceinline__ void rx_mbar_init(uint64_t* bar, int count) {
 __device__ __forceinline__ void rx_mbar_init_fence() {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
+// A ring of `slots` shared-memory slots between one copying thread and `consumers` arrivals:
+// full[s] (one arrival, the copier's rx_mbar_expect) completes when slot s has landed, empty[s]
+// when the consumers are done with it. Every thread of the block calls it (thread 0 initialises,
+// then the block synchronises).
+__device__ __forceinline__ void rx_mbar_ring_init(uint64_t* full, uint64_t* empty, int slots,
+                                                  int consumers) {
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < slots; ++s) {
+            rx_mbar_init(full + s, 1);
+            rx_mbar_init(empty + s, consumers);
+        }
+        rx_mbar_init_fence();
+    }
+    __syncthreads();
+}
 __device__ __forceinline__ void rx_mbar_expect(uint64_t* bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(rx_smem_addr(bar)),
                  "r"(bytes)

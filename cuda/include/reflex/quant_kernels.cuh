@@ -1705,14 +1705,7 @@ __device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
     __shared__ float part_s[2][WARPS][R];  // slice 1's sums, by tile parity
     __shared__ float gss[2][GROUPS];       // the producer's group sums of h^2, by tile parity
     __shared__ float norm_r;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < S; ++s) {
-            rx_mbar_init(full + s, 1);
-            rx_mbar_init(empty + s, WARPS);
-        }
-        rx_mbar_init_fence();
-    }
-    __syncthreads();
+    rx_mbar_ring_init(full, empty, S, WARPS);
     if (warp == WARPS) {  // the copies
         if (lane == 0) {
             int k = 0;
