@@ -11,8 +11,8 @@ resources, so the change needs no device run to be trusted. It says nothing abou
 does alter the code: that one is measured on the GPU. The modules: the core's cuda/*.cu, each
 plugin's plugins/*/cuda/*.cu (with its own folder on the include path, as its build has), the
 labs' bench/*.cu and tests/plugins/*/cuda/*.cu; MODULE arguments (paths in the tree) narrow that.
-Exit status 0: every module the same; 1: a module differs, is new or is gone; 2: usage, or nvcc
-failed on either tree.
+Exit status 0: every module the same (or compiling on neither tree for the target); 1: a module
+differs, is new or is gone; 2: usage, or nvcc failed on one tree only.
 """
 
 from __future__ import annotations
@@ -144,17 +144,27 @@ def main(argv: list[str] | None = None) -> int:
                         out.parent.mkdir(exist_ok=True)
                         jobs[name, rel] = (out, pool.submit(compile_cubin, build, nvcc, tree, rel,
                                                             mods[name][rel], args.sm, out))
-        failed = False
-        for (name, rel), (_out, fut) in sorted(jobs.items()):
-            err = fut.result()
-            if err is not None:
-                print(f"sass_same: nvcc failed on {rel} ({name}):\n{err}", file=sys.stderr)
-                failed = True
+        errors = {key: fut.result() for key, (_out, fut) in jobs.items()}
+        # a module that compiles on neither tree for this target (an sm_90-only lab on sm_80)
+        # is the same on both; one that compiles on one side only is an error
+        neither = [rel for rel in wanted
+                   if errors.get(("base", rel)) is not None and errors.get(("new", rel)) is not None]
+        failed = [(name, rel) for (name, rel), err in sorted(errors.items())
+                  if err is not None and rel not in neither]
+        for name, rel in failed:
+            err = errors[name, rel].splitlines()
+            print(f"sass_same: nvcc failed on {rel} ({name}):\n" + "\n".join(err[:20])
+                  + (f"\n... ({len(err) - 20} more lines)" if len(err) > 20 else ""),
+                  file=sys.stderr)
         if failed:
             return 2
         print(f"sass_same: sm_{build._sass_arch(args.sm)}, this tree against {args.base}")
         differ = False
         for rel in wanted:
+            if rel in neither:
+                first = next((ln for ln in errors["new", rel].splitlines() if "error" in ln), "")
+                print(f"  {rel}: compiles on neither tree for this target ({first.strip()})")
+                continue
             if (("base", rel) in jobs) != (("new", rel) in jobs):
                 differ = True
                 print(f"  {rel}: {'new module' if ('new', rel) in jobs else 'module gone'}")
