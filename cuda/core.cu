@@ -62,55 +62,19 @@ kernel is deterministic run to run.
 #include <stdint.h>
 #include <math.h>
 
-#include "reflex/common.cuh"  // rx_nan, rx_xq_slot (the x limbs' layout)
+#include "reflex/common.cuh"  // rx_nan, rx_xq_slot (the x limbs' layout), rx_warp_*
 
 #define FULL_MASK 0xffffffffu
 
 // ------------------------------------------------------------------------------------------
-// reduction helpers (local to this module)
-
-__device__ __forceinline__ float warp_sum_f(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-    return v;
-}
-
-__device__ __forceinline__ double warp_sum_d(double v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-    return v;
-}
-
-__device__ __forceinline__ float warp_max_f(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
-    return v;
-}
-
-__device__ __forceinline__ int warp_sum_i(int v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-    return v;
-}
-
-__device__ __forceinline__ int warp_min_i(int v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(FULL_MASK, v, o));
-    return v;
-}
-
-__device__ __forceinline__ int warp_max_i(int v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(FULL_MASK, v, o));
-    return v;
-}
+// reduction helpers (local to this module; the warp's butterflies are common.cuh's)
 
 // Block-wide reductions for blockDim.x a multiple of 32 (<= 1024). Every thread gets the
 // result. `red` is shared scratch of >= 32 elements; the trailing __syncthreads makes it
 // reusable right away.
 __device__ __forceinline__ float block_sum_f(float v, float* red) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum_f(v);
+    v = rx_warp_sum(v);
     if (lane == 0) red[warp] = v;
     __syncthreads();
     float r = 0.f;
@@ -122,7 +86,7 @@ __device__ __forceinline__ float block_sum_f(float v, float* red) {
 
 __device__ __forceinline__ double block_sum_d(double v, double* red) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum_d(v);
+    v = rx_warp_sum(v);
     if (lane == 0) red[warp] = v;
     __syncthreads();
     double r = 0.0;
@@ -133,7 +97,7 @@ __device__ __forceinline__ double block_sum_d(double v, double* red) {
 
 __device__ __forceinline__ float block_max_f(float v, float* red) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_max_f(v);
+    v = rx_warp_max(v);
     if (lane == 0) red[warp] = v;
     __syncthreads();
     float r = red[0];
@@ -145,7 +109,7 @@ __device__ __forceinline__ float block_max_f(float v, float* red) {
 
 __device__ __forceinline__ int block_min_i(int v, int* red) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_min_i(v);
+    v = rx_warp_min(v);
     if (lane == 0) red[warp] = v;
     __syncthreads();
     int r = red[0];
@@ -156,7 +120,7 @@ __device__ __forceinline__ int block_min_i(int v, int* red) {
 
 __device__ __forceinline__ int block_max_i(int v, int* red) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_max_i(v);
+    v = rx_warp_max(v);
     if (lane == 0) red[warp] = v;
     __syncthreads();
     int r = red[0];
@@ -551,7 +515,7 @@ reflex_qk_norm_rope_rows(RX_QKR_PARAMS) {
                 x[e] = xv;
                 part += xv * xv;
             }
-            ss += warp_sum_f(part);
+            ss += rx_warp_sum(part);
         }
         if (row.norm) {  // each lane its own dims (e % 32 == lane): no barrier
             const float r = 1.0f / sqrtf(ss / (float)dk + eps);
@@ -632,7 +596,7 @@ __device__ __forceinline__ void att_combine_slices(const float* pp, float* __res
             ls[i] = s < S ? __ldcg(pp + s * w + 1) : 0.f;
             M = fmaxf(M, ms[i]);
         }
-        M = warp_max_f(M);
+        M = rx_warp_max(M);
         float L = 0.f;
 #pragma unroll
         for (int i = 0; i < REFLEX_ATT_MAX_SPLITS / 32; i++) {
@@ -641,7 +605,7 @@ __device__ __forceinline__ void att_combine_slices(const float* pp, float* __res
             if (s < S) s_f[s] = f;
             L += ls[i] * f;
         }
-        L = warp_sum_f(L);
+        L = rx_warp_sum(L);
         if (lane == 0) s_invL = L > 0.f ? 1.0f / L : 0.f;
     }
     __syncthreads();
@@ -743,7 +707,7 @@ reflex_attention(const float* __restrict__ q, const float* __restrict__ kc,
             const int e = lane + 32 * c;
             if (e < dk) s += qr[c] * kp[e];
         }
-        s = warp_sum_f(s) * scale;
+        s = rx_warp_sum(s) * scale;
         const float mn = fmaxf(m, s);
         const float corr = expf(m - mn);  // m = -inf on the first cell: 0
         const float p = expf(s - mn);
@@ -849,7 +813,7 @@ __device__ __forceinline__ void rope_attention_prologue(float (*rows)[32 * C4],
                                   : in.k + ((size_t)(r - 1) * H_kv + g) * dk;
         const float x = e < dk ? src[e] : 0.f;
         if (e < dk) rows[r][e] = x;
-        const float ss = warp_sum_f(x * x);
+        const float ss = rx_warp_sum(x * x);
         if (lane == 0) red[task] = ss;
     }
     __syncthreads();
@@ -1614,7 +1578,7 @@ extern "C" __global__ void __launch_bounds__(256) reflex_x_halves(const float* _
         const uint32_t p = hi | (lo << 16);
         const uint32_t p0 = __shfl_sync(FULL_MASK, p, src), p1 = __shfl_sync(FULL_MASK, p, src + 1);
         H[((long long)t * nb + b) * 32 + lane] = i < 2 ? (p0 & 0xffffu) | (p1 << 16) : (p0 >> 16) | (p1 & 0xffff0000u);
-        const float sum = warp_sum_f(hf + rx_f16_to_f32_fast(lo));
+        const float sum = rx_warp_sum(hf + rx_f16_to_f32_fast(lo));
         if (lane == 0) R[T + (long long)t * nb + b] = sum;
     }
 }
@@ -1826,8 +1790,8 @@ __device__ __forceinline__ void block_bins(double (&acc)[16], int (&cnt)[16],
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int b = 0; b < 16; b++) {
-        if (WITH_P) acc[b] = warp_sum_d(acc[b]);
-        cnt[b] = warp_sum_i(cnt[b]);
+        if (WITH_P) acc[b] = rx_warp_sum(acc[b]);
+        cnt[b] = rx_warp_sum(cnt[b]);
     }
     if (lane == 0) {
 #pragma unroll

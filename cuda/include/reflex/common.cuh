@@ -11,7 +11,7 @@
 //   rx_bf16_to_f32        exact bfloat16 -> float
 //   rx_ld_*               read-only loads: __ldg on the device, memcpy on the host; the
 //                         `words` / `u32u` forms accept any address (aligned loads + funnel shift)
-//   rx_warp_sum           butterfly sum over a full warp (device)
+//   rx_warp_sum/_max/_min butterfly reductions over a full warp (device)
 //   rx_norm_load/_scale   an RMSNorm scale from block sums of squares, in one fixed order (device)
 //   rx_cp_async16/8/4     asynchronous global -> shared copies, zeros when refused (sm_80+)
 //   rx_mbar_*, rx_bulk_load  shared-memory barriers and the bulk copy engine (sm_90+)
@@ -248,16 +248,27 @@ RX_HD long long rx_ceil_div(long long a, long long b) { return (a + b - 1) / b; 
 // device-only
 
 #ifdef __CUDACC__
-__device__ __forceinline__ float rx_warp_sum(float v) {
+// Butterfly reductions over a full warp: every lane gets the result, combined in the same order.
+template <typename T, typename Op>
+__device__ __forceinline__ T rx_warp_reduce(T v, Op op) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
-
+template <typename T>
+__device__ __forceinline__ T rx_warp_sum(T v) {
+    return rx_warp_reduce(v, [](T a, T b) { return a + b; });
+}
 __device__ __forceinline__ float rx_warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
+    return rx_warp_reduce(v, [](float a, float b) { return fmaxf(a, b); });
+}
+template <typename T>  // integers
+__device__ __forceinline__ T rx_warp_max(T v) {
+    return rx_warp_reduce(v, [](T a, T b) { return max(a, b); });
+}
+template <typename T>  // integers
+__device__ __forceinline__ T rx_warp_min(T v) {
+    return rx_warp_reduce(v, [](T a, T b) { return min(a, b); });
 }
 
 // The RMSNorm scale 1 / sqrt(sum(part) / n + eps) from a residual-step GEMV's block sums

@@ -1180,8 +1180,7 @@ __device__ __forceinline__ void unpack_pairs_body(const uint8_t* __restrict__ w,
                 for (int c = 0; c < 8; ++c) mb = max(mb, __float_as_int(v[c]) & 0x7fffffff);
             }
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, o));
+        mb = rx_warp_max(mb);
         if (warps > 1) {
             if ((tid & 31) == 0) red[tid >> 5] = mb;
             __syncthreads();
