@@ -710,6 +710,28 @@ struct rx_lu<RX_Q5_1> {
     }
 };
 
+// What the Q4_K and Q5_K lane units share: unit j's two affine maps (an element is a * q - c;
+// the low nibbles' sub-block 2(j/2) takes a0, c0, the high ones' 2(j/2)+1 a1, c1) from the
+// block's 16-byte header hd (d, dmin, the 12 scale bytes), and a step's 8 values from its
+// unsigned bytes lo (4 low-nibble elements) and hi (4 high-nibble ones).
+RX_HD void rx_k4_unit_affine(const uint32_t (&hd)[4], int j, float& a0, float& c0, float& a1, float& c1) {
+    const float d = rx_f16_to_f32_fast(hd[0] & 0xffffu), dmin = rx_f16_to_f32_fast(hd[0] >> 16);
+    uint32_t sc2, m2;
+    rx_k4_scale_min2(hd[1], hd[2], hd[3], j >> 1, sc2, m2);
+    a0 = RX_FMUL(d, rx_ubyte_f(sc2, 0, 0.0f));
+    c0 = RX_FMUL(dmin, rx_ubyte_f(m2, 0, 0.0f));
+    a1 = RX_FMUL(d, rx_ubyte_f(sc2, 1, 0.0f));
+    c1 = RX_FMUL(dmin, rx_ubyte_f(m2, 1, 0.0f));
+}
+template <bool EXACT>
+RX_HD void rx_k4_unit_dec(uint32_t lo, uint32_t hi, float a0, float c0, float a1, float c1, float* w) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        w[i] = rx_msub<EXACT>(a0, rx_ubyte_f(lo, i, 0.0f), c0);
+        w[4 + i] = rx_msub<EXACT>(a1, rx_ubyte_f(hi, i, 0.0f), c1);
+    }
+}
+
 // Q4_K: 8 units per block, unit j = 16 bytes qs[16j .. 16j+16) (t = j/2, h = j%2) plus the
 // 16-byte header (d, dmin, scales), both one 128-bit load (144 = 9*16: blocks stay 16B-aligned).
 // Step s: word s -> low nibbles are elements 64t + 16h + 4s + [0,4) (sub-block 2t), high
@@ -729,15 +751,7 @@ struct rx_lu<RX_Q4_K> {
         rx_ld_v4_any((const uint32_t*)b, hd);
         rx_ld_v4_any((const uint32_t*)(b + 16 + 16 * j), q);
     }
-    RX_HD void prep(int j) {
-        const float d = rx_f16_to_f32_fast(hd[0] & 0xffffu), dmin = rx_f16_to_f32_fast(hd[0] >> 16);
-        uint32_t sc2, m2;
-        rx_k4_scale_min2(hd[1], hd[2], hd[3], j >> 1, sc2, m2);
-        a0 = RX_FMUL(d, rx_ubyte_f(sc2, 0, 0.0f));
-        c0 = RX_FMUL(dmin, rx_ubyte_f(m2, 0, 0.0f));
-        a1 = RX_FMUL(d, rx_ubyte_f(sc2, 1, 0.0f));
-        c1 = RX_FMUL(dmin, rx_ubyte_f(m2, 1, 0.0f));
-    }
+    RX_HD void prep(int j) { rx_k4_unit_affine(hd, j, a0, c0, a1, c1); }
     static RX_HD int e0(int j, int s) { return 64 * (j >> 1) + 16 * (j & 1) + 4 * s; }
     static RX_HD int e1(int j, int s) { return 64 * (j >> 1) + 16 * (j & 1) + 4 * s + 32; }
     RX_HD void ints(int, int s, uint32_t& lo, uint32_t& hi) const {
@@ -749,13 +763,10 @@ struct rx_lu<RX_Q4_K> {
         sub = h ? c1 : c0;
     }
     template <bool EXACT>
-    RX_HD void dec(int, int s, float* w) const {
-        const uint32_t lo = q[s] & 0x0F0F0F0Fu, hi = (q[s] >> 4) & 0x0F0F0F0Fu;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            w[i] = rx_msub<EXACT>(a0, rx_ubyte_f(lo, i, 0.0f), c0);
-            w[4 + i] = rx_msub<EXACT>(a1, rx_ubyte_f(hi, i, 0.0f), c1);
-        }
+    RX_HD void dec(int j, int s, float* w) const {
+        uint32_t lo, hi;
+        ints(j, s, lo, hi);
+        rx_k4_unit_dec<EXACT>(lo, hi, a0, c0, a1, c1, w);
     }
 };
 
@@ -773,15 +784,7 @@ struct rx_lu<RX_Q5_K> {
         rx_ld_v4(b + 16 + 16 * (j & 1), qh);
         rx_ld_v4(b + 48 + 16 * j, q);
     }
-    RX_HD void prep(int j) {
-        const float d = rx_f16_to_f32_fast(hd[0] & 0xffffu), dmin = rx_f16_to_f32_fast(hd[0] >> 16);
-        uint32_t sc2, m2;
-        rx_k4_scale_min2(hd[1], hd[2], hd[3], j >> 1, sc2, m2);
-        a0 = RX_FMUL(d, rx_ubyte_f(sc2, 0, 0.0f));
-        c0 = RX_FMUL(dmin, rx_ubyte_f(m2, 0, 0.0f));
-        a1 = RX_FMUL(d, rx_ubyte_f(sc2, 1, 0.0f));
-        c1 = RX_FMUL(dmin, rx_ubyte_f(m2, 1, 0.0f));
-    }
+    RX_HD void prep(int j) { rx_k4_unit_affine(hd, j, a0, c0, a1, c1); }
     static RX_HD int e0(int j, int s) { return 64 * (j >> 1) + 16 * (j & 1) + 4 * s; }
     static RX_HD int e1(int j, int s) { return 64 * (j >> 1) + 16 * (j & 1) + 4 * s + 32; }
     RX_HD void ints(int j, int s, uint32_t& lo, uint32_t& hi) const {
@@ -795,14 +798,9 @@ struct rx_lu<RX_Q5_K> {
     }
     template <bool EXACT>
     RX_HD void dec(int j, int s, float* w) const {
-        const int t2 = 2 * (j >> 1);
-        const uint32_t lo = (q[s] & 0x0F0F0F0Fu) | (((qh[s] >> t2) & 0x01010101u) << 4);
-        const uint32_t hi = ((q[s] >> 4) & 0x0F0F0F0Fu) | (((qh[s] >> (t2 + 1)) & 0x01010101u) << 4);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            w[i] = rx_msub<EXACT>(a0, rx_ubyte_f(lo, i, 0.0f), c0);
-            w[4 + i] = rx_msub<EXACT>(a1, rx_ubyte_f(hi, i, 0.0f), c1);
-        }
+        uint32_t lo, hi;
+        ints(j, s, lo, hi);
+        rx_k4_unit_dec<EXACT>(lo, hi, a0, c0, a1, c1, w);
     }
 };
 
