@@ -105,6 +105,31 @@ RX_HD float rx_msub(float a, float q, float b) {
     return EXACT ? RX_FSUB(RX_FMUL(a, q), b) : fmaf(a, q, -b);
 }
 
+// A lane unit's step (rx_lu's dec): 8 values from the unsigned bytes b of lo (the 4 at e0) and
+// hi (the 4 at e1). rx_dec8: a0 * (b - off) for lo's, a1 * (b - off) for hi's; rx_dec8_affine:
+// a0 * b + c0 and a1 * b + c1, or with SUB minus c0 and c1.
+template <bool EXACT>
+RX_HD void rx_dec8(uint32_t lo, uint32_t hi, float off, float a0, float a1, float* w) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        w[i] = rx_mul<EXACT>(a0, rx_ubyte_f(lo, i, off));
+        w[4 + i] = rx_mul<EXACT>(a1, rx_ubyte_f(hi, i, off));
+    }
+}
+template <bool EXACT, bool SUB>
+RX_HD void rx_dec8_affine(uint32_t lo, uint32_t hi, float a0, float c0, float a1, float c1, float* w) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        if constexpr (SUB) {
+            w[i] = rx_msub<EXACT>(a0, rx_ubyte_f(lo, i, 0.0f), c0);
+            w[4 + i] = rx_msub<EXACT>(a1, rx_ubyte_f(hi, i, 0.0f), c1);
+        } else {
+            w[i] = rx_mad<EXACT>(a0, rx_ubyte_f(lo, i, 0.0f), c0);
+            w[4 + i] = rx_mad<EXACT>(a1, rx_ubyte_f(hi, i, 0.0f), c1);
+        }
+    }
+}
+
 // 8 bytes from an 8-byte aligned address (device: one 64-bit load)
 RX_HD void rx_ld_v2(const uint8_t* p, uint32_t& w0, uint32_t& w1) {
 #ifdef __CUDA_ARCH__
@@ -620,11 +645,7 @@ struct rx_lu<RX_Q4_0> {
     template <bool EXACT>
     RX_HD void dec(int, int s, float* w) const {
         const uint32_t lo = q[s] & 0x0F0F0F0Fu, hi = (q[s] >> 4) & 0x0F0F0F0Fu;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            w[i] = rx_mul<EXACT>(d, rx_ubyte_f(lo, i, 8.0f));
-            w[4 + i] = rx_mul<EXACT>(d, rx_ubyte_f(hi, i, 8.0f));
-        }
+        rx_dec8<EXACT>(lo, hi, 8.0f, d, d, w);
     }
 };
 
@@ -647,11 +668,7 @@ struct rx_lu<RX_Q4_1> {
     template <bool EXACT>
     RX_HD void dec(int, int s, float* w) const {
         const uint32_t lo = q[s] & 0x0F0F0F0Fu, hi = (q[s] >> 4) & 0x0F0F0F0Fu;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            w[i] = rx_mad<EXACT>(d, rx_ubyte_f(lo, i, 0.0f), m);
-            w[4 + i] = rx_mad<EXACT>(d, rx_ubyte_f(hi, i, 0.0f), m);
-        }
+        rx_dec8_affine<EXACT, false>(lo, hi, d, m, d, m, w);
     }
 };
 
@@ -674,11 +691,7 @@ struct rx_lu<RX_Q5_0> {
     RX_HD void dec(int, int s, float* w) const {
         const uint32_t lo = (q[s] & 0x0F0F0F0Fu) | rx_spread4_bit4((qh[0] >> (4 * s)) & 15u);
         const uint32_t hi = ((q[s] >> 4) & 0x0F0F0F0Fu) | rx_spread4_bit4((qh[0] >> (16 + 4 * s)) & 15u);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            w[i] = rx_mul<EXACT>(d, rx_ubyte_f(lo, i, 16.0f));
-            w[4 + i] = rx_mul<EXACT>(d, rx_ubyte_f(hi, i, 16.0f));
-        }
+        rx_dec8<EXACT>(lo, hi, 16.0f, d, d, w);
     }
 };
 
@@ -702,18 +715,13 @@ struct rx_lu<RX_Q5_1> {
     RX_HD void dec(int, int s, float* w) const {
         const uint32_t lo = (q[s] & 0x0F0F0F0Fu) | rx_spread4_bit4((hd[1] >> (4 * s)) & 15u);
         const uint32_t hi = ((q[s] >> 4) & 0x0F0F0F0Fu) | rx_spread4_bit4((hd[1] >> (16 + 4 * s)) & 15u);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            w[i] = rx_mad<EXACT>(d, rx_ubyte_f(lo, i, 0.0f), m);
-            w[4 + i] = rx_mad<EXACT>(d, rx_ubyte_f(hi, i, 0.0f), m);
-        }
+        rx_dec8_affine<EXACT, false>(lo, hi, d, m, d, m, w);
     }
 };
 
 // What the Q4_K and Q5_K lane units share: unit j's two affine maps (an element is a * q - c;
 // the low nibbles' sub-block 2(j/2) takes a0, c0, the high ones' 2(j/2)+1 a1, c1) from the
-// block's 16-byte header hd (d, dmin, the 12 scale bytes), and a step's 8 values from its
-// unsigned bytes lo (4 low-nibble elements) and hi (4 high-nibble ones).
+// block's 16-byte header hd (d, dmin, the 12 scale bytes).
 RX_HD void rx_k4_unit_affine(const uint32_t (&hd)[4], int j, float& a0, float& c0, float& a1, float& c1) {
     const float d = rx_f16_to_f32_fast(hd[0] & 0xffffu), dmin = rx_f16_to_f32_fast(hd[0] >> 16);
     uint32_t sc2, m2;
@@ -722,14 +730,6 @@ RX_HD void rx_k4_unit_affine(const uint32_t (&hd)[4], int j, float& a0, float& c
     c0 = RX_FMUL(dmin, rx_ubyte_f(m2, 0, 0.0f));
     a1 = RX_FMUL(d, rx_ubyte_f(sc2, 1, 0.0f));
     c1 = RX_FMUL(dmin, rx_ubyte_f(m2, 1, 0.0f));
-}
-template <bool EXACT>
-RX_HD void rx_k4_unit_dec(uint32_t lo, uint32_t hi, float a0, float c0, float a1, float c1, float* w) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        w[i] = rx_msub<EXACT>(a0, rx_ubyte_f(lo, i, 0.0f), c0);
-        w[4 + i] = rx_msub<EXACT>(a1, rx_ubyte_f(hi, i, 0.0f), c1);
-    }
 }
 
 // Q4_K: 8 units per block, unit j = 16 bytes qs[16j .. 16j+16) (t = j/2, h = j%2) plus the
@@ -766,7 +766,7 @@ struct rx_lu<RX_Q4_K> {
     RX_HD void dec(int j, int s, float* w) const {
         uint32_t lo, hi;
         ints(j, s, lo, hi);
-        rx_k4_unit_dec<EXACT>(lo, hi, a0, c0, a1, c1, w);
+        rx_dec8_affine<EXACT, true>(lo, hi, a0, c0, a1, c1, w);
     }
 };
 
@@ -800,7 +800,7 @@ struct rx_lu<RX_Q5_K> {
     RX_HD void dec(int j, int s, float* w) const {
         uint32_t lo, hi;
         ints(j, s, lo, hi);
-        rx_k4_unit_dec<EXACT>(lo, hi, a0, c0, a1, c1, w);
+        rx_dec8_affine<EXACT, true>(lo, hi, a0, c0, a1, c1, w);
     }
 };
 
@@ -853,11 +853,7 @@ struct rx_lu<RX_Q6_K> {
         const int sh = 2 * ((j & 3) >> 1);
         const uint32_t lo = (ql[s] & 0x0F0F0F0Fu) | (((qh[s] >> sh) & 0x03030303u) << 4);
         const uint32_t hi = ((ql[s] >> 4) & 0x0F0F0F0Fu) | (((qh[s] >> (sh + 4)) & 0x03030303u) << 4);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            w[i] = rx_mul<EXACT>(a0, rx_ubyte_f(lo, i, 32.0f));
-            w[4 + i] = rx_mul<EXACT>(a1, rx_ubyte_f(hi, i, 32.0f));
-        }
+        rx_dec8<EXACT>(lo, hi, 32.0f, a0, a1, w);
     }
 };
 
@@ -891,11 +887,7 @@ struct rx_lu<RX_Q2_K> {
     template <bool EXACT>
     RX_HD void dec(int, int s, float* w) const {
         const uint32_t lo = (q[0] >> (2 * s)) & 0x03030303u, hi = (q[1] >> (2 * s)) & 0x03030303u;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            w[i] = rx_msub<EXACT>(a[s], rx_ubyte_f(lo, i, 0.0f), c[s]);
-            w[4 + i] = rx_msub<EXACT>(a[s], rx_ubyte_f(hi, i, 0.0f), c[s]);
-        }
+        rx_dec8_affine<EXACT, true>(lo, hi, a[s], c[s], a[s], c[s], w);
     }
 };
 
@@ -930,11 +922,7 @@ struct rx_lu<RX_Q3_K> {
         const int hb = 4 * (j >> 2) + s;
         const uint32_t lo = ((q[0] >> (2 * s)) & 0x03030303u) | (((hm[0] >> hb) & 0x01010101u) << 2);
         const uint32_t hi = ((q[1] >> (2 * s)) & 0x03030303u) | (((hm[1] >> hb) & 0x01010101u) << 2);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            w[i] = rx_mul<EXACT>(a[s], rx_ubyte_f(lo, i, 4.0f));
-            w[4 + i] = rx_mul<EXACT>(a[s], rx_ubyte_f(hi, i, 4.0f));
-        }
+        rx_dec8<EXACT>(lo, hi, 4.0f, a[s], a[s], w);
     }
 };
 

@@ -731,11 +731,7 @@ struct rx_lu<RX_TQ2_0> {
     template <bool EXACT>
     RX_HD void dec(int, int s, float* w) const {
         const uint32_t lo = (q[0] >> (2 * s)) & 0x03030303u, hi = (q[1] >> (2 * s)) & 0x03030303u;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            w[i] = rx_mul<EXACT>(d, rx_ubyte_f(lo, i, 1.0f));
-            w[4 + i] = rx_mul<EXACT>(d, rx_ubyte_f(hi, i, 1.0f));
-        }
+        rx_dec8<EXACT>(lo, hi, 1.0f, d, d, w);
     }
 };
 
