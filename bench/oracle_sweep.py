@@ -23,7 +23,6 @@ largest in the other families: deepseek2 4.0e-6, qwen3 1.6e-6, qwen35moe 4.9e-5,
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 import tempfile
 from pathlib import Path
@@ -32,11 +31,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from test_oracle_random_shapes import BOUND, FAMILIES, optional_tensors  # noqa: E402
+from test_oracle_random_shapes import BOUND, FAMILIES, make_draw  # noqa: E402
 
 from reflex_core.gguf import open_gguf  # noqa: E402
 from reflex_core.testing import oracle  # noqa: E402
-from reflex_core.testing.modelwriter import write_model  # noqa: E402
 
 
 def ulp_noise_change(path: Path, tokens: list[int], n_prompt: int, got: np.ndarray,
@@ -63,26 +61,20 @@ def ulp_noise_change(path: Path, tokens: list[int], n_prompt: int, got: np.ndarr
 
 
 def draw(family: str, seed: int, tmp: Path) -> tuple[float, str | None]:
-    """(max|diff|/max|ref|, None where within the bound, else what is wrong) of one draw, made as
-    test_random_shape_matches_llama_cpp makes it."""
-    r = random.Random(f"{family}-{seed}")
-    shape = FAMILIES[family](r)
-    n_prompt, n_decode = r.randint(1, 17), r.randint(0, 5)
-    shape, fuse = optional_tensors(family, shape, seed)
-    path = write_model(tmp / "m.gguf", shape, seed=seed, fuse=fuse)
-    tokens = oracle.random_tokens(shape.n_vocab, n_prompt + n_decode, seed)
-    ref = oracle.llama_logits(path, tokens, n_prompt=n_prompt, kv_type="f32")
-    got = oracle.reflex_logits(path, tokens, n_prompt=n_prompt)
+    """(max|diff|/max|ref|, None where within the bound, else what is wrong) of one draw, the
+    test's (make_draw)."""
+    d = make_draw(family, seed, tmp)
+    ref = oracle.llama_logits(d.path, d.tokens, n_prompt=d.n_prompt, kv_type="f32")
+    got = oracle.reflex_logits(d.path, d.tokens, n_prompt=d.n_prompt)
     rel = oracle.compare(ref, got)["rel"]
     try:
         oracle.check_logits(ref, got, BOUND, "")
         return rel, None
     except AssertionError as e:
-        noise = ulp_noise_change(path, tokens, n_prompt, got)
+        noise = ulp_noise_change(d.path, d.tokens, d.n_prompt, got)
         kind = "ill-conditioned" if noise >= 0.5 * rel else "MISMATCH"
         return rel, (f"{kind}: {str(e).strip(': ')}; one-ulp weight noise moves the reference by "
-                     f"{noise:.3g}; {shape} fused {fuse} ({n_prompt} prompt tokens, {n_decode} "
-                     f"steps)")
+                     f"{noise:.3g}; {d}")
 
 
 def main() -> int:

@@ -27,11 +27,12 @@ These tests FAIL (never skip) when llama-cpp-python is missing (marker ``oracle`
 from __future__ import annotations
 
 import random
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 
 from reflex_core.testing import oracle
-from typing import Any
 
 from reflex_core.testing.modelwriter import DeepSeek2Shape, ModelShape, Qwen35Shape, write_model
 
@@ -153,16 +154,36 @@ FAMILIES = {
 }
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_random_shape_matches_llama_cpp(tmp_path, family, seed):
+class Draw(NamedTuple):
+    shape: Any
+    fuse: tuple[str, ...]
+    n_prompt: int
+    n_decode: int
+    path: Path  # the model file
+    tokens: list[int]  # the prompt's, then the decode steps'
+
+    def __str__(self) -> str:
+        return (f"{self.shape} fused {self.fuse} ({self.n_prompt} prompt tokens, "
+                f"{self.n_decode} steps)")
+
+
+def make_draw(family: str, seed: int, directory: Path) -> Draw:
+    """Draw ``seed`` of ``family``: its shape, optional tensors, prompt length and decode steps,
+    the model written to ``directory``/m.gguf, the tokens (bench/oracle_sweep.py draws by the
+    thousand with it)."""
     r = random.Random(f"{family}-{seed}")
     shape = FAMILIES[family](r)
     n_prompt, n_decode = r.randint(1, 17), r.randint(0, 5)
     shape, fuse = optional_tensors(family, shape, seed)
-    path = write_model(tmp_path / "m.gguf", shape, seed=seed, fuse=fuse)
+    path = write_model(directory / "m.gguf", shape, seed=seed, fuse=fuse)
     tokens = oracle.random_tokens(shape.n_vocab, n_prompt + n_decode, seed)
-    ref = oracle.llama_logits(path, tokens, n_prompt=n_prompt, kv_type="f32")
-    got = oracle.reflex_logits(path, tokens, n_prompt=n_prompt)
-    oracle.check_logits(ref, got, BOUND, f"{shape} fused {fuse} ({n_prompt} prompt tokens, "
-                                         f"{n_decode} steps)")
+    return Draw(shape, fuse, n_prompt, n_decode, path, tokens)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_random_shape_matches_llama_cpp(tmp_path, family, seed):
+    d = make_draw(family, seed, tmp_path)
+    ref = oracle.llama_logits(d.path, d.tokens, n_prompt=d.n_prompt, kv_type="f32")
+    got = oracle.reflex_logits(d.path, d.tokens, n_prompt=d.n_prompt)
+    oracle.check_logits(ref, got, BOUND, str(d))
