@@ -87,11 +87,11 @@ def section_report(base: bytes, new: bytes) -> list[str]:
     lines = [f"new kernel {k}" for k in sorted(kernels_b - kernels_a)]
     lines += [f"kernel gone {k}" for k in sorted(kernels_a - kernels_b)]
     changed: dict[str, list[str]] = {}
+    both = sorted(kernels_a & kernels_b, key=len, reverse=True)  # the longest name that fits wins
     for name in sorted(set(a) | set(b)):
         if a.get(name) == b.get(name):
             continue
-        owner = next((k for k in sorted(kernels_a & kernels_b, key=len, reverse=True)
-                      if name.endswith("." + k)), None)
+        owner = next((k for k in both if name.endswith("." + k)), None)
         if owner is None:
             if not any(name.endswith("." + k) for k in kernels_a ^ kernels_b):
                 changed.setdefault("(module)", []).append(name)
