@@ -494,6 +494,14 @@ class _FakeKernels:
     def multiprocessors(self):
         return self.sms
 
+    def blocks_per_sm(self, name, threads, shmem):
+        """An sm_90 SM's occupancy count: 64K registers (the streamed kernels' counts from
+        cuobjdump, rounded to the allocation's 8), 228 KB of shared memory (1 KB the driver's a
+        block, 1312 bytes static)."""
+        assert shmem <= self.allowed.get(name, 48 << 10)
+        regs = 128 if name.endswith("_q6_k") else 96
+        return min(65536 // (regs * threads), (228 << 10) // (shmem + 1312 + 1024))
+
     def allow_shmem(self, name, nbytes):
         assert name in self.signatures
         if nbytes > self.optin:
@@ -785,19 +793,20 @@ def test_stream_launches(quant_signatures, monkeypatch):
                        H, P, q.resnorm_parts(c, n_outs[0]), 1e-6)
         return c, k.calls[-1]
 
-    for t, n_in, n_outs, swiglu, form, cb, grid in (
-            (12, 4096, [12288], True, "n", 16, 132),  # an 8B's gate/up: rows whole in a slot
-            (12, 12288, [4096], False, "r", 16, 132),  # its down: three chunks of 16 blocks
-            (12, 4096, [4096], False, "r", 16, 132),  # its output projection
-            (14, 4096, [151936], False, "n", 8, 132),  # a Q6_K head (gemv1x1's shape)
-            (12, 2048, [151937], False, "n", 8, 132),  # a Q4_K one, a partial last tile
-            (14, 4096, [12288], True, "n", 8, 132),  # Q6_K rows of 16 blocks: two chunks of 8
-            (12, 2048, [1037], True, "n", 8, 130)):  # fewer tiles than SMs
+    # two blocks an SM where two fit (the fake's occupancy count), with the most slots that do
+    for t, n_in, n_outs, swiglu, form, cb, grid, stages in (
+            (12, 4096, [12288], True, "n", 16, 264, 2),  # an 8B's gate/up: rows whole in a slot
+            (12, 12288, [4096], False, "r", 16, 132, 3),  # its down: three chunks; 123 KB at 2
+            (12, 4096, [4096], False, "r", 16, 256, 2),  # its output projection: 256 tiles
+            (14, 4096, [151936], False, "n", 8, 132, 3),  # a Q6_K head: 126 registers a thread
+            (12, 2048, [151937], False, "n", 8, 264, 3),  # a Q4_K one, a partial last tile
+            (14, 4096, [12288], True, "n", 8, 132, 3),  # Q6_K rows of 16 blocks: two chunks of 8
+            (12, 2048, [1037], True, "n", 8, 130, 3)):  # fewer tiles than SMs
         c, (name, g, block, args) = launch(t, n_in, n_outs, swiglu, form)
         suffix = q._TYPES[t][0]
         assert c[0] == name == f"reflex_matmul_gemv1xs{form}_{suffix}"
         assert g == (grid, 1, 1) and block == (288, 1, 1)
-        assert c[3] == q.gemv_stream_smem(t, n_in, 3) == k.shmem[-1] <= q.XS_MAX_SHMEM
+        assert c[3] == q.gemv_stream_smem(t, n_in, stages) == k.shmem[-1] <= q.XS_MAX_SHMEM
         assert args[7] == cb and args[9:12] == tuple(n_outs) + (0,) * (3 - len(n_outs))
         assert args[13] == (1 if swiglu else 0)
         if form == "r":

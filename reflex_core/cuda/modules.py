@@ -147,6 +147,15 @@ class Kernels:
         """The device's multiprocessor count (launchers size their blocks by it)."""
         return _device_attribute("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT")
 
+    def blocks_per_sm(self, name: str, threads: int, shmem: int) -> int:
+        """How many blocks of ``threads`` with ``shmem`` bytes of dynamic shared memory of
+        ``name`` a multiprocessor holds at once (the driver's occupancy count: registers, shared
+        memory, threads). Call :meth:`allow_shmem` first where ``shmem`` passes 48 KB."""
+        d = _drv._d
+        return int(_drv.check(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            self.function(name), int(threads), int(shmem)),
+            f"cuOccupancyMaxActiveBlocksPerMultiprocessor({name!r})"))
+
     def allow_shmem(self, name: str, nbytes: int) -> bool:
         """Let ``name`` launch with ``nbytes`` of dynamic shared memory: past the default 48 KB a
         kernel needs the opt-in attribute (once per kernel and size, the largest kept). False,

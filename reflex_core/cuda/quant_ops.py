@@ -328,7 +328,7 @@ NORM_TYPES = frozenset({0, 1, 8, 12, 13, 14})
 # The streamed residual-step GEMVs (reflex_matmul_gemv1xs{n,r}_<t>, gemv_stream_body in
 # reflex/quant_kernels.cuh): gemv1xn's SwiGLU reader, gemv1xn's plain reader of one weight where
 # the launch takes gemv1x1's shape (an LM head) and gemv1xr's producer, with gemv1x's bits, as a
-# persistent grid (a block an SM) whose weights reach shared memory through the bulk copy engine,
+# persistent grid (one or two blocks an SM) whose weights reach shared memory through the bulk copy engine,
 # so the loads in flight cost the compute warps nothing and x is staged once a block. sm_90+ SASS
 # only (the copy engine is Hopper's). Form -> the types that have it; REFLEX_GEMV_STREAM=0 keeps
 # gemv1x's. On an H100 (BENCHMARKS.md, 2026-12-05) the 8B Q4_K_M's warm decode took 2.591
@@ -355,6 +355,13 @@ _GSTREAM_SLOT_MAX = 40 << 10
 # with gemv1xn).
 _GSTREAM_STAGES = 3
 _GSTREAM_BARRIERS = 4  # GSTREAM_STAGES: the kernel's barrier pairs (ring slots at most)
+# Blocks of the persistent grid an SM: two where the driver's occupancy count says two fit
+# (registers, shared memory; with the most slots that do), else one. Two blocks are 16 compute
+# warps an SM on two rings instead of 8 on one: the units' arithmetic, not the copies, bounds
+# these kernels, and 8 warps are two a scheduler. The same tiles and sums, so the same bits. On
+# an H100 (BENCHMARKS.md, 2026-12-06) 8B warm decode took 2.472 ms/token at two blocks (two
+# slots each for its gate/up and o), 2.561 at one; two blocks with two slots everywhere 2.511.
+_GSTREAM_SM_BLOCKS = 2
 
 
 def _stream_chunk_blocks(ggml_type: int, n_in: int) -> int:
@@ -393,11 +400,14 @@ def _stream_launch(kern, p: "MatPlan", form: str, n0: int, swiglu: bool,
         return None
     name = f"reflex_matmul_gemv1xs{form}_{suffix}"
     tiles = -(-n0 // (_GSTREAM_ROWS // 2 if swiglu else _GSTREAM_ROWS))
-    for stages in range(_GSTREAM_STAGES, 1, -1):
-        smem = gemv_stream_smem(p.ggml_type, p.n_in, stages)
-        if smem <= XS_MAX_SHMEM and kern.allow_shmem(name, smem):
-            grid = min(tiles, kern.multiprocessors())
-            return name, (grid, 1, 1), (_GSTREAM_THREADS, 1, 1), smem
+    for blocks in range(max(1, _GSTREAM_SM_BLOCKS), 0, -1):
+        for stages in range(_GSTREAM_STAGES, 1, -1):
+            smem = gemv_stream_smem(p.ggml_type, p.n_in, stages)
+            if not (smem <= XS_MAX_SHMEM and kern.allow_shmem(name, smem)):
+                continue
+            if blocks == 1 or kern.blocks_per_sm(name, _GSTREAM_THREADS, smem) >= blocks:
+                grid = min(tiles, blocks * kern.multiprocessors())
+                return name, (grid, 1, 1), (_GSTREAM_THREADS, 1, 1), smem
     return None
 
 

@@ -1653,10 +1653,11 @@ struct rx_sm_blocks {
     }
 
 // The streamed residual-step GEMVs (sm_90+; the K-quants whose rx_lu has load_any: Q4_K, Q6_K),
-// a persistent grid (a block an SM) whose weights reach shared memory through the bulk copy
-// engine. reflex_matmul_gemv1xsn_<t> is the reader of a normed x (x the y0 of a residual step,
-// products scaled by rx_norm_scale of part): mode 1 the SwiGLU (gate rows w0, up rows w1, n0
-// outputs), mode 0 one weight's plain products (w0's n0 rows to y0: an LM head);
+// a persistent grid (one or two blocks an SM, as the occupancy count allows) whose weights reach
+// shared memory through the bulk copy engine. reflex_matmul_gemv1xsn_<t> is the reader of a
+// normed x (x the y0 of a residual step, products scaled by rx_norm_scale of part): mode 1 the
+// SwiGLU (gate rows w0, up rows w1, n0 outputs), mode 0 one weight's plain products (w0's n0
+// rows to y0: an LM head);
 // reflex_matmul_gemv1xsr_<t> the producer (one weight, n0 rows: h = resid + W x at h_out,
 // y0 = h * nw, part[tile] the tile's sum of h^2). Each has the bits of gemv1xn_<t> (mode 1 or
 // 0) or gemv1xr_<t>. A tile is gemv1x's block: 4 row groups of 4 rows, two warps a group, the
