@@ -572,6 +572,29 @@ def test_allow_shmem_opts_in_once_within_the_device_limit(fake, monkeypatch):
     assert asked == [("optin", "dev0"), ("sms", "dev0")]
 
 
+def test_blocks_per_sm_asks_the_driver_once_per_kernel_and_sizes(fake, monkeypatch):
+    """Kernels.blocks_per_sm: the driver's occupancy count for the kernel's function, threads and
+    dynamic shared memory, asked once per (kernel, threads, bytes); a driver error is a
+    CudaError naming the call."""
+    asked = []
+
+    def occupancy(f, threads, shmem):
+        asked.append((f["name"], threads, shmem))
+        return (0, 2 if shmem < (100 << 10) else 1)
+
+    monkeypatch.setattr(fake, "cuOccupancyMaxActiveBlocksPerMultiprocessor", occupancy,
+                        raising=False)
+    k = _kernels()
+    assert k.blocks_per_sm("reflex_add", 288, 90 << 10) == 2
+    assert k.blocks_per_sm("reflex_add", 288, 127 << 10) == 1
+    assert k.blocks_per_sm("reflex_add", 288, 90 << 10) == 2
+    assert asked == [("reflex_add", 288, 90 << 10), ("reflex_add", 288, 127 << 10)]
+    monkeypatch.setattr(fake, "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                        lambda f, t, m: (1, 0), raising=False)
+    with pytest.raises(driver.CudaError, match="cuOccupancyMaxActiveBlocksPerMultiprocessor"):
+        k.blocks_per_sm("reflex_add", 256, 0)
+
+
 def test_launch_rejects_bad_args(fake):
     k = _kernels()
     with pytest.raises(ValueError, match="reflex_add: signature 'PPPi' has 4 parameters, got 3"):

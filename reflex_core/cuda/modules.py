@@ -125,6 +125,7 @@ class Kernels:
         self._fns: dict[str, Any] = {}
         self._ents: dict[str, tuple[Any, ParamPacker]] = {}  # name -> (function, packer)
         self._shmem: dict[str, int] = {}  # name -> dynamic shared memory allowed (allow_shmem)
+        self._occupancy: dict[tuple, int] = {}  # (name, threads, shmem) -> blocks_per_sm
 
     def function(self, name: str) -> Any:
         f = self._fns.get(name)
@@ -150,11 +151,17 @@ class Kernels:
     def blocks_per_sm(self, name: str, threads: int, shmem: int) -> int:
         """How many blocks of ``threads`` with ``shmem`` bytes of dynamic shared memory of
         ``name`` a multiprocessor holds at once (the driver's occupancy count: registers, shared
-        memory, threads). Call :meth:`allow_shmem` first where ``shmem`` passes 48 KB."""
-        d = _drv._d
-        return int(_drv.check(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-            self.function(name), int(threads), int(shmem)),
-            f"cuOccupancyMaxActiveBlocksPerMultiprocessor({name!r})"))
+        memory, threads). Call :meth:`allow_shmem` first where ``shmem`` passes 48 KB. Asked of
+        the driver once per kernel and sizes (eager decode steps plan their launches each step)."""
+        key = (name, threads, shmem)
+        n = self._occupancy.get(key)
+        if n is None:
+            d = _drv._d
+            n = self._occupancy[key] = int(_drv.check(
+                d.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function(name), int(threads),
+                                                              int(shmem)),
+                f"cuOccupancyMaxActiveBlocksPerMultiprocessor({name!r})"))
+        return n
 
     def allow_shmem(self, name: str, nbytes: int) -> bool:
         """Let ``name`` launch with ``nbytes`` of dynamic shared memory: past the default 48 KB a
