@@ -328,17 +328,17 @@ NORM_TYPES = frozenset({0, 1, 8, 12, 13, 14})
 # The streamed residual-step GEMVs (reflex_matmul_gemv1xs{n,r}_<t>, gemv_stream_body in
 # reflex/quant_kernels.cuh): gemv1xn's SwiGLU reader, gemv1xn's plain reader of one weight where
 # the launch takes gemv1x1's shape (an LM head) and gemv1xr's producer, with gemv1x's bits, as a
-# persistent grid (one or two blocks an SM) whose weights reach shared memory through the bulk copy engine,
-# so the loads in flight cost the compute warps nothing and x is staged once a block. sm_90+ SASS
-# only (the copy engine is Hopper's). Form -> the types that have it; REFLEX_GEMV_STREAM=0 keeps
-# gemv1x's. On an H100 (BENCHMARKS.md, 2026-12-05) the 8B Q4_K_M's warm decode took 2.591
-# ms/token without the head streamed and 2.560 with it; streaming its q/k/v launches too gave
-# nothing more (on x of two limbs: 2.488 -> 2.487) and cost the 30B-A3B 2.078 -> 2.113, so those
-# keep gemv1x. No Q6_K producer: on the H200 the 8B's warm decode took 2.362 ms/token without it
-# and 2.374 with it (its down projection's rows arrive in six chunks of a copy a row). x stays on
-# gemv1x's three limbs: two (15 bits a run) took the 8B from 2.591 to 2.547 ms/token but its
-# decode logits' error against the NumPy reference (reflex check) from 2e-6 to 1.4e-4 of the
-# largest.
+# persistent grid (one or two blocks an SM) whose weights reach shared memory through the bulk
+# copy engine, so the loads in flight cost the compute warps nothing and x is staged once a block.
+# sm_90+ SASS only (the copy engine is Hopper's). Form -> the types that have it;
+# REFLEX_GEMV_STREAM=0 keeps gemv1x's. On an H100 (BENCHMARKS.md, 2026-12-05) the 8B Q4_K_M's warm
+# decode took 2.591 ms/token without the head streamed and 2.560 with it; streaming its q/k/v
+# launches too gave nothing more (on x of two limbs: 2.488 -> 2.487) and cost the 30B-A3B 2.078 ->
+# 2.113, so those keep gemv1x. No Q6_K producer: on the H200 the 8B's warm decode took 2.362
+# ms/token without it and 2.374 with it (its down projection's rows arrive in six chunks of a copy
+# a row). x stays on gemv1x's three limbs: two (15 bits a run) took the 8B from 2.591 to 2.547
+# ms/token but its decode logits' error against the NumPy reference (reflex check) from 2e-6 to
+# 1.4e-4 of the largest.
 STREAM_FORMS = {"n": frozenset({12, 14}), "r": frozenset({12})}  # Q4_K, Q6_K
 GEMV_STREAM = os.environ.get("REFLEX_GEMV_STREAM", "1") != "0"
 _GSTREAM_THREADS = 32 * (8 + 1)  # GSTREAM_WARPS compute warps and the copies' warp
@@ -400,7 +400,7 @@ def _stream_launch(kern, p: "MatPlan", form: str, n0: int, swiglu: bool,
         return None
     name = f"reflex_matmul_gemv1xs{form}_{suffix}"
     tiles = -(-n0 // (_GSTREAM_ROWS // 2 if swiglu else _GSTREAM_ROWS))
-    for blocks in range(max(1, _GSTREAM_SM_BLOCKS), 0, -1):
+    for blocks in range(_GSTREAM_SM_BLOCKS, 0, -1):
         for stages in range(_GSTREAM_STAGES, 1, -1):
             smem = gemv_stream_smem(p.ggml_type, p.n_in, stages)
             if not (smem <= XS_MAX_SHMEM and kern.allow_shmem(name, smem)):
