@@ -412,7 +412,7 @@ def test_staged_limbs_match_the_twin(lib, name):
     """rx_x_limb_run (the K-quants' staged x) against the x limbs' NumPy rule
     (testing.x_limbs.scaled_ints) per run of 16, bit for bit: every slot of every chunk of
     whole and partial chunks holds bytes 0-2 of its run's integers, the run's first slot its
-    scale, its second the sum of its integers; runs past the row are zeros."""
+    scale, its second the scale times the sum of its integers; runs past the row are zeros."""
     from reflex_core.cuda.quant_ops import x_staged_bytes
     from reflex_core.testing.x_limbs import inputs_of_every_kind, scaled_ints
 
@@ -438,7 +438,8 @@ def test_staged_limbs_match_the_twin(lib, name):
                     what = f"{name} n_in={n_in} chunk {c} run {h} lane {lane} (x[{e}:])"
                     assert (X == want[0]).all(), what
                     assert run[0, 3] == s_bits[0], what
-                    assert int(run[1, 3].view(np.int32)) == int(want[0].sum()), what
+                    sx = np.float32(s_bits[0:1].view(np.float32)[0]) * np.float32(want[0].sum())
+                    assert run[1:2, 3].view(np.float32)[0].tobytes() == sx.tobytes(), what
                     assert (run[2:, 3] == 0).all(), what
                     seen += [e] if e < n_in else []
         assert sorted(seen) == list(range(0, n_in, 16)), f"{name} n_in={n_in}: the runs' starts"

@@ -1123,8 +1123,8 @@ struct rx_x_lanes {
 // has a power-of-two scale s and integers X_i = rint(x_i / s), |X_i| <= 2^22, s from the run's
 // largest |x| as in reflex_x_limbs (cuda/core.cu): M < 2^e, s = 2^(e-22); M = 0: s = 1, X = 0; a
 // NaN or inf in the run: s = NaN, X = 0. A slot is 4 words: bytes 0, 1 and 2 of its four X
-// (the last signed), then in the run's first slot s and in its second the run's sum of X (an
-// int32; the weights' min term takes it). rx_x_limb_run writes run h of lane l of chunk c (x has
+// (the last signed), then in the run's first slot s and in its second s * (the run's sum of X,
+// rounded to a float): the weights' min term, s * sum X exactly scaled (s a power of two). rx_x_limb_run writes run h of lane l of chunk c (x has
 // n_in elements, out is the chunk's first word); a run past the row's end is zeros.
 template <int TYPE>
 RX_HD void rx_x_limb_run(const float* __restrict__ x, int n_in, int c, int l, int h, uint32_t* out) {
@@ -1180,7 +1180,7 @@ RX_HD void rx_x_limb_run(const float* __restrict__ x, int n_in, int c, int l, in
         w[2] = rx_byte_perm(hi01, hi23, 0x5410u);
         w[3] = k == 0 ? rx_as_uint(s) : 0u;
     }
-    out[4 * (32 * (2 + h) + l) + 3] = (uint32_t)sum;  // step 1's slot
+    out[4 * (32 * (2 + h) + l) + 3] = rx_as_uint(RX_FMUL(s, (float)sum));  // step 1's slot
 }
 
 // The one-token GEMV of rx_gemv_rows (the same lane slots) on the staged limbs xl (the chunks
@@ -1221,8 +1221,8 @@ RX_HD void rx_limbs_unit(const uint8_t* const (&rp)[R], long long boff, int j, c
             xs[0] = rx_as_float(g0[3]);
             xs[1] = rx_as_float(g1[3]);
         } else if (k == 1) {
-            xsum[0] = (float)(int)g0[3];
-            xsum[1] = (float)(int)g1[3];
+            xsum[0] = rx_as_float(g0[3]);  // s * sum X
+            xsum[1] = rx_as_float(g1[3]);
         }
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -1245,7 +1245,8 @@ RX_HD void rx_limbs_unit(const uint8_t* const (&rp)[R], long long boff, int j, c
             // 256 S2 + S1 is below 2^24 (b <= 63: 16 * 63 * (64 * 256 + 255)): exact as a float
             const float v = fmaf((float)(s2[r][h] * 256 + s1[r][h]), 256.0f, rx_small_int_f(s0[r][h]));
             acc[r][0] = fmaf(mul * xs[h], v, acc[r][0]);
-            acc[r][0] = fmaf(-sub * xs[h], xsum[h], acc[r][0]);
+            // = fmaf(-sub * s, sum X, acc): both products exact scalings by a power of two
+            acc[r][0] = fmaf(-sub, xsum[h], acc[r][0]);
         }
     }
 }
