@@ -438,8 +438,8 @@ def test_staged_limbs_match_the_twin(lib, name):
                     what = f"{name} n_in={n_in} chunk {c} run {h} lane {lane} (x[{e}:])"
                     assert (X == want[0]).all(), what
                     assert run[0, 3] == s_bits[0], what
-                    sx = np.float32(s_bits[0:1].view(np.float32)[0]) * np.float32(want[0].sum())
-                    assert run[1:2, 3].view(np.float32)[0].tobytes() == sx.tobytes(), what
+                    sx = s_bits.view(np.float32)[0] * np.float32(want[0].sum())
+                    assert run[1, 3:4].view(np.float32)[0].tobytes() == sx.tobytes(), what
                     assert (run[2:, 3] == 0).all(), what
                     seen += [e] if e < n_in else []
         assert sorted(seen) == list(range(0, n_in, 16)), f"{name} n_in={n_in}: the runs' starts"

@@ -360,10 +360,11 @@ _GSTREAM_STAGES = 3
 _GSTREAM_BARRIERS = 4  # GSTREAM_STAGES: the kernel's barrier pairs (ring slots at most)
 # Blocks of the persistent grid an SM: two where the driver's occupancy count says two fit
 # (registers, shared memory; with the most slots that do), else one. Two blocks are 16 compute
-# warps an SM on two rings instead of 8 on one: the units' arithmetic, not the copies, bounds
-# these kernels, and 8 warps are two a scheduler. The same tiles and sums, so the same bits. On
-# an H100 (BENCHMARKS.md, 2026-12-06) 8B warm decode took 2.472 ms/token at two blocks (two
-# slots each for its gate/up and o), 2.561 at one; two blocks with two slots everywhere 2.511.
+# warps an SM on two rings instead of 8 on one: with 8, two a scheduler, there is often none to
+# issue while the others wait (on a ring slot, or on their shared loads: Nsight Compute,
+# BENCHMARKS.md 2026-12-06). The same tiles and sums, so the same bits. On an H100 (BENCHMARKS.md,
+# 2026-12-06) 8B warm decode took 2.472 ms/token at two blocks (two slots each for its gate/up
+# and o), 2.561 at one; two blocks with two slots everywhere 2.511.
 _GSTREAM_SM_BLOCKS = 2
 
 

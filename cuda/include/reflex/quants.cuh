@@ -1124,8 +1124,9 @@ struct rx_x_lanes {
 // largest |x| as in reflex_x_limbs (cuda/core.cu): M < 2^e, s = 2^(e-22); M = 0: s = 1, X = 0; a
 // NaN or inf in the run: s = NaN, X = 0. A slot is 4 words: bytes 0, 1 and 2 of its four X
 // (the last signed), then in the run's first slot s and in its second s * (the run's sum of X,
-// rounded to a float): the weights' min term, s * sum X exactly scaled (s a power of two). rx_x_limb_run writes run h of lane l of chunk c (x has
-// n_in elements, out is the chunk's first word); a run past the row's end is zeros.
+// rounded to a float), the weights' min term (s a power of two: an exact scaling). rx_x_limb_run
+// writes run h of lane l of chunk c (x has n_in elements, out is the chunk's first word); a run
+// past the row's end is zeros.
 template <int TYPE>
 RX_HD void rx_x_limb_run(const float* __restrict__ x, int n_in, int c, int l, int h, uint32_t* out) {
     typedef rx_x_lanes<TYPE> XL;
