@@ -341,7 +341,9 @@ NORM_TYPES = frozenset({0, 1, 8, 12, 13, 14})
 # ms/token without it and 2.374 with it (its down projection's rows arrive in six chunks of a copy
 # a row). x stays on gemv1x's three limbs: two (15 bits a run) took the 8B from 2.591 to 2.547
 # ms/token but its decode logits' error against the NumPy reference (reflex check) from 2e-6 to
-# 1.4e-4 of the largest.
+# 1.4e-4 of the largest. Q4_K on the integer tensor cores (u8 x s8 mma on x as four digits: 1.5
+# SASS instructions a weight-row product a lane instead of 2.8) was slower still: 2.52 against
+# 2.41 ms/token (H100, BENCHMARKS.md 2026-12-06, fortieth session; branch exp/mma).
 STREAM_FORMS = {"n": frozenset({12, 14}), "r": frozenset({12})}  # Q4_K, Q6_K
 GEMV_STREAM = os.environ.get("REFLEX_GEMV_STREAM", "1") != "0"
 _GSTREAM_THREADS = 32 * (8 + 1)  # GSTREAM_WARPS compute warps and the copies' warp
@@ -355,7 +357,9 @@ _GSTREAM_SLOT_MAX = 40 << 10
 # smaller block leaves room for the next launch's blocks to start early (programmatic launch)
 # and ask the L2 for their rows; on an H100 (BENCHMARKS.md, 2026-12-05) 8B warm decode with the
 # streamed gate/up alone took 2.634 ms/token with three, 2.657 with four, 2.970 with two (2.752
-# with gemv1xn).
+# with gemv1xn). More bytes in flight did not help at two blocks an SM either: a tile's rows in
+# two slots of 8 rows, five such slots a block, took 2.59 against 2.42; slots freed as soon as a
+# thread holds its last unit, 2.58 (H100, BENCHMARKS.md 2026-12-06, fortieth session).
 _GSTREAM_STAGES = 3
 _GSTREAM_BARRIERS = 4  # GSTREAM_STAGES: the kernel's barrier pairs (ring slots at most)
 # Blocks of the persistent grid an SM: two where the driver's occupancy count says two fit
