@@ -358,8 +358,8 @@ _GSTREAM_SLOT_MAX = 40 << 10
 # and ask the L2 for their rows; on an H100 (BENCHMARKS.md, 2026-12-05) 8B warm decode with the
 # streamed gate/up alone took 2.634 ms/token with three, 2.657 with four, 2.970 with two (2.752
 # with gemv1xn). More bytes in flight did not help at two blocks an SM either: a tile's rows in
-# two slots of 8 rows, five such slots a block, took 2.59 against 2.42; slots freed as soon as a
-# thread holds its last unit, 2.58 (H100, BENCHMARKS.md 2026-12-06, fortieth session).
+# two slots of 8 rows, five such slots a block, took 2.47 ms/token against 2.41 (H100,
+# BENCHMARKS.md 2026-12-06, fortieth session).
 _GSTREAM_STAGES = 3
 _GSTREAM_BARRIERS = 4  # GSTREAM_STAGES: the kernel's barrier pairs (ring slots at most)
 # Blocks of the persistent grid an SM: two where the driver's occupancy count says two fit
@@ -368,7 +368,10 @@ _GSTREAM_BARRIERS = 4  # GSTREAM_STAGES: the kernel's barrier pairs (ring slots 
 # issue while the others wait (on a ring slot, or on their shared loads: Nsight Compute,
 # BENCHMARKS.md 2026-12-06). The same tiles and sums, so the same bits. On an H100 (BENCHMARKS.md,
 # 2026-12-06) 8B warm decode took 2.472 ms/token at two blocks (two slots each for its gate/up
-# and o), 2.561 at one; two blocks with two slots everywhere 2.511.
+# and o), 2.561 at one; two blocks with two slots everywhere 2.511. Two blocks of 9 warps fit only
+# at 96 registers a thread or fewer (Nsight Compute's occupancy limit: one block at 106; a
+# sub-partition's 16K registers hold five warps of 96), so a change that adds registers to these
+# kernels halves their warps unless it is capped (__maxnreg__).
 _GSTREAM_SM_BLOCKS = 2
 
 
