@@ -298,7 +298,9 @@ def x_halves(core, x_ptr: int, out_ptr: int, T: int, n_in: int) -> None:
 # at 37% of its peak). x to 23 bits of the largest value of each run of 16. A lane taking two of
 # Q4_K's units at once (runs of 32, the header and scales once for 64 weights: 30% fewer
 # instructions in the streamed loop) made the 8B's decode slower on the H100 and the H200
-# (BENCHMARKS.md, 2026-12-06): these kernels wait on their weights more than on issue.
+# (BENCHMARKS.md, 2026-12-06), but at 110-126 registers a thread its kernels lost warps (fewer
+# blocks an SM), so that measured occupancy as much as instructions; the tensor-core form of the
+# streamed GEMVs (47% fewer instructions at the same occupancy) was no faster either.
 # type -> elements of x a chunk of the staged order (rx_x_lanes<T>: 32 units of 32).
 XS_CHUNK = {12: 1024, 13: 1024, 14: 1024}  # Q4_K, Q5_K, Q6_K
 _GEMVX_WARPS = 8  # GEMVX_WARPS
