@@ -298,9 +298,10 @@ def x_halves(core, x_ptr: int, out_ptr: int, T: int, n_in: int) -> None:
 # at 37% of its peak). x to 23 bits of the largest value of each run of 16. A lane taking two of
 # Q4_K's units at once (runs of 32, the header and scales once for 64 weights: 30% fewer
 # instructions in the streamed loop) made the 8B's decode slower on the H100 and the H200
-# (BENCHMARKS.md, 2026-12-06), but at 110-126 registers a thread its kernels lost warps (fewer
-# blocks an SM), so that measured occupancy as much as instructions; the tensor-core form of the
-# streamed GEMVs (47% fewer instructions at the same occupancy) was no faster either.
+# (BENCHMARKS.md, 2026-12-06), and it was no faster than unpaired units at the same two blocks an
+# SM either (128 registers a thread in a build without the copies' warp: 2.520 against 2.512
+# ms/token, H100, forty-first session); the tensor-core form of the streamed GEMVs (47% fewer
+# instructions at the same occupancy) was no faster either.
 # type -> elements of x a chunk of the staged order (rx_x_lanes<T>: 32 units of 32).
 XS_CHUNK = {12: 1024, 13: 1024, 14: 1024}  # Q4_K, Q5_K, Q6_K
 _GEMVX_WARPS = 8  # GEMVX_WARPS
@@ -345,7 +346,10 @@ NORM_TYPES = frozenset({0, 1, 8, 12, 13, 14})
 # ms/token but its decode logits' error against the NumPy reference (reflex check) from 2e-6 to
 # 1.4e-4 of the largest. Q4_K on the integer tensor cores (u8 x s8 mma on x as four digits: 1.5
 # SASS instructions a weight-row product a lane instead of 2.8) was slower still: 2.52 against
-# 2.41 ms/token (H100, BENCHMARKS.md 2026-12-06, fortieth session; branch exp/mma).
+# 2.41 ms/token (H100, BENCHMARKS.md 2026-12-06, fortieth session; branch exp/mma). The output
+# projection's producer and the gate/up reader in one persistent launch, a grid-wide barrier
+# between them, was slower than the two launches that programmatic launch overlaps: 2.69
+# against 2.41 (H100, forty-first session; branch exp/fentry).
 STREAM_FORMS = {"n": frozenset({12, 14}), "r": frozenset({12})}  # Q4_K, Q6_K
 GEMV_STREAM = os.environ.get("REFLEX_GEMV_STREAM", "1") != "0"
 _GSTREAM_THREADS = 32 * (8 + 1)  # GSTREAM_WARPS compute warps and the copies' warp

@@ -1665,10 +1665,12 @@ struct rx_sm_blocks {
 // take tiles blockIdx.x, + gridDim.x, ... and each tile's rows arrive in chunks of T blocks (one
 // chunk where the rows fit a slot: one copy a weight, else a copy a row), each chunk in one slot
 // of a ring. An extra warp's lane 0 keeps the ring full (its first chunks are asked for before
-// the wait for the kernel ahead: weights are read-only): full[s] completes when slot s has
-// landed, empty[s] when the compute warps are done with it. So the loads in flight take no
-// registers and no instructions of the compute warps, and x is staged once a block instead of
-// once every 16 rows. The producer's n_part is its tile count (quant_ops.resnorm_parts).
+// the wait for the kernel ahead: weights are read-only; asked after it, each kind of launch made
+// the 8B's step slower, BENCHMARKS.md 2026-12-06, forty-first session): full[s] completes when
+// slot s has landed, empty[s] when the compute warps are done with it. So the loads in flight
+// take no registers and no instructions of the compute warps (the last compute warp done with a
+// slot refilling it instead was 4% slower there), and x is staged once a block instead of once
+// every 16 rows. The producer's n_part is its tile count (quant_ops.resnorm_parts).
 // T is the blocks of a row a slot holds (quant_ops._stream_chunk_blocks: all of them, or a
 // multiple of 8). Dynamic shared memory (quant_ops.gemv_stream_smem): x's limbs (rx_x_lanes'
 // chunks), the barriers, then 2 to GSTREAM_STAGES slots from a 128-byte boundary (the kernel
