@@ -346,10 +346,11 @@ NORM_TYPES = frozenset({0, 1, 8, 12, 13, 14})
 # ms/token but its decode logits' error against the NumPy reference (reflex check) from 2e-6 to
 # 1.4e-4 of the largest. Q4_K on the integer tensor cores (u8 x s8 mma on x as four digits: 1.5
 # SASS instructions a weight-row product a lane instead of 2.8) was slower still: 2.52 against
-# 2.41 ms/token (H100, BENCHMARKS.md 2026-12-06, fortieth session; branch exp/mma). The output
-# projection's producer and the gate/up reader in one persistent launch, a grid-wide barrier
-# between them, was slower than the two launches that programmatic launch overlaps: 2.69
-# against 2.41 (H100, forty-first session; branch exp/fentry).
+# 2.41 ms/token on an H100, 2.28 against 2.22 on the H200 (BENCHMARKS.md 2026-12-06, fortieth and
+# forty-first sessions; branch exp/mma). The output projection's producer and the gate/up reader
+# in one persistent launch, a grid-wide barrier between them, was slower than the two launches
+# that programmatic launch overlaps: 2.69 against 2.41 (H100), 2.45 against 2.22 (H200; branch
+# exp/fentry).
 STREAM_FORMS = {"n": frozenset({12, 14}), "r": frozenset({12})}  # Q4_K, Q6_K
 GEMV_STREAM = os.environ.get("REFLEX_GEMV_STREAM", "1") != "0"
 _GSTREAM_THREADS = 32 * (8 + 1)  # GSTREAM_WARPS compute warps and the copies' warp
