@@ -298,10 +298,10 @@ def x_halves(core, x_ptr: int, out_ptr: int, T: int, n_in: int) -> None:
 # at 37% of its peak). x to 23 bits of the largest value of each run of 16. A lane taking two of
 # Q4_K's units at once (runs of 32, the header and scales once for 64 weights: 30% fewer
 # instructions in the streamed loop) made the 8B's decode slower on the H100 and the H200
-# (BENCHMARKS.md, 2026-12-06), and it was no faster than unpaired units at the same two blocks an
-# SM either (128 registers a thread in a build without the copies' warp: 2.520 against 2.512
-# ms/token, H100, forty-first session); the tensor-core form of the streamed GEMVs (47% fewer
-# instructions at the same occupancy) was no faster either.
+# (BENCHMARKS.md, 2026-12-06), also at the same two blocks an SM as unpaired units (128
+# registers a thread in a build without the copies' warp: 2.520 against 2.512 ms/token, H100,
+# forty-first session). Fewer instructions do not make these kernels faster: the tensor-core
+# form did not either (STREAM_FORMS' note).
 # type -> elements of x a chunk of the staged order (rx_x_lanes<T>: 32 units of 32).
 XS_CHUNK = {12: 1024, 13: 1024, 14: 1024}  # Q4_K, Q5_K, Q6_K
 _GEMVX_WARPS = 8  # GEMVX_WARPS
