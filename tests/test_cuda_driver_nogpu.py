@@ -770,8 +770,9 @@ def test_no_decode_graph_off_the_gpu(model_files, monkeypatch):
 
 @pytest.mark.parametrize("T,H,n_cells,want", [
     (1, 16, 511, 1),  # a short cache: one slice
-    (1, 16, 512, 2),  # from 2 * SPLIT_CELLS: a slice a SPLIT_CELLS cells
-    (1, 16, 1647, 6),
+    (1, 16, 512, 2),  # from SPLIT_MIN_CELLS: a slice a SPLIT_CELLS cells or more
+    (1, 16, 1647, 8),
+    (1, 16, 1535, 7),
     (1, 32, 40960, 8),  # no more than SPLIT_BLOCKS blocks
     (1, 2, 40960, 64),  # nor REFLEX_ATT_MAX_SPLITS
     (4, 8, 4096, 8),

@@ -97,8 +97,16 @@ def weight_offset(info: Any, ggml_type: int, ne: tuple, start: int, size: int) -
     return rel
 
 
-SPLIT_CELLS = 256  # cache cells per attention split, for a few tokens over a long cache
-SPLIT_BLOCKS = 264  # blocks worth filling: two per SM of an H100 / H200
+# The decode attention's slices of a long cache (attention_splits): caches from SPLIT_MIN_CELLS
+# cells are split, a slice to SPLIT_CELLS cells or more, into no more slices than fill
+# SPLIT_BLOCKS blocks (two an SM of an H100 / H200). Slices of about 200 cells were the fastest
+# after a 1518-token prompt on an H100 (BENCHMARKS.md, 2026-12-06, forty-second session; cache
+# of 1582 cells, ms/token): 0.6B 1.030 at slices of 256 cells (6 a head, 96 blocks) against 1.013
+# at 192 (8, 128 blocks), 1.077 at 128 (12) and 1.079 at 96 (16); 8B 2.770 against 2.740 at 192
+# (8 a head, 256 blocks) and 2.820 at 4; 30B-A3B 2.428 against 2.384.
+SPLIT_MIN_CELLS = 512
+SPLIT_CELLS = 192
+SPLIT_BLOCKS = 264
 ARGMAX_SPLIT_MAX_BLOCKS = 1024  # rows of up to 4M logits; longer ones take one block
 ATT_COUNTERS = 4096  # (token, head) slots of the split attention's counters (CudaOps._att_done)
 
@@ -106,11 +114,11 @@ ATT_COUNTERS = 4096  # (token, head) slots of the split attention's counters (Cu
 def attention_splits(T: int, H: int, n_cells: int) -> int:
     """Slices of the visible cells that reflex_attention spreads one (head, token) over
     (flash-decoding): 1 for a prefill, whose H*T blocks fill the GPU already; for a few tokens,
-    one per SPLIT_CELLS cells of the cache from 2 * SPLIT_CELLS cells, no more than fills
+    one per SPLIT_CELLS cells of the cache from SPLIT_MIN_CELLS cells, no more than fills
     SPLIT_BLOCKS blocks or REFLEX_ATT_MAX_SPLITS. From the cache's size, not the tokens'
     context: the same for every step of a job, as a captured decode graph needs
     (docs/internals.md)."""
-    if T > 4 or T * H > ATT_COUNTERS or n_cells < 2 * SPLIT_CELLS:
+    if T > 4 or T * H > ATT_COUNTERS or n_cells < SPLIT_MIN_CELLS:
         return 1
     want = min(n_cells // SPLIT_CELLS, max(1, SPLIT_BLOCKS // (H * T)), limit("ATT_MAX_SPLITS"))
     return max(1, want)
