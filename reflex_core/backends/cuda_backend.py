@@ -103,7 +103,7 @@ def weight_offset(info: Any, ggml_type: int, ne: tuple, start: int, size: int) -
 # after a 1518-token prompt on an H100 (BENCHMARKS.md, 2026-12-06, forty-second session; cache
 # of 1582 cells, ms/token): 0.6B 1.030 at slices of 256 cells (6 a head, 96 blocks) against 1.013
 # at 192 (8, 128 blocks), 1.077 at 128 (12) and 1.079 at 96 (16); 8B 2.770 against 2.740 at 192
-# (8 a head, 256 blocks) and 2.820 at 4; 30B-A3B 2.428 against 2.384.
+# (8 a head, 256 blocks) and 2.820 at 4 slices a head; 30B-A3B 2.428 against 2.384.
 SPLIT_MIN_CELLS = 512
 SPLIT_CELLS = 192
 SPLIT_BLOCKS = 264
