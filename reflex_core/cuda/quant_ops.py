@@ -368,7 +368,9 @@ _GSTREAM_SLOT_MAX = 40 << 10
 # streamed gate/up alone took 2.634 ms/token with three, 2.657 with four, 2.970 with two (2.752
 # with gemv1xn). More bytes in flight did not help at two blocks an SM either: a tile's rows in
 # two slots of 8 rows, five such slots a block, took 2.47 ms/token against 2.41 (H100,
-# BENCHMARKS.md 2026-12-06, fortieth session).
+# BENCHMARKS.md 2026-12-06, fortieth session), and nor did asking the L2 for the chunks the next
+# refills will copy (bulk prefetches beside the copies): 2.60-2.73 against 2.45 (H100, forty-third
+# session).
 _GSTREAM_STAGES = 3
 _GSTREAM_BARRIERS = 4  # GSTREAM_STAGES: the kernel's barrier pairs (ring slots at most)
 # Blocks of the persistent grid an SM: two where the driver's occupancy count says two fit
