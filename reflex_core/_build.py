@@ -25,6 +25,7 @@ Environment:
   REFLEX_NVCC=/path      the nvcc to use (default: $CUDA_HOME/bin/nvcc, $CUDA_PATH/bin/nvcc, PATH)
   REFLEX_NVCC_THREADS=N  nvcc --threads (default: number of CPUs)
   REFLEX_CUDA_LINEINFO=1 keep source-line info for profilers (fatbins ~4x larger)
+  REFLEX_CUDA_TRACE=1    the one-token GEMVs record per-block phase stamps (bench/phase_trace.py)
 """
 
 from __future__ import annotations
@@ -120,6 +121,8 @@ def code_flags(includes: list[Path]) -> list[str]:
     flags = ["-O3", "-std=c++17", "-Xptxas=-O3"]
     if os.environ.get("REFLEX_CUDA_LINEINFO", "") not in ("", "0"):
         flags.append("-lineinfo")  # source lines for profilers; ~4x larger fatbins
+    if os.environ.get("REFLEX_CUDA_TRACE", "") not in ("", "0"):
+        flags.append("-DRX_TRACE")  # per-block phase stamps (bench/phase_trace.py); not for release
     return flags + [f"-I{inc}" for inc in includes]
 
 

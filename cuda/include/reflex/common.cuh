@@ -56,6 +56,57 @@
     } while (0)
 #endif
 
+// Phase stamps for bench/phase_trace.py, in a trace build only (REFLEX_CUDA_TRACE=1 at build
+// time defines RX_TRACE; otherwise the macros are empty). A kernel that uses them records, per
+// block, the global timer and its SM's clock at up to six points (RX_TRACE_AT(0..5), thread 0;
+// points not reached stay 0), then RX_TRACE_PUT(kind, extra) appends the record to its module's
+// rx_trace_buf (16 words: kind << 32 | block, smid << 32 | grid width, six timer values in ns,
+// six clocks, extra, 0), rx_trace_n counting the records (past RX_TRACE_RECS they are dropped).
+// The one-token GEMVs' points: start, after the programmatic wait, x staged, the first ring slot
+// landed (streamed forms), the first tile's (or the row loop's) arithmetic done, end.
+#ifdef RX_TRACE
+#define RX_TRACE_RECS (1 << 18)
+__device__ unsigned long long rx_trace_buf[RX_TRACE_RECS * 16];
+__device__ unsigned int rx_trace_n;
+__device__ __noinline__ void rx_trace_put(unsigned kind, unsigned extra, const unsigned long long* ts) {
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    const unsigned i = atomicAdd(&rx_trace_n, 1u);
+    if (i >= RX_TRACE_RECS) return;
+    unsigned long long* r = rx_trace_buf + 16ull * i;
+    r[0] = ((unsigned long long)kind << 32) | blockIdx.x;
+    r[1] = ((unsigned long long)smid << 32) | gridDim.x;
+    for (int k = 0; k < 12; ++k) r[2 + k] = ts[k];
+    r[14] = extra;
+    r[15] = 0;
+}
+#define RX_TRACE_DECL                            \
+    __shared__ unsigned long long rx_ts[12];     \
+    if (threadIdx.x == 0)                        \
+        for (int k_ = 0; k_ < 12; ++k_) rx_ts[k_] = 0
+#define RX_TRACE_AT(i)                                                               \
+    do {                                                                             \
+        if (threadIdx.x == 0) {                                                      \
+            unsigned long long g_;                                                   \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g_));                    \
+            rx_ts[i] = g_;                                                           \
+            rx_ts[6 + (i)] = clock64();                                              \
+        }                                                                            \
+    } while (0)
+#define RX_TRACE_PUT(kind, extra)                               \
+    do {                                                        \
+        if (threadIdx.x == 0) rx_trace_put(kind, extra, rx_ts); \
+    } while (0)
+#else
+#define RX_TRACE_DECL
+#define RX_TRACE_AT(i) \
+    do {               \
+    } while (0)
+#define RX_TRACE_PUT(kind, extra) \
+    do {                          \
+    } while (0)
+#endif
+
 // ------------------------------------------------------------------------------------------
 // exact float arithmetic (no FMA contraction), bit casts
 

@@ -420,6 +420,9 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
     static_assert(EPI == GEMV_PLAIN || (TT == 1 && (KS > 1 || XS) && !XQ),
                   "fused norm: one token, on float x KS > 1");
     constexpr int GROUPS = WARPS / KS;
+    // a trace build's stamps (bench/phase_trace.py's kinds: 200 + 10 EPI + mode, + 100 for XS)
+    RX_TRACE_DECL;
+    RX_TRACE_AT(0);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int group = warp / KS, slice = warp % KS;
     const bool swiglu = mode == 1;
@@ -459,6 +462,7 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
         }
     }
     RX_PDL_ENTRY();
+    RX_TRACE_AT(1);
     // GEMV_NORMED: the norm scale. Float x: each storing warp's own, its block sums loaded here
     // and added after the main loop. Staged x: warp 0's, through shared memory, computed while
     // the block stages x (no registers held across the main loop).
@@ -480,10 +484,12 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
             }
         }
         __syncthreads();
+        RX_TRACE_AT(2);
         rx_gemv_rows_limbs<TYPE, R>(rp, xl, live ? n_in : 0, 32 * slice + lane, 32 * KS, acc);
     } else {
         rx_gemv_rows<TYPE, TT, R>(rp, x, T, live ? n_in : 0, 32 * slice + lane, 32 * KS, acc);
     }
+    RX_TRACE_AT(4);
     gemv_sums<TT, KS, R, WARPS>(acc);
     if constexpr (EPI == GEMV_RESNORM) {
         // lane r < R of a live group's slice 0 holds row row0 + r's product
@@ -501,6 +507,8 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
             for (int g = 0; g < GROUPS; ++g) s += gss[g];
             part[blockIdx.x] = s;
         }
+        RX_TRACE_AT(5);
+        RX_TRACE_PUT(200 + 10 * EPI + mode + 100 * XS, (unsigned)n_in | ((unsigned)TYPE << 24));
         return;
     } else if constexpr (EPI == GEMV_NORMED) {
         if (slice == 0 && live) {
@@ -510,6 +518,8 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ w0, const 
         }
     }
     if (slice == 0 && live) gemv_store<TT>(acc, swiglu, y, T, n, row0);
+    RX_TRACE_AT(5);
+    RX_TRACE_PUT(200 + 10 * EPI + mode + 100 * XS, (unsigned)n_in | ((unsigned)TYPE << 24));
 }
 
 // XS (one token, the K-quants of XS_CHUNK): x as limbs staged in shared memory, as gemv_body's
@@ -1707,6 +1717,8 @@ __device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
     __shared__ float part_s[2][WARPS][R];  // slice 1's sums, by tile parity
     __shared__ float gss[2][GROUPS];       // the producer's group sums of h^2, by tile parity
     __shared__ float norm_r;
+    RX_TRACE_DECL;  // a trace build's stamps (bench/phase_trace.py's kinds: 100 + 10 EPI + mode)
+    RX_TRACE_AT(0);
     rx_mbar_ring_init(full, empty, S, WARPS);
     if (warp == WARPS) {  // the copies
         if (lane == 0) {
@@ -1737,6 +1749,7 @@ __device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
         return;
     }
     RX_PDL_ENTRY();
+    RX_TRACE_AT(1);
     float pv[RX_NORM_PV];
     if (EPI == GEMV_NORMED && warp == 0) rx_norm_load(part, n_part, pv);
     const uint32_t* xl = rx_stage_x_limbs<TYPE, WARPS * 32, false>(x, n_in);
@@ -1745,6 +1758,7 @@ __device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
         if (lane == 0) norm_r = r;
     }
     rx_bar_sync<1>(WARPS * 32);
+    RX_TRACE_AT(2);
     const float rn = EPI == GEMV_NORMED ? norm_r : 1.0f;
     const int l = lane;  // the lane's slot in every x chunk (stride 64)
     int k = 0, it = 0;
@@ -1770,6 +1784,7 @@ __device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
 #pragma unroll
             for (int r = 0; r < R; ++r) rp[r] = slot + ri[r] * srow;
             rx_mbar_wait(full + s, (uint32_t)((k / S) & 1));
+            if (it == 0 && c == 0) RX_TRACE_AT(3);
             for (; U < u_end; U += 32 * KS) {
                 const int blk = (int)(U / L::LPB) - c * cb;
                 rx_limbs_unit<TYPE, R, true>(rp, (long long)blk * L::TS, (int)(U % L::LPB),
@@ -1778,6 +1793,7 @@ __device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
             __syncwarp();
             if (lane == 0) rx_mbar_arrive(empty + s);
         }
+        if (it == 0) RX_TRACE_AT(4);
         // gemv_sums' order: each warp's butterfly, then slice 1's sums added to slice 0's
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[r][0] = rx_warp_sum(acc[r][0]);
@@ -1817,13 +1833,22 @@ __device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
             }
         }
     }
+    RX_TRACE_AT(5);
+    RX_TRACE_PUT(100 + 10 * EPI + mode, (unsigned)n_in | ((unsigned)TYPE << 24) | ((unsigned)it << 16));
 #else
     __trap();  // the launcher picks it on sm_90+ SASS only
 #endif
 }
-// FORM n: the reader (GEMV_NORMED), r: the producer (GEMV_RESNORM)
+// FORM n: the reader (GEMV_NORMED), r: the producer (GEMV_RESNORM). A trace build's stamps take
+// registers: there the Q4_K forms are capped at the 96 that let two blocks share an SM
+// (quant_ops._GSTREAM_SM_BLOCKS), so that the trace runs the release build's grid.
+#ifdef RX_TRACE
+#define RX_STREAM_BOUNDS(TYPE) __maxnreg__(TYPE == RX_Q4_K ? 96 : 128)
+#else
+#define RX_STREAM_BOUNDS(TYPE) __launch_bounds__((GSTREAM_WARPS + 1) * 32, 1)
+#endif
 #define RX_QUANT_STREAM_KERNEL(FORM, EPI, name, TYPE)                                                 \
-    extern "C" __global__ void __launch_bounds__((GSTREAM_WARPS + 1) * 32, 1)                         \
+    extern "C" __global__ void RX_STREAM_BOUNDS(TYPE)                                                 \
         reflex_matmul_gemv1xs##FORM##_##name(RX_MM_NORM_PARAMS) {                                    \
         gemv_stream_body<TYPE, EPI>(RX_MM_NORM_ARGS);                                                 \
     }
