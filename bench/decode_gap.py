@@ -43,6 +43,21 @@ def prefilled(lm, ids, n_cells: int):
     return state, ops.argmax(model.forward(b, state, [b.n_tokens - 1]))[-1]
 
 
+def chained(lm, ids, steps: int):
+    """(graph, tokens): a fresh state with ``ids`` prefilled, its decode graph (the caller closes
+    it) and the generator of ``steps`` greedy steps chained on the device, started past the
+    first six (the eager step, the capture, the first chained ones)."""
+    model, ops = lm.model, lm.ops
+    state, nxt = prefilled(lm, ids, len(ids) + steps + 16)
+    graph = engine.decode_graph(lm)
+    pick = graph.device_pick(0.0, 0, 1.0, 0.0, None)
+    tokens = engine.decode_tokens(model, state, graph, lambda x: ops.argmax(x)[-1], nxt,
+                                  steps + 6, pick)
+    for _ in range(6):
+        next(tokens)
+    return graph, tokens
+
+
 def main() -> None:
     a = parser(48).parse_args()
     lm, ids = load(a.model, a.long)

@@ -19,8 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from decode_gap import load, parser, prefilled  # noqa: E402
-from reflex_core import engine  # noqa: E402
+from decode_gap import chained, load, parser  # noqa: E402
 
 
 def main() -> None:
@@ -30,14 +29,7 @@ def main() -> None:
     a = ap.parse_args()
     torch.cuda.init()
     lm, ids = load(a.model, a.long)
-    model, ops = lm.model, lm.ops
-    state, nxt = prefilled(lm, ids, len(ids) + a.steps + 16)
-    graph = engine.decode_graph(lm)
-    pick = graph.device_pick(0.0, 0, 1.0, 0.0, None)
-    tokens = engine.decode_tokens(model, state, graph, lambda x: ops.argmax(x)[-1], nxt,
-                                  a.steps + 8, pick)
-    for _ in range(6):  # the eager step, the capture, the first chained ones
-        next(tokens)
+    graph, tokens = chained(lm, ids, a.steps + 2)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         n = sum(1 for _ in tokens)
     graph.close()

@@ -29,8 +29,7 @@ TYPES = {8: "Q8_0", 12: "Q4_K", 14: "Q6_K", 13: "Q5_K"}
 
 
 def main() -> None:
-    from decode_gap import load, parser, prefilled
-    from reflex_core import engine
+    from decode_gap import chained, load, parser
     from reflex_core.cuda import driver, modules, quant_ops
 
     def sym(handle, name: bytes):
@@ -42,18 +41,11 @@ def main() -> None:
 
     a = parser(5).parse_args()
     lm, ids = load(a.model, a.long)
-    model, ops = lm.model, lm.ops
     d = driver.bindings()
     kern = modules.get_kernels(quant_ops.COMMON_MODULE)
     n_ptr, _ = sym(kern.handle, b"rx_trace_n")
     b_ptr, b_size = sym(kern.handle, b"rx_trace_buf")
-    state, nxt = prefilled(lm, ids, len(ids) + a.steps + 16)
-    graph = engine.decode_graph(lm)
-    pick = graph.device_pick(0.0, 0, 1.0, 0.0, None)
-    tokens = engine.decode_tokens(model, state, graph, lambda x: ops.argmax(x)[-1], nxt,
-                                  a.steps + 6, pick)
-    for _ in range(6):  # the eager step, the capture, the first chained ones
-        next(tokens)
+    graph, tokens = chained(lm, ids, a.steps)
     driver.synchronize()
     driver.check(d.cuMemsetD32(n_ptr, 0, 1), "cuMemsetD32")
     n_steps = sum(1 for _ in tokens)
