@@ -31,17 +31,20 @@ TYPES = {8: "Q8_0", 12: "Q4_K", 14: "Q6_K", 13: "Q5_K"}
 def main() -> None:
     from decode_gap import chained, load, parser
     from reflex_core.cuda import driver, modules, quant_ops
-
-    def sym(handle, name: bytes):
-        r = driver.bindings().cuModuleGetGlobal(handle, name)
-        if r[0] != driver.bindings().CUresult.CUDA_SUCCESS:
-            raise SystemExit(f"the quant module has no {name.decode()}: install a trace build "
-                             "(REFLEX_CUDA_TRACE=1 at build time)")
-        return int(r[1]), r[2]
+    from reflex_core.errors import CudaError
 
     a = parser(5).parse_args()
     lm, ids = load(a.model, a.long)
     d = driver.bindings()
+
+    def sym(handle, name: bytes):
+        try:
+            ptr, size = driver.check(d.cuModuleGetGlobal(handle, name), "cuModuleGetGlobal")
+        except CudaError:
+            raise SystemExit(f"the quant module has no {name.decode()}: install a trace build "
+                             "(REFLEX_CUDA_TRACE=1 at build time)") from None
+        return int(ptr), size
+
     kern = modules.get_kernels(quant_ops.COMMON_MODULE)
     n_ptr, _ = sym(kern.handle, b"rx_trace_n")
     b_ptr, b_size = sym(kern.handle, b"rx_trace_buf")
@@ -62,11 +65,11 @@ def main() -> None:
 
 def analyze(buf: np.ndarray, n_steps: int) -> dict:
     """Print the launches' phases from the trace records ``buf`` (n x 16 words) of ``n_steps``
-    decode steps; returns {launch key: [per-launch figures]} (key: kind * 10^8 + width * 100)."""
+    decode steps; returns {(kind, width): [per-launch figures]} (a q/k/v launch of two types is
+    one launch)."""
     kind = (buf[:, 0] >> 32).astype(np.int64)
     extra = buf[:, 14].astype(np.int64)
-    # a launch's key: its kernel kind and width (a q/k/v launch of two types is one launch)
-    key = kind * 100_000_000 + (extra & 0xffff) * 100
+    width = extra & 0xffff
     types = (extra >> 24) & 0xff
     g = buf[:, 2:8].astype(np.float64) / 1e3  # us
     c = buf[:, 8:14].astype(np.float64)
@@ -78,10 +81,10 @@ def analyze(buf: np.ndarray, n_steps: int) -> dict:
     order = np.argsort(g[:, 0])
     # launches: one key's blocks, split where starts are more than 8 us apart
     launches = []
-    cur: dict[int, list[int]] = {}
-    last: dict[int, float] = {}
+    cur: dict[tuple, list[int]] = {}
+    last: dict[tuple, float] = {}
     for i in order:
-        k = int(key[i])
+        k = (int(kind[i]), int(width[i]))
         if k in cur and g[i, 0] - last[k] > 8.0:
             launches.append((k, cur.pop(k)))
         cur.setdefault(k, []).append(int(i))
@@ -123,8 +126,7 @@ def analyze(buf: np.ndarray, n_steps: int) -> dict:
            "wait->prev end", "stage x", "1st slot lands", "1st tile", "wait->end", "tail")
     print(" | ".join(hdr))
     for k, rs in sorted(rows.items(), key=lambda kv: -len(kv[1])):
-        kd, rest = divmod(k, 100_000_000)
-        n_in = rest // 100
+        kd, n_in = k
 
         def med(f):
             v = [r[f] for r in rs if f in r and not np.isnan(r[f])]
@@ -133,15 +135,14 @@ def analyze(buf: np.ndarray, n_steps: int) -> dict:
                           med("blocks"), med("tiles_med"), med("charged_us"), med("early_us"),
                           med("release_us"), med("stage_us"), med("land_us"), med("tile1_us"),
                           med("after_wait_us"), med("tail_us")]))
-    # one layer in the middle of the last step, launch by launch
+    # the last step's first launches, in order
     print("one step's launches in order (the last step), us from its first launch's start:")
     per_step = len(launches) // max(n_steps, 1)
     seq = launches[-per_step:] if per_step else []
     t0 = min(g[j, 0] for j in seq[0][1]) if seq else 0.0
     for k, idx in seq[:14]:
         idx = np.array(idx)
-        kd, rest = divmod(k, 100_000_000)
-        n_in = rest // 100
+        kd, n_in = k
         gg = g[idx]
         print(f"  {KINDS.get(kd, str(kd)):28s} {type_of[k]:9s} n_in {n_in:6d}: start "
               f"{gg[:, 0].min() - t0:8.2f} wait(med) {np.median(gg[:, 1]) - t0:8.2f} staged(med) "

@@ -50,10 +50,8 @@ def records(steps: int, layers: int, seed: int = 7) -> np.ndarray:
 
 def test_phases_of_each_launch(capsys):
     rows = phase_trace.analyze(records(2, 3), 2)
-    keys = {k: (k // 10**8, (k % 10**8) // 100) for k in rows}
-    assert sorted(keys.values()) == [(110, 4096), (110, 12288), (121, 4096), (320, 4096)]
-    for k, rs in rows.items():
-        kind, width = keys[k]
+    assert sorted(rows) == [(110, 4096), (110, 12288), (121, 4096), (320, 4096)]
+    for (kind, width), rs in rows.items():
         assert len(rs) == 6  # one launch a layer and step
         blocks = next(b for kd, w, _, b, _, _ in LAYER if (kd, w) == (kind, width))
         assert all(r["blocks"] == blocks for r in rs)
