@@ -6,12 +6,13 @@ after the first tile's (or the row loop's) arithmetic, and at the block's end. T
 the step a few percent (BENCHMARKS.md, 2026-12-06, forty-third session), so compare launches
 within one trace, and time changes with `reflex bench` on release builds.
 
-usage: python3 bench/phase_trace.py MODEL LABEL [--long] [--steps 5]
+usage: python3 bench/phase_trace.py MODEL LABEL [--long] [--steps 5] [--dump FILE.npy]
 Prints, per kind of launch and width, medians over its launches: blocks, tiles a block, us
 charged (its last block's end minus the launch before's), how early its first block started,
 its blocks' wait against the launch before's end, x's staging, the first slot's landing, the
 first tile's arithmetic, wait to end, and the tail (last block's end minus the median block's);
-then one step's first launches in order. The RoPE and attention launches are not traced: they
+then one step's first launches in order. --dump also saves the raw records (n x 16 words, the
+layout in reflex/common.cuh) for a closer look, e.g. at which blocks end last. The RoPE and attention launches are not traced: they
 fall in the output projection's wait.
 """
 import collections
@@ -33,7 +34,9 @@ def main() -> None:
     from reflex_core.cuda import driver, modules, quant_ops
     from reflex_core.errors import CudaError
 
-    a = parser(5).parse_args()
+    ap = parser(5)
+    ap.add_argument("--dump", help="save the raw records to this .npy file")
+    a = ap.parse_args()
     lm, ids = load(a.model, a.long)
     d = driver.bindings()
 
@@ -60,6 +63,8 @@ def main() -> None:
     buf = np.zeros((n, 16), np.uint64)
     driver.check(d.cuMemcpyDtoH(buf.ctypes.data, b_ptr, n * 128), "cuMemcpyDtoH")
     print(f"{a.label} {Path(a.model).name}: {n} records, {n_steps} steps")
+    if a.dump:
+        np.save(a.dump, buf)
     analyze(buf, n_steps)
 
 
