@@ -382,7 +382,10 @@ _GSTREAM_BARRIERS = 4  # GSTREAM_STAGES: the kernel's barrier pairs (ring slots 
 # and o), 2.561 at one; two blocks with two slots everywhere 2.511. Two blocks of 9 warps fit only
 # at 96 registers a thread or fewer (Nsight Compute's occupancy limit: one block at 106; a
 # sub-partition's 16K registers hold five warps of 96), so a change that adds registers to these
-# kernels halves their warps unless it is capped (__maxnreg__).
+# kernels halves their warps unless it is capped (__maxnreg__). The blocks take their tiles in a
+# fixed order (blockIdx.x, + gridDim.x, ...): claiming them at run time from a counter of the
+# launch, to even out the blocks' ends, took the 8B from 2.42 to 2.66 ms/token on an H100
+# (BENCHMARKS.md 2026-12-06, forty-fourth session; branch exp/dyn).
 _GSTREAM_SM_BLOCKS = 2
 
 
