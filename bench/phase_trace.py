@@ -12,8 +12,8 @@ charged (its last block's end minus the launch before's), how early its first bl
 its blocks' wait against the launch before's end, x's staging, the first slot's landing, the
 first tile's arithmetic, wait to end, and the tail (last block's end minus the median block's);
 then one step's first launches in order. --dump also saves the raw records (n x 16 words, the
-layout in reflex/common.cuh) for a closer look, e.g. at which blocks end last. The RoPE and attention launches are not traced: they
-fall in the output projection's wait.
+layout in reflex/common.cuh) for a closer look, e.g. at which blocks end last. The RoPE and
+attention launches are not traced: they fall in the output projection's wait.
 """
 import collections
 import statistics
