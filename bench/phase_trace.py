@@ -98,6 +98,7 @@ def analyze(buf: np.ndarray, n_steps: int) -> dict:
     launches.sort(key=lambda kv: min(g[j, 0] for j in kv[1]))
     print(f"{len(launches)} launches, SM clock {mhz:.0f} MHz")
     rows = collections.defaultdict(list)
+    in_order = []  # (key, figures) of each launch, in launch order
     type_of = {}
     prev_end = None
     for k, idx in launches:
@@ -109,6 +110,7 @@ def analyze(buf: np.ndarray, n_steps: int) -> dict:
             "blocks": len(idx),
             "start_min": gg[:, 0].min(),
             "wait_med": np.median(gg[:, 1]),
+            "staged_med": np.median(gg[:, 2]) if (gg[:, 2] > 0).all() else np.nan,
             "end_med": np.median(gg[:, 5]),
             "end_max": end_max,
             "stage_us": np.median((cc[:, 2] - cc[:, 1]) / mhz) if (cc[:, 2] > 0).all() else np.nan,
@@ -124,6 +126,7 @@ def analyze(buf: np.ndarray, n_steps: int) -> dict:
             r["early_us"] = prev_end - r["start_min"]
         r["tail_us"] = end_max - r["end_med"]
         rows[k].append(r)
+        in_order.append((k, r))
         prev_end = end_max
     print("per kind and width, medians over its launches, us (the untraced RoPE and attention fall in "
           "the output projection's wait -> prev end):")
@@ -142,17 +145,14 @@ def analyze(buf: np.ndarray, n_steps: int) -> dict:
                           med("after_wait_us"), med("tail_us")]))
     # the last step's first launches, in order
     print("one step's launches in order (the last step), us from its first launch's start:")
-    per_step = len(launches) // max(n_steps, 1)
-    seq = launches[-per_step:] if per_step else []
-    t0 = min(g[j, 0] for j in seq[0][1]) if seq else 0.0
-    for k, idx in seq[:14]:
-        idx = np.array(idx)
-        kd, n_in = k
-        gg = g[idx]
-        print(f"  {KINDS.get(kd, str(kd)):28s} {type_of[k]:9s} n_in {n_in:6d}: start "
-              f"{gg[:, 0].min() - t0:8.2f} wait(med) {np.median(gg[:, 1]) - t0:8.2f} staged(med) "
-              f"{np.median(gg[:, 2]) - t0 if (gg[:, 2] > 0).all() else float('nan'):8.2f} "
-              f"end(med) {np.median(gg[:, 5]) - t0:8.2f} end(max) {gg[:, 5].max() - t0:8.2f}")
+    per_step = len(in_order) // max(n_steps, 1)
+    seq = in_order[-per_step:] if per_step else []
+    t0 = seq[0][1]["start_min"] if seq else 0.0
+    for (kd, n_in), r in seq[:14]:
+        print(f"  {KINDS.get(kd, str(kd)):28s} {type_of[(kd, n_in)]:9s} n_in {n_in:6d}: start "
+              f"{r['start_min'] - t0:8.2f} wait(med) {r['wait_med'] - t0:8.2f} staged(med) "
+              f"{r['staged_med'] - t0:8.2f} end(med) {r['end_med'] - t0:8.2f} end(max) "
+              f"{r['end_max'] - t0:8.2f}")
     return rows
 
 
