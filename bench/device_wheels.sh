@@ -10,6 +10,10 @@
 set -euo pipefail
 [ $# -ge 1 ] && [ $# -le 2 ] || { echo "usage: $0 DEST [REV]" >&2; exit 2; }
 repo=$(cd "$(dirname "$0")/.." && pwd)
+if [ $# -eq 2 ] && ! git -C "$repo" rev-parse -q --verify "$2^{commit}" > /dev/null; then
+  echo "error: $2 is no revision of $repo" >&2
+  exit 2
+fi
 mkdir -p "$1"
 dest=$(cd "$1" && pwd)
 src=$(mktemp -d /tmp/device-wheels.XXXXXX)
