@@ -354,8 +354,9 @@ NORM_TYPES = frozenset({0, 1, 8, 12, 13, 14})
 # that programmatic launch overlaps: 2.69 against 2.41 (H100), 2.45 against 2.22 (H200; branch
 # exp/fentry). gate/up and the down projection in one persistent launch, per-chunk counters
 # instead of a barrier (the down projection's x chunks staged as their tiles are done), was
-# slower too in its first form: 3.07 against 2.45 (H100; BENCHMARKS.md 2026-12-06, forty-fifth
-# session, branch exp/ffn, whose second form is not yet measured).
+# slower too: 3.07 against 2.45 (H100, first form), 2.74 against 2.22 (H200, second form; its
+# SwiGLU tiles alone took 1.75 times main's gate/up launch; BENCHMARKS.md 2026-12-06,
+# forty-fifth and forty-sixth sessions, branch exp/ffn).
 STREAM_FORMS = {"n": frozenset({12, 14}), "r": frozenset({12})}  # Q4_K, Q6_K
 GEMV_STREAM = os.environ.get("REFLEX_GEMV_STREAM", "1") != "0"
 _GSTREAM_THREADS = 32 * (8 + 1)  # GSTREAM_WARPS compute warps and the copies' warp
