@@ -261,7 +261,9 @@ __device__ __forceinline__ uint32_t* rx_x_staged_words() {
     extern __shared__ uint4 rx_x_staged[];
     return (uint32_t*)rx_x_staged;
 }
-// SYNC false: the caller synchronizes the block before the limbs are read.
+// SYNC false: the caller synchronizes the block before the limbs are read. (x copied raw by the
+// bulk copy engine and converted in place, a warp a chunk, was slower in the decode step: 2.79
+// against 2.45 ms/token on an H100, BENCHMARKS.md 2026-12-06, forty-sixth session, exp/xbulk.)
 template <int TYPE, int THREADS, bool SYNC = true>
 __device__ __forceinline__ const uint32_t* rx_stage_x_limbs(const float* __restrict__ x, int n_in) {
     typedef rx_x_lanes<TYPE> XL;
