@@ -770,6 +770,17 @@ struct AttVecRows {
         }
     }
 
+    // load's form before the programmatic wait: an entry that is one of the batch's own cells
+    // [c0, c0 + Tn), which the launch ahead may still be writing, is left zero (the caller loads
+    // it again after the wait); the other cells were written by earlier steps.
+    __device__ __forceinline__ void load_past(const float* __restrict__ kbase,
+                                              const float* __restrict__ vbase, size_t kstride,
+                                              size_t vstride, int j, int j1, int a_end,
+                                              int b_start, int li, int dk, int dv, int c0, int Tn) {
+        load(kbase, vbase, kstride, vstride, is_new(j, j1, a_end, b_start, c0, Tn) ? j1 : j, j1,
+             a_end, b_start, li, dk, dv, nullptr, nullptr, 0, c0, 0);
+    }
+
     // whether visible entry j is one of the batch's own cells [c0, c0 + Tn)
     __device__ __forceinline__ static bool is_new(int j, int j1, int a_end, int b_start, int c0,
                                                   int Tn) {
@@ -799,6 +810,7 @@ struct RopeAttIn {
 // the same values. Block (h = g G, t, slice 0) writes token t's K and V to the caches.
 template <int C4>
 __device__ __forceinline__ void rope_attention_prologue(float (*rows)[32 * C4],
+                                                        const float2* rot,
                                                         const float* __restrict__ q,
                                                         const RopeAttIn& in, int H, int H_kv,
                                                         int dk, int dv) {
@@ -831,9 +843,8 @@ __device__ __forceinline__ void rope_attention_prologue(float (*rows)[32 * C4],
     const int half = in.ra.n_rot / 2;
     for (int idx = threadIdx.x; idx < nr * half; idx += blockDim.x) {
         const int r = idx / half, i = idx - r * half;
-        int i0, i1;
-        float cs, sn;
-        rx_rope_pair(in.ra, (double)in.pos[r == 0 ? t : r - 1], i, i0, i1, cs, sn);
+        const int i0 = in.ra.neox ? i : 2 * i, i1 = in.ra.neox ? i + half : 2 * i + 1;
+        const float cs = rot[idx].x, sn = rot[idx].y;
         const float a = rows[r][i0], b = rows[r][i1];
         rows[r][i0] = a * cs - b * sn;
         rows[r][i1] = a * sn + b * cs;
@@ -882,16 +893,33 @@ __device__ __forceinline__ void attention_vec_body(
     const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
     float* __restrict__ out, float* __restrict__ part, int* __restrict__ done,
     const int* __restrict__ prefix_end, const int* __restrict__ own_start,
-    const int* __restrict__ own_end, int H, int H_kv, int dk, int dv, float scale,
-    const RopeAttIn& in) {
+    const int* __restrict__ own_end, const int* __restrict__ cell0, int H, int H_kv, int dk,
+    int dv, float scale, const RopeAttIn& in) {
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ __align__(16) float s_acc[ATT_WARPS][REFLEX_ATT_MAX_HEAD];
     __shared__ __align__(16) float rows[FUSED ? 1 + ROPE_ATT_MAX_T : 1][32 * ATT_VEC_C4];
+    __shared__ float2 rot[FUSED ? (1 + ROPE_ATT_MAX_T) * 16 * ATT_VEC_C4 : 1];
     const int h = blockIdx.x, t = blockIdx.y, S = gridDim.z, sl = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c4 = lane >> 3, li = lane & 7;
     const int g = h / (H / H_kv);
+    // Before the wait for the launch ahead: the slice (the batch's prepared buffers, which only
+    // the host's copies write), a fused prologue's RoPE pairs (float64 pow and sincos) and, where
+    // the launcher says which cells the launches ahead write (cell0: the batch's T cells from
+    // *cell0), the first two rounds' rows of the other cells, written by earlier steps.
     int a_end, b_start, j0, j1;
     att_slice(prefix_end, own_start, own_end, t, S, sl, a_end, b_start, j0, j1);
+    if (FUSED) {
+        const int half = in.ra.n_rot / 2, nr = 1 + gridDim.y;
+        for (int idx = threadIdx.x; idx < nr * half; idx += blockDim.x) {
+            const int r = idx / half, i = idx - r * half;
+            int i0, i1;
+            float cs, sn;
+            rx_rope_pair(in.ra, (double)in.pos[r == 0 ? t : r - 1], i, i0, i1, cs, sn);
+            rot[idx] = make_float2(cs, sn);
+        }
+    }
+    const bool pre = cell0 != nullptr;
+    const int c0 = pre ? cell0[0] : 0, Tb = gridDim.y;
 
     const size_t kstride = (size_t)H_kv * dk, vstride = (size_t)H_kv * dv;
     const float* kbase = kc + (size_t)g * dk;
@@ -900,23 +928,37 @@ __device__ __forceinline__ void attention_vec_body(
     const float* vg = FUSED ? in.v + (size_t)g * dv : nullptr;
     const int Tn = FUSED ? gridDim.y : 0;
     constexpr int ROUND = 4 * ATT_WARPS;  // cells a block takes a round
-    // two rounds in flight: a round's rows load while the one before it is summed. The first
-    // two go out before a fused prologue (reading the caches: a cell of the batch is read
-    // again once the prologue has made its rows).
+    // two rounds in flight: a round's rows load while the one before it is summed
     const int base0 = j0 + 4 * warp;
     AttVecRows<ATT_VEC_C4, FUSED> ra, rb;
-    ra.load(kbase, vbase, kstride, vstride, base0 + c4, j1, a_end, b_start, li, dk, dv, knew, vg,
-            vstride, in.c0, 0);
-    rb.load(kbase, vbase, kstride, vstride, base0 + ROUND + c4, j1, a_end, b_start, li, dk, dv,
-            knew, vg, vstride, in.c0, 0);
-    if (FUSED) {
-        rope_attention_prologue<ATT_VEC_C4>(rows, q, in, H, H_kv, dk, dv);
-        if (ra.is_new(base0 + c4, j1, a_end, b_start, in.c0, Tn))
+    if (pre) {
+        ra.load_past(kbase, vbase, kstride, vstride, base0 + c4, j1, a_end, b_start, li, dk, dv,
+                     c0, Tb);
+        rb.load_past(kbase, vbase, kstride, vstride, base0 + ROUND + c4, j1, a_end, b_start, li,
+                     dk, dv, c0, Tb);
+    }
+    RX_PDL_ENTRY();
+    if (!pre) {
+        ra.load(kbase, vbase, kstride, vstride, base0 + c4, j1, a_end, b_start, li, dk, dv, knew,
+                vg, vstride, c0, 0);
+        rb.load(kbase, vbase, kstride, vstride, base0 + ROUND + c4, j1, a_end, b_start, li, dk,
+                dv, knew, vg, vstride, c0, 0);
+    }
+    if (FUSED) {  // the batch's cells from the prologue's rows
+        rope_attention_prologue<ATT_VEC_C4>(rows, rot, q, in, H, H_kv, dk, dv);
+        if (ra.is_new(base0 + c4, j1, a_end, b_start, c0, Tn))
             ra.load(kbase, vbase, kstride, vstride, base0 + c4, j1, a_end, b_start, li, dk, dv,
-                    knew, vg, vstride, in.c0, Tn);
-        if (rb.is_new(base0 + ROUND + c4, j1, a_end, b_start, in.c0, Tn))
+                    knew, vg, vstride, c0, Tn);
+        if (rb.is_new(base0 + ROUND + c4, j1, a_end, b_start, c0, Tn))
             rb.load(kbase, vbase, kstride, vstride, base0 + ROUND + c4, j1, a_end, b_start, li,
-                    dk, dv, knew, vg, vstride, in.c0, Tn);
+                    dk, dv, knew, vg, vstride, c0, Tn);
+    } else if (pre) {  // the batch's cells from the caches, now written
+        if (ra.is_new(base0 + c4, j1, a_end, b_start, c0, Tb))
+            ra.load(kbase, vbase, kstride, vstride, base0 + c4, j1, a_end, b_start, li, dk, dv,
+                    knew, vg, vstride, c0, 0);
+        if (rb.is_new(base0 + ROUND + c4, j1, a_end, b_start, c0, Tb))
+            rb.load(kbase, vbase, kstride, vstride, base0 + ROUND + c4, j1, a_end, b_start, li,
+                    dk, dv, knew, vg, vstride, c0, 0);
     }
     const float* qh = FUSED ? rows[0] : q + ((size_t)t * H + h) * dk;
     float4 qr[ATT_VEC_C4], acc[ATT_VEC_C4];
@@ -969,11 +1011,11 @@ __device__ __forceinline__ void attention_vec_body(
     NAME(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,  \
          float* __restrict__ out, float* __restrict__ part, int* __restrict__ done,                \
          const int* __restrict__ prefix_end, const int* __restrict__ own_start,                    \
-         const int* __restrict__ own_end, int H, int H_kv, int dk, int dv, float scale) {          \
-        RX_PDL_ENTRY();                                                                            \
+         const int* __restrict__ own_end, const int* __restrict__ cell0, int H, int H_kv, int dk,  \
+         int dv, float scale) {                                                                    \
         const RopeAttIn none = {};                                                                 \
         attention_vec_body<C4, false>(q, kc, vc, out, part, done, prefix_end, own_start, own_end,  \
-                                      H, H_kv, dk, dv, scale, none);                               \
+                                      cell0, H, H_kv, dk, dv, scale, none);                        \
     }
 RX_ATT_VEC(reflex_attention_vec128, 4)
 RX_ATT_VEC(reflex_attention_vec256, 8)
@@ -996,12 +1038,11 @@ RX_ATT_VEC(reflex_attention_vec256, 8)
          const int* __restrict__ own_end, int H, int H_kv, int dk, int dv, int qn, int kn,         \
          int n_rot, int neox, float eps, float scale, double freq_base, double freq_scale,         \
          double ext_factor, double attn_factor, double corr_lo, double corr_hi) {                  \
-        RX_PDL_ENTRY();                                                                            \
         const RopeAttIn in = {k, v, qn_w, kn_w, kc, vc, pos, cell0[0], qn, kn, eps,                \
                               {n_rot, neox, freq_base, freq_scale, ext_factor, attn_factor,        \
                                corr_lo, corr_hi}};                                                 \
         attention_vec_body<C4, true>(q, kc, vc, out, part, done, prefix_end, own_start, own_end,   \
-                                     H, H_kv, dk, dv, scale, in);                                  \
+                                     cell0, H, H_kv, dk, dv, scale, in);                           \
     }
 RX_ROPE_ATT_VEC(reflex_rope_attention_vec128, 4, 2)
 RX_ROPE_ATT_VEC(reflex_rope_attention_vec256, 8, 1)

@@ -141,6 +141,9 @@ ROPE_ATT_MAX_T = 4  # tokens of one reflex_rope_attention_vec launch (cuda/core.
 # launch (rope_attention). Off by default: on the H200 it saved 11-16 us a token on the
 # 0.6B-shaped file but cost 20-70 us on the 8B and 30B-A3B ones (BENCHMARKS.md, 2026-12-03).
 ROPE_ATT = os.environ.get("REFLEX_ROPE_ATT", "0") == "1"
+# REFLEX_ATT_PRE=0: the decode attention after qk_norm_rope_store reads no cache row before its
+# programmatic wait (an A/B switch: the same bits either way)
+ATT_PRE = os.environ.get("REFLEX_ATT_PRE", "1") != "0"
 
 
 ATT_TILED_MIN_T = 16  # tokens from which a forward's attention runs query tiles
@@ -1061,8 +1064,8 @@ class CudaOps(Ops):
         dv = v_cache.shape[2]
         if (not ROPE_ATT or not 0 < T <= ROPE_ATT_MAX_T or dk % 4 or dv % 4 or max(dk, dv) > 256
                 or H % Hkv or any(a.ptr % 16 for a in (q, k, v, k_cache, v_cache))):
-            return super().rope_attention(q, k, v, q_norm, k_norm, eps, pb, rope, k_cache,
-                                          v_cache, scale)
+            q = self.qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, pb, rope, k_cache, v_cache)
+            return self._attention(q, k_cache, v_cache, pb, scale, batch_cells=True)
         Hkv, dv, (n_rot, neox, fb, fs, ext, af, lo, hi), qn, kn = self._prologue_args(
             "rope_attention", q, k, v, q_norm, k_norm, pb, rope, k_cache, v_cache)
         if pb.n_kv > n_cells:
@@ -1080,6 +1083,13 @@ class CudaOps(Ops):
         return out
 
     def attention(self, q, k_cache, v_cache, pb, scale: float) -> DeviceArray:
+        return self._attention(q, k_cache, v_cache, pb, scale)
+
+    def _attention(self, q, k_cache, v_cache, pb, scale: float,
+                   batch_cells: bool = False) -> DeviceArray:
+        """:meth:`attention`. ``batch_cells``: the launches just ahead of this one write no cells
+        of the caches but the batch's (``pb.cell0`` on), so the decode kernel may read the
+        others' first rows before its programmatic wait."""
         T, H, dk = q.shape
         n_cells, Hkv, cdk = k_cache.shape
         dv = v_cache.shape[2]
@@ -1119,10 +1129,12 @@ class CudaOps(Ops):
             S = attention_splits(T, H, n_cells)
             part = empty_f32((T, H, S, 2 + dv), T * H * S * (2 + dv)) if S > 1 else None
             kernel = _attention_kernel(dk, dv, q.ptr, k_cache.ptr, v_cache.ptr, out.ptr)
+            cells = (() if kernel == "reflex_attention"
+                     else (pb.cell0_dev if batch_cells and ATT_PRE else 0,))
             self.k.launch(kernel, (H, T, S), 256,
                           (q.ptr, k_cache.ptr, v_cache.ptr, out.ptr, part.ptr if part else 0,
                            self._att_counters() if part else 0, pb.prefix_end, pb.own_start,
-                           pb.own_end, H, Hkv, dk, dv, scale))
+                           pb.own_end) + cells + (H, Hkv, dk, dv, scale))
         return out
 
     def _att_counters(self) -> int:

@@ -279,21 +279,25 @@ ROPE_ATT_CASES = [  # (T, cell0, H, Hkv, dk, dv, n_cells)
 ]
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "two-launches"])
 @pytest.mark.parametrize("norms", ["qk", "none"])
 @pytest.mark.parametrize("rope", ["neox", "norm-partial", "neox-yarn"])
 @pytest.mark.parametrize("T,cell0,H,Hkv,dk,dv,n_cells", ROPE_ATT_CASES,
                          ids=[f"T{c[0]}-c{c[1]}-H{c[2]}/{c[3]}-d{c[4]}/{c[5]}-cells{c[6]}"
                               for c in ROPE_ATT_CASES])
-def test_rope_attention(attach_both, T, cell0, H, Hkv, dk, dv, n_cells, rope, norms, rng,
+def test_rope_attention(attach_both, T, cell0, H, Hkv, dk, dv, n_cells, rope, norms, fused, rng,
                         monkeypatch):
-    """One launch (REFLEX_ROPE_ATT=1) = qk_norm_rope_store then attention (the CUDA ops, causal
-    and tree masks): the output and the cache rows it writes within 1e-6 (nvcc may contract a
-    RoPE product differently in the two kernels), the other cells untouched; and the NumPy
-    twin."""
+    """The CUDA backend's rope_attention = qk_norm_rope_store then attention (the ops' own
+    composition; causal and tree masks). Fused (REFLEX_ROPE_ATT=1, one launch): the output and
+    the cache rows it writes within 1e-6 (nvcc may contract a RoPE product differently in the two
+    kernels), the other cells untouched. Two launches: the attention told that only the batch's
+    cells are new (it reads the others before its programmatic wait), the same bits as the
+    attention op's launch. Both against the NumPy twin."""
     from reflex_core.backends import cuda_backend
     from reflex_core.cuda import modules
 
-    monkeypatch.setattr(cuda_backend, "ROPE_ATT", True)
+    monkeypatch.setattr(cuda_backend, "ROPE_ATT", fused)
+    width = 128 if max(dk, dv) <= 128 else 256
     p = ROPES[rope]
     if p.n_rot > dk:
         p = RopeParams(n_rot=dk, mode=p.mode, freq_base=p.freq_base)
@@ -312,27 +316,32 @@ def test_rope_attention(attach_both, T, cell0, H, Hkv, dk, dv, n_cells, rope, no
     for b in (Batch(tuple(range(T)), pos, cell0, AttnMask.causal(cell0, T)),
               Batch(tuple(range(T)), pos, cell0, tree)):
         pc, pr = both(cuda_ops, ref_ops, b)
-        fused, plain = (_cache_pair(cuda_ops, ref_ops, n_cells, Hkv, dk, dv,
-                                    np.random.default_rng(7), cell0) for _ in range(2))
+        one, plain = (_cache_pair(cuda_ops, ref_ops, n_cells, Hkv, dk, dv,
+                                  np.random.default_rng(7), cell0) for _ in range(2))
         dq, dk_, dv_ = cuda_ops.from_numpy(q), cuda_ops.from_numpy(k), cuda_ops.from_numpy(v)
         modules.launch_trace = trace = []
         try:
-            got = cuda_ops.rope_attention(dq, dk_, dv_, qn[0], kn[0], 1e-6, pc, p, fused[0].k[0],
-                                          fused[0].v[0], scale)
+            got = cuda_ops.rope_attention(dq, dk_, dv_, qn[0], kn[0], 1e-6, pc, p, one[0].k[0],
+                                          one[0].v[0], scale)
         finally:
             modules.launch_trace = None
-        assert [x[0] for x in trace if "attention" in x[0]] == [
-            f"reflex_rope_attention_vec{128 if max(dk, dv) <= 128 else 256}"], "the fused kernel"
+        att = [x for x in trace if "attention" in x[0]]
+        if fused:
+            assert [x[0] for x in att] == [f"reflex_rope_attention_vec{width}"]
+        else:  # its args: q, caches, out, part, done, the mask's three, the batch's first cell
+            assert [x[0] for x in att] == [f"reflex_attention_vec{width}"]
+            assert att[0][3][9] == pc.cell0_dev, "the attention told the batch's cells"
         assert cuda_ops.shape(got) == (T, H * dv)
         u = Ops.rope_attention(cuda_ops, dq, dk_, dv_, qn[0], kn[0], 1e-6, pc, p, plain[0].k[0],
                                plain[0].v[0], scale)
-        close(cuda_ops.to_numpy(got), cuda_ops.to_numpy(u), 1e-6, 1e-6, "vs the two launches")
-        kc, vc = cuda_ops.to_numpy(fused[0].k[0]), cuda_ops.to_numpy(fused[0].v[0])
-        close(kc, cuda_ops.to_numpy(plain[0].k[0]), 1e-6, 1e-6, "k cache")
+        tol = 1e-6 if fused else 0.0
+        close(cuda_ops.to_numpy(got), cuda_ops.to_numpy(u), tol, tol, "vs the attention op")
+        kc, vc = cuda_ops.to_numpy(one[0].k[0]), cuda_ops.to_numpy(one[0].v[0])
+        close(kc, cuda_ops.to_numpy(plain[0].k[0]), tol, tol, "k cache")
         np.testing.assert_array_equal(vc, cuda_ops.to_numpy(plain[0].v[0]))
         assert not kc[cell0 + T:].any() and not vc[cell0 + T:].any(), "cells past the batch"
-        want = ref_ops.rope_attention(q, k, v, qn[1], kn[1], 1e-6, pr, p, fused[1].k[0],
-                                      fused[1].v[0], scale)
+        want = ref_ops.rope_attention(q, k, v, qn[1], kn[1], 1e-6, pr, p, one[1].k[0],
+                                      one[1].v[0], scale)
         close(cuda_ops.to_numpy(got), want, 1e-4, 2e-5, "vs the NumPy twin")
 
 

@@ -43,7 +43,10 @@
 // launch begin (it waits the same way, so it cannot start work before this one completes).
 // Without that launch attribute, or before sm_90, both are no-ops. Only reads of data that no
 // kernel writes may come before it: the weights, and the batch's prepared buffer (positions,
-// cells, mask), which the host's copies write before a step's kernels run.
+// cells, mask), which the host's copies write before a step's kernels run. And data that only
+// launches two or more back wrote: a kernel's blocks start once every block of the launch ahead
+// has passed this wait, so the launches before that one have completed (the decode attention
+// reads the caches' earlier cells so, the batch's own cells after the wait).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define RX_PDL_ENTRY()                                                   \
     do {                                                                 \
