@@ -416,11 +416,16 @@ __device__ __forceinline__ void rx_mbar_wait(uint64_t* bar, uint32_t parity) {
             : "memory");
     } while (!done);
 }
+// The bulk copies carry an L2 evict-first policy: they move weights, which a decode step reads
+// once, so the L2 keeps the activations, the caches and the rows that other launches asked it for
+// ahead of their loads.
 __device__ __forceinline__ void rx_bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+    uint64_t pol;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
     asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
             rx_smem_addr(dst)),
-        "l"(src), "r"(bytes), "r"(rx_smem_addr(bar))
+        "l"(src), "r"(bytes), "r"(rx_smem_addr(bar)), "l"(pol)
         : "memory");
 }
 // a barrier of the `threads` threads (a multiple of 32) that use the same ID (1 .. 15; 0 is
