@@ -137,10 +137,13 @@ def qkr_kernel(T: int, dk: int) -> tuple[str, int, int]:
 
 
 ROPE_ATT_MAX_T = 4  # tokens of one reflex_rope_attention_vec launch (cuda/core.cu)
-# REFLEX_ROPE_ATT=1: a decode step's q/k norms, RoPE and cache write run inside its attention
-# launch (rope_attention). Off by default: on the H200 it saved 11-16 us a token on the
-# 0.6B-shaped file but cost 20-70 us on the 8B and 30B-A3B ones (BENCHMARKS.md, 2026-12-03).
-ROPE_ATT = os.environ.get("REFLEX_ROPE_ATT", "0") == "1"
+# A decode step's q/k norms, RoPE and cache write run inside its attention launch
+# (rope_attention; REFLEX_ROPE_ATT=0: qk_norm_rope_store's launch, then the attention's). Since
+# the fused kernel computes its RoPE pairs and loads the caches' earlier cells before its
+# programmatic wait, it is the faster form (BENCHMARKS.md 2026-12-06, forty-seventh session: 8B
+# 2.405 -> 2.379 ms/token on an H100, 2.214 -> 2.200 on the H200; the 0.6B's decode after 1518
+# tokens 1.044 -> 0.958); before that it cost the 8B and 30B-A3B 20-70 us a token (2026-12-03).
+ROPE_ATT = os.environ.get("REFLEX_ROPE_ATT", "1") != "0"
 # REFLEX_ATT_PRE=0: the decode attention after qk_norm_rope_store reads no cache row before its
 # programmatic wait (an A/B switch: the same bits either way)
 ATT_PRE = os.environ.get("REFLEX_ATT_PRE", "1") != "0"

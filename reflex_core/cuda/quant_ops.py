@@ -356,7 +356,11 @@ NORM_TYPES = frozenset({0, 1, 8, 12, 13, 14})
 # instead of a barrier (the down projection's x chunks staged as their tiles are done), was
 # slower too: 3.07 against 2.45 (H100, first form), 2.74 against 2.22 (H200, second form; its
 # SwiGLU tiles alone took 1.75 times main's gate/up launch; BENCHMARKS.md 2026-12-06,
-# forty-fifth and forty-sixth sessions, branch exp/ffn).
+# forty-fifth and forty-sixth sessions, branch exp/ffn). The copies carry an L2 evict-first
+# policy (rx_bulk_load): they read each weight byte once a step, and the L2 then keeps what
+# other launches asked it for ahead and the activations (8B 2.416 -> 2.379 ms/token with the
+# fused attention prologue, H100, BENCHMARKS.md 2026-12-06, forty-seventh session); the same
+# policy on the plain GEMVs' weight loads cost their q/k/v launches 53 us a step (H200).
 STREAM_FORMS = {"n": frozenset({12, 14}), "r": frozenset({12})}  # Q4_K, Q6_K
 GEMV_STREAM = os.environ.get("REFLEX_GEMV_STREAM", "1") != "0"
 _GSTREAM_THREADS = 32 * (8 + 1)  # GSTREAM_WARPS compute warps and the copies' warp

@@ -331,8 +331,9 @@ def test_launches_per_forward(model_files, cuda_ops, arch):
     final add+norm and the LM head (and take_rows for scattered rows). More than 8 tokens run
     each matmul launch of these Q8_0 weights on x halves, one reflex_x_halves before it:
     4 a dense layer (q/k/v, output, gate/up, down), 2 a MoE layer (q/k/v, output; the router
-    is F32 and the experts take the MoE kernels). With REFLEX_ROPE_ATT=1, up to ROPE_ATT_MAX_T
-    tokens the q/k norms, RoPE and KV store run inside the attention's launch: one fewer."""
+    is F32 and the experts take the MoE kernels). With ROPE_ATT (the default), up to
+    ROPE_ATT_MAX_T tokens the q/k norms, RoPE and KV store run inside the attention's launch: one
+    fewer."""
     from reflex_core.backends.cuda_backend import ROPE_ATT, ROPE_ATT_MAX_T
     from reflex_core.cuda import modules
     from reflex_core.testing.modelwriter import ModelShape
