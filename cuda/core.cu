@@ -737,7 +737,9 @@ reflex_attention(const float* __restrict__ q, const float* __restrict__ kc,
 // it loads the next round's rows before this round's math, so a warp has 8 cells' rows in flight
 // where reflex_attention has one (decode over a long cache waits on those loads); a score needs 3
 // shuffles instead of 5. Each group keeps its own online softmax; the 4 groups merge by
-// shuffles, the 8 warps in shared memory as there.
+// shuffles, the 8 warps in shared memory as there. cell0 (may be null): the batch's first cell,
+// where the launches just ahead write no cache cells but the batch's T from *cell0; the first
+// two rounds of the other cells then load before the programmatic wait.
 // ATT_VEC_C4: float4 per lane (head sizes <= 32 * ATT_VEC_C4: 128 or 256).
 template <int ATT_VEC_C4, bool FUSED>
 struct AttVecRows {
