@@ -294,6 +294,13 @@ struct RopeArgs {
     double freq_base, freq_scale, ext_factor, attn_factor, corr_lo, corr_hi;
 };
 
+// The dims (i0, i1) of pair i: (i, i + n_rot/2) NEOX, (2i, 2i+1) NORM.
+__device__ __forceinline__ void rx_rope_dims(const RopeArgs& ra, int i, int& i0, int& i1) {
+    const int half = ra.n_rot / 2;
+    i0 = ra.neox ? i : 2 * i;
+    i1 = ra.neox ? i + half : 2 * i + 1;
+}
+
 __device__ __forceinline__ void rx_rope_pair(const RopeArgs& ra, double p, int i, int& i0, int& i1,
                                              float& cs, float& sn) {
     double mscale = ra.attn_factor;
@@ -311,9 +318,7 @@ __device__ __forceinline__ void rx_rope_pair(const RopeArgs& ra, double p, int i
     sincos(theta, &sn64, &cs64);
     cs = (float)(cs64 * mscale);
     sn = (float)(sn64 * mscale);
-    const int half = ra.n_rot / 2;
-    i0 = ra.neox ? i : 2 * i;
-    i1 = ra.neox ? i + half : 2 * i + 1;
+    rx_rope_dims(ra, i, i0, i1);
 }
 
 // Dims (i0, i1) of src rotated by (cos, sin) = (cs, sn) into dst.
@@ -845,7 +850,8 @@ __device__ __forceinline__ void rope_attention_prologue(float (*rows)[32 * C4],
     const int half = in.ra.n_rot / 2;
     for (int idx = threadIdx.x; idx < nr * half; idx += blockDim.x) {
         const int r = idx / half, i = idx - r * half;
-        const int i0 = in.ra.neox ? i : 2 * i, i1 = in.ra.neox ? i + half : 2 * i + 1;
+        int i0, i1;
+        rx_rope_dims(in.ra, i, i0, i1);
         const float cs = rot[idx].x, sn = rot[idx].y;
         const float a = rows[r][i0], b = rows[r][i1];
         rows[r][i0] = a * cs - b * sn;
