@@ -952,21 +952,14 @@ __device__ __forceinline__ void attention_vec_body(
         rb.load(kbase, vbase, kstride, vstride, base0 + ROUND + c4, j1, a_end, b_start, li, dk,
                 dv, knew, vg, vstride, c0, 0);
     }
-    if (FUSED) {  // the batch's cells from the prologue's rows
-        rope_attention_prologue<ATT_VEC_C4>(rows, rot, q, in, H, H_kv, dk, dv);
-        if (ra.is_new(base0 + c4, j1, a_end, b_start, c0, Tn))
-            ra.load(kbase, vbase, kstride, vstride, base0 + c4, j1, a_end, b_start, li, dk, dv,
-                    knew, vg, vstride, c0, Tn);
-        if (rb.is_new(base0 + ROUND + c4, j1, a_end, b_start, c0, Tn))
-            rb.load(kbase, vbase, kstride, vstride, base0 + ROUND + c4, j1, a_end, b_start, li,
-                    dk, dv, knew, vg, vstride, c0, Tn);
-    } else if (pre) {  // the batch's cells from the caches, now written
+    if (FUSED) rope_attention_prologue<ATT_VEC_C4>(rows, rot, q, in, H, H_kv, dk, dv);
+    if (FUSED || pre) {  // the batch's cells: the prologue's rows (Tn = Tb), or the caches now
         if (ra.is_new(base0 + c4, j1, a_end, b_start, c0, Tb))
             ra.load(kbase, vbase, kstride, vstride, base0 + c4, j1, a_end, b_start, li, dk, dv,
-                    knew, vg, vstride, c0, 0);
+                    knew, vg, vstride, c0, Tn);
         if (rb.is_new(base0 + ROUND + c4, j1, a_end, b_start, c0, Tb))
             rb.load(kbase, vbase, kstride, vstride, base0 + ROUND + c4, j1, a_end, b_start, li,
-                    dk, dv, knew, vg, vstride, c0, 0);
+                    dk, dv, knew, vg, vstride, c0, Tn);
     }
     const float* qh = FUSED ? rows[0] : q + ((size_t)t * H + h) * dk;
     float4 qr[ATT_VEC_C4], acc[ATT_VEC_C4];
