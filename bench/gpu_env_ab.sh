@@ -36,8 +36,8 @@ nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | t
 if [ "${TESTS:-}" != none ]; then
   say "tests: ${TESTS:-tests/gpu}"
   T=""; for t in ${TESTS:-tests/gpu}; do T="$T $REPO/$t"; done
-  timeout 200 python3 -m pytest $T -q -p no:cacheprovider -m "not slow" > "$OUT/gpu-tests.log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -20 | tee -a "$LOG"; tail -1 "$OUT/gpu-tests.log" | tee -a "$LOG"
+  timeout 200 python3 -m pytest $T -v -p no:cacheprovider -m "not slow" > "$OUT/gpu-tests.log" 2>&1
+  grep -E " (FAILED|ERROR)( |$)" "$OUT/gpu-tests.log" | head -20 | tee -a "$LOG"; tail -1 "$OUT/gpu-tests.log" | tee -a "$LOG"
 fi
 wait $MM; tail -2 "$W/make_models.log" >> "$LOG"
 models=$(python3 -c "import sys; sys.path.insert(0, '$REPO/bench'); import make_models as m; \

@@ -4,7 +4,7 @@
 #   1. llama-simple's build (FA on, ONLY=simple) starts in the background; the wheels go in; the
 #      0.6B, 8B and 30B-A3B files are written (background);
 #   2. the GPU tests while it builds (TESTS: pytest paths in order, default tests/gpu; not the slow
-#      ones; at most TEST_S seconds, default 170);
+#      ones; at most TEST_S seconds, default 170; -v, so a run the limit cuts still names its failures);
 #   3. the warm 1518-token prefill of the 0.6B and 8B files with REFLEX_PAIRS=0 and 1
 #      (bench/warm_long.py, the median of its 3 repetitions; PREFILL_AB=0 leaves it out);
 #   4. W1-W4 (bench/coldstart.py --workloads) on the three files, reflex and llama-simple, 3 runs
@@ -36,9 +36,9 @@ warm_long() {  # MODEL LABEL [VAR=value]: the warm 1518-token prefill, one line
 
 T=""; for t in ${TESTS:-tests/gpu}; do T="$T $REPO/$t"; done
 say "tests: ${TESTS:-tests/gpu}"
-timeout ${TEST_S:-170} python3 -m pytest $T -q -p no:cacheprovider -m "not slow" > "$OUT/gpu-tests.log" 2>&1
+timeout ${TEST_S:-170} python3 -m pytest $T -v -p no:cacheprovider -m "not slow" > "$OUT/gpu-tests.log" 2>&1
 say "tests exit $?"
-grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -20 | tee -a "$LOG"; tail -1 "$OUT/gpu-tests.log" | tee -a "$LOG"
+grep -E " (FAILED|ERROR)( |$)" "$OUT/gpu-tests.log" | head -20 | tee -a "$LOG"; tail -1 "$OUT/gpu-tests.log" | tee -a "$LOG"
 
 while pgrep -f "make_models.py" > /dev/null && [ ! -s "$M8" ]; do sleep 2; done
 [ "${PREFILL_AB:-1}" = 1 ] && say "warm 1518-token prefill, REFLEX_PAIRS=0 and 1"
