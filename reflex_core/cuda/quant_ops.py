@@ -342,9 +342,13 @@ NORM_TYPES = frozenset({0, 1, 8, 12, 13, 14})
 # REFLEX_GEMV_STREAM=0 keeps gemv1x's. On an H100 (BENCHMARKS.md, 2026-12-05) the 8B Q4_K_M's warm
 # decode took 2.591 ms/token without the head streamed and 2.560 with it; streaming its q/k/v
 # launches too gave nothing more (on x of two limbs: 2.488 -> 2.487) and cost the 30B-A3B 2.078 ->
-# 2.113, so those keep gemv1x. No Q6_K producer: on the H200 the 8B's warm decode took 2.362
-# ms/token without it and 2.374 with it (its down projection's rows arrive in six chunks of a copy
-# a row). x stays on gemv1x's three limbs: two (15 bits a run) took the 8B from 2.591 to 2.547
+# 2.113, so those keep gemv1x. The Q6_K forms read their rows from shared memory with LDS (Q6_K
+# blocks are 2-byte aligned: rx_ld_words keeps the pointer's space; as generic loads they took
+# 128 registers, one block an SM) and take slots of up to 54 KB (the 16 rows of a 4096-wide tile
+# in one copy, a 12288-wide row in three chunks instead of six): on an H100 (BENCHMARKS.md
+# 2026-12-07, fiftieth session) the 8B's warm decode 2.336 -> 2.283 ms/token with the Q6_K down
+# projection streamed and those slots, 2.315 with the streamed producer at 40 KB slots; the Q6_K
+# producer at 40 KB slots and generic loads had been slower on the H200 (2.362 -> 2.374). x stays on gemv1x's three limbs: two (15 bits a run) took the 8B from 2.591 to 2.547
 # ms/token but its decode logits' error against the NumPy reference (reflex check) from 2e-6 to
 # 1.4e-4 of the largest. Q4_K on the integer tensor cores (u8 x s8 mma on x as four digits: 1.5
 # SASS instructions a weight-row product a lane instead of 2.8) was slower still: 2.52 against
@@ -361,15 +365,18 @@ NORM_TYPES = frozenset({0, 1, 8, 12, 13, 14})
 # other launches asked it for ahead and the activations (8B 2.416 -> 2.379 ms/token with the
 # fused attention prologue, H100, BENCHMARKS.md 2026-12-06, forty-seventh session); the same
 # policy on the plain GEMVs' weight loads cost their q/k/v launches 53 us a step (H200).
-STREAM_FORMS = {"n": frozenset({12, 14}), "r": frozenset({12})}  # Q4_K, Q6_K
+STREAM_FORMS = {"n": frozenset({12, 14}), "r": frozenset({12, 14})}  # Q4_K, Q6_K
 GEMV_STREAM = os.environ.get("REFLEX_GEMV_STREAM", "1") != "0"
 _GSTREAM_THREADS = 32 * (8 + 1)  # GSTREAM_WARPS compute warps and the copies' warp
 _GSTREAM_ROWS = 16  # GSTREAM_ROWS: rows a tile (gemv1x's block)
 # A ring slot holds at most this much of a tile's rows: 16 rows of 4096 Q4_K weights whole. Half
 # slots (rows in chunks of 8 blocks, a copy a row) at four to eight slots were slower on the H100
 # (BENCHMARKS.md, 2026-12-05: 2.77-2.94 ms/token against 2.60).
-# Slots of 54 KB (a Q6_K head's 16 rows of 4096 whole) were slower there too: 2.525 against 2.489.
+# Slots of 54 KB for every type (a Q6_K head's 16 rows of 4096 whole) were slower there too: 2.525
+# against 2.489 (thirty-sixth session, generic loads in the Q6_K reader); for Q6_K alone, with its
+# LDS reads, they are faster (STREAM_FORMS' note).
 _GSTREAM_SLOT_MAX = 40 << 10
+_GSTREAM_SLOT_MAX_OF = {14: 54 << 10}  # type -> its own ring slot limit
 # Ring slots at most. Three, not four, though four fit the 8B's gate/up rows: the
 # smaller block leaves room for the next launch's blocks to start early (programmatic launch)
 # and ask the L2 for their rows; on an H100 (BENCHMARKS.md, 2026-12-05) 8B warm decode with the
@@ -402,9 +409,10 @@ def _stream_chunk_blocks(ggml_type: int, n_in: int) -> int:
     a tile's rows fit a slot, else the most that do in a multiple of 8 (at least 8)."""
     _, _, bs, ts, _ = _info(ggml_type)
     nb = n_in // bs
-    if _GSTREAM_ROWS * nb * ts <= _GSTREAM_SLOT_MAX:
+    slot_max = _GSTREAM_SLOT_MAX_OF.get(ggml_type, _GSTREAM_SLOT_MAX)
+    if _GSTREAM_ROWS * nb * ts <= slot_max:
         return nb
-    return max(8, (_GSTREAM_SLOT_MAX // (_GSTREAM_ROWS * ts)) & ~7)
+    return max(8, (slot_max // (_GSTREAM_ROWS * ts)) & ~7)
 
 
 def gemv_stream_smem(ggml_type: int, n_in: int, stages: int) -> int:

@@ -232,9 +232,11 @@ RX_HD uint32_t rx_ld_u32(const uint8_t* p) {
 template <int N, bool NC = true>
 RX_HD void rx_ld_words(const uint8_t* p, uint32_t (&w)[N]) {
 #ifdef __CUDA_ARCH__
-    const uintptr_t a = (uintptr_t)p;
-    const uint32_t* q = (const uint32_t*)(a & ~(uintptr_t)3);
-    const uint32_t sh = (uint32_t)(a & 3u) * 8u;
+    const uint32_t lo = (uint32_t)(uintptr_t)p & 3u;
+    // generic loads: the aligned word below p by pointer arithmetic, not an integer cast, so
+    // that the compiler still knows which space p is in (rows in shared memory: LDS, not LD)
+    const uint32_t* q = NC ? (const uint32_t*)((uintptr_t)p & ~(uintptr_t)3) : (const uint32_t*)(p - lo);
+    const uint32_t sh = lo * 8u;
     uint32_t r[N + 1];
 #pragma unroll
     for (int i = 0; i < N; ++i) r[i] = NC ? __ldg(q + i) : q[i];

@@ -1842,10 +1842,10 @@ __device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
 #endif
 }
 // FORM n: the reader (GEMV_NORMED), r: the producer (GEMV_RESNORM). A trace build's stamps take
-// registers: there the Q4_K forms are capped at the 96 that let two blocks share an SM
+// registers: there the forms are capped at the 96 that let two blocks share an SM
 // (quant_ops._GSTREAM_SM_BLOCKS), so that the trace runs the release build's grid.
 #ifdef RX_TRACE
-#define RX_STREAM_BOUNDS(TYPE) __maxnreg__(TYPE == RX_Q4_K ? 96 : 128)
+#define RX_STREAM_BOUNDS(TYPE) __maxnreg__(96)
 #else
 #define RX_STREAM_BOUNDS(TYPE) __launch_bounds__((GSTREAM_WARPS + 1) * 32, 1)
 #endif
