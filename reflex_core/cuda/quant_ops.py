@@ -348,9 +348,10 @@ NORM_TYPES = frozenset({0, 1, 8, 12, 13, 14})
 # in one copy, a 12288-wide row in three chunks instead of six): on an H100 (BENCHMARKS.md
 # 2026-12-07, fiftieth session) the 8B's warm decode 2.336 -> 2.283 ms/token with the Q6_K down
 # projection streamed and those slots, 2.315 with the streamed producer at 40 KB slots; the Q6_K
-# producer at 40 KB slots and generic loads had been slower on the H200 (2.362 -> 2.374). x stays on gemv1x's three limbs: two (15 bits a run) took the 8B from 2.591 to 2.547
-# ms/token but its decode logits' error against the NumPy reference (reflex check) from 2e-6 to
-# 1.4e-4 of the largest. Q4_K on the integer tensor cores (u8 x s8 mma on x as four digits: 1.5
+# producer at 40 KB slots and generic loads had been slower on the H200 (2.362 -> 2.374). x stays
+# on gemv1x's three limbs: two (15 bits a run) took the 8B from 2.591 to 2.547 ms/token but its
+# decode logits' error against the NumPy reference (reflex check) from 2e-6 to 1.4e-4 of the
+# largest. Q4_K on the integer tensor cores (u8 x s8 mma on x as four digits: 1.5
 # SASS instructions a weight-row product a lane instead of 2.8) was slower still: 2.52 against
 # 2.41 ms/token on an H100, 2.28 against 2.22 on the H200 (BENCHMARKS.md 2026-12-06, fortieth and
 # forty-first sessions; branch exp/mma). The output projection's producer and the gate/up reader

@@ -235,7 +235,8 @@ RX_HD void rx_ld_words(const uint8_t* p, uint32_t (&w)[N]) {
     const uint32_t lo = (uint32_t)(uintptr_t)p & 3u;
     // generic loads: the aligned word below p by pointer arithmetic, not an integer cast, so
     // that the compiler still knows which space p is in (rows in shared memory: LDS, not LD)
-    const uint32_t* q = NC ? (const uint32_t*)((uintptr_t)p & ~(uintptr_t)3) : (const uint32_t*)(p - lo);
+    const uint32_t* q =
+        NC ? (const uint32_t*)((uintptr_t)p & ~(uintptr_t)3) : (const uint32_t*)(p - lo);
     const uint32_t sh = lo * 8u;
     uint32_t r[N + 1];
 #pragma unroll
