@@ -12,8 +12,10 @@ charged (its last block's end minus the launch before's), how early its first bl
 its blocks' wait against the launch before's end, x's staging, the first slot's landing, the
 first tile's arithmetic, wait to end, and the tail (last block's end minus the median block's);
 then one step's first launches in order. --dump also saves the raw records (n x 16 words, the
-layout in reflex/common.cuh) for a closer look, e.g. at which blocks end last. The RoPE and
-attention launches are not traced: they fall in the output projection's wait.
+layout in reflex/common.cuh) for a closer look, e.g. at which blocks end last. The decode
+attention (reflex_attention_vec*, reflex_rope_attention_vec*, in the core module) records its
+start, the wait, its prologue, the batch's rows, the cells summed and its end in the same
+columns.
 """
 import collections
 import statistics
@@ -24,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-KINDS = {110: "stream producer", 120: "stream reader (one weight)", 121: "stream SwiGLU reader",
+KINDS = {400: "attention", 401: "RoPE + attention", 110: "stream producer", 120: "stream reader (one weight)", 121: "stream SwiGLU reader",
          310: "gemv1xr (producer)", 320: "gemv1xn (reader)", 321: "gemv1xn SwiGLU"}
 TYPES = {8: "Q8_0", 12: "Q4_K", 14: "Q6_K", 13: "Q5_K"}
 
@@ -44,25 +46,30 @@ def main() -> None:
         try:
             ptr, size = driver.check(d.cuModuleGetGlobal(handle, name), "cuModuleGetGlobal")
         except CudaError:
-            raise SystemExit(f"the quant module has no {name.decode()}: install a trace build "
+            raise SystemExit(f"a module has no {name.decode()}: install a trace build "
                              "(REFLEX_CUDA_TRACE=1 at build time)") from None
         return int(ptr), size
 
-    kern = modules.get_kernels(quant_ops.COMMON_MODULE)
-    n_ptr, _ = sym(kern.handle, b"rx_trace_n")
-    b_ptr, b_size = sym(kern.handle, b"rx_trace_buf")
+    # each module records its own kernels' blocks: the GEMVs' (quant) and the attention's (core)
+    bufs = [(sym(k.handle, b"rx_trace_n")[0], *sym(k.handle, b"rx_trace_buf"))
+            for k in (modules.get_kernels(quant_ops.COMMON_MODULE), modules.get_kernels("core"))]
     graph, tokens = chained(lm, ids, a.steps)
     driver.synchronize()
-    driver.check(d.cuMemsetD32(n_ptr, 0, 1), "cuMemsetD32")
+    for n_ptr, _, _ in bufs:
+        driver.check(d.cuMemsetD32(n_ptr, 0, 1), "cuMemsetD32")
     n_steps = sum(1 for _ in tokens)
     driver.synchronize()
     graph.close()
-    cnt = np.zeros(1, np.uint32)
-    driver.check(d.cuMemcpyDtoH(cnt.ctypes.data, n_ptr, 4), "cuMemcpyDtoH")
-    n = int(min(cnt[0], b_size // 128))
-    buf = np.zeros((n, 16), np.uint64)
-    driver.check(d.cuMemcpyDtoH(buf.ctypes.data, b_ptr, n * 128), "cuMemcpyDtoH")
-    print(f"{a.label} {Path(a.model).name}: {n} records, {n_steps} steps")
+    parts = []
+    for n_ptr, b_ptr, b_size in bufs:
+        cnt = np.zeros(1, np.uint32)
+        driver.check(d.cuMemcpyDtoH(cnt.ctypes.data, n_ptr, 4), "cuMemcpyDtoH")
+        n = int(min(cnt[0], b_size // 128))
+        part = np.zeros((n, 16), np.uint64)
+        driver.check(d.cuMemcpyDtoH(part.ctypes.data, b_ptr, n * 128), "cuMemcpyDtoH")
+        parts.append(part)
+    buf = np.concatenate(parts)
+    print(f"{a.label} {Path(a.model).name}: {len(buf)} records, {n_steps} steps")
     if a.dump:
         np.save(a.dump, buf)
     analyze(buf, n_steps)
@@ -119,19 +126,23 @@ def analyze(buf: np.ndarray, n_steps: int) -> dict:
             if (cc[:, 4] > 0).all() else np.nan,
             "after_wait_us": np.median((cc[:, 5] - cc[:, 1]) / mhz),
             "tiles_med": float(np.median(tiles[idx])),
+            "start_max": gg[:, 0].max(),
         }
         if prev_end is not None:
             r["release_us"] = r["wait_med"] - prev_end
             r["charged_us"] = end_max - prev_end
             r["early_us"] = prev_end - r["start_min"]
+            r["late_us"] = r["start_max"] - prev_end
         r["tail_us"] = end_max - r["end_med"]
         rows[k].append(r)
         in_order.append((k, r))
         prev_end = end_max
-    print("per kind and width, medians over its launches, us (the untraced RoPE and attention fall in "
-          "the output projection's wait -> prev end):")
+    print("per kind and width, medians over its launches, us (attention: n_in = head size, "
+          "tiles = cells a block, stage x = its prologue, 1st slot lands = the batch's rows loaded, "
+          "1st tile = the cells summed):")
     hdr = ("kind", "type", "n_in", "launches", "blocks", "tiles", "charged", "early start",
-           "wait->prev end", "stage x", "1st slot lands", "1st tile", "wait->end", "tail")
+           "last start->prev end", "wait->prev end", "stage x", "1st slot lands", "1st tile",
+           "wait->end", "tail")
     print(" | ".join(hdr))
     for k, rs in sorted(rows.items(), key=lambda kv: -len(kv[1])):
         kd, n_in = k
@@ -141,7 +152,7 @@ def analyze(buf: np.ndarray, n_steps: int) -> dict:
             return f"{statistics.median(v):.2f}" if v else "-"
         print(" | ".join([KINDS.get(kd, str(kd)), type_of[k], str(n_in), str(len(rs)),
                           med("blocks"), med("tiles_med"), med("charged_us"), med("early_us"),
-                          med("release_us"), med("stage_us"), med("land_us"), med("tile1_us"),
+                          med("late_us"), med("release_us"), med("stage_us"), med("land_us"), med("tile1_us"),
                           med("after_wait_us"), med("tail_us")]))
     # the last step's first launches, in order
     print("one step's launches in order (the last step), us from its first launch's start:")

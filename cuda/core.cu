@@ -910,6 +910,10 @@ __device__ __forceinline__ void attention_vec_body(
     const int h = blockIdx.x, t = blockIdx.y, S = gridDim.z, sl = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c4 = lane >> 3, li = lane & 7;
     const int g = h / (H / H_kv);
+    // a trace build's stamps (bench/phase_trace.py's kinds 400 and 401: FUSED): start, after
+    // the wait, after the prologue, the batch's rows loaded, the cells summed, end
+    RX_TRACE_DECL;
+    RX_TRACE_AT(0);
     // Before the wait for the launch ahead: the slice (the batch's prepared buffers, which only
     // the host's copies write), a fused prologue's RoPE pairs (float64 pow and sincos) and, where
     // the launcher says which cells the launches ahead write (cell0: the batch's T cells from
@@ -946,6 +950,7 @@ __device__ __forceinline__ void attention_vec_body(
                      dk, dv, c0, Tb);
     }
     RX_PDL_ENTRY();
+    RX_TRACE_AT(1);
     if (!pre) {
         ra.load(kbase, vbase, kstride, vstride, base0 + c4, j1, a_end, b_start, li, dk, dv, knew,
                 vg, vstride, c0, 0);
@@ -953,6 +958,7 @@ __device__ __forceinline__ void attention_vec_body(
                 dv, knew, vg, vstride, c0, 0);
     }
     if (FUSED) rope_attention_prologue<ATT_VEC_C4>(rows, rot, q, in, H, H_kv, dk, dv);
+    RX_TRACE_AT(2);
     if (FUSED || pre) {  // the batch's cells: the prologue's rows (Tn = Tb), or the caches now
         if (ra.is_new(base0 + c4, j1, a_end, b_start, c0, Tb))
             ra.load(kbase, vbase, kstride, vstride, base0 + c4, j1, a_end, b_start, li, dk, dv,
@@ -961,6 +967,7 @@ __device__ __forceinline__ void attention_vec_body(
             rb.load(kbase, vbase, kstride, vstride, base0 + ROUND + c4, j1, a_end, b_start, li,
                     dk, dv, knew, vg, vstride, c0, Tn);
     }
+    RX_TRACE_AT(3);
     const float* qh = FUSED ? rows[0] : q + ((size_t)t * H + h) * dk;
     float4 qr[ATT_VEC_C4], acc[ATT_VEC_C4];
 #pragma unroll
@@ -1003,8 +1010,11 @@ __device__ __forceinline__ void attention_vec_body(
             if (e < dv) *(float4*)&s_acc[warp][e] = acc[i];
         }
     }
+    RX_TRACE_AT(4);
     __syncthreads();
     att_merge_warps(s_m, s_l, s_acc, out, part, done, t, h, H, S, sl, dv);
+    RX_TRACE_AT(5);
+    RX_TRACE_PUT(400 + (FUSED ? 1 : 0), (unsigned)dk | ((unsigned)min(j1 - j0, 255) << 16));
 }
 
 #define RX_ATT_VEC(NAME, C4)                                                                       \
