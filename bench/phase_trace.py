@@ -110,7 +110,8 @@ def analyze(buf: np.ndarray, n_steps: int) -> dict:
     prev_end = None
     for k, idx in launches:
         idx = np.array(idx)
-        type_of[k] = "+".join(TYPES.get(int(t), str(t)) for t in sorted(set(types[idx].tolist())))
+        type_of[k] = ("-" if k[0] >= 400 else  # the attention: no weight type
+                      "+".join(TYPES.get(int(t), str(t)) for t in sorted(set(types[idx].tolist()))))
         gg, cc = g[idx], c[idx]
         end_max = gg[:, 5].max()
         r = {
