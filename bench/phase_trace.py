@@ -26,7 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-KINDS = {400: "attention", 401: "RoPE + attention", 110: "stream producer", 120: "stream reader (one weight)", 121: "stream SwiGLU reader",
+KINDS = {400: "attention", 401: "RoPE + attention",
+         110: "stream producer", 120: "stream reader (one weight)", 121: "stream SwiGLU reader",
          310: "gemv1xr (producer)", 320: "gemv1xn (reader)", 321: "gemv1xn SwiGLU"}
 TYPES = {8: "Q8_0", 12: "Q4_K", 14: "Q6_K", 13: "Q5_K"}
 
@@ -139,8 +140,8 @@ def analyze(buf: np.ndarray, n_steps: int) -> dict:
         in_order.append((k, r))
         prev_end = end_max
     print("per kind and width, medians over its launches, us (attention: n_in = head size, "
-          "tiles = cells a block, stage x = its prologue, 1st slot lands = the batch's rows loaded, "
-          "1st tile = the cells summed):")
+          "tiles = cells a block, stage x = its prologue, 1st slot lands = the batch's rows "
+          "loaded, 1st tile = the cells summed):")
     hdr = ("kind", "type", "n_in", "launches", "blocks", "tiles", "charged", "early start",
            "last start->prev end", "wait->prev end", "stage x", "1st slot lands", "1st tile",
            "wait->end", "tail")
@@ -153,7 +154,8 @@ def analyze(buf: np.ndarray, n_steps: int) -> dict:
             return f"{statistics.median(v):.2f}" if v else "-"
         print(" | ".join([KINDS.get(kd, str(kd)), type_of[k], str(n_in), str(len(rs)),
                           med("blocks"), med("tiles_med"), med("charged_us"), med("early_us"),
-                          med("late_us"), med("release_us"), med("stage_us"), med("land_us"), med("tile1_us"),
+                          med("late_us"), med("release_us"), med("stage_us"), med("land_us"),
+                          med("tile1_us"),
                           med("after_wait_us"), med("tail_us")]))
     # the last step's first launches, in order
     print("one step's launches in order (the last step), us from its first launch's start:")
