@@ -775,8 +775,9 @@ def test_stream_launches(quant_signatures, monkeypatch):
     the plain reader of one weight of gemv1x1's (a head), launch as the streamed forms: two
     blocks an SM where they fit, else one, the copies' warp beside 8 compute warps,
     gemv_stream_smem's shared memory (three slots where they fit), T the blocks of a row a slot
-    holds, the producer's block sums one per 16-row tile. Not for gemv1x's plain readers (q/k/v), gemv1x4, rows or weights the copy
-    engine cannot move, an older device, a PTX image or REFLEX_GEMV_STREAM=0."""
+    holds, the producer's block sums one per 16-row tile. Not for gemv1x's plain readers (q/k/v),
+    gemv1x4, rows or weights the copy engine cannot move, an older device, a PTX image or
+    REFLEX_GEMV_STREAM=0."""
     from reflex_core.cuda import quant_ops as q
 
     k = _FakeKernels(quant_signatures)

@@ -1845,12 +1845,12 @@ __device__ __forceinline__ void gemv_stream_body(RX_MM_NORM_PARAMS) {
 // registers: there the forms are capped at the 96 that let two blocks share an SM
 // (quant_ops._GSTREAM_SM_BLOCKS), so that the trace runs the release build's grid.
 #ifdef RX_TRACE
-#define RX_STREAM_BOUNDS(TYPE) __maxnreg__(96)
+#define RX_STREAM_BOUNDS __maxnreg__(96)
 #else
-#define RX_STREAM_BOUNDS(TYPE) __launch_bounds__((GSTREAM_WARPS + 1) * 32, 1)
+#define RX_STREAM_BOUNDS __launch_bounds__((GSTREAM_WARPS + 1) * 32, 1)
 #endif
 #define RX_QUANT_STREAM_KERNEL(FORM, EPI, name, TYPE)                                                 \
-    extern "C" __global__ void RX_STREAM_BOUNDS(TYPE)                                                 \
+    extern "C" __global__ void RX_STREAM_BOUNDS                                                       \
         reflex_matmul_gemv1xs##FORM##_##name(RX_MM_NORM_PARAMS) {                                    \
         gemv_stream_body<TYPE, EPI>(RX_MM_NORM_ARGS);                                                 \
     }
