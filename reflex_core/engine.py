@@ -19,6 +19,8 @@ Nothing here imports numpy, gguf or huggingface_hub unless the CPU backend is ch
 
 from __future__ import annotations
 
+import collections
+import itertools
 import random
 import sys
 from dataclasses import dataclass, field
@@ -494,29 +496,38 @@ def generate_steps(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: 
         return GenerateResult(list(prompt_ids), [], "", since_process_start_ms(), seed,
                               len(feed) - 1, len(past), state, past + feed[:-1], feed[-1:])
     out: list[int] = []
-    with t.span("first forward"):
-        done = 0
-        while on_prefill is not None and len(feed) - done > PREFILL_CHUNK:
-            batch = state.append(feed[done:done + PREFILL_CHUNK])
-            model.forward(batch, state, [batch.n_tokens - 1])
-            done += PREFILL_CHUNK
-            on_prefill(done, len(feed))
-        batch = state.append(feed[done:])
-        logits = model.forward(batch, state, [batch.n_tokens - 1])
-        nxt = pick(logits)
-    first_ms = since_process_start_ms()
-    graph = decode_graph(lm) if n_new > 1 else None
-    # Steps chain on the device (the host one step ahead) when no pick needs the host: no
-    # penalty window, and no state kept (the step queued past the last token is never undone).
-    chain = None
-    if graph is not None and not keep_state and not sampling.penalty_on:
-        chain = graph.device_pick(sampling.temperature, sampling.top_k, sampling.top_p,
-                                  sampling.min_p, rng)
+    graph = fed = None
     try:
+        with t.span("first forward"):
+            done = 0
+            while on_prefill is not None and len(feed) - done > PREFILL_CHUNK:
+                batch = state.append(feed[done:done + PREFILL_CHUNK])
+                model.forward(batch, state, [batch.n_tokens - 1])
+                done += PREFILL_CHUNK
+                on_prefill(done, len(feed))
+            batch = state.append(feed[done:])
+            logits = model.forward(batch, state, [batch.n_tokens - 1])
+            graph = decode_graph(lm) if n_new > 1 else None
+            # Steps chain on the device (the host one step ahead) when no pick needs the host:
+            # no penalty window, and no state kept (a step queued past the last token is never
+            # undone); from the prompt on when its prefill gives the host time to spare.
+            chain = None
+            if graph is not None and not keep_state and not sampling.penalty_on:
+                chain = graph.device_pick(sampling.temperature, sampling.top_k, sampling.top_p,
+                                          sampling.min_p, rng)
+            if chain is not None and _feeds_from_prompt(lm, len(feed), logits, graph):
+                fed = decode_fed(state, graph, logits, n_new, chain)
+                nxt = next(fed)
+            else:
+                nxt = pick(logits)
+        first_ms = since_process_start_ms()
+        tokens = (decode_tokens(model, state, graph, pick, nxt, n_new, chain) if fed is None
+                  else itertools.chain((nxt,), fed))
         with t.span("decode"):
-            stop_reason = yield from _decode(model, state, graph, pick, out, nxt, n_new,
-                                             text_out, eog, chain)
+            stop_reason = yield from _decode(tokens, out, text_out, eog)
     finally:
+        if fed is not None:
+            fed.close()
         if graph is not None:
             t.notes["decode"] = f"{graph.note}, {graph.steps} steps"
             graph.close()
@@ -537,13 +548,12 @@ def generate_steps(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: 
     return res
 
 
-def _decode(model: Any, state: Any, graph: Any, pick: Callable[[Any], int], out: list[int],
-            nxt: int, n_new: int, text_out: Any, eog: Any,
-            chain: Any = None) -> Generator[str, None, str]:
-    """The decode loop of :func:`generate_steps` from its first sampled token ``nxt``: appends to
-    ``out`` (empty at the start), yields text pieces when streaming, returns the stop reason. The
-    steps as :func:`decode_tokens` runs them."""
-    for tok in decode_tokens(model, state, graph, pick, nxt, n_new, chain):
+def _decode(tokens: Iterator[int], out: list[int], text_out: Any,
+            eog: Any) -> Generator[str, None, str]:
+    """The decode loop of :func:`generate_steps` over ``tokens`` (from the first sampled one):
+    appends to ``out`` (empty at the start), yields text pieces when streaming, returns the stop
+    reason."""
+    for tok in tokens:
         out.append(tok)
         if text_out is not None:
             piece = text_out.push(tok)
@@ -580,6 +590,46 @@ def decode_tokens(model: Any, state: Any, graph: Any, pick: Callable[[Any], int]
         else:
             nxt = pick(decode_step(model, graph, state, nxt))
         yield nxt
+
+
+# A job chains from its prompt on (decode_fed) when its prefill is at least this much work, in
+# prompt tokens x bytes of the model file, so that the GPU is still busy with the prefill while
+# the host queues the first steps (the eager one and the capture: 15-45 ms of host time on the
+# benchmark files, BENCHMARKS.md 2026-12-07) and the first token comes no later. Dense prefills
+# run at about 5e13 of these a second (a 1518-token prompt: 8B Q4_K_M 152 ms, 0.6B Q8_0 22 ms
+# on an H100), so this is about 50 ms of prefill; a MoE file's prefill is faster than its file
+# size says. REFLEX_DECODE_FED=0 never chains from the prompt, =1 whenever it may.
+FED_MIN_WORK = 2.5e12
+# steps queued before the host waits for the first token: the eager one and the capture
+FED_AHEAD = 2
+
+
+def _feeds_from_prompt(lm: Loaded, n_prompt: int, logits: Any, graph: Any) -> bool:
+    import os
+
+    mode = os.environ.get("REFLEX_DECODE_FED", "")
+    if mode == "0" or not graph.can_feed(logits):
+        return False
+    return mode == "1" or n_prompt * os.path.getsize(lm.path) >= FED_MIN_WORK
+
+
+def decode_fed(state: Any, graph: Any, logits: Any, n: int, chain: Any) -> Iterator[int]:
+    """The ``n`` (2 or more) tokens of a job whose first one is picked on the device from
+    ``logits`` (the prompt's last row, launched, not waited for): every step takes its token
+    from the device slot the pick before it filled (DecodeGraph.pick_first, queue_fed). The
+    first FED_AHEAD steps are queued before the host waits for the first token, so their host
+    time (the eager, traced step and the capture) runs beside the prefill on the GPU; after
+    that one step is queued ahead of the token waited for, as :func:`decode_tokens`' chain
+    does. A caller that stops leaves at most FED_AHEAD steps queued past what it took."""
+    first = state.append([0])  # 0: its id is on the device
+    tickets = collections.deque([graph.pick_first(logits, chain, first)])
+    queued = 0
+    for k in range(n):
+        while queued < min(n - 1, max(k + 1, FED_AHEAD)):
+            tickets.append(graph.queue_fed(first if queued == 0 else state.append([0]), state,
+                                           chain))
+            queued += 1
+        yield graph.result(tickets.popleft())
 
 
 def decode_step(model: Any, graph: Any, state: Any, token: int) -> Any:

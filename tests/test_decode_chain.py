@@ -2,7 +2,9 @@
 device (DecodeGraph.queue) give the tokens one-step-at-a-time decoding gives, a chained step
 that takes its token from the device always follows one queued before it, no step is queued
 past the last token a job wants, and a caller that stops early leaves at most one step queued
-past what it took. Also cuda_graph's trace canonical form: prepared-buffer addresses."""
+past what it took; the same for a job fed from its prompt (engine.decode_fed: its first token
+picked on the device, its first steps queued before the host waits for it). Also cuda_graph's
+trace canonical form: prepared-buffer addresses."""
 
 from __future__ import annotations
 
@@ -101,6 +103,64 @@ def test_without_a_chain_every_step_waits_for_the_host():
     g, st = FakeGraph(0), FakeState()
     assert list(engine.decode_tokens(None, st, g, after, 3, 6, None)) == expected(3, 6)
     assert g.forwards == 5 and not g.queued
+
+
+class FakeFedGraph:
+    """pick_first / queue_fed: every token is picked on the device; a step reads the slot."""
+
+    def __init__(self, first: int) -> None:
+        self.first = first
+        self.slot: int | None = None
+        self.picked: list[int] = []
+        self.taken = 0
+        self.events: list[str] = []  # "pick", "step", "result" in the host's order
+
+    def pick_first(self, logits, pick, batch):
+        assert pick == "pick" and logits == "logits" and not self.picked
+        self.slot = self.first
+        self.picked.append(self.slot)
+        self.events.append("pick")
+        return 0
+
+    def queue_fed(self, batch, state, pick):
+        assert self.slot is not None and batch.tokens == (0,)
+        self.slot = after(self.slot)
+        self.picked.append(self.slot)
+        self.events.append("step")
+        return len(self.picked) - 1
+
+    def result(self, ticket: int) -> int:
+        assert ticket == self.taken, "results taken out of order"
+        self.taken += 1
+        self.events.append("result")
+        return self.picked[ticket]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 9])
+def test_steps_fed_from_the_prompt_give_the_same_tokens_and_no_extra_step(n):
+    g, st = FakeFedGraph(5), FakeState()
+    got = list(engine.decode_fed(st, g, "logits", n, "pick"))
+    assert got == expected(5, n)
+    assert g.events.count("step") == n - 1 and len(st.appended) == n - 1
+    # the first steps are queued before the host waits for the first token, later ones one
+    # ahead of the token waited for
+    ahead = min(n - 1, engine.FED_AHEAD)
+    assert g.events[:2 + ahead] == ["pick"] + ["step"] * ahead + ["result"]
+    for i, e in enumerate(g.events):
+        if e == "result":
+            steps_before = g.events[:i].count("step")
+            taken_before = g.events[:i].count("result")
+            assert steps_before == min(n - 1, max(taken_before + 1, engine.FED_AHEAD))
+
+
+@pytest.mark.parametrize("take", [1, 2, 3, 6])
+def test_a_caller_stopping_a_fed_job_leaves_at_most_the_first_steps_queued(take):
+    g, st = FakeFedGraph(11), FakeState()
+    tokens = engine.decode_fed(st, g, "logits", 20, "pick")
+    got = list(islice(tokens, take))
+    tokens.close()
+    assert got == expected(11, take)
+    assert take - 1 <= g.events.count("step") <= max(take, engine.FED_AHEAD)
 
 
 def test_trace_canonical_form_names_prepared_buffers_and_numbers_the_rest():

@@ -22,6 +22,12 @@ Once captured, the steps can also be chained (:meth:`DecodeGraph.queue`): the ne
 picked on the device straight into the slot the next replay reads, and the host queues step
 n + 1 before it reads step n's token, so the GPU never waits for the host between tokens.
 
+A job with a long prompt can chain from the prompt on (:meth:`DecodeGraph.pick_first`): the
+prompt's next token is picked on the device too, and the first steps -- the eager, traced one
+and the capture, whose host time is several GPU steps' -- are queued while the GPU still runs
+the prefill, before the host waits for the first token. Their inputs reach the fixed buffer by
+asynchronous copies queued with them, so a traced step of such a job has no host copy.
+
 What the check cannot see is a launch that changes only at some later step (a kernel variant
 picked by context length, say): ops must pick their launches from the batch's shape alone
 (docs/internals.md, "decode graphs"). The blocks a graph's replays write are held back from the
@@ -36,10 +42,11 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Any
+from typing import Any, Callable
 
 from ..cuda import driver as _drv
 from ..cuda import memory, modules
+from .device_array import Prepared
 
 ENV = "REFLEX_CUDA_GRAPHS"
 # eager steps traced before the first capture; the captured step is compared with the last
@@ -67,7 +74,7 @@ class DecodeGraph:
     def __init__(self, ops: Any, model: Any) -> None:
         self.ops, self.model = ops, model
         self.steps = 0
-        self.note = "eager (not yet captured)"
+        self._note = "eager (not yet captured)"
         self._traces: list[tuple[list, list]] = []
         self._shape: tuple[int, int] | None = None
         self._stream: Any = None
@@ -78,6 +85,7 @@ class DecodeGraph:
         self._failed = False
         self._captures = 0
         self._chain: _Chain | None = None
+        self._fed = False  # the steps' inputs are placed by queued copies (pick_first)
         ops._fixed_prepared = {}
 
     # -- the step ---------------------------------------------------------------------------
@@ -112,18 +120,27 @@ class DecodeGraph:
         self._failed = True
         return self._forward(batch, state)
 
-    def _traced(self, batch: Any, state: Any) -> Any:
+    def _traced(self, batch: Any, state: Any, pb: Any = None) -> Any:
         launches: list = []
         copies: list = []
         modules.launch_trace, memory.copy_trace = launches, copies
         memory.record_begin()
         try:
-            out = self._forward(batch, state)
+            out = self._forward(batch, state) if pb is None else self._placed(batch, state, pb)
         finally:
             modules.launch_trace, memory.copy_trace = None, None
             temps = memory.record_end()
         self._traces.append(_canonical(launches, copies, temps, self._fixed()))
         return out
+
+    def _placed(self, batch: Any, state: Any, pb: Any) -> Any:
+        """The forward of a step whose inputs a queued copy puts in ``pb`` (no copy of its own)."""
+        ops = self.ops
+        ops._graph_prepared = (batch, pb)
+        try:
+            return self._forward(batch, state)
+        finally:
+            ops._graph_prepared = None
 
     def _fixed(self) -> dict[int, int]:
         """The prepared buffers a replay reads, address -> bytes (the same every step)."""
@@ -134,24 +151,34 @@ class DecodeGraph:
         copy was its batch, into the fixed buffer."""
         launches, copies = self._traces[-1]
         if not launches:
-            self.note = "eager: the step launched no kernels"
+            self._note = "eager: the step launched no kernels"
             return False
         host = [c for c in copies if c[0] != "dtod"]
-        if len(host) != 1 or host[0][0] != "htod" or host[0][1] != ("prepared", 0):
-            self.note = f"eager: the forward copies to or from the host ({len(host)} copies)"
+        if self._fed:  # its inputs came by a queued copy: none of its own
+            if host:
+                self._note = f"eager: the forward copies to or from the host ({len(host)} copies)"
+                return False
+        elif len(host) != 1 or host[0][0] != "htod" or host[0][1] != ("prepared", 0):
+            self._note = f"eager: the forward copies to or from the host ({len(host)} copies)"
             return False
         return True
 
-    def _capture(self, batch: Any, state: Any) -> Any:
+    def _graph_stream(self) -> Any:
+        if self._stream is None:
+            # blocking (flags 0): ordered with the legacy stream the eager work and copies use
+            self._stream = _drv.check(_drv._d.cuStreamCreate(0), "cuStreamCreate")
+        return self._stream
+
+    def _capture(self, batch: Any, state: Any, pb: Any = None) -> Any:
         """Capture this step, traced; keep the graph and launch it when its trace is the last
-        eager step's, else drop it (None; nothing of the step has run)."""
+        eager step's, else drop it (None; nothing of the step has run). ``pb``: the step's
+        inputs, already queued on the graph's stream (else copied here)."""
         d = _drv._d
         ops = self.ops
         self._captures += 1
-        pb = ops.prepare(batch)  # the step's inputs, before the capture: a copy is not captured
-        if self._stream is None:
-            # blocking (flags 0): ordered with the legacy stream the eager work and copies use
-            self._stream = _drv.check(d.cuStreamCreate(0), "cuStreamCreate")
+        if pb is None:
+            pb = ops.prepare(batch)  # the step's inputs, before the capture: a copy is not captured
+        self._graph_stream()
         legacy = _drv._STREAM
         ops._graph_prepared = (batch, pb)
         launches: list = []
@@ -170,7 +197,7 @@ class DecodeGraph:
             finally:
                 graph = _drv.check(d.cuStreamEndCapture(self._stream), "cuStreamEndCapture")
         except Exception as e:  # noqa: BLE001 - the job goes on eagerly
-            self.note = f"eager: the capture failed ({str(e).splitlines()[0][:200]})"
+            self._note = f"eager: the capture failed ({str(e).splitlines()[0][:200]})"
             self._failed = True
         finally:
             _drv._STREAM = legacy
@@ -185,19 +212,19 @@ class DecodeGraph:
                 try:
                     self._exec = _drv.check(d.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
                 except Exception as e:  # noqa: BLE001
-                    self.note = f"eager: the capture failed ({str(e).splitlines()[0][:200]})"
+                    self._note = f"eager: the capture failed ({str(e).splitlines()[0][:200]})"
                     self._failed = True
             else:
-                self.note = why
+                self._note = why
         if self._exec is None:  # nothing of the step ran: its blocks need no holding
             self._drop_graph()
             return None
         self._held = list(temps)
         memory.hold(self._held)
         self._out = out
-        dropped = ("" if self._captures == 1
-                   else f"; the capture before it was dropped: {self.note.removeprefix('eager: ')}")
-        self.note = f"graph (captured at step {self.steps}{dropped})"
+        why = self._note.removeprefix("eager: ")
+        dropped = "" if self._captures == 1 else f"; the capture before it was dropped: {why}"
+        self._note = f"graph (captured at step {self.steps}{dropped})"
         _drv.check(d.cuGraphLaunch(self._exec, self._stream), "cuGraphLaunch")
         return out
 
@@ -236,11 +263,76 @@ class DecodeGraph:
         :meth:`result` takes."""
         if not self.can_chain() or (batch.n_tokens, len(batch.runs)) != self._shape:
             raise RuntimeError("queue: no captured graph of this batch's shape")
-        if self._chain is None:
-            self._chain = _Chain(self._stream, self._out.shape[-1])
-            self.note += ", steps chained on the device"
         self.steps += 1
-        return self._chain.queue(self, batch, pick, token)
+        return self._chain_of(self._out.shape[-1]).queue(self, batch, None, pick, token)
+
+    def can_feed(self, logits: Any) -> bool:
+        """Whether a job may chain from its prompt on (:meth:`pick_first`): its first logits
+        (the prompt's last row) pick ids of the model's embedding, and no step ran yet."""
+        return (self.steps == 0 and not self._failed and self._exec is None
+                and logits.shape[-1] == getattr(self.model, "n_vocab", None))
+
+    def pick_first(self, logits: Any, pick: "DevicePick", batch: Any) -> int:
+        """Queue the pick of the prompt's next token from ``logits`` (the prefill's last row,
+        launched, maybe still running) straight into the token slot of ``batch``, the job's
+        first one-token step (any id in its place), without waiting; the id comes back with
+        :meth:`result`. From here every step is :meth:`queue_fed`."""
+        if not self.can_feed(logits):
+            raise RuntimeError("pick_first: the job has run steps, or its logits are not ids")
+        self._fed = True
+        return self._chain_of(logits.shape[-1]).pick_first(self, logits, batch, pick)
+
+    def queue_fed(self, batch: Any, state: Any, pick: "DevicePick") -> int:
+        """Queue the step of ``batch`` (one token, its id in the device slot that the pick before
+        filled) and its pick, without waiting: replayed once captured, else run eagerly --
+        traced, then captured -- as :meth:`forward` does. Returns the ticket of its pick."""
+        if not self._fed:
+            raise RuntimeError("queue_fed: the job's first token was not picked on the device")
+        return self._chain.queue(self, batch, state, pick, None)
+
+    def _fed_step(self, batch: Any, state: Any, pb: Any, place: Callable[[Any], None]) -> Any:
+        """:meth:`forward` for a step whose inputs ``place(stream)`` queues into ``pb``, the
+        fixed buffer; (logits, the stream its pick goes on)."""
+        self.steps += 1
+        legacy = _drv._STREAM
+        shape = (batch.n_tokens, len(batch.runs))
+        if self._exec is not None and shape == self._shape:
+            place(self._stream)
+            _drv.check(_drv._d.cuGraphLaunch(self._exec, self._stream), "cuGraphLaunch")
+            return self._out, self._stream
+        if self._failed or self._exec is not None:  # another shape than the graph's: eager
+            place(legacy)
+            return self._placed(batch, state, pb), legacy
+        if shape != self._shape:
+            self._traces.clear()
+            self._shape = shape
+        if len(self._traces) < EAGER_STEPS:
+            place(legacy)
+            return self._traced(batch, state, pb), legacy
+        stream = self._graph_stream()
+        place(stream)  # before the capture: a copy queued during it would be captured
+        if self._eligible():
+            out = self._capture(batch, state, pb)
+            if out is not None:
+                return out, stream
+            if self._captures < CAPTURES and not self._failed:
+                return self._traced(batch, state, pb), legacy  # the next one captured
+        self._failed = True
+        return self._placed(batch, state, pb), legacy
+
+    def _chain_of(self, n_vocab: int) -> "_Chain":
+        if self._chain is None:
+            self._chain = _Chain(n_vocab)
+        return self._chain
+
+    @property
+    def note(self) -> str:
+        """How the job's steps ran: eager (and why) or the graph (captured at which step), and
+        whether chained on the device (from the prompt on: :meth:`pick_first`)."""
+        if self._chain is None:
+            return self._note
+        return self._note + ", steps chained on the device" + (" from the prompt" if self._fed
+                                                              else "")
 
     def result(self, ticket: int) -> int:
         """The token id picked by the queued step ``ticket`` (waits for that step)."""
@@ -287,36 +379,67 @@ class _Chain:
     """The chained steps' host side: per ring slot a pinned area (the batch's words going in,
     the picked id coming back) and an event recorded after the slot's step."""
 
-    def __init__(self, stream: Any, n_vocab: int) -> None:
+    def __init__(self, n_vocab: int) -> None:
         d = _drv._d
-        self.stream = stream
         self.slot_bytes = 4096
         self.host = _drv.check(d.cuMemHostAlloc(RING * self.slot_bytes, 0), "cuMemHostAlloc")
         flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
         self.events = [_drv.check(d.cuEventCreate(flags), "cuEventCreate") for _ in range(RING)]
-        self.sent = 0  # steps queued; step t uses slot t % RING
+        self.sent = 0  # picks queued; pick t uses slot t % RING
         self.n_vocab = n_vocab
         self.scratch: Any = None
 
-    def queue(self, g: DecodeGraph, batch: Any, pick: DevicePick, token: int | None) -> int:
+    def _next_slot(self) -> int:
+        """The ring slot of the next pick, once its last use has run (its words may still be
+        on their way in)."""
+        k = self.sent % RING
+        if self.sent >= RING:
+            _drv.check(_drv._d.cuEventSynchronize(self.events[k]), "cuEventSynchronize")
+        return k
+
+    def _fixed(self, ops: Any, batch: Any) -> tuple[Any, Any]:
+        """(``batch``'s words, the fixed buffer of their length: made by the first step)."""
+        words = ops.prepared_words(batch)
+        if 4 * len(words) + 4 > self.slot_bytes:  # words, then the id in the last word
+            raise RuntimeError("queue: the batch does not fit a ring slot")
+        return words, ops._prepared_buffer(len(words))
+
+    def queue(self, g: DecodeGraph, batch: Any, state: Any, pick: DevicePick,
+              token: int | None) -> int:
+        """One step and its pick: the graph replayed (``state`` None), else
+        DecodeGraph._fed_step's choice."""
         d = _drv._d
         ops = g.ops
-        ticket = self.sent
-        k = ticket % RING
-        if ticket >= RING:  # the slot's last step: its words may still be on their way in
-            _drv.check(d.cuEventSynchronize(self.events[k]), "cuEventSynchronize")
-        words = ops.prepared_words(batch)
+        k = self._next_slot()
+        words, dev = self._fixed(ops, batch)
         n = len(words)
-        dev = ops._fixed_prepared.get(n)
-        if dev is None or 4 * n + 4 > self.slot_bytes:  # words, then the id in the last word
-            raise RuntimeError("queue: the batch does not fit the graph's prepared buffer")
         host = self._slot(k)
         ctypes.memmove(host, words.buffer_info()[0], 4 * n)
         skip = 0 if token is not None else batch.n_tokens  # the ids the step before picked
-        s = self.stream
-        _drv.check(d.cuMemcpyHtoDAsync(dev.ptr + 4 * skip, host + 4 * skip, 4 * (n - skip), s),
-                   "cuMemcpyHtoDAsync(decode step)")
-        _drv.check(d.cuGraphLaunch(g._exec, s), "cuGraphLaunch")
+
+        def place(stream: Any) -> None:
+            _drv.check(d.cuMemcpyHtoDAsync(dev.ptr + 4 * skip, host + 4 * skip, 4 * (n - skip),
+                                           stream), "cuMemcpyHtoDAsync(decode step)")
+
+        if state is None:
+            s = g._stream
+            place(s)
+            _drv.check(d.cuGraphLaunch(g._exec, s), "cuGraphLaunch")
+            out = g._out
+        else:
+            out, s = g._fed_step(batch, state, Prepared(batch, dev, len(batch.runs)), place)
+        return self._pick(ops, out, dev.ptr, pick, s, k)
+
+    def pick_first(self, g: DecodeGraph, logits: Any, batch: Any, pick: DevicePick) -> int:
+        """The prompt's next token picked into the token slot of ``batch``'s fixed buffer."""
+        k = self._next_slot()
+        _, dev = self._fixed(g.ops, batch)
+        return self._pick(g.ops, logits, dev.ptr, pick, _drv._STREAM, k)
+
+    def _pick(self, ops: Any, logits: Any, dst: int, pick: DevicePick, s: Any, k: int) -> int:
+        """Queue on ``s``: the pick from ``logits`` into device ``dst`` (the token slot the next
+        step reads), its copy to slot ``k`` and the slot's event; returns its ticket."""
+        d = _drv._d
         u = 0.0
         if pick.temperature > 0.0:
             u = pick.rng.random()
@@ -326,13 +449,14 @@ class _Chain:
                 self.scratch = empty((self.n_vocab,), "f64")
         legacy = _drv._STREAM
         _drv._STREAM = s
-        try:  # the pick's id goes where the next replay reads its token (one-token steps)
-            ops.sample_into(g._out, dev.ptr, pick.temperature, pick.top_k, pick.top_p, u,
+        try:
+            ops.sample_into(logits, dst, pick.temperature, pick.top_k, pick.top_p, u,
                             pick.min_p, self.scratch)
         finally:
             _drv._STREAM = legacy
-        _drv.check(d.cuMemcpyDtoHAsync(self._id(k), dev.ptr, 4, s), "cuMemcpyDtoHAsync(token)")
+        _drv.check(d.cuMemcpyDtoHAsync(self._id(k), dst, 4, s), "cuMemcpyDtoHAsync(token)")
         _drv.check(d.cuEventRecord(self.events[k], s), "cuEventRecord")
+        ticket = self.sent
         self.sent += 1
         return ticket
 
@@ -354,7 +478,7 @@ class _Chain:
 
     def close(self) -> None:
         d = _drv._d
-        _drv.check(d.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+        _drv.synchronize()  # the steps still queued, on the graph's stream or the legacy one
         for ev in self.events:
             _drv.check(d.cuEventDestroy(ev), "cuEventDestroy")
         _drv.check(d.cuMemFreeHost(self.host), "cuMemFreeHost")

@@ -1,7 +1,8 @@
 """Decode steps from a captured CUDA graph (reflex_core.backends.cuda_graph; the default):
 the same tokens as eager decoding for every family -- greedy and sampled, short and past the
-capture step, quantized weights, chained on the device (the default) or each step waiting for
-the host -- the graph taken for every family (each reads every per-token value from device
+capture step, quantized weights, chained on the device (the default; from the prompt on, its
+first token picked on the device too) or each step waiting for the host -- the graph taken for
+every family (each reads every per-token value from device
 memory); a chain stopped early leaves nothing behind; the blocks a graph held go back to the
 allocator when the job ends."""
 
@@ -22,8 +23,11 @@ pytestmark = pytest.mark.gpu
 SAMPLED = SamplingParams(0.8, 40, 0.95, 1234)
 
 
-def run(lm, n, sampling, monkeypatch, graphs, chain=True):
+def run(lm, n, sampling, monkeypatch, graphs, chain=True, fed=False):
+    """``fed``: the job chains from its prompt on (engine.decode_fed) whatever its size; else
+    never."""
     monkeypatch.setenv("REFLEX_CUDA_GRAPHS", "1" if graphs else "0")
+    monkeypatch.setenv("REFLEX_DECODE_FED", "1" if fed else "0")
     monkeypatch.setattr(cuda_graph, "CHAIN", chain)
     t = Timings()
     res = engine.generate(lm, PROMPT, n, sampling, timings=t)
@@ -43,6 +47,14 @@ def check_graph_equals_eager(path, monkeypatch):
             unchained, note = run(lm, 24, sampling, monkeypatch, graphs=True, chain=False)
             assert unchained == eager, (path, sampling, note)
             assert note == "graph (captured at step 2), 23 steps", note
+            fed, note = run(lm, 24, sampling, monkeypatch, graphs=True, fed=True)
+            assert fed == eager, (path, sampling, note)
+            assert note == ("graph (captured at step 2), steps chained on the device from the "
+                            "prompt, 23 steps"), note
+            two, note = run(lm, 2, sampling, monkeypatch, graphs=True, fed=True)
+            assert two == eager[:2], (path, sampling, note)
+            assert note.startswith("eager (not yet captured), steps chained on the device "
+                                   "from the prompt"), note
     finally:
         lm.close()
 
@@ -61,9 +73,13 @@ def test_graph_captured_at_step_2_over_a_split_cache(cuda_device, model_files, m
     assert attention_splits(1, shape.n_head, len(PROMPT) + n) > 1
     lm = engine.load(str(model_files(shape, seed=seed)), "cuda")[0]
     try:  # the graph first: its ops have no counters yet
-        graphed, note = run(lm, n, GREEDY, monkeypatch, graphs=True)
-        assert note.startswith("graph (captured at step 2), steps chained on the device"), note
+        graphed, note = run(lm, n, GREEDY, monkeypatch, graphs=True, fed=True)
+        assert note.startswith("graph (captured at step 2), steps chained on the device from "
+                               "the prompt"), note
         eager, _ = run(lm, n, GREEDY, monkeypatch, graphs=False)
+        assert graphed == eager
+        graphed, note = run(lm, n, GREEDY, monkeypatch, graphs=True)
+        assert note.startswith("graph (captured at step 2), steps chained on the device,"), note
         assert graphed == eager
     finally:
         lm.close()
@@ -140,6 +156,43 @@ def test_a_chain_stopped_early_leaves_nothing_behind(cuda_device, model_files, m
         assert memory.pool_stats()["live_bytes"] == live
         assert not memory._pool.held
         again, note = run(lm, 16, GREEDY, monkeypatch, graphs=True)
+        assert again == eager, note
+    finally:
+        lm.close()
+
+
+@pytest.mark.parametrize("stop_after", [1, 3, 9])
+def test_a_job_fed_from_its_prompt_stopped_early_leaves_nothing_behind(cuda_device, model_files,
+                                                                       monkeypatch, stop_after):
+    """engine.decode_fed stopped after ``stop_after`` tokens: its first token was picked on the
+    device and its first steps queued before the host waited for it; the tokens so far are
+    eager decoding's, at most FED_AHEAD steps were queued past the last token taken, and they
+    finish before the graph goes, whose blocks come back."""
+    from itertools import islice
+
+    shape, seed = FAMILIES["qwen3"]
+    lm = engine.load(str(model_files(shape, seed=seed)), "cuda")[0]
+    try:
+        eager, _ = run(lm, 16, GREEDY, monkeypatch, graphs=False)
+        run(lm, 16, GREEDY, monkeypatch, graphs=True, fed=True)  # warm the allocator's cache
+        live = memory.pool_stats()["live_bytes"]
+        model = lm.model
+        state = model.new_state(len(PROMPT) + 16)
+        batch = state.append(PROMPT)
+        logits = model.forward(batch, state, [batch.n_tokens - 1])
+        graph = engine.decode_graph(lm)
+        tokens = engine.decode_fed(state, graph, logits, 16,
+                                   graph.device_pick(0.0, 0, 1.0, 0.0, None))
+        got = list(islice(tokens, stop_after))
+        tokens.close()
+        # the prompt's pick, then one pick a step
+        assert graph._chain.sent == 1 + min(15, max(stop_after, engine.FED_AHEAD))
+        graph.close()
+        del state, batch, logits, tokens
+        assert got == eager[:stop_after]
+        assert memory.pool_stats()["live_bytes"] == live
+        assert not memory._pool.held
+        again, note = run(lm, 16, GREEDY, monkeypatch, graphs=True, fed=True)
         assert again == eager, note
     finally:
         lm.close()
