@@ -290,8 +290,8 @@ class DecodeGraph:
             raise RuntimeError("queue_fed: the job's first token was not picked on the device")
         return self._chain.queue(self, batch, state, pick, None)
 
-    def _fed_step(self, batch: Any, state: Any, pb: Any, place: Callable[[Any], None]) -> Any:
-        """:meth:`forward` for a step whose inputs ``place(stream)`` queues into ``pb``, the
+    def _fed_step(self, batch: Any, state: Any, dev: Any, place: Callable[[Any], None]) -> Any:
+        """:meth:`forward` for a step whose inputs ``place(stream)`` queues into ``dev``, the
         fixed buffer; (logits, the stream its pick goes on)."""
         self.steps += 1
         legacy = _drv._STREAM
@@ -300,6 +300,7 @@ class DecodeGraph:
             place(self._stream)
             _drv.check(_drv._d.cuGraphLaunch(self._exec, self._stream), "cuGraphLaunch")
             return self._out, self._stream
+        pb = Prepared(batch, dev, shape[1])
         if self._failed or self._exec is not None:  # another shape than the graph's: eager
             place(legacy)
             return self._placed(batch, state, pb), legacy
@@ -427,7 +428,7 @@ class _Chain:
             _drv.check(d.cuGraphLaunch(g._exec, s), "cuGraphLaunch")
             out = g._out
         else:
-            out, s = g._fed_step(batch, state, Prepared(batch, dev, len(batch.runs)), place)
+            out, s = g._fed_step(batch, state, dev, place)
         return self._pick(ops, out, dev.ptr, pick, s, k)
 
     def pick_first(self, g: DecodeGraph, logits: Any, batch: Any, pick: DevicePick) -> int:
