@@ -610,7 +610,12 @@ def _feeds_from_prompt(lm: Loaded, n_prompt: int, logits: Any, graph: Any) -> bo
     mode = os.environ.get("REFLEX_DECODE_FED", "")
     if mode == "0" or not graph.can_feed(logits):
         return False
-    return mode == "1" or n_prompt * os.path.getsize(lm.path) >= FED_MIN_WORK
+    if mode == "1":
+        return True
+    try:
+        return n_prompt * os.path.getsize(lm.path) >= FED_MIN_WORK
+    except OSError:  # the file went away under its mapping: the job still runs, host-fed
+        return False
 
 
 def decode_fed(state: Any, graph: Any, logits: Any, n: int, chain: Any) -> Iterator[int]:
