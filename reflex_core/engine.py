@@ -598,7 +598,8 @@ def decode_tokens(model: Any, state: Any, graph: Any, pick: Callable[[Any], int]
 # benchmark files, BENCHMARKS.md 2026-12-07) and the first token comes no later. Dense prefills
 # run at about 5e13 of these a second (a 1518-token prompt: 8B Q4_K_M 152 ms, 0.6B Q8_0 22 ms
 # on an H100), so this is about 50 ms of prefill; a MoE file's prefill is faster than its file
-# size says. REFLEX_DECODE_FED=0 never chains from the prompt, =1 whenever it may.
+# size says. Forced on for the 0.6B's 1518 tokens (1e12) the first token came 3-17 ms later.
+# REFLEX_DECODE_FED=0 never chains from the prompt, =1 whenever it may.
 FED_MIN_WORK = 2.5e12
 # steps queued before the host waits for the first token: the eager one and the capture
 FED_AHEAD = 2
