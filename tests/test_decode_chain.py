@@ -3,8 +3,8 @@ device (DecodeGraph.queue) give the tokens one-step-at-a-time decoding gives, a 
 that takes its token from the device always follows one queued before it, no step is queued
 past the last token a job wants, and a caller that stops early leaves at most one step queued
 past what it took; the same for a job fed from its prompt (engine.decode_fed: its first token
-picked on the device, its first steps queued before the host waits for it). Also cuda_graph's
-trace canonical form: prepared-buffer addresses."""
+picked on the device, its first steps queued before the host waits for it), and which jobs are
+(engine._feeds_from_prompt). Also cuda_graph's trace canonical form: prepared-buffer addresses."""
 
 from __future__ import annotations
 
@@ -177,3 +177,35 @@ def test_trace_canonical_form_names_prepared_buffers_and_numbers_the_rest():
     # the same step where the prepared buffer already existed: the same form
     again = cuda_graph._canonical(launches, copies, {0x9000: 512, 0x5000: 1024}, fixed)
     assert again == (got_l, got_c)
+
+
+class FeedGraph:
+    def __init__(self, ok: bool) -> None:
+        self.ok = ok
+
+    def can_feed(self, logits) -> bool:
+        return self.ok
+
+
+@pytest.mark.parametrize("env, n_prompt, ok, want", [
+    ("", 1518, True, True),     # 1518 x 2 GB: past FED_MIN_WORK
+    ("", 100, True, False),     # a short prefill: the first token first
+    ("", 1518, False, False),   # logits that are not ids (or steps already run)
+    ("0", 1518, True, False),
+    ("1", 100, True, True),
+    ("1", 100, False, False),
+])
+def test_which_jobs_chain_from_their_prompt(tmp_path, monkeypatch, env, n_prompt, ok, want):
+    f = tmp_path / "m.gguf"
+    with open(f, "wb") as fh:  # a sparse file of 2 GB: only its size is read
+        fh.truncate(2 * 10**9)
+    monkeypatch.setenv("REFLEX_DECODE_FED", env)
+    lm = SimpleNamespace(path=str(f))
+    assert engine._feeds_from_prompt(lm, n_prompt, "logits", FeedGraph(ok)) is want
+    assert (n_prompt * 2 * 10**9 >= engine.FED_MIN_WORK) is (n_prompt == 1518)
+
+
+def test_a_file_gone_from_under_its_mapping_leaves_the_job_host_fed(tmp_path, monkeypatch):
+    monkeypatch.delenv("REFLEX_DECODE_FED", raising=False)
+    lm = SimpleNamespace(path=str(tmp_path / "gone.gguf"))
+    assert engine._feeds_from_prompt(lm, 10**6, "logits", FeedGraph(True)) is False
