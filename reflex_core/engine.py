@@ -592,14 +592,17 @@ def decode_tokens(model: Any, state: Any, graph: Any, pick: Callable[[Any], int]
         yield nxt
 
 
-# A job chains from its prompt on (decode_fed) when its prefill is at least this much work, in
-# prompt tokens x bytes of the model file, so that the GPU is still busy with the prefill while
-# the host queues the first steps (the eager one and the capture: 15-45 ms of host time on the
-# benchmark files, BENCHMARKS.md 2026-12-07) and the first token comes no later. Dense prefills
-# run at about 5e13 of these a second (a 1518-token prompt: 8B Q4_K_M 152 ms, 0.6B Q8_0 22 ms
-# on an H100), so this is about 50 ms of prefill; a MoE file's prefill is faster than its file
-# size says. Forced on for the 0.6B's 1518 tokens (1e12) the first token came 3-17 ms later.
+# A job chains from its prompt on (decode_fed) when its prefill is long enough for the GPU to
+# be still busy with it while the host queues the first steps (the eager one and the capture:
+# 15-45 ms of host time on the benchmark files, BENCHMARKS.md 2026-12-07), so that the first
+# token comes no later: at least FED_MIN_TOKENS prompt tokens and FED_MIN_WORK prompt tokens x
+# bytes of the model file. Dense prefills run at about 5e13 of the latter a second (a 1518-token
+# prompt: 8B Q4_K_M 152 ms, 0.6B Q8_0 22 ms on an H100), so that is about 50 ms of prefill;
+# a MoE file's prefill runs faster than its size says (the 30B-A3B's ~1.2e14 a second), and
+# the token count keeps its short prompts, whose first steps take the longest (43 ms), host-fed.
+# Forced on for the 0.6B's 1518 tokens (1e12) the first token came 3-17 ms later.
 # REFLEX_DECODE_FED=0 never chains from the prompt, =1 whenever it may.
+FED_MIN_TOKENS = 512
 FED_MIN_WORK = 2.5e12
 # steps queued before the host waits for the first token: the eager one and the capture
 FED_AHEAD = 2
@@ -613,6 +616,8 @@ def _feeds_from_prompt(lm: Loaded, n_prompt: int, logits: Any, graph: Any) -> bo
         return False
     if mode == "1":
         return True
+    if n_prompt < FED_MIN_TOKENS:
+        return False
     try:
         return n_prompt * os.path.getsize(lm.path) >= FED_MIN_WORK
     except OSError:  # the file went away under its mapping: the job still runs, host-fed

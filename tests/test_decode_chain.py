@@ -187,22 +187,22 @@ class FeedGraph:
         return self.ok
 
 
-@pytest.mark.parametrize("env, n_prompt, ok, want", [
-    ("", 1518, True, True),     # 1518 x 2 GB: past FED_MIN_WORK
-    ("", 100, True, False),     # a short prefill: the first token first
-    ("", 1518, False, False),   # logits that are not ids (or steps already run)
-    ("0", 1518, True, False),
-    ("1", 100, True, True),
-    ("1", 100, False, False),
+@pytest.mark.parametrize("env, gb, n_prompt, ok, want", [
+    ("", 2, 1518, True, True),     # 1518 tokens x 2 GB: past both bounds
+    ("", 2, 1000, True, False),    # 1000 x 2 GB: too little work (a short prefill)
+    ("", 50, 100, True, False),    # work enough, but too few tokens
+    ("", 2, 1518, False, False),   # logits that are not ids (or steps already run)
+    ("0", 2, 1518, True, False),
+    ("1", 2, 100, True, True),
+    ("1", 2, 100, False, False),
 ])
-def test_which_jobs_chain_from_their_prompt(tmp_path, monkeypatch, env, n_prompt, ok, want):
+def test_which_jobs_chain_from_their_prompt(tmp_path, monkeypatch, env, gb, n_prompt, ok, want):
     f = tmp_path / "m.gguf"
-    with open(f, "wb") as fh:  # a sparse file of 2 GB: only its size is read
-        fh.truncate(2 * 10**9)
+    with open(f, "wb") as fh:  # a sparse file: only its size is read
+        fh.truncate(gb * 10**9)
     monkeypatch.setenv("REFLEX_DECODE_FED", env)
     lm = SimpleNamespace(path=str(f))
     assert engine._feeds_from_prompt(lm, n_prompt, "logits", FeedGraph(ok)) is want
-    assert (n_prompt * 2 * 10**9 >= engine.FED_MIN_WORK) is (n_prompt == 1518)
 
 
 def test_a_file_gone_from_under_its_mapping_leaves_the_job_host_fed(tmp_path, monkeypatch):
