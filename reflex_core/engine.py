@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import os
 import random
 import sys
 from dataclasses import dataclass, field
@@ -609,8 +610,6 @@ FED_AHEAD = 2
 
 
 def _feeds_from_prompt(lm: Loaded, n_prompt: int, logits: Any, graph: Any) -> bool:
-    import os
-
     mode = os.environ.get("REFLEX_DECODE_FED", "")
     if mode == "0" or not graph.can_feed(logits):
         return False
