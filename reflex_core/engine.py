@@ -600,7 +600,8 @@ def decode_tokens(model: Any, state: Any, graph: Any, pick: Callable[[Any], int]
 # bytes of the model file. Dense prefills run at about 5e13 of the latter a second (a 1518-token
 # prompt: 8B Q4_K_M 152 ms, 0.6B Q8_0 22 ms on an H100), so that is about 50 ms of prefill;
 # a MoE file's prefill runs faster than its size says (the 30B-A3B's ~1.2e14 a second), and
-# the token count keeps its short prompts, whose first steps take the longest (43 ms), host-fed.
+# the token count keeps its short prompts host-fed: its first steps take the longest (17 + 26 ms
+# on an H200, BENCHMARKS.md 2026-12-03).
 # Forced on for the 0.6B's 1518 tokens (1e12) the first token came 3-17 ms later.
 # REFLEX_DECODE_FED=0 never chains from the prompt, =1 whenever it may.
 FED_MIN_TOKENS = 512
