@@ -398,7 +398,7 @@ class _Chain:
             _drv.check(_drv._d.cuEventSynchronize(self.events[k]), "cuEventSynchronize")
         return k
 
-    def _fixed(self, ops: Any, batch: Any) -> tuple[Any, Any]:
+    def _words_and_buffer(self, ops: Any, batch: Any) -> tuple[Any, Any]:
         """(``batch``'s words, the fixed buffer of their length: made by the first step)."""
         words = ops.prepared_words(batch)
         if 4 * len(words) + 4 > self.slot_bytes:  # words, then the id in the last word
@@ -412,7 +412,7 @@ class _Chain:
         d = _drv._d
         ops = g.ops
         k = self._next_slot()
-        words, dev = self._fixed(ops, batch)
+        words, dev = self._words_and_buffer(ops, batch)
         n = len(words)
         host = self._slot(k)
         ctypes.memmove(host, words.buffer_info()[0], 4 * n)
@@ -434,7 +434,7 @@ class _Chain:
     def pick_first(self, g: DecodeGraph, logits: Any, batch: Any, pick: DevicePick) -> int:
         """The prompt's next token picked into the token slot of ``batch``'s fixed buffer."""
         k = self._next_slot()
-        _, dev = self._fixed(g.ops, batch)
+        _, dev = self._words_and_buffer(g.ops, batch)
         return self._pick(g.ops, logits, dev.ptr, pick, _drv._STREAM, k)
 
     def _pick(self, ops: Any, logits: Any, dst: int, pick: DevicePick, s: Any, k: int) -> int:
