@@ -97,28 +97,46 @@ class DecodeGraph:
         return out
 
     def forward(self, batch: Any, state: Any) -> Any:
+        return self._step(batch, state)[0]
+
+    def _step(self, batch: Any, state: Any,
+              feed: tuple[Any, Callable[[Any], None]] | None = None) -> tuple[Any, Any]:
+        """One step: (its logits, the stream they are computed on). ``feed``: None when the step
+        copies its own inputs (:meth:`forward`); (``dev``, ``place``) when ``place(stream)``
+        queues them into ``dev``, the fixed buffer (:meth:`queue_fed`): on the graph's stream
+        for a replay or a capture (before it: a copy queued during a capture would be
+        captured), else on the legacy stream the eager step runs on."""
         self.steps += 1
+        legacy = _drv._STREAM
         shape = (batch.n_tokens, len(batch.runs))
         if self._exec is not None and shape == self._shape:
-            self.ops.prepare(batch)  # into the fixed buffer the graph reads
-            d = _drv._d
-            _drv.check(d.cuGraphLaunch(self._exec, self._stream), "cuGraphLaunch")
-            return self._out
-        if self._failed or self._exec is not None:  # another shape than the graph's: eager
-            return self._forward(batch, state)
-        if shape != self._shape:
+            if feed is None:
+                self.ops.prepare(batch)  # into the fixed buffer the graph reads
+            else:
+                feed[1](self._stream)
+            _drv.check(_drv._d.cuGraphLaunch(self._exec, self._stream), "cuGraphLaunch")
+            return self._out, self._stream
+        eager = self._failed or self._exec is not None  # or another shape than the graph's
+        if not eager and shape != self._shape:
             self._traces.clear()
             self._shape = shape
-        if len(self._traces) < EAGER_STEPS:
-            return self._traced(batch, state)
+        capture = not eager and len(self._traces) >= EAGER_STEPS
+        pb = None
+        if feed is not None:
+            pb = Prepared(batch, feed[0], shape[1])
+            feed[1](self._graph_stream() if capture else legacy)
+        if eager:
+            return self._placed(batch, state, pb), legacy
+        if not capture:
+            return self._traced(batch, state, pb), legacy
         if self._eligible():
-            out = self._capture(batch, state)
+            out = self._capture(batch, state, pb)
             if out is not None:
-                return out
+                return out, self._stream
             if self._captures < CAPTURES and not self._failed:
-                return self._traced(batch, state)  # this step eagerly; the next one captured
+                return self._traced(batch, state, pb), legacy  # the next one captured
         self._failed = True
-        return self._forward(batch, state)
+        return self._placed(batch, state, pb), legacy
 
     def _traced(self, batch: Any, state: Any, pb: Any = None) -> Any:
         launches: list = []
@@ -126,7 +144,7 @@ class DecodeGraph:
         modules.launch_trace, memory.copy_trace = launches, copies
         memory.record_begin()
         try:
-            out = self._forward(batch, state) if pb is None else self._placed(batch, state, pb)
+            out = self._placed(batch, state, pb)
         finally:
             modules.launch_trace, memory.copy_trace = None, None
             temps = memory.record_end()
@@ -134,7 +152,10 @@ class DecodeGraph:
         return out
 
     def _placed(self, batch: Any, state: Any, pb: Any) -> Any:
-        """The forward of a step whose inputs a queued copy puts in ``pb`` (no copy of its own)."""
+        """The forward of a step whose inputs a queued copy puts in ``pb`` (no copy of its own);
+        ``pb`` None: the forward copies them."""
+        if pb is None:
+            return self._forward(batch, state)
         ops = self.ops
         ops._graph_prepared = (batch, pb)
         try:
@@ -290,37 +311,6 @@ class DecodeGraph:
             raise RuntimeError("queue_fed: the job's first token was not picked on the device")
         return self._chain.queue(self, batch, state, pick, None)
 
-    def _fed_step(self, batch: Any, state: Any, dev: Any, place: Callable[[Any], None]) -> Any:
-        """:meth:`forward` for a step whose inputs ``place(stream)`` queues into ``dev``, the
-        fixed buffer; (logits, the stream its pick goes on)."""
-        self.steps += 1
-        legacy = _drv._STREAM
-        shape = (batch.n_tokens, len(batch.runs))
-        if self._exec is not None and shape == self._shape:
-            place(self._stream)
-            _drv.check(_drv._d.cuGraphLaunch(self._exec, self._stream), "cuGraphLaunch")
-            return self._out, self._stream
-        pb = Prepared(batch, dev, shape[1])
-        if self._failed or self._exec is not None:  # another shape than the graph's: eager
-            place(legacy)
-            return self._placed(batch, state, pb), legacy
-        if shape != self._shape:
-            self._traces.clear()
-            self._shape = shape
-        if len(self._traces) < EAGER_STEPS:
-            place(legacy)
-            return self._traced(batch, state, pb), legacy
-        stream = self._graph_stream()
-        place(stream)  # before the capture: a copy queued during it would be captured
-        if self._eligible():
-            out = self._capture(batch, state, pb)
-            if out is not None:
-                return out, stream
-            if self._captures < CAPTURES and not self._failed:
-                return self._traced(batch, state, pb), legacy  # the next one captured
-        self._failed = True
-        return self._placed(batch, state, pb), legacy
-
     def _chain_of(self, n_vocab: int) -> "_Chain":
         if self._chain is None:
             self._chain = _Chain(n_vocab)
@@ -408,7 +398,7 @@ class _Chain:
     def queue(self, g: DecodeGraph, batch: Any, state: Any, pick: DevicePick,
               token: int | None) -> int:
         """One step and its pick: the graph replayed (``state`` None), else
-        DecodeGraph._fed_step's choice."""
+        DecodeGraph._step's choice with the step's inputs fed."""
         d = _drv._d
         ops = g.ops
         k = self._next_slot()
@@ -428,7 +418,7 @@ class _Chain:
             _drv.check(d.cuGraphLaunch(g._exec, s), "cuGraphLaunch")
             out = g._out
         else:
-            out, s = g._fed_step(batch, state, dev, place)
+            out, s = g._step(batch, state, (dev, place))
         return self._pick(ops, out, dev.ptr, pick, s, k)
 
     def pick_first(self, g: DecodeGraph, logits: Any, batch: Any, pick: DevicePick) -> int:
