@@ -263,7 +263,10 @@ __device__ __forceinline__ uint32_t* rx_x_staged_words() {
 }
 // SYNC false: the caller synchronizes the block before the limbs are read. (x copied raw by the
 // bulk copy engine and converted in place, a warp a chunk, was slower in the decode step: 2.79
-// against 2.45 ms/token on an H100, BENCHMARKS.md 2026-12-06, forty-sixth session, exp/xbulk.)
+// against 2.45 ms/token on an H100, BENCHMARKS.md 2026-12-06, forty-sixth session, exp/xbulk; so
+// was asking the L1 for a thread's later runs before the loop, so that a 12288-wide x's three
+// runs a thread go to the L2 together: 2.353 against 2.325, 2026-12-07, fifty-third session,
+// exp/xpf.)
 template <int TYPE, int THREADS, bool SYNC = true>
 __device__ __forceinline__ const uint32_t* rx_stage_x_limbs(const float* __restrict__ x, int n_in) {
     typedef rx_x_lanes<TYPE> XL;
@@ -1678,7 +1681,10 @@ struct rx_sm_blocks {
 // chunk where the rows fit a slot: one copy a weight, else a copy a row), each chunk in one slot
 // of a ring. An extra warp's lane 0 keeps the ring full (its first chunks are asked for before
 // the wait for the kernel ahead: weights are read-only; asked after it, each kind of launch made
-// the 8B's step slower, BENCHMARKS.md 2026-12-06, forty-first session): full[s] completes when
+// the 8B's step slower, BENCHMARKS.md 2026-12-06, forty-first session; and so did holding the
+// copies past a block's first chunk until its x was staged, so that x's loads do not queue behind
+// the ring's: 2.410 against 2.325 ms/token, H100, 2026-12-07, fifty-third session, exp/xready):
+// full[s] completes when
 // slot s has landed, empty[s] when the compute warps are done with it. So the loads in flight
 // take no registers and no instructions of the compute warps (the last compute warp done with a
 // slot refilling it instead was 4% slower there), and x is staged once a block instead of once
