@@ -175,11 +175,9 @@ class DecodeGraph:
             self._note = "eager: the step launched no kernels"
             return False
         host = [c for c in copies if c[0] != "dtod"]
-        if self._fed:  # its inputs came by a queued copy: none of its own
-            if host:
-                self._note = f"eager: the forward copies to or from the host ({len(host)} copies)"
-                return False
-        elif len(host) != 1 or host[0][0] != "htod" or host[0][1] != ("prepared", 0):
+        # fed: its inputs came by a queued copy, so none of its own; else the batch's one copy
+        own = [] if self._fed else [("htod", ("prepared", 0))]
+        if [(c[0], c[1]) for c in host] != own:
             self._note = f"eager: the forward copies to or from the host ({len(host)} copies)"
             return False
         return True
@@ -284,7 +282,7 @@ class DecodeGraph:
         :meth:`result` takes."""
         if not self.can_chain() or (batch.n_tokens, len(batch.runs)) != self._shape:
             raise RuntimeError("queue: no captured graph of this batch's shape")
-        self.steps += 1
+        # _step replays: the graph is captured for this shape (no state is read)
         return self._chain_of(self._out.shape[-1]).queue(self, batch, None, pick, token)
 
     def can_feed(self, logits: Any) -> bool:
@@ -397,8 +395,8 @@ class _Chain:
 
     def queue(self, g: DecodeGraph, batch: Any, state: Any, pick: DevicePick,
               token: int | None) -> int:
-        """One step and its pick: the graph replayed (``state`` None), else
-        DecodeGraph._step's choice with the step's inputs fed."""
+        """One step and its pick: DecodeGraph._step with the step's inputs fed (``state``
+        None: the graph is captured for ``batch``'s shape, so the step is a replay)."""
         d = _drv._d
         ops = g.ops
         k = self._next_slot()
@@ -412,13 +410,7 @@ class _Chain:
             _drv.check(d.cuMemcpyHtoDAsync(dev.ptr + 4 * skip, host + 4 * skip, 4 * (n - skip),
                                            stream), "cuMemcpyHtoDAsync(decode step)")
 
-        if state is None:
-            s = g._stream
-            place(s)
-            _drv.check(d.cuGraphLaunch(g._exec, s), "cuGraphLaunch")
-            out = g._out
-        else:
-            out, s = g._step(batch, state, (dev, place))
+        out, s = g._step(batch, state, (dev, place))
         return self._pick(ops, out, dev.ptr, pick, s, k)
 
     def pick_first(self, g: DecodeGraph, logits: Any, batch: Any, pick: DevicePick) -> int:
