@@ -103,9 +103,9 @@ class DecodeGraph:
               feed: tuple[Any, Callable[[Any], None]] | None = None) -> tuple[Any, Any]:
         """One step: (its logits, the stream they are computed on). ``feed``: None when the step
         copies its own inputs (:meth:`forward`); (``dev``, ``place``) when ``place(stream)``
-        queues them into ``dev``, the fixed buffer (:meth:`queue_fed`): on the graph's stream
-        for a replay or a capture (before it: a copy queued during a capture would be
-        captured), else on the legacy stream the eager step runs on."""
+        queues them into ``dev``, the fixed buffer (:meth:`queue`, :meth:`queue_fed`): on the
+        graph's stream for a replay or a capture (before it: a copy queued during a capture
+        would be captured), else on the legacy stream the eager step runs on."""
         self.steps += 1
         legacy = _drv._STREAM
         shape = (batch.n_tokens, len(batch.runs))
