@@ -7,11 +7,12 @@ its own duration includes waiting. Needs torch (the device image's python3).
 usage: python3 bench/graph_timeline.py MODEL LABEL [--long] [--steps 24] [--top 16] [--seq N]
 Prints per step (the whole steps in the trace, each from its embedding's kernel on): the kernels
 by charged time (count, us charged, us from start to end), the span from the first kernel's start
-to the last one's end, and the idle time between one step's last kernel and the next one's first. --seq N: then the first N kernels
-of one step in launch order (a step starts at its embedding's kernel), each with its start and
+to the last one's end, and the idle time between one step's last kernel and the next one's
+first. --seq N: then the first N kernels of one step in launch order, each with its start and
 end from the step's start, its own time and its charged time.
 """
 import collections
+import statistics
 import sys
 from pathlib import Path
 
@@ -45,8 +46,7 @@ def main() -> None:
     starts = [i for i, e in enumerate(kern) if e.name.startswith("reflex_embed")]
     if not starts:
         sys.exit("no embedding kernel in the trace: no whole step to charge")
-    gaps = sorted(kern[i].time_range.start - kern[i - 1].time_range.end
-                  for i in starts[1:])
+    gaps = [kern[i].time_range.start - kern[i - 1].time_range.end for i in starts[1:]]
     kern = kern[starts[0]:]
     starts = [i - starts[0] for i in starts]
     n = len(starts)
@@ -65,7 +65,7 @@ def main() -> None:
           f"{span:.1f} us a step from first start to last end")
     if gaps:
         print(f"  between steps (the last kernel's end to the next embedding's start): median "
-              f"{gaps[len(gaps) // 2]:.1f} us, max {gaps[-1]:.1f}")
+              f"{statistics.median(gaps):.1f} us, max {max(gaps):.1f}")
     for name, c in sorted(charged.items(), key=lambda kv: -kv[1])[:a.top]:
         print(f"  {c / n:8.1f} us charged  {count[name] / n:5.1f}x  {own[name] / n:8.1f} us own  "
               f"{name[:70]}")
