@@ -35,7 +35,7 @@ from typing import Any, Iterator, Sequence, Union
 
 from . import engine, render
 from .errors import ReflexError
-from .sampling import SamplingParams
+from .sampling import REPEAT_PENALTY_RANGE, SamplingParams
 from .system1 import Candidate, evaluate, tokenize_candidates
 from .timing import Timings, since_process_start_ms
 
@@ -131,7 +131,8 @@ class GenerationStream:
         return bool(self._box)
 
     def close(self) -> None:
-        """Stop generating (the result stays None)."""
+        """Stop generating (the result stays None); the engine is free again, whether the
+        stream was started or not."""
         self._steps.close()  # type: ignore[attr-defined]
 
 
@@ -157,6 +158,9 @@ def load_for_process(model: PathLike | None, *, backend: str, lora: Sequence[Lor
     reflex_core.lifecycle.finish (the CLI's servers): the weights' host pages stay pinned and
     the file's missing index is written at exit, as for a one-shot command."""
     _check(_is_int(ctx_size) and ctx_size >= 0, "ctx_size must be an integer >= 0")
+    if isinstance(lora, (str, os.PathLike)):  # one adapter
+        lora = [lora]
+    _check(isinstance(lora, (list, tuple)), "lora must be a list of adapters")
     if backend in ("auto", "cuda"):  # first: the Hub look-up and the imports overlap with it
         from .cuda.start import start
 
@@ -174,9 +178,7 @@ def _resolve_model(model: PathLike | None, revision: str | None, t: Timings) -> 
 
         with t.span("resolve model on the Hub"):
             return hub.resolve(None, revision=revision, quickstart=True)
-    path = os.fspath(model)
-    if not isinstance(path, str):
-        raise ReflexError(f"model must be a path or a Hub repository name, not {path!r}")
+    path = _path_arg(model, "model", "a path or a Hub repository name")
     local = (os.path.exists(path) or os.path.isabs(path) or path.startswith((".", "~"))
              or path.partition(":")[0].lower().endswith(".gguf") or path.count("/") != 1)
     if local:
@@ -190,15 +192,29 @@ def _resolve_model(model: PathLike | None, revision: str | None, t: Timings) -> 
 
 
 def _lora_pair(x: LoraSpec) -> tuple[str, float]:
-    if isinstance(x, str):
+    if isinstance(x, (str, os.PathLike)):
         from .lora import parse_lora_arg
 
-        return parse_lora_arg(x)
-    if (isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str)
+        return parse_lora_arg(_path_arg(x, "lora", "a path"))
+    if (isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], (str, os.PathLike))
             and isinstance(x[1], (int, float)) and not isinstance(x[1], bool)
             and math.isfinite(x[1])):
-        return x[0], float(x[1])
-    raise ReflexError(f"lora: {x!r} is neither 'FILE.gguf[:SCALE]' nor (path, scale)")
+        return _path_arg(x[0], "lora", "a path"), float(x[1])
+    raise ParamError(f"lora: {x!r} is neither 'FILE.gguf[:SCALE]' nor (path, scale)")
+
+
+def _path_arg(x: Any, name: str, what: str) -> str:
+    """``x`` (a str or os.PathLike) as a path that the system calls take, else ParamError."""
+    path = os.fspath(x) if isinstance(x, (str, os.PathLike)) else None
+    if not isinstance(path, str):
+        raise ParamError(f"{name} must be {what}, not {type(x).__name__}")
+    if "\0" in path:
+        raise ParamError(f"{name}: the path holds a NUL byte")
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError:
+        raise ParamError(f"{name}: {path!r} is not valid text for a path") from None
+    return path
 
 
 class Engine:
@@ -207,7 +223,10 @@ class Engine:
     def __init__(self, lm: engine.Loaded, load_timings: Timings, ctx_size: int = 0):
         self._lm: engine.Loaded | None = lm
         self._load_timings = load_timings
-        self._stream: weakref.ref | None = None  # the open GenerationStream, if any
+        # the generator of the last GenerationStream: the engine is its until it is exhausted,
+        # closed or dropped (the generator itself, which a caller's iter() may outlive the
+        # stream object with)
+        self._stream: weakref.ref | None = None
         self.path: str = lm.path
         self.arch: str = lm.arch
         self.backend: str = lm.backend  # "cuda" or "cpu" (what "auto" chose)
@@ -225,7 +244,11 @@ class Engine:
     # ---------------------------------------------------------------------------- life
 
     def close(self) -> None:
-        """Free the GPU memory (weights, pinned pages) and unmap the file; idempotent."""
+        """Free the GPU memory (weights, pinned pages) and unmap the file; idempotent. A stream
+        still running is closed first (its result stays None)."""
+        steps = self._stream() if self._stream is not None else None
+        if steps is not None:
+            steps.close()
         lm, self._lm = self._lm, None
         if lm is not None:
             lm.close()
@@ -254,8 +277,8 @@ class Engine:
     def _loaded(self) -> engine.Loaded:
         if self._lm is None:
             raise ReflexError("this engine is closed")
-        stream = self._stream() if self._stream is not None else None
-        if stream is not None:
+        steps = self._stream() if self._stream is not None else None
+        if steps is not None and steps.gi_frame is not None:  # started or not, still open
             raise ReflexError("a streamed generation of this engine is still running: "
                               "exhaust or close() it first")
         return self._lm
@@ -265,11 +288,13 @@ class Engine:
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         """Token ids of ``text`` (``add_special``: with BOS where the model adds one)."""
         _check(isinstance(text, str), "text must be a string")
+        _check(isinstance(add_special, bool), "add_special must be true or false")
         return self._loaded().require_tokenizer().encode(text, add_special=add_special)
 
     def detokenize(self, token_ids: Sequence[int]) -> str:
         """The text of ``token_ids`` (invalid UTF-8 becomes U+FFFD)."""
         tok = self._loaded().require_tokenizer()
+        _check(isinstance(token_ids, (list, tuple)), "token_ids must be a list of integers")
         ids = list(token_ids)
         _check(all(_is_int(i) and 0 <= i < tok.n_vocab for i in ids),
                f"token_ids must be integers in [0, {tok.n_vocab})")
@@ -303,10 +328,15 @@ class Engine:
         _check(_is_num(top_p) and 0 < top_p <= 1, "top_p must be a number in (0, 1]")
         _check(seed is None or _is_int(seed), "seed must be an integer or None")
         _check(_is_num(min_p) and 0 <= min_p <= 1, "min_p must be a number in [0, 1]")
-        _check(_is_num(repeat_penalty) and repeat_penalty > 0,
-               "repeat_penalty must be a number > 0")
+        lo, hi = REPEAT_PENALTY_RANGE
+        _check(_is_num(repeat_penalty) and lo <= repeat_penalty <= hi,
+               f"repeat_penalty must be a number in [{lo:g}, {hi:g}]")
         _check(_is_int(repeat_last_n) and repeat_last_n >= -1,
                "repeat_last_n must be an integer >= -1")
+        _check(isinstance(stream, bool), "stream must be true or false")
+        _check(isinstance(keep_state, bool), "keep_state must be true or false")
+        _check(stop is None or isinstance(stop, (str, list, tuple)),
+               "stop must be a non-empty string or a list of them")
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         _check(all(isinstance(s, str) and s for s in stops),
                "stop must be a non-empty string or a list of them")
@@ -328,9 +358,9 @@ class Engine:
                 except StopIteration as done:
                     return self._generation(done.value, keep_state, t0)
         box: list = []
-        out = GenerationStream(self._streamed(steps, box, keep_state, t0), box)
-        self._stream = weakref.ref(out)
-        return out
+        gen = self._streamed(steps, box, keep_state, t0)
+        self._stream = weakref.ref(gen)
+        return GenerationStream(gen, box)
 
     def _streamed(self, steps, box: list, keep_state: bool, t0: float) -> Iterator[str]:
         try:
@@ -358,8 +388,11 @@ class Engine:
         t0 = time.perf_counter()
         lm = self._loaded()
         _check(isinstance(prompt, str), "prompt must be a string")
-        _check(not isinstance(candidates, str) and all(isinstance(c, str) for c in candidates),
+        _check(isinstance(candidates, (list, tuple))
+               and all(isinstance(c, str) for c in candidates),
                "candidates must be a list of strings")
+        _check(isinstance(normalize, bool), "normalize must be true or false")
+        _check(isinstance(keep_state, bool), "keep_state must be true or false")
         cands = list(candidates)
         saved = self._state(state)
         text = self._chat(prompt, chat, system)
@@ -392,7 +425,7 @@ class Engine:
         from . import statefile
 
         lm = self._loaded()
-        saved = statefile.read(os.fspath(path))
+        saved = statefile.read(_path_arg(path, "state", "a state file's path"))
         statefile.check_model(saved, lm)
         return SavedState(list(saved.tokens), list(saved.pending), saved.dumped, saved.path,
                           self)
@@ -404,7 +437,7 @@ class Engine:
 
         lm = self._loaded()
         self._check_owner(state)
-        target = os.fspath(path)
+        target = _path_arg(path, "path", "a file path")
         statefile.check_target(target)
         return statefile.write(target, lm, state.dumped, state.tokens, state.pending)
 
@@ -416,11 +449,11 @@ class Engine:
             return state
         if isinstance(state, (str, os.PathLike)):
             return self.import_state(state)
-        raise ReflexError("state must be a SavedState, a state file's path or None")
+        raise ParamError("state must be a SavedState, a state file's path or None")
 
     def _check_owner(self, state: SavedState) -> None:
         if not isinstance(state, SavedState):
-            raise ReflexError("state must be a SavedState (from keep_state=True or "
+            raise ParamError("state must be a SavedState (from keep_state=True or "
                               "import_state)")
         if state.owner is not self:
             raise ReflexError("this state belongs to another engine: export it to a file and "

@@ -392,6 +392,11 @@ def generate(args, quickstart, hub_model, revision, prompt_opt, n_tokens, stops,
                                  param_hint="'-n'")
     if n_tokens < 0 and export_kv is not None:
         raise click.BadParameter("-1 is not allowed with --export-kv", param_hint="'-n'")
+    from .sampling import REPEAT_PENALTY_RANGE
+
+    if not REPEAT_PENALTY_RANGE[0] <= repeat_penalty <= REPEAT_PENALTY_RANGE[1]:
+        raise click.BadParameter(f"{repeat_penalty:g} is not in the range [%g, %g]"
+                                 % REPEAT_PENALTY_RANGE, param_hint="'--repeat-penalty'")
     if not prompt and (import_kv is None or chat):
         raise ReflexError("empty prompt: give at least one character of text")
     reading = open_state_files(import_kv, export_kv, backend)
@@ -571,6 +576,8 @@ def uds(args, quickstart, hub_model, revision, backend, lora, ctx_size):
                                f"{len(args)} argument(s)")
     path = args[-1]
     sock = ipc.bind_socket(path)  # before the load: a taken path fails at once
+    # a signal before run_uds takes the signals over ends us with os._exit: the socket too
+    lifecycle.remove_on_signal(path)
     try:
         eng = load_server_engine(args[0] if want == 2 else None, quickstart, hub_model,
                                  revision, backend, lora, ctx_size)

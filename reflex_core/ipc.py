@@ -223,7 +223,7 @@ def parse_request(line: bytes | TooLong) -> tuple[Any, str, dict]:
     except UnicodeDecodeError as e:
         raise _unanswerable("invalid_utf8", f"request is not UTF-8 (byte {e.start})") from None
     try:
-        req = json.loads(text)
+        req = json.loads(text, parse_constant=_not_json, parse_float=_finite_float)
     except (ValueError, RecursionError) as e:  # JSONDecodeError, int digits limit, nesting
         raise _unanswerable("parse_error", f"request is not JSON: {str(e).splitlines()[0]}") \
             from None
@@ -252,6 +252,20 @@ def parse_request(line: bytes | TooLong) -> tuple[Any, str, dict]:
         e.req_id = req_id  # type: ignore[attr-defined]
         raise
     return req_id, op, params
+
+
+def _not_json(name: str) -> Any:
+    """Python's json reads NaN and Infinity, which JSON has not: a reply could not echo them."""
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    """A JSON number as a float; one beyond the float range (1e400) is refused: it would come
+    back as inf, which JSON cannot write."""
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return v
 
 
 def _unanswerable(code: str, message: str) -> RequestError:
@@ -292,11 +306,13 @@ class Handler:
         return {"text": self.eng.detokenize(token_ids)}
 
     def op_generate(self, state: Any, save_state: Any, **kw: Any) -> dict:
+        _check_save_path(save_state)
         res = self.eng.generate(**kw, state=self._state(state),
                                 keep_state=save_state is not None)
         return {**res.to_dict(), **self._save(save_state, res.state)}
 
     def op_system1(self, state: Any, save_state: Any, **kw: Any) -> dict:
+        _check_save_path(save_state)
         res = self.eng.system1(**kw, state=self._state(state), keep_state=save_state is not None)
         return {**res.to_dict(), **self._save(save_state, res.state)}
 
@@ -325,6 +341,20 @@ class Handler:
         self.slots[where["slot"]] = saved
         return {"saved_state": {"slot": where["slot"], "n_tokens": saved.n_tokens,
                                 "n_pending": len(saved.pending)}}
+
+
+def _check_save_path(where: Any) -> None:
+    """A ``save_state`` file that cannot be written is refused before the job runs (as the CLI
+    refuses ``--export-kv``): its result would be lost with the failed write."""
+    if isinstance(where, str):
+        from . import statefile
+
+        if "\0" in where:
+            raise ParamError("save_state: the path holds a NUL byte")
+        try:
+            statefile.check_target(where)
+        except ReflexError as e:
+            raise ParamError(str(e)) from None
 
 
 def handle_line(handler: Handler, line: bytes | TooLong) -> dict:
@@ -402,8 +432,15 @@ def run_stdio(eng: Any) -> int:
 def check_socket_path(path: str) -> None:
     """Refuse a path that is not ours to take: something that is not a socket, or a socket
     something listens on. A stale socket (nobody listening) is removed."""
-    if len(os.fsencode(path)) > 107:
-        raise ReflexError(f"{path}: a Unix socket path is at most 107 bytes")
+    if not path:
+        raise ReflexError("the socket path is empty; give a file path")
+    if "\0" in path:
+        raise ReflexError("the socket path holds a NUL byte")
+    try:
+        if len(os.fsencode(path)) > 107:
+            raise ReflexError(f"{path}: a Unix socket path is at most 107 bytes")
+    except UnicodeEncodeError:
+        raise ReflexError(f"{path!r} is not valid text for a path") from None
     try:
         st = os.lstat(path)
     except FileNotFoundError:

@@ -33,9 +33,10 @@ Signals (:func:`handle_signals`, installed first thing by the console entry poin
 (SIGINT) or SIGTERM at any point -- during the imports, the load, the forward, between the
 output and the exit -- prints one line (``error: interrupted`` / ``error: terminated``) and
 exits 130 / 143 at once (``os._exit``; the temporary file of a cache or state-file write under
-way is removed). Without this, Python raises KeyboardInterrupt wherever the main thread happens to be
-(a traceback when that is outside the CLI's ``try``, e.g. in :func:`finish` or an import) and
-dies silently of SIGTERM. The fork child must run none of it: signals are blocked across the
+way is removed, and so is a file named by :func:`remove_on_signal`: a server's socket bound
+before its load). Without this, Python raises KeyboardInterrupt wherever the main thread
+happens to be (a traceback when that is outside the CLI's ``try``, e.g. in :func:`finish` or an
+import) and dies silently of SIGTERM. The fork child must run none of it: signals are blocked across the
 fork, and the child ignores SIGINT (it is in the caller's process group until its ``setsid``;
 the exec'd helper inherits the ignore) and takes SIGTERM's default.
 
@@ -62,6 +63,7 @@ INDEX_CACHE = "index"  # the cache folder the helper writes into (gguf_index.IND
 _SIGNALS = {_signal.SIGINT: (b"error: interrupted\n", 130),
             _signal.SIGTERM: (b"error: terminated\n", 143)}
 _ending = False  # a signal handler is ending the process
+_remove: dict[str, tuple[int, int]] = {}  # path -> (st_dev, st_ino) of a file we made
 _json_errors = False  # the command prints JSON: a signal's end is also a JSON object on stdout
 
 
@@ -88,6 +90,13 @@ def finish(code: int) -> NoReturn:
     os._exit(code)
 
 
+def remove_on_signal(path: str) -> None:
+    """A signal's end (:func:`_on_signal`) removes the file ``path`` -- this process made it
+    -- while it is still that file (one removed or replaced since is left alone)."""
+    st = os.lstat(path)
+    _remove[path] = (st.st_dev, st.st_ino)
+
+
 def handle_signals() -> None:
     """End the process on SIGINT / SIGTERM with one line and exit status 130 / 143, whatever it
     is doing (module docstring). For the ``reflex`` command only (a library leaves signals to
@@ -110,6 +119,13 @@ def _on_signal(signum: int, frame) -> None:
         writer = sys.modules.get(name)
         if writer is not None:
             writer.discard_writes_in_flight()
+    for path, ident in list(_remove.items()):
+        try:
+            st = os.lstat(path)
+            if (st.st_dev, st.st_ino) == ident:
+                os.unlink(path)
+        except OSError:
+            pass
     line, code = _SIGNALS[signum]
     try:
         sys.stdout.flush()  # what was generated so far reaches the reader

@@ -11,7 +11,8 @@ context -- an imported state's, the prompt's and those generated so far --, see
     1. repeat_penalty != 1, in float32, on the raw logits, once per id in window:
        l_i = l_i / repeat_penalty if l_i > 0 else l_i * repeat_penalty
        Everything below reads these l (greedy decoding too).
-    2. temperature <= 0:  return argmax(l)  (the lowest index among equal maxima).
+    2. temperature <= 0:  return argmax(l)  (the lowest index among equal maxima); so does a
+       temperature of at most 2^-150, 0 as a float32 (llama.cpp's type for it).
     3. z_i = float64(l_i) / float64(temperature)               (float64 throughout from here)
        p_i = exp(z_i - max_j z_j)                              (unnormalised; the max has p = 1)
        kept = all i
@@ -78,12 +79,20 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 
+# A temperature of 2^-150 or less is 0 as a float32, the type llama.cpp keeps it in, so greedy
+# decoding there; here step 3's float64 division would send finite logits to inf (NaN draws).
+GREEDY_TEMPERATURE = 2.0 ** -150
+# Step 1 writes float32 logits: a penalty far from 1 sends them to +-inf or 0 (a NaN draw), so
+# the callers (CLI, API, IPC) refuse one outside this range.
+REPEAT_PENALTY_RANGE = (1e-6, 1e6)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """What a generate job asks for. ``temperature <= 0`` is greedy decoding; ``seed`` None
-    or negative draws a random seed (reported with the result). ``min_p`` 0 and ``repeat_penalty`` 1 are
-    off; ``repeat_last_n`` is how many of the most recent tokens the penalty looks at (0 none,
-    -1 the whole context)."""
+    """What a generate job asks for. ``temperature <= 0`` is greedy decoding (and so is one of
+    at most GREEDY_TEMPERATURE); ``seed`` None or negative draws a random seed (reported with
+    the result). ``min_p`` 0 and ``repeat_penalty`` 1 are off; ``repeat_last_n`` is how many of
+    the most recent tokens the penalty looks at (0 none, -1 the whole context)."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -92,6 +101,10 @@ class SamplingParams:
     min_p: float = 0.0
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
+
+    def __post_init__(self) -> None:
+        if 0.0 < self.temperature <= GREEDY_TEMPERATURE:
+            object.__setattr__(self, "temperature", 0.0)
 
     @property
     def greedy(self) -> bool:

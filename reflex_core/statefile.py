@@ -6,7 +6,8 @@ yet (after ``generate -n N`` the last sampled token; in a prefix file the prompt
 Importing restores the state and feeds ``pending`` + the new prompt as one batch, so a file
 never needs logits and a resumed job produces what an uninterrupted one would.
 
-Layout (little-endian; format version 1)::
+Layout (little-endian; format version 2: version 1's model fingerprints sampled 16 pages of the
+whole tensor data, too few to tell a fine-tune from its base)::
 
     0   8 bytes   magic b"RFXSTATE"
     8   u32       format version
@@ -26,8 +27,9 @@ relative to the data section.
 Checksums are per chunk so that a large state (340 MB for 1500 tokens of a 0.6B model) is
 checked on a few threads (zlib.crc32 releases the GIL). Every size is checked against the file
 size before anything is allocated or parsed; the file is written to a temporary file in the
-target's folder, fsync'ed and renamed over the target, so a reader never sees half a file.
-Reflex never decides where the file lives and never creates folders.
+target's folder (a symlink's file: the link stays), fsync'ed and renamed over the target, so a
+reader never sees half a file; a character device or FIFO at the path (``/dev/null``, a pipe) is
+written into. Reflex never decides where the file lives and never creates folders.
 
 Stdlib only: this module is on the GPU cold path.
 """
@@ -44,12 +46,11 @@ from typing import Any, NamedTuple, Sequence
 from .errors import ReflexError
 
 MAGIC = b"RFXSTATE"
-FORMAT = 1
+FORMAT = 2
 CHUNK = 1 << 25  # 32 MiB per CRC
 _PREFIX = struct.Struct("<8sIIQ")
 _ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2}
 _MAX_HEADER = 1 << 28  # a header is token ids and bookkeeping: far below this
-SAMPLES = 16  # pages of tensor data in a model's fingerprint
 _PAGE = 4096
 
 
@@ -65,20 +66,27 @@ class Saved(NamedTuple):
 
 def fingerprint(g: Any) -> str:
     """The identity of a model file's content, not its path: the size and CRC-32 of
-    ``[0, data_offset)`` (header, metadata, tensor directory) and a CRC-32 of SAMPLES pages
-    spread over the tensor data -- files of one layout that differ in their weights only (a
-    fine-tune, another seed) have the same directory."""
+    ``[0, data_offset)`` (header, metadata, tensor directory) and a CRC-32 of every tensor's
+    first, middle and last page (a small tensor whole). Files of one layout that differ in
+    their weights only -- a fine-tune, a merged LoRA (llama.cpp's export-lora keeps the
+    header), another seed -- have the same directory, and their changed tensors differ
+    throughout; a few pages a tensor read about 5 MB of an 8B file."""
     crc = getattr(g, "region_crc", None)  # the index computed it when it validated the file
+    data_crc = 0
     with memoryview(g.mm) as mv:
         if crc is None:
             with mv[:g.data_offset] as region:
                 crc = zlib.crc32(region)
-        n = len(mv) - g.data_offset
-        data_crc = 0
-        for i in range(SAMPLES):
-            a = g.data_offset + n * i // SAMPLES
-            with mv[a:min(a + _PAGE, len(mv))] as page:
-                data_crc = zlib.crc32(page, data_crc)
+        for ti in sorted(g.tensors.values(), key=lambda t: t.offset):
+            end = ti.offset + ti.nbytes
+            if ti.nbytes <= 3 * _PAGE:
+                spans = [(ti.offset, end)]
+            else:
+                mid = ti.offset + (ti.nbytes // 2) // _PAGE * _PAGE
+                spans = [(a, a + _PAGE) for a in (ti.offset, mid, end - _PAGE)]
+            for a, b in spans:
+                with mv[a:b] as page:
+                    data_crc = zlib.crc32(page, data_crc)
     return f"{g.data_offset}:{crc:08x}:{data_crc:08x}"
 
 
@@ -127,8 +135,24 @@ def _trailer_size(n: int) -> int:
 
 
 def check_target(path: str) -> None:
-    """Refuse, before any work is done, an export to ``path`` that cannot succeed: its folder
-    missing or not writable, or a directory at ``path``."""
+    """Refuse, before any work is done, an export to ``path`` that cannot succeed: a path that
+    no system call takes, a socket, block device or directory at ``path``, or (for a regular
+    file, which is replaced) its folder missing or not writable. A character device or a FIFO at
+    ``path`` (``/dev/null``, a pipe to a reader) is written into, as llama.cpp's ``fopen``
+    would."""
+    if "\0" in path:
+        raise ReflexError(f"cannot write the state file {path!r}: the path holds a NUL byte")
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError:
+        raise ReflexError(f"cannot write the state file {path!r}: the path is not valid "
+                          f"text") from None
+    kind = _stream_kind(path)
+    if kind is not None:
+        if kind != "stream":
+            raise ReflexError(f"cannot write the state file {path}: it is a {kind}")
+        return
+    path = _resolved(path)
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise ReflexError(f"cannot write the state file {path}: the folder {folder} does not "
@@ -181,7 +205,55 @@ def discard_writes_in_flight() -> None:
             pass
 
 
+def _stream_kind(path: str) -> str | None:
+    """What is at ``path`` (symlinks followed) when it is no regular file and nothing that is
+    missing: "stream" (a character device or FIFO: written into), or a name to refuse it by."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+        return "stream"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    return "block device" if stat.S_ISBLK(mode) else "socket" if stat.S_ISSOCK(mode) else \
+        "special file"
+
+
+def _resolved(path: str) -> str:
+    """The file a symlink at ``path`` names (so the rename replaces that file, not the link),
+    else ``path``."""
+    return os.path.realpath(path) if os.path.islink(path) else path
+
+
+def _write_pieces(fd: int, pieces: Sequence[Any]) -> None:
+    for p in pieces:
+        view = memoryview(p).cast("B")
+        while view:
+            view = view[os.write(fd, view):]
+
+
+def _write_stream(path: str, pieces: Sequence[Any]) -> None:
+    """Write into the character device or FIFO at ``path`` (no rename is possible there)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise ReflexError(f"cannot write the state file {path}: {e.strerror}") from None
+    try:
+        _write_pieces(fd, pieces)
+    except OSError as e:
+        raise ReflexError(f"cannot write the state file {path}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
 def _write_atomic(path: str, pieces: Sequence[Any]) -> None:
+    if _stream_kind(path) == "stream":
+        _write_stream(path, pieces)
+        return
+    path = _resolved(path)
     folder, name = os.path.split(os.path.abspath(path))
     tmp = os.path.join(folder, f".{name[:100]}.{os.urandom(8).hex()}.tmp")
     try:
@@ -192,10 +264,7 @@ def _write_atomic(path: str, pieces: Sequence[Any]) -> None:
     _in_flight.add(tmp)
     try:
         try:
-            for p in pieces:
-                view = memoryview(p).cast("B")
-                while view:
-                    view = view[os.write(fd, view):]
+            _write_pieces(fd, pieces)
             os.fsync(fd)
         finally:
             os.close(fd)

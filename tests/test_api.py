@@ -66,6 +66,24 @@ def test_stream_yields_the_text_and_holds_the_engine(eng):
     next(iter(abandoned))
     abandoned.close()
     assert abandoned.result is None and eng.tokenize("Hello") == [9707]
+    never_read = eng.generate(PROMPT, max_tokens=5, stream=True)
+    never_read.close()  # closed before its first piece: the engine is free too
+    assert never_read.result is None and eng.tokenize("Hello") == [9707]
+
+
+def test_close_ends_a_running_stream(path):
+    e = reflex_core.load(path, backend="cpu")
+    s = iter(e.generate(PROMPT, max_tokens=8, stream=True))
+    next(s)
+    e.close()
+    assert list(s) == [] and e.closed  # the stream ended with the engine, its result None
+
+
+def test_tiny_temperature_is_greedy(eng):
+    """2^-150 and less is 0 in llama.cpp's float32 temperature: greedy, never NaN draws."""
+    greedy = eng.generate(PROMPT, max_tokens=4).token_ids
+    for t in (1e-310, 2.0 ** -150):
+        assert eng.generate(PROMPT, max_tokens=4, temperature=t, seed=1).token_ids == greedy
 
 
 def test_stop_strings(eng):
@@ -166,8 +184,26 @@ def test_bad_arguments_are_one_line_errors(eng):
         (lambda: eng.detokenize([eng.n_vocab]), "token_ids must be"),
         (lambda: eng.tokenize(b"x"), "text must be a string"),
     ]
-    for call, match in cases:
-        with pytest.raises(ReflexError, match=match) as e:
+    # arguments of the wrong type or value: a ParamError (IPC's invalid_params), never a
+    # TypeError or ValueError from inside
+    params = [
+        (lambda: reflex_core.load(5, backend="cpu"), "model must be a path"),
+        (lambda: eng.generate(PROMPT, stop=5), "stop must be"),
+        (lambda: eng.generate(PROMPT, stream="no"), "stream must be true or false"),
+        (lambda: eng.generate(PROMPT, keep_state=1), "keep_state must be true or false"),
+        (lambda: eng.generate(PROMPT, repeat_penalty=1e-45), "repeat_penalty must be"),
+        (lambda: eng.generate(PROMPT, state="a\0b"), "NUL byte"),
+        (lambda: eng.generate(PROMPT, state="/tmp/\ud800"), "not valid text"),
+        (lambda: eng.system1(PROMPT, None), "candidates must be a list"),
+        (lambda: eng.system1(PROMPT, [" a"], normalize="no"), "normalize must be"),
+        (lambda: eng.detokenize(None), "token_ids must be"),
+        (lambda: eng.tokenize("x", add_special=None), "add_special must be"),
+        (lambda: eng.import_state(5), "state must be a state file's path"),
+        (lambda: reflex_core.load(PROMPT, backend="cpu", lora=5), "lora must be a list"),
+    ]
+    for call, match in cases + params:
+        with pytest.raises(api.ParamError if (call, match) in params else ReflexError,
+                           match=match) as e:
             call()
         assert "\n" not in str(e.value)
     assert eng.generate(PROMPT, max_tokens=1).n_tokens == 1  # still usable

@@ -161,6 +161,9 @@ def test_usage_errors_exit_2(tiny):
     assert p.returncode == 2 and "Traceback" not in p.stderr
     p = reflex("generate", str(tiny), "hi", "--backend", "tpu")
     assert p.returncode == 2
+    # a penalty whose float32 logits would overflow (NaN draws) is refused before the load
+    p = reflex("generate", str(tiny), "hi", "--repeat-penalty", "1e-45", "--backend", "cpu")
+    assert p.returncode == 2 and "'--repeat-penalty'" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_debug_shows_the_traceback(tmp_path):

@@ -114,6 +114,21 @@ BAD = [  # (request line, id of the reply, error code)
      "invalid_params"),
     (b'{"id": 23, "op": "ping", "deep": ' + b"[" * 100000 + b"]" * 100000 + b"}", None,
      "parse_error"),
+    # what no reply could echo as JSON: NaN/Infinity (not JSON) and numbers beyond the floats
+    (b'{"id": NaN, "op": "ping"}', None, "parse_error"),
+    (b'{"id": -Infinity, "op": "ping"}', None, "parse_error"),
+    (b'{"id": 1e400, "op": "ping"}', None, "parse_error"),
+    (b'{"id": 24, "op": "generate", "prompt": "a", "temperature": 1e999}', None, "parse_error"),
+    # paths no system call takes, and a save_state that cannot be written: refused before the
+    # job runs
+    (b'{"id": 25, "op": "generate", "prompt": "a", "state": "/tmp/a\\u0000b"}', 25,
+     "invalid_params"),
+    (b'{"id": 26, "op": "generate", "prompt": "a", "save_state": "/tmp/\\ud800"}', 26,
+     "invalid_params"),
+    (b'{"id": 27, "op": "generate", "prompt": "a", "save_state": "/nonexistent/s.rxs"}', 27,
+     "invalid_params"),
+    (b'{"id": 28, "op": "generate", "prompt": "a", "repeat_penalty": 1e-45}', 28,
+     "invalid_params"),
 ]
 
 
@@ -295,6 +310,28 @@ def test_uds_serves_connections_one_after_another(tiny, tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+def test_uds_signal_during_the_load_removes_the_socket(tiny, tmp_path):
+    """The socket is bound before the load (a taken path fails at once); a signal that ends the
+    server before it serves removes it too."""
+    path = str(tmp_path / "s.sock")
+    p = start("uds", tiny, path, "--backend", "cpu")
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert os.path.exists(path)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 143
+        assert not os.path.exists(path)
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_uds_refuses_an_empty_path(tiny):
+    assert "socket path is empty" in one_line_error(reflex("uds", tiny, "", "--backend", "cpu"))
 
 
 def test_uds_shutdown_request(tiny, tmp_path):

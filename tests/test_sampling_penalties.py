@@ -285,7 +285,8 @@ def test_api_passes_the_parameters_to_the_engine(eng):
 @pytest.mark.parametrize("kw,match", [
     ({"min_p": 1.5}, "min_p must be a number in"), ({"min_p": -0.1}, "min_p must be"),
     ({"min_p": float("nan")}, "min_p must be"), ({"min_p": "0.1"}, "min_p must be"),
-    ({"repeat_penalty": 0}, "repeat_penalty must be a number > 0"),
+    ({"repeat_penalty": 0}, r"repeat_penalty must be a number in \[1e-06, 1e\+06\]"),
+    ({"repeat_penalty": 1e-45}, "repeat_penalty must be"), ({"repeat_penalty": 2e6}, "repeat_pen"),
     ({"repeat_penalty": -1.0}, "repeat_penalty must be"),
     ({"repeat_penalty": float("inf")}, "repeat_penalty must be"),
     ({"repeat_last_n": -2}, "repeat_last_n must be an integer >= -1"),
@@ -326,7 +327,8 @@ def test_ipc_generate_takes_the_parameters(eng):
     ({"repeat_penalty": None}, "'repeat_penalty' must be a number"),
     ({"repeat_last_n": 2.5}, "'repeat_last_n' must be an integer"),
     ({"min_p": 2}, "min_p must be a number in [0, 1]"),
-    ({"repeat_penalty": 0}, "repeat_penalty must be a number > 0"),
+    ({"repeat_penalty": 0}, "repeat_penalty must be a number in [1e-06, 1e+06]"),
+    ({"repeat_penalty": 1e-45}, "repeat_penalty must be"), ({"repeat_penalty": 2e6}, "repeat_pen"),
     ({"repeat_last_n": -5}, "repeat_last_n must be an integer >= -1"),
 ])
 def test_ipc_refuses_bad_values(eng, extra, message):

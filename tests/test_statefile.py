@@ -176,8 +176,8 @@ def test_damaged_files_are_refused(good_file, tmp_path):
     data = f.read_bytes()
     body_end = len(data) - 4 * ((len(data) + statefile.CHUNK - 1) // statefile.CHUNK)
     cases = {
-        "version": (data[:8] + struct.pack("<I", 2) + data[12:], "format version 2; this "
-                    "Reflex reads version 1"),
+        "version": (data[:8] + struct.pack("<I", 1) + data[12:], "format version 1; this "
+                    "Reflex reads version 2"),
         "magic": (b"NOTSTATE" + data[8:], "not a Reflex state file"),
         "truncated": (data[:-7], "truncated or damaged"),
         "longer": (data + b"\0", "truncated or damaged"),
@@ -301,6 +301,68 @@ def test_export_targets_that_cannot_be_written(good_file, tmp_path):
         with pytest.raises(ReflexError, match="Permission denied"):
             statefile.write(str(ro_dir / "s.rxs"), lm, saved.dumped, saved.tokens, saved.pending)
         assert list(ro_dir.iterdir()) == []
+
+
+def test_export_into_streams_links_and_odd_paths(good_file, tmp_path):
+    """A character device or a FIFO is written into (llama.cpp's fopen does the same), never
+    replaced by a regular file; a symlink's file is replaced and the link stays; a socket and
+    paths no system call takes are refused in one line."""
+    import socket
+    import threading
+
+    lm, f = good_file
+    saved = statefile.read(str(f))
+    data = f.read_bytes()
+
+    def write(path):
+        statefile.check_target(str(path))
+        return statefile.write(str(path), lm, saved.dumped, saved.tokens, saved.pending)
+
+    assert write("/dev/null") == len(data)
+    assert os.path.exists("/dev/null") and not os.path.isfile("/dev/null")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    write(fifo)
+    reader.join(30)
+    assert got == [data] and fifo.is_fifo()
+    real = tmp_path / "real.rxs"
+    real.write_bytes(b"old")
+    link = tmp_path / "link.rxs"
+    link.symlink_to(real)
+    write(link)
+    assert link.is_symlink() and real.read_bytes() == data
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.bind(str(tmp_path / "s.sock"))
+        refused(tmp_path, "it is a socket", statefile.check_target, str(tmp_path / "s.sock"))
+    finally:
+        sock.close()
+    refused(tmp_path, "NUL byte", statefile.check_target, str(tmp_path / "a\0b"))
+    refused(tmp_path, "not valid text", statefile.check_target, str(tmp_path / "\ud800"))
+
+
+def test_a_fine_tune_of_the_same_layout_is_another_model(loaded, tmp_path):
+    """Files alike but for one tensor's values (a fine-tune, or a merged LoRA that keeps the
+    header): whichever tensor it is, the fingerprint differs, so a state of one is refused by
+    the other."""
+    from reflex_core.gguf import open_gguf
+
+    lm = loaded("qwen3")
+    base = open(lm.path, "rb").read()
+    g = open_gguf(lm.path)
+    fa = statefile.fingerprint(g)
+    for ti in g.tensors.values():
+        raw = bytearray(base)
+        raw[ti.offset:ti.offset + ti.nbytes] = bytes(x ^ 0x01 for x in
+                                                     raw[ti.offset:ti.offset + ti.nbytes])
+        b = tmp_path / "b.gguf"
+        b.write_bytes(bytes(raw))
+        fb = statefile.fingerprint(open_gguf(str(b)))
+        assert fb.split(":")[:2] == fa.split(":")[:2]  # the same header and directory
+        assert fb != fa, ti.name
 
 
 def test_large_state_round_trip_over_several_checksum_chunks(good_file, tmp_path, monkeypatch):
