@@ -88,8 +88,11 @@ lora_option = click.option(
 def model_options(f):
     """[MODEL] [PROMPT] positionals, -p, and the model options shared by generate and system1."""
     f = click.option("-p", "--prompt", "prompt_opt", metavar="TEXT", default=None,
-                     help="The prompt (instead of the PROMPT argument; may begin with '-'). "
-                          "'-' reads standard input.")(f)
+                     help="The prompt (instead of the PROMPT argument; may begin with '-'), "
+                          "its escapes (\\n, \\t, ...) processed as llama.cpp's -p does. '-' "
+                          "reads standard input.")(f)
+    f = click.option("--no-escape", "no_escape", is_flag=True,
+                     help="Take -p and --stop as written: no \\n, \\t, ... escapes.")(f)
     f = click.option("--revision", default=None,
                      help="With --model/--quickstart: a branch, tag or commit of the repository.")(f)
     f = click.option("-m", "--model", "hub_model", metavar="FILE|REPO[:FILE]", default=None,
@@ -98,6 +101,38 @@ def model_options(f):
     f = click.option("--quickstart", is_flag=True,
                      help="Run the default model (Qwen3-0.6B Q8_0 from Qwen's GGUF repository).")(f)
     return click.argument("args", nargs=-1, metavar="[MODEL] [PROMPT]")(f)
+
+
+PROMPT_IS_ARGUMENT = "reflex.prompt_is_argument"
+
+
+def process_escapes(text: str) -> str:
+    """llama.cpp's escapes of -p and -r (common's string_process_escapes): \\n \\r \\t \\'
+    \\" \\\\ and \\xHH (a byte); any other backslash stays as written."""
+    if "\\" not in text:
+        return text
+    src, out, i = text.encode("utf-8"), bytearray(), 0
+    simple = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("'"): b"'",
+              ord('"'): b'"', ord("\\"): b"\\"}
+    while i < len(src):
+        c = src[i]
+        if c != 0x5C or i + 1 == len(src):
+            out.append(c)
+            i += 1
+            continue
+        e = src[i + 1]
+        hexdigits = src[i + 2:i + 4]
+        if e in simple:
+            out += simple[e]
+            i += 2
+        elif (e == ord("x") and len(hexdigits) == 2
+              and all(chr(h) in "0123456789abcdefABCDEF" for h in hexdigits)):
+            out.append(int(hexdigits, 16))
+            i += 4
+        else:
+            out += src[i:i + 2]
+            i += 2
+    return out.decode("utf-8", errors="replace")
 
 
 class PromptCommand(click.Command):
@@ -127,6 +162,7 @@ class PromptCommand(click.Command):
             if (len(a) > 1 and a.startswith("-") and a.split("=", 1)[0] not in names
                     and not _looks_like_option(a)):
                 out.extend(["-p", a])
+                ctx.meta[PROMPT_IS_ARGUMENT] = True  # PROMPT's text as written: no escapes
             else:
                 out.append(a)
             i += 1
@@ -137,7 +173,22 @@ class PromptCommand(click.Command):
             raise
 
 
+class FiniteRange(click.FloatRange):
+    """click's FloatRange, less nan and inf: "nan" passes its bounds (every comparison with it
+    is false), and a NaN temperature or penalty makes every logit NaN."""
+
+    name = "finite float range"
+
+    def convert(self, value, param, ctx):
+        rv = super().convert(value, param, ctx)
+        if rv != rv or rv in (float("inf"), float("-inf")):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return rv
+
+
 def _looks_like_option(arg: str) -> bool:
+    if any(c.isspace() for c in arg):  # "--color=auto makes ls colourful": text, whole
+        return False
     body = arg.lstrip("-").split("=", 1)[0]
     return bool(body) and all(c.isascii() and (c.isalnum() or c in "-_") for c in body)
 
@@ -280,10 +331,12 @@ def model_source(quickstart: bool, model_opt: str | None,
 
 
 def resolve_model_prompt(args, quickstart: bool, hub_model: str | None, revision: str | None,
-                         t, prompt_file: str | None = None,
-                         prompt_opt: str | None = None) -> tuple[str, str]:
+                         t, prompt_file: str | None = None, prompt_opt: str | None = None,
+                         escape: bool = True) -> tuple[str, str]:
     """(local GGUF path, prompt) from the positionals, the model options, -p and -f. The
-    prompt '-' (as PROMPT or -p) is read from standard input."""
+    prompt '-' (as PROMPT or -p) is read from standard input. ``escape``: -p TEXT's escapes
+    are processed (llama.cpp's default); PROMPT (llama-simple's) and files are taken as
+    written."""
     local, hub_model = model_source(quickstart, hub_model, revision)
     if prompt_file is not None and prompt_opt is not None:
         raise click.UsageError("give the prompt once: -p or -f, not both")
@@ -299,7 +352,12 @@ def resolve_model_prompt(args, quickstart: bool, hub_model: str | None, revision
     if prompt_file is not None:
         prompt = read_prompt_file(prompt_file)
     elif prompt_opt is not None:
-        prompt = read_prompt_file("-") if prompt_opt == "-" else prompt_opt
+        if prompt_opt == "-":
+            prompt = read_prompt_file("-")
+        elif escape and not click.get_current_context().meta.get(PROMPT_IS_ARGUMENT):
+            prompt = process_escapes(prompt_opt)
+        else:
+            prompt = prompt_opt
     else:
         prompt = read_prompt_file("-") if args[-1] == "-" else args[-1]
     if local is not None:
@@ -345,22 +403,23 @@ def quiet_option(f):
                    "string); -1: until the end of the text or of the context; 0 only with "
                    "--export-kv.")
 @click.option("--stop", "stops", multiple=True, metavar="TEXT",
-              help="Stop before TEXT once the output contains it (repeat for several).")
+              help="Stop before TEXT once the output contains it (repeat for several); its "
+                   "escapes (\\n, ...) processed as llama.cpp's -r.")
 @click.option("-c", "--ctx-size", type=click.IntRange(min=0), default=0,
               help="Context size in tokens: the prompt and the new tokens must fit (default "
                    "0: the model's context length; more than that runs, with a notice).")
 @click.option("--truncate", is_flag=True,
               help="Drop the prompt's oldest tokens when it does not fit the context, instead "
                    "of failing.")
-@click.option("--temp", "temperature", type=click.FloatRange(min=0.0), default=0.0,
+@click.option("--temp", "temperature", type=FiniteRange(min=0.0), default=0.0,
               show_default=True, help="Sampling temperature; 0 = greedy.")
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
               help="Keep the k most likely tokens (0 = all).")
-@click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0,
+@click.option("--top-p", type=FiniteRange(min=0.0, max=1.0, min_open=True), default=1.0,
               show_default=True, help="Nucleus sampling threshold.")
-@click.option("--min-p", type=click.FloatRange(min=0.0, max=1.0), default=0.0, show_default=True,
+@click.option("--min-p", type=FiniteRange(min=0.0, max=1.0), default=0.0, show_default=True,
               help="Keep tokens at least this fraction as likely as the most likely (0 = off).")
-@click.option("--repeat-penalty", type=click.FloatRange(min=0.0, min_open=True), default=1.0,
+@click.option("--repeat-penalty", type=FiniteRange(min=0.0, min_open=True), default=1.0,
               show_default=True,
               help="Penalise tokens seen in the last --repeat-last-n tokens (1 = off).")
 @click.option("--repeat-last-n", type=click.IntRange(min=-1), default=64, show_default=True,
@@ -375,9 +434,9 @@ def quiet_option(f):
 @click.option("--timings", is_flag=True, help="Print each cold-path phase to stderr.")
 @state_file_options
 @prompt_options
-def generate(args, quickstart, hub_model, revision, prompt_opt, n_tokens, stops, ctx_size,
-             truncate, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
-             backend, lora, as_json, quiet, timings, import_kv, export_kv, chat, system,
+def generate(args, quickstart, hub_model, revision, prompt_opt, no_escape, n_tokens, stops,
+             ctx_size, truncate, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
+             seed, backend, lora, as_json, quiet, timings, import_kv, export_kv, chat, system,
              prompt_file):
     """Generate text continuing PROMPT with MODEL (a local GGUF file, or -m/--quickstart)."""
     from . import engine
@@ -386,12 +445,15 @@ def generate(args, quickstart, hub_model, revision, prompt_opt, n_tokens, stops,
     t = Timings()
     chat_args = chat_request(chat, system)
     model, prompt = resolve_model_prompt(args, quickstart, hub_model, revision, t, prompt_file,
-                                         prompt_opt)
+                                         prompt_opt, escape=not no_escape)
     if n_tokens == 0 and export_kv is None:
         raise click.BadParameter("0 is not allowed (0 only with --export-kv)",
                                  param_hint="'-n'")
     if n_tokens < 0 and export_kv is not None:
         raise click.BadParameter("-1 is not allowed with --export-kv", param_hint="'-n'")
+    stops = [s if no_escape else process_escapes(s) for s in stops]
+    if not all(stops):
+        raise click.BadParameter("a stop string is empty", param_hint="'--stop'")
     from .sampling import REPEAT_PENALTY_RANGE
 
     if not REPEAT_PENALTY_RANGE[0] <= repeat_penalty <= REPEAT_PENALTY_RANGE[1]:
@@ -449,8 +511,8 @@ def generate(args, quickstart, hub_model, revision, prompt_opt, n_tokens, stops,
 @click.option("--timings", is_flag=True, help="Print each cold-path phase to stderr.")
 @state_file_options
 @prompt_options
-def system1(args, quickstart, hub_model, revision, prompt_opt, candidates, normalize, ctx_size,
-            backend, lora, as_json, quiet, timings, import_kv, export_kv, chat, system,
+def system1(args, quickstart, hub_model, revision, prompt_opt, no_escape, candidates, normalize,
+            ctx_size, backend, lora, as_json, quiet, timings, import_kv, export_kv, chat, system,
             prompt_file):
     """Score each --candidate continuation of PROMPT in one forward pass (no decode loop); with
     --chat the candidates continue the rendered chat, i.e. they are the assistant's reply."""
@@ -460,7 +522,7 @@ def system1(args, quickstart, hub_model, revision, prompt_opt, candidates, norma
     t = Timings()
     chat_args = chat_request(chat, system)
     model, prompt = resolve_model_prompt(args, quickstart, hub_model, revision, t, prompt_file,
-                                         prompt_opt)
+                                         prompt_opt, escape=not no_escape)
     if not prompt and (import_kv is None or chat):
         raise ReflexError("empty prompt: system1 needs a prompt to condition on")
     if not candidates:

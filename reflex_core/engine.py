@@ -376,7 +376,10 @@ def fit_context(lm: Loaded, prompt_ids: Sequence[int], n_new: int, ctx_size: int
     if used + want > limit:
         past = f"the imported state ({n_past + n_pending} tokens) + " if resume is not None else ""
         if not truncate or n_past + n_pending + want >= limit:
-            hint = "; shorten the prompt or give --truncate" if not truncate else ""
+            if n_past + n_pending + want >= limit:  # no cut of the prompt makes room
+                hint = "; ask for fewer new tokens (-n) or a larger context (-c)"
+            else:
+                hint = "; shorten the prompt or give --truncate"
             raise ReflexError(f"{past}prompt ({len(prompt)} tokens) + {want} new tokens exceeds "
                               f"{where} ({limit} tokens){hint}")
         tok = lm.tokenizer
@@ -540,8 +543,8 @@ def generate_steps(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: 
             stop_reason = "stop"
     if stop_reason == "stop":
         text = text_out.text
-    else:
-        text = tok.decode(out) if tok is not None else ""
+    else:  # an end-of-generation token ends the ids, not the text (llama.cpp prints no piece)
+        text = tok.decode(out[:-1] if stop_reason == "eog" else out) if tok is not None else ""
     res = GenerateResult(list(prompt_ids), out, text, first_ms, seed, len(feed), len(past),
                          stop_reason=stop_reason)
     if keep_state:
@@ -553,17 +556,17 @@ def _decode(tokens: Iterator[int], out: list[int], text_out: Any,
             eog: Any) -> Generator[str, None, str]:
     """The decode loop of :func:`generate_steps` over ``tokens`` (from the first sampled one):
     appends to ``out`` (empty at the start), yields text pieces when streaming, returns the stop
-    reason."""
+    reason. An end-of-generation token is the last id, and none of the text."""
     for tok in tokens:
         out.append(tok)
+        if tok in eog:
+            return "eog"
         if text_out is not None:
             piece = text_out.push(tok)
             if piece:
                 yield piece
             if text_out.stopped:
                 return "stop"
-        if tok in eog:
-            return "eog"
     return "length"
 
 

@@ -136,7 +136,13 @@ class State:
         self._views: dict[str, tuple[str, ViewSpec]] = {}
         for b in spec.buffers:
             lead = n_cells if b.per_token else n_seqs
-            self._bufs[b.name] = ops.zeros((lead,) + tuple(b.shape))
+            try:
+                self._bufs[b.name] = ops.zeros((lead,) + tuple(b.shape))
+            except MemoryError:  # the host's (the NumPy backend); a device's is a CudaError
+                self._bufs.clear()
+                raise ReflexError(f"not enough memory for the model state of {n_cells} tokens: "
+                                  f"give a smaller context (-c) or fewer new tokens (-n)") \
+                    from None
             for v in b.views:
                 self._views[v.name] = (b.name, v)
         self._seqs = [_Seq() for _ in range(n_seqs)]

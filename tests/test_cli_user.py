@@ -125,7 +125,7 @@ def test_every_way_of_giving_the_prompt_is_the_same_prompt(tiny, tmp_path):
 
 
 def test_a_prompt_that_begins_with_a_dash(tiny):
-    for text in ('-"c" is a letter', "-5 degrees outside"):
+    for text in ('-"c" is a letter', "-5 degrees outside", "--color=auto makes ls colourful"):
         a = gen_json(str(tiny), text, "-n", "2")
         b = gen_json(str(tiny), "-p", text, "-n", "2")
         q = reflex("generate", str(tiny), "-n", "2", "--backend", "cpu", "--json", "--", text)
@@ -134,6 +134,36 @@ def test_a_prompt_that_begins_with_a_dash(tiny):
     p = reflex("generate", str(tiny), "-hello", "--backend", "cpu")  # looks like an option
     assert p.returncode == 2
     assert "give it with -p TEXT, or after --" in p.stderr
+
+
+def test_escapes_of_p_and_stop_as_llama_cpp(tiny, tmp_path):
+    """-p TEXT and --stop TEXT process \\n, \\t, \\xHH... as llama.cpp's -p and -r do
+    (--no-escape: as written); PROMPT (llama-simple's) and -f files are taken as written."""
+    from reflex_core.cli import process_escapes
+
+    assert process_escapes(r"a\nb\tc\\d\'e\"f\x41\x4g\qh\\") == "a\nb\tc\\d'e\"fA\\x4g\\qh\\"
+    real = gen_json(str(tiny), "Q: hi\nA:", "-n", "1")["prompt_token_ids"]
+    escaped = gen_json(str(tiny), "-p", r"Q: hi\nA:", "-n", "1")["prompt_token_ids"]
+    literal = gen_json(str(tiny), r"Q: hi\nA:", "-n", "1")["prompt_token_ids"]
+    f = tmp_path / "p.txt"
+    f.write_text(r"Q: hi\nA:")
+    assert escaped == real != literal
+    assert gen_json(str(tiny), "-p", r"Q: hi\nA:", "--no-escape", "-n", "1")[
+        "prompt_token_ids"] == literal == gen_json(str(tiny), "-f", str(f), "-n", "1")[
+        "prompt_token_ids"]
+    whole = gen_json(str(tiny), PROMPT, "-n", "12")["text"]
+    stop = whole.split()[2]
+    assert stop[0].isascii()  # one \xHH byte spells it
+    cut = gen_json(str(tiny), PROMPT, "-n", "12", "--stop", stop.replace(stop[0], "\\x%02x"
+                                                                         % ord(stop[0]), 1))
+    assert cut["stop_reason"] == "stop" and cut["text"] == whole[:whole.index(stop)]
+
+
+def test_nan_and_inf_are_usage_errors(tiny):
+    for opt in ("--temp", "--top-p", "--min-p", "--repeat-penalty"):
+        for v in ("nan", "inf"):
+            p = reflex("generate", str(tiny), "hi", opt, v, "--backend", "cpu")
+            assert p.returncode == 2 and "is not" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_stop_strings(tiny):
@@ -170,7 +200,12 @@ def test_context_size_error_and_truncation(tiny):
     assert past["n_prompt_tokens"] + past["n_tokens"] == 256 + 8  # greedy: no end token here
     line = one_line_error(reflex("generate", str(tiny), PROMPT, "-n", "300", "--backend", "cpu"))
     assert f"prompt ({n} tokens) + 300 new tokens exceeds the model's context length (256 " \
-           "tokens)" in line
+           "tokens); ask for fewer new tokens (-n) or a larger context (-c)" in line
+    # the advice works as printed: --truncate could not make room, a larger -c does
+    assert "--truncate" not in line
+    p = reflex("generate", str(tiny), PROMPT, "-n", "300", "-c", str(n + 300), "--backend",
+               "cpu", "--json")
+    assert p.returncode == 0, p.stderr
     # system1's --ctx-size (its -c is --candidate)
     line = one_line_error(reflex("system1", str(tiny), PROMPT, "-c", " a b", "--ctx-size",
                                  str(n), "--backend", "cpu"))

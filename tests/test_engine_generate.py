@@ -43,12 +43,19 @@ def test_generation_ends_at_an_end_of_generation_token(lm, monkeypatch):
     ids = lm.tokenizer.encode(PROMPT)
     whole = engine.generate(lm, ids, 8, GREEDY)
     assert whole.stop_reason == "length" and len(whole.token_ids) == 8
-    eog = whole.token_ids[3]
-    first = whole.token_ids.index(eog)  # an earlier copy of it ends the run there
+    # a token first generated after others (an earlier copy of it would end the run there)
+    eog = next(t for t in whole.token_ids[3:] if whole.token_ids.index(t) > 0)
+    first = whole.token_ids.index(eog)
     monkeypatch.setattr(lm.tokenizer, "eog_ids", frozenset({eog}))
     res = engine.generate(lm, ids, 8, GREEDY)
     assert res.stop_reason == "eog"
     assert res.token_ids == whole.token_ids[:first + 1]  # the end token is the last one kept
+    # ... and none of the text (llama.cpp prints no piece of it), streamed or not, with stops
+    want = lm.tokenizer.decode(whole.token_ids[:first])
+    assert res.text == want and want
+    for stop in ([], ["\uffff never"]):
+        pieces, streamed = _stream(lm, ids, 8, stop)
+        assert "".join(pieces) == streamed.text == want and streamed.stop_reason == "eog"
 
 
 def _pieces(lm, n):

@@ -40,6 +40,20 @@ def test_buffers_are_allocated_by_the_backend():
         st["nope"]
 
 
+def test_a_state_the_host_cannot_hold_is_one_clear_error():
+    """-c 1000000000 with -n -1 on the NumPy backend: numpy's MemoryError becomes advice."""
+    class Small(NumpyOps):
+        def zeros(self, shape, *a, **kw):
+            if shape[0] > 1000:
+                raise MemoryError(f"Unable to allocate {shape}")
+            return super().zeros(shape, *a, **kw)
+
+    with pytest.raises(ReflexError, match=r"model state of 1000000000 tokens: give a smaller "
+                                          r"context \(-c\)"):
+        State(HYBRID, Small(), n_cells=10**9)
+    assert State(HYBRID, Small(), n_cells=1000).n_cells == 1000
+
+
 def test_append_continues_a_sequence():
     st = State(attention_kv_spec(1, 1, 2), NumpyOps(), 8)
     a = st.append([5, 6, 7])
