@@ -65,12 +65,30 @@ def result_name(i: int, n: int, crc: int) -> str:
     return f"shard-{i:05d}-of-{n:05d}-{crc:08x}.jsonl"
 
 
+MAX_LINE = 16 << 20  # reflex stdio's bound on a request line (docs/ipc.md)
+
+
+def _not_json(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    v = float(text)
+    if v != v or v in (float("inf"), float("-inf")):
+        raise ValueError(f"{text} is out of range")
+    return v
+
+
 def expected_id(request: bytes):
     """The id ``reflex stdio`` echoes for this request line: its ``id`` if it is a JSON object
-    (null when absent), else null."""
+    (null when absent), else null -- read by stdio's rules (docs/ipc.md): over 16 MiB, not
+    strict UTF-8 (a BOM is no whitespace there), NaN/Infinity or a number beyond the floats, or
+    nested too deep is no object."""
+    if len(request) > MAX_LINE:
+        return None
     try:
-        obj = json.loads(request)
-    except (ValueError, UnicodeDecodeError):
+        obj = json.loads(request.decode("utf-8"), parse_constant=_not_json, parse_float=_finite)
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError included
         return None
     return obj.get("id") if isinstance(obj, dict) else None
 

@@ -44,6 +44,8 @@ def warm(path: str, backend: str = "auto", prompt: str = DEFAULT_PROMPT, reps: i
     from . import engine, system1
 
     lm, ids = engine.load(path, backend, prompt=prompt)
+    for note in lm.notices:  # the fall back to the CPU, as generate says it
+        engine.warn(note)
     ids = ids or []
     model, ops = lm.model, lm.ops
     cand_ids = system1.tokenize_candidates(lm.require_tokenizer(), candidates)
@@ -161,7 +163,7 @@ def measure(cmd: list[str], energy: Energy, idle_w: float | None, settle: float 
         before()
     e0 = energy.read()
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
     time.sleep(settle)  # NVML's counter lags; read after the tail of the run
     e1 = energy.read()
@@ -187,12 +189,14 @@ def cold(path: str, runs: int = 5, prompt: str = DEFAULT_PROMPT, system1: bool =
     first, not counted (it fills the page cache and writes the file's index, so the timed runs
     measure the steady state of "a file used before"; with ``drop_cache`` every timed run still
     starts from a dropped cache). Its result is kept under "warmup"."""
+    # the prompt after "--": text that begins with '-' (even "--help") is the prompt
     if system1:
-        cmd = reflex_cmd() + ["system1", path, prompt, "--backend", backend]
+        cmd = reflex_cmd() + ["system1", path, "--backend", backend]
         for c in candidates:
             cmd += ["--candidate", c]
     else:
-        cmd = reflex_cmd() + ["generate", path, prompt, "-n", "1", "--backend", backend]
+        cmd = reflex_cmd() + ["generate", path, "-n", "1", "--backend", backend]
+    cmd += ["--", prompt]
     energy = Energy()
     idle = idle_watts(energy, idle_s)
     method = ""

@@ -719,6 +719,11 @@ def bench(model, cold, do_system1, prompt, candidates, repeat, n_decode, drop_ca
     """Benchmark MODEL: warm latencies (prefill, decode, system1) or --cold launches."""
     from . import bench as b
 
+    if not prompt:
+        raise ReflexError("empty prompt: give at least one character of text")
+    if prompt == "-":  # generate's PROMPT '-' reads standard input; bench's --prompt is text
+        raise click.BadParameter("'-' is no prompt text here (bench reads no standard input)",
+                                 param_hint="'--prompt'")
     cands = tuple(candidates) or b.DEFAULT_CANDIDATES
     if cold:
         if backend == "auto":  # the launches get the backend auto would pick here
@@ -759,7 +764,7 @@ def plugins(as_json):
     if as_json:
         click.echo(json.dumps(render.plugins_json(infos), indent=2))
     else:
-        echo_lines(render.plugins_lines(infos))
+        echo_lines(render.plugins_lines(infos, host.filtered()))
 
 
 @cli.command("index")

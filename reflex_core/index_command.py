@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from . import gguf_index
+from .errors import ReflexError
 
 
 def run(models: list[str], out_dir: str | None) -> list[dict]:
@@ -18,6 +19,15 @@ def run(models: list[str], out_dir: str | None) -> list[dict]:
     holds them: a file without a tokenizer we read has the parse's part only) and ``env`` (what
     a run needs set to find it). GGUFError / ReflexError (one line) at the first failure."""
     env = {} if out_dir is None else {gguf_index.PREBUILT_DIR_ENV: os.path.abspath(out_dir)}
+    if out_dir is not None:  # OUT_DIR/NAME.rxi: one index a file name
+        seen: dict[str, str] = {}
+        for model in models:
+            name = os.path.basename(model)
+            if name in seen and os.path.realpath(seen[name]) != os.path.realpath(model):
+                raise ReflexError(f"{seen[name]} and {model} would share --out's index "
+                                  f"{name}{gguf_index.PREBUILT_SUFFIX}: index them into two "
+                                  f"folders (or beside each, without --out)")
+            seen[name] = model
     out = []
     for model in models:
         fn, size, tables = gguf_index.write_prebuilt(model, out_dir)

@@ -36,7 +36,8 @@ class ModelFile(GGUFFile):
         if self.index_state == "prebuilt":
             return f"hit, prebuilt {self.index_file} (parse and tokenizer tables)"
         if self.index_state == "hit":
-            return "hit, user cache (parse and tokenizer tables from the cached index)"
+            why = f"; prebuilt {self.index_ignored}" if self.index_ignored else ""
+            return f"hit, user cache (parse and tokenizer tables from the cached index{why})"
         if self.index_state == "miss":
             why = f"; prebuilt {self.index_ignored}" if self.index_ignored else ""
             return f"miss, no index (full parse; {_user_cache_fate()}{why})"

@@ -394,6 +394,12 @@ class PluginHost:
         for ep in eps:
             self._load_ep(ep)
 
+    def filtered(self) -> dict[str, str]:
+        """Architectures whose installed plugin REFLEX_LOAD_PLUGINS / REFLEX_DISABLE_PLUGINS
+        leave out -> why."""
+        self.entry_points()
+        return dict(self._filtered)
+
     # --- the architecture table --------------------------------------------------------
     def plugins(self) -> list[PluginInfo]:
         infos: dict[str, PluginInfo] = {}

@@ -211,12 +211,16 @@ def plugins_json(infos: Sequence[Any]) -> list[dict]:
             for p in infos]
 
 
-def plugins_lines(infos: Sequence[Any]) -> list[str]:
-    if not infos:
+def plugins_lines(infos: Sequence[Any], filtered: dict[str, str] | None = None) -> list[str]:
+    """One line per loaded plugin; then one per architecture whose installed plugin the
+    environment leaves out (``filtered``: architecture -> why)."""
+    left_out = [f"{arch}: installed, not loaded: {why}" for arch, why in
+                sorted((filtered or {}).items())]
+    if not infos and not left_out:
         return ["no architecture plugins installed (from Reflex's source tree: pip install "
                 "./plugins/qwen3 ...; README 'Install only some plugins')"]
     return [f"{p.name} {p.version or '?'}: {', '.join(a.name for a in p.architectures) or '(none)'}"
-            for p in infos]
+            for p in infos] + left_out
 
 
 # ----------------------------------------------------------------------------------------------

@@ -228,7 +228,7 @@ def test_bench_cold_runs_fresh_processes_after_a_warmup(tiny, tmp_path):
     res = json.loads(p.stdout)
     assert res["mode"] == "cold" and res["n_ok"] == 2 and len(res["runs"]) == 2
     assert res["warmup"]["rc"] == 0 and res["page_cache"] == "warm"
-    assert res["command"][-4:] == ["-n", "1", "--backend", "cpu"]
+    assert res["command"][-6:] == ["-n", "1", "--backend", "cpu", "--", "The capital of France is"]
     w = res["wall_s"]
     assert 0 < w["min"] <= w["median"] <= w["max"]
     for r in res["runs"]:
@@ -242,3 +242,11 @@ def test_bench_cold_runs_fresh_processes_after_a_warmup(tiny, tmp_path):
     assert "REFLEX_BENCH_COLD_OK runs=1" in q.stdout
     bad = reflex("bench", str(tiny), "--no-warmup", "--backend", "cpu")
     assert bad.returncode == 2 and "apply to --cold only" in bad.stderr
+    # a prompt that looks like an option is still the prompt the children are given
+    r = reflex("bench", str(tiny), "--cold", "-r", "1", "--no-warmup", "--backend", "cpu",
+               "--prompt", "--help", "--json", env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert any("REFLEX_GENERATE_OK" in line for line in json.loads(r.stdout)["runs"][0]["tail"])
+    for prompt, code, msg in (("", 1, "empty prompt"), ("-", 2, "bench reads no standard input")):
+        e = reflex("bench", str(tiny), "--prompt", prompt, "--backend", "cpu")
+        assert e.returncode == code and msg in e.stderr and "Traceback" not in e.stderr

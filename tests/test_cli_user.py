@@ -64,8 +64,11 @@ def test_bench_cold_falls_back_to_the_cpu_like_generate(tiny, tmp_path):
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout)
     assert res["n_ok"] == 1
-    if "--backend" in res["command"] and res["command"][-1] == "cpu":  # no GPU here
+    if res["command"][-3] == "cpu":  # no GPU here ("--backend", "cpu", "--", PROMPT)
         assert p.stderr.startswith("notice: no usable GPU") and "timing the CPU" in p.stderr
+        # the warm bench says it too, as generate does
+        w = reflex("bench", str(tiny), "-r", "1", "--decode", "1", env=env, timeout=300)
+        assert w.returncode == 0 and "no usable GPU" in w.stderr, w.stderr
 
 
 # --- output streams -------------------------------------------------------------------------------

@@ -185,6 +185,27 @@ def test_requests_are_the_non_blank_lines(fanout, tmp_path):
     assert [fanout.expected_id(x) for x in lines] == [1, None, None, None]
 
 
+def test_expected_ids_are_the_ones_stdio_echoes(fanout):
+    """merge checks each reply's id against expected_id: it must read a line as stdio does."""
+    from reflex_core import ipc
+
+    def stdio_id(line: bytes):
+        if len(line) > ipc.MAX_LINE:  # the reader answers too_large, id null
+            return None
+        try:
+            return ipc.parse_request(line)[0]
+        except ipc.RequestError as e:
+            return e.req_id
+
+    lines = [b'{"id": 1, "op": "ping"}', b'{"id": "a", "op": "fly"}', b'{"id": [1, {}]}',
+             b'\xef\xbb\xbf{"id": 2, "op": "ping"}', b'{"id": 3, "op": "ping", "x": NaN}',
+             b'{"id": 4, "op": "ping", "x": 1e400}', b'{"id": 5, "t": "\xed\xa0\x80"}',
+             b'{"id": 6, "d": ' + b"[" * 200000 + b"]" * 200000 + b"}", b"[" * 200000,
+             b'{"id": 7, "t": "' + b"a" * ipc.MAX_LINE + b'"}', b'{"id": 8.5, "op": "ping"}\r']
+    assert [fanout.expected_id(x) for x in lines] == [stdio_id(x) for x in lines]
+    assert [fanout.expected_id(x) for x in lines][:3] == [1, "a", [1, {}]]
+
+
 def run_fanout(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(DEPLOY / "fanout.py"), *args],
                           capture_output=True, env=env, timeout=120, **kw)

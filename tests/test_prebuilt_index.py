@@ -170,7 +170,8 @@ def test_wrong_prebuilt_index_is_ignored_and_kept(cache, qwen_tok_file, prebuilt
     assert why in h.index_note
     assert fn.read_bytes() == kept  # not ours to delete or rewrite
     gguf_index.write_pending()  # the user cache takes over
-    assert open_model_file(p).index_state == "hit"
+    h = open_model_file(p)
+    assert h.index_state == "hit" and why in h.index_note  # --timings still says why
     assert fn.read_bytes() == kept
 
 
@@ -287,3 +288,8 @@ def test_index_command_errors_are_one_line(tmp_path, qwen_tok_file):
     line = one_line_error(reflex("index", str(p), "--out", str(blocker / "idx")))
     assert line.startswith(f"error: cannot write the index {blocker / 'idx' / 'm.gguf.rxi'}: ")
     assert "REFLEX_INDEX_DIR" in line
+    # two models of one file name would share --out's NAME.rxi: refused before either is written
+    q = model_in(tmp_path / "other", qwen_tok_file)
+    line = one_line_error(reflex("index", str(p), str(q), "--out", str(tmp_path / "idx")))
+    assert "would share --out's index m.gguf.rxi" in line
+    assert not (tmp_path / "idx").exists()

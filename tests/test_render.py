@@ -366,7 +366,7 @@ def run_cli(monkeypatch, argv: list[str]) -> str:
 
     monkeypatch.setattr(driver, "probe", lambda ordinal=0: None)  # auto picks the GPU
     monkeypatch.setattr(bench, "cold", lambda *a, **k: bench_cold(gpu=a[5] == "cuda"))
-    host = types.SimpleNamespace(load_all=lambda: None, plugins=plugin_infos,
+    host = types.SimpleNamespace(load_all=lambda: None, plugins=plugin_infos, filtered=dict,
                                  architectures=lambda: None)
     monkeypatch.setattr(registry, "get_host", lambda: host)
     res = CliRunner().invoke(cli, argv, catch_exceptions=False)
@@ -456,6 +456,9 @@ def test_plugins():
     assert render.plugins_lines([]) == [
         "no architecture plugins installed (from Reflex's source tree: pip install "
         "./plugins/qwen3 ...; README 'Install only some plugins')"]
+    # installed but left out by the environment: said so, not "install it"
+    assert render.plugins_lines([], {"qwen3": "REFLEX_DISABLE_PLUGINS='qwen3' disables it"}) == [
+        "qwen3: installed, not loaded: REFLEX_DISABLE_PLUGINS='qwen3' disables it"]
 
 
 def test_timings():

@@ -332,3 +332,33 @@ def test_metadata_of_the_wrong_type():
         assert "\n" not in str(e.value)
     with pytest.raises(ModelError, match="'tokenizer.ggml.eos_token_id' = 256 is not a token id"):
         Tokenizer.from_gguf(_Meta({**base, "tokenizer.ggml.eos_token_id": 256}))
+
+
+def test_text_the_regex_engine_gives_up_on_is_one_line(qwen_tok_file, monkeypatch):
+    """A whitespace run of ten million characters made tokenizers panic (Oniguruma's retry
+    limit: a BaseException and a Rust backtrace); runs from LONGEST_WHITESPACE_RUN on are
+    refused first, in one line, and any other panic becomes a ReflexError."""
+    from reflex_core import tokenizer as tk
+    from reflex_core.errors import ReflexError
+    from reflex_core.modelfile import load_tokenizer, open_model_file
+
+    tok = load_tokenizer(open_model_file(str(qwen_tok_file)))
+    n = tk.LONGEST_WHITESPACE_RUN
+    assert len(tok.encode("a" + " " * (n - 1) + "b")) > 2  # one less: encoded
+    with pytest.raises(ReflexError, match=f"a run of {n} whitespace characters at character 1;"):
+        tok.encode("a" + "\n" * n + "b")
+    with pytest.raises(ReflexError, match="run of"):
+        tok.prepare(["ok", " " * n])
+
+    class PanicException(BaseException):
+        pass
+
+    def panics(*a, **kw):
+        raise PanicException("Onig: Regex search error: retry-limit-in-match over")
+
+    monkeypatch.setattr(tok, "_encoder", panics)
+    with pytest.raises(ReflexError, match="cannot encode this text .Onig: Regex search error"):
+        tok.encode("anything")
+    monkeypatch.setattr(tok, "_encoder", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):  # other BaseExceptions pass through
+        tok.encode("anything")

@@ -30,7 +30,7 @@ import os
 import re
 from typing import Any, Iterable
 
-from ..errors import ModelError
+from ..errors import ModelError, ReflexError
 from .bpe_full import build_full
 from .pretokenizers import PRETOKENIZERS, PreTokenizerSpec
 from .prompt_scoped import NotScoped, PromptScopedBPE
@@ -226,6 +226,7 @@ class Tokenizer:
         """Token ids of ``text``. add_special: prepend BOS iff add_bos (append EOS iff add_eos).
         parse_special=False: CONTROL tokens in the text are encoded as plain text (USER_DEFINED
         ones such as ``<think>`` are still matched, like llama.cpp)."""
+        _check_runs(text)
         try:
             hf = self._encoder((text,), parse_special)
             if parse_special:
@@ -239,6 +240,10 @@ class Tokenizer:
         except (UnicodeEncodeError, TypeError):
             check_unicode((text,))
             raise
+        except BaseException as e:
+            if type(e).__name__ != "PanicException":
+                raise
+            raise _panic_error(e) from None
         if add_special:
             if self.add_bos and self.bos_id is not None:
                 ids = [self.bos_id] + ids
@@ -251,11 +256,17 @@ class Tokenizer:
         candidates), so that encoding any of them next reuses it. Optional: ``encode`` extends
         the coverage by itself, at ~0.3 ms per new text. Returns "fast" or "full"."""
         texts = list(texts)
+        for text in texts:
+            _check_runs(text)
         try:
             self._encoder(texts, parse_special)
         except (UnicodeEncodeError, TypeError):
             check_unicode(texts)
             raise
+        except BaseException as e:
+            if type(e).__name__ != "PanicException":
+                raise
+            raise _panic_error(e) from None
         return self.last_path
 
     @property
@@ -365,3 +376,26 @@ class Tokenizer:
         self._scoped = None
         if not (keep_reason and self.fast_reason):
             self.fast_reason = reason
+
+
+# Whitespace runs from this length on are refused before the regex engine sees them: Qwen's
+# pre-tokenizer backtracks once a character of a run, and Oniguruma gives up (a panic, with a
+# Rust message on stderr) at about ten million; llama.cpp's own regex takes them.
+LONGEST_WHITESPACE_RUN = 1 << 22
+
+
+def _check_runs(text: str) -> None:
+    if len(text) < LONGEST_WHITESPACE_RUN:
+        return
+    for m in re.finditer(r"\s+", text):  # whole runs, no overlap: linear in the text
+        if m.end() - m.start() >= LONGEST_WHITESPACE_RUN:
+            raise ReflexError(f"the text holds a run of {m.end() - m.start()} whitespace "
+                              f"characters at character {m.start()}; the tokenizer takes runs "
+                              f"of fewer than {LONGEST_WHITESPACE_RUN}")
+
+
+def _panic_error(e: BaseException) -> ReflexError:
+    """``tokenizers`` panics (a BaseException, with a Rust message on stderr) where its regex
+    engine gives up (_check_runs keeps the one known case away): one line, no traceback."""
+    msg = (str(e).splitlines() or [""])[0][:200]
+    return ReflexError(f"the tokenizer cannot encode this text ({msg})")
