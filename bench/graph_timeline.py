@@ -8,8 +8,9 @@ usage: python3 bench/graph_timeline.py MODEL LABEL [--long] [--steps 24] [--top 
 Prints per step (the whole steps in the trace, each from its embedding's kernel on): the kernels
 by charged time (count, us charged, us from start to end), the span from the first kernel's start
 to the last one's end, and the idle time between one step's last kernel and the next one's
-first. --seq N: then the first N kernels of one step in launch order, each with its start and
-end from the step's start, its own time and its charged time.
+first with the copies in it (when each starts and ends). --seq N: then the first N kernels of
+one step in launch order, each with its start and end from the step's start, its own time and
+its charged time.
 """
 import collections
 import statistics
@@ -39,7 +40,8 @@ def main() -> None:
     kern = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
                    and e.time_range.elapsed_us() > 0),
                   key=lambda e: e.time_range.start)
-    kern = [e for e in kern if "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+    copies = [e for e in kern if "memcpy" in e.name.lower() or "memset" in e.name.lower()]
+    kern = [e for e in kern if e not in copies]
     # Whole steps only: the step queued ahead of the first token waited for was already running
     # when the profiler started, so its first kernels are missing; counting it as one of the
     # tokens' steps would spread about n - 1 steps' time over n. A step starts at its embedding.
@@ -47,6 +49,14 @@ def main() -> None:
     if not starts:
         sys.exit("no embedding kernel in the trace: no whole step to charge")
     gaps = [kern[i].time_range.start - kern[i - 1].time_range.end for i in starts[1:]]
+    # the copies between steps (the picked id out, the next step's inputs in), each as its start
+    # and end from the end of the step's last kernel
+    between: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
+    for i in starts[1:]:
+        t0, t1 = kern[i - 1].time_range.end, kern[i].time_range.start
+        for c in copies:
+            if t0 <= c.time_range.start < t1:
+                between[c.name].append((c.time_range.start - t0, c.time_range.end - t0))
     kern = kern[starts[0]:]
     starts = [i - starts[0] for i in starts]
     n = len(starts)
@@ -66,6 +76,10 @@ def main() -> None:
     if gaps:
         print(f"  between steps (the last kernel's end to the next embedding's start): median "
               f"{statistics.median(gaps):.1f} us, max {max(gaps):.1f}")
+        for name, spans in between.items():
+            print(f"    {len(spans) / len(gaps):.1f}x a gap  {name[:40]}: median start "
+                  f"{statistics.median(s for s, _ in spans):.1f} us, end "
+                  f"{statistics.median(e for _, e in spans):.1f} us after the last kernel's end")
     for name, c in sorted(charged.items(), key=lambda kv: -kv[1])[:a.top]:
         print(f"  {c / n:8.1f} us charged  {count[name] / n:5.1f}x  {own[name] / n:8.1f} us own  "
               f"{name[:70]}")
