@@ -386,7 +386,9 @@ _GSTREAM_SLOT_MAX_OF = {14: 54 << 10}  # type -> its own ring slot limit
 # two slots of 8 rows, five such slots a block, took 2.47 ms/token against 2.41 (H100,
 # BENCHMARKS.md 2026-12-06, fortieth session), and nor did asking the L2 for the chunks the next
 # refills will copy (bulk prefetches beside the copies): 2.60-2.73 against 2.45 (H100, forty-third
-# session).
+# session), nor asking it for gate/up's first rows from the output projection's copies' lane
+# during the attention: 2.31-2.35 against 2.28 (H100, fifty-sixth session, branch exp/l2next;
+# gate/up gained 41 us a step, the attention and the output projection lost 88).
 _GSTREAM_STAGES = 3
 _GSTREAM_BARRIERS = 4  # GSTREAM_STAGES: the kernel's barrier pairs (ring slots at most)
 # Blocks of the persistent grid an SM: two where the driver's occupancy count says two fit
