@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
@@ -87,16 +88,21 @@ class Adapter:
         self.gguf.close()
 
 
+# SCALE as a decimal number is written (Python's float() would also read "1_0" as 10, " 2" as 2)
+_SCALE = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
 def parse_lora_arg(text: str) -> tuple[str, float]:
     """``FILE[:SCALE]`` -> (path, scale). A path that contains ':' with no number after its last
     ':' is all path (scale 1)."""
     head, sep, tail = text.rpartition(":")
     if sep and head:
-        try:
-            scale = float(tail)
-        except ValueError:
+        if tail.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
+            raise ReflexError(f"--lora {text}: the scale {tail!r} is not a finite number")
+        if not _SCALE.fullmatch(tail):
             return text, 1.0
-        if not math.isfinite(scale):
+        scale = float(tail)
+        if not math.isfinite(scale):  # 1e999
             raise ReflexError(f"--lora {text}: the scale {tail!r} is not a finite number")
         return head, scale
     return text, 1.0

@@ -249,14 +249,18 @@ def test_norm_tensors_in_an_adapter_are_ignored(dense, tmp_path):
     ("odd:name.gguf", ("odd:name.gguf", 1.0)),
     ("C:/models/a.gguf:2", ("C:/models/a.gguf", 2.0)),
     ("a.gguf:", ("a.gguf:", 1.0)),
+    ("a.gguf:+.5", ("a.gguf", 0.5)),
+    ("a.gguf:1_0", ("a.gguf:1_0", 1.0)),  # no number as written: all path
+    ("a.gguf: 2", ("a.gguf: 2", 1.0)),
 ])
 def test_lora_argument_parsing(text, want):
     assert parse_lora_arg(text) == want
 
 
 def test_lora_argument_with_a_non_finite_scale_is_refused():
-    with pytest.raises(ReflexError, match="not a finite number"):
-        parse_lora_arg("a.gguf:nan")
+    for scale in ("nan", "inf", "-Infinity", "1e999"):
+        with pytest.raises(ReflexError, match="not a finite number"):
+            parse_lora_arg(f"a.gguf:{scale}")
 
 
 # --------------------------------------------------------------------------------------------
