@@ -36,6 +36,7 @@ Stdlib only: this module is on the GPU cold path.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -236,12 +237,15 @@ def _write_pieces(fd: int, pieces: Sequence[Any]) -> None:
 
 
 def _write_stream(path: str, pieces: Sequence[Any]) -> None:
-    """Write into the character device or FIFO at ``path`` (no rename is possible there)."""
+    """Write into the character device or FIFO at ``path`` (no rename is possible there). A
+    FIFO nobody reads is refused at once: a blocking open would wait for a reader forever."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as e:
-        raise ReflexError(f"cannot write the state file {path}: {e.strerror}") from None
+        why = "a FIFO with no reader" if e.errno == errno.ENXIO else e.strerror
+        raise ReflexError(f"cannot write the state file {path}: {why}") from None
     try:
+        os.set_blocking(fd, True)  # the writes wait for the reader, as a pipe's do
         _write_pieces(fd, pieces)
     except OSError as e:
         raise ReflexError(f"cannot write the state file {path}: {e.strerror}") from None

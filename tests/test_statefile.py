@@ -11,6 +11,7 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -322,10 +323,18 @@ def test_export_into_streams_links_and_odd_paths(good_file, tmp_path):
     assert os.path.exists("/dev/null") and not os.path.isfile("/dev/null")
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
+    with pytest.raises(ReflexError, match="a FIFO with no reader"):  # at once, no hang
+        write(fifo)
     got: list = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
     reader.start()
-    write(fifo)
+    for _ in range(1000):  # until the reader's open has begun
+        try:
+            write(fifo)
+            break
+        except ReflexError as e:
+            assert "no reader" in str(e)
+            time.sleep(0.01)
     reader.join(30)
     assert got == [data] and fifo.is_fifo()
     real = tmp_path / "real.rxs"
