@@ -349,9 +349,7 @@ def _check_save_path(where: Any) -> None:
     if isinstance(where, str):
         from . import statefile
 
-        if "\0" in where:
-            raise ParamError("save_state: the path holds a NUL byte")
-        try:
+        try:  # a NUL or a lone surrogate in the path included
             statefile.check_target(where)
         except ReflexError as e:
             raise ParamError(str(e)) from None

@@ -28,7 +28,7 @@ import codecs
 import gc
 import os
 import re
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import ModelError, ReflexError
 from .bpe_full import build_full
@@ -226,24 +226,17 @@ class Tokenizer:
         """Token ids of ``text``. add_special: prepend BOS iff add_bos (append EOS iff add_eos).
         parse_special=False: CONTROL tokens in the text are encoded as plain text (USER_DEFINED
         ones such as ``<think>`` are still matched, like llama.cpp)."""
-        _check_runs(text)
-        try:
+        def run() -> list[int]:
             hf = self._encoder((text,), parse_special)
             if parse_special:
-                ids = hf.encode(text, add_special_tokens=False).ids
-            else:
-                hf.encode_special_tokens = True
-                try:
-                    ids = hf.encode(text, add_special_tokens=False).ids
-                finally:
-                    hf.encode_special_tokens = False
-        except (UnicodeEncodeError, TypeError):
-            check_unicode((text,))
-            raise
-        except BaseException as e:
-            if type(e).__name__ != "PanicException":
-                raise
-            raise _panic_error(e) from None
+                return hf.encode(text, add_special_tokens=False).ids
+            hf.encode_special_tokens = True
+            try:
+                return hf.encode(text, add_special_tokens=False).ids
+            finally:
+                hf.encode_special_tokens = False
+
+        ids = _guarded((text,), run)
         if add_special:
             if self.add_bos and self.bos_id is not None:
                 ids = [self.bos_id] + ids
@@ -256,17 +249,7 @@ class Tokenizer:
         candidates), so that encoding any of them next reuses it. Optional: ``encode`` extends
         the coverage by itself, at ~0.3 ms per new text. Returns "fast" or "full"."""
         texts = list(texts)
-        for text in texts:
-            _check_runs(text)
-        try:
-            self._encoder(texts, parse_special)
-        except (UnicodeEncodeError, TypeError):
-            check_unicode(texts)
-            raise
-        except BaseException as e:
-            if type(e).__name__ != "PanicException":
-                raise
-            raise _panic_error(e) from None
+        _guarded(texts, lambda: self._encoder(texts, parse_special))
         return self.last_path
 
     @property
@@ -394,8 +377,20 @@ def _check_runs(text: str) -> None:
                               f"of fewer than {LONGEST_WHITESPACE_RUN}")
 
 
-def _panic_error(e: BaseException) -> ReflexError:
-    """``tokenizers`` panics (a BaseException, with a Rust message on stderr) where its regex
-    engine gives up (_check_runs keeps the one known case away): one line, no traceback."""
-    msg = (str(e).splitlines() or [""])[0][:200]
-    return ReflexError(f"the tokenizer cannot encode this text ({msg})")
+def _guarded(texts: Sequence[str], run: Callable[[], Any]) -> Any:
+    """``run()``, an encoding of ``texts``, with what the encoder fails on as one line: a text
+    that is not valid Unicode (check_unicode names it), a whitespace run past
+    LONGEST_WHITESPACE_RUN (refused first), and any panic of ``tokenizers`` (a BaseException,
+    with a Rust message on stderr, where its regex engine gives up)."""
+    for text in texts:
+        _check_runs(text)
+    try:
+        return run()
+    except (UnicodeEncodeError, TypeError):
+        check_unicode(texts)
+        raise
+    except BaseException as e:
+        if type(e).__name__ != "PanicException":
+            raise
+        msg = (str(e).splitlines() or [""])[0][:200]
+        raise ReflexError(f"the tokenizer cannot encode this text ({msg})") from None
