@@ -582,6 +582,20 @@ def server_options(f):
                         help="Serve the default model (Qwen3-0.6B Q8_0).")(f)
 
 
+# What states kept in the servers' slots may hold together, MiB (reflex_core.ipc.Handler): they
+# are host bytes, hundreds of KB a token for an 8B model, so a client that never frees them
+# would otherwise grow the server until the system kills it.
+SLOT_MEMORY_MIB = 4096
+
+
+def slot_memory_option(f):
+    return click.option(
+        "--slot-memory", metavar="MIB", type=click.IntRange(min=0), default=SLOT_MEMORY_MIB,
+        show_default=True,
+        help="Memory that states kept in slots ({\"slot\": NAME}) may hold together: a request "
+             "that would keep one more once they hold it is refused (0: no slots).")(f)
+
+
 def load_server_engine(model: str | None, quickstart: bool, hub_model: str | None,
                        revision: str | None, backend: str, lora, ctx_size: int = 0):
     """The servers' engine: loaded as a one-shot command's (the process ends through
@@ -612,7 +626,8 @@ def load_server_engine(model: str | None, quickstart: bool, hub_model: str | Non
 @cli.command()
 @click.argument("model", required=False)
 @server_options
-def stdio(model, quickstart, hub_model, revision, backend, lora, ctx_size):
+@slot_memory_option
+def stdio(model, quickstart, hub_model, revision, backend, lora, ctx_size, slot_memory):
     """Serve MODEL over stdin/stdout: one JSON request per line, one JSON reply per line
     (docs/ipc.md). Ends at the end of stdin (0) or on SIGINT/SIGTERM (130/143) once the request
     under way is answered."""
@@ -620,13 +635,14 @@ def stdio(model, quickstart, hub_model, revision, backend, lora, ctx_size):
 
     eng = load_server_engine(model, quickstart, hub_model, revision, backend, lora, ctx_size)
     click.echo(f"reflex stdio: serving {eng.path} ({eng.backend})", err=True)
-    raise click.exceptions.Exit(ipc.run_stdio(eng))
+    raise click.exceptions.Exit(ipc.run_stdio(eng, slot_memory << 20))
 
 
 @cli.command()
 @click.argument("args", nargs=-1, metavar="[MODEL] PATH")
 @server_options
-def uds(args, quickstart, hub_model, revision, backend, lora, ctx_size):
+@slot_memory_option
+def uds(args, quickstart, hub_model, revision, backend, lora, ctx_size, slot_memory):
     """Serve MODEL on the Unix socket PATH (created 0600), the stdio protocol, one connection
     at a time (docs/ipc.md). Ends on SIGINT/SIGTERM (130/143) once the request under way is
     answered, or on a "shutdown" request (0)."""
@@ -648,7 +664,7 @@ def uds(args, quickstart, hub_model, revision, backend, lora, ctx_size):
         os.unlink(path)
         raise
     click.echo(f"reflex uds: serving {eng.path} ({eng.backend}) on {path}", err=True)
-    raise click.exceptions.Exit(ipc.run_uds(eng, sock, path))
+    raise click.exceptions.Exit(ipc.run_uds(eng, sock, path, slot_memory << 20))
 
 
 @cli.command()

@@ -274,13 +274,26 @@ def _unanswerable(code: str, message: str) -> RequestError:
     return e
 
 
-class Handler:
-    """Runs the ops on an api.Engine; in-memory states live in named slots."""
+def state_bytes(saved: Any) -> int:
+    """Host bytes a kept state holds (its cells' data)."""
+    return sum(len(v) for v in saved.dumped["data"].values())
 
-    def __init__(self, eng: Any):
+
+class Handler:
+    """Runs the ops on an api.Engine; in-memory states live in named slots, together at most
+    ``slot_limit`` bytes (``--slot-memory``) when a request that keeps one starts: the state it
+    keeps may take them past it, since its size is known only after its job and refusing it
+    then would lose the job's result."""
+
+    def __init__(self, eng: Any, slot_limit: int):
         self.eng = eng
         self.slots: dict[str, Any] = {}
+        self.slot_limit = slot_limit
         self.shutdown = False
+
+    def slot_bytes(self, but: str | None = None) -> int:
+        """The kept states' bytes (``but``: leaving that slot's out)."""
+        return sum(state_bytes(v) for k, v in self.slots.items() if k != but)
 
     def __call__(self, op: str, p: dict) -> dict:
         return getattr(self, "op_" + op)(**p)
@@ -296,7 +309,9 @@ class Handler:
                 "n_ctx_train": e.n_ctx_train, "ctx_size": e.ctx_size, "n_vocab": e.n_vocab,
                 "lora": e.lora,
                 "version": __version__, "protocol": PROTOCOL, "max_line_bytes": MAX_LINE,
-                "ops": list(PARAMS), "slots": sorted(self.slots), "pid": os.getpid()}
+                "ops": list(PARAMS), "slots": sorted(self.slots),
+                "slot_bytes": self.slot_bytes(), "slot_limit_bytes": self.slot_limit,
+                "pid": os.getpid()}
 
     def op_tokenize(self, text: str, add_special: bool) -> dict:
         ids = self.eng.tokenize(text, add_special=add_special)
@@ -306,13 +321,13 @@ class Handler:
         return {"text": self.eng.detokenize(token_ids)}
 
     def op_generate(self, state: Any, save_state: Any, **kw: Any) -> dict:
-        _check_save_path(save_state)
+        self._check_save(save_state)
         res = self.eng.generate(**kw, state=self._state(state),
                                 keep_state=save_state is not None)
         return {**res.to_dict(), **self._save(save_state, res.state)}
 
     def op_system1(self, state: Any, save_state: Any, **kw: Any) -> dict:
-        _check_save_path(save_state)
+        self._check_save(save_state)
         res = self.eng.system1(**kw, state=self._state(state), keep_state=save_state is not None)
         return {**res.to_dict(), **self._save(save_state, res.state)}
 
@@ -343,16 +358,24 @@ class Handler:
                                 "n_pending": len(saved.pending)}}
 
 
-def _check_save_path(where: Any) -> None:
-    """A ``save_state`` file that cannot be written is refused before the job runs (as the CLI
-    refuses ``--export-kv``): its result would be lost with the failed write."""
-    if isinstance(where, str):
-        from . import statefile
+    def _check_save(self, where: Any) -> None:
+        """A ``save_state`` that could not be kept is refused before the job runs, since its
+        result would be lost with it: a file that cannot be written (as the CLI refuses
+        ``--export-kv``), a slot when the other slots already hold the server's limit."""
+        if isinstance(where, str):
+            from . import statefile
 
-        try:  # a NUL or a lone surrogate in the path included
-            statefile.check_target(where)
-        except ReflexError as e:
-            raise ParamError(str(e)) from None
+            try:  # a NUL or a lone surrogate in the path included
+                statefile.check_target(where)
+            except ReflexError as e:
+                raise ParamError(str(e)) from None
+        elif where is not None:
+            held = self.slot_bytes(but=where["slot"])
+            if held >= self.slot_limit:
+                mib = 1 << 20
+                raise RequestError(
+                    "failed", f"the kept states hold {held / mib:.1f} MiB, the server's limit is "
+                    f"{self.slot_limit / mib:.0f} MiB (--slot-memory): free_state a slot first")
 
 
 def handle_line(handler: Handler, line: bytes | TooLong) -> dict:
@@ -408,14 +431,14 @@ def serve(handler: Handler, read: Callable[[int], bytes], write: Callable[[memor
 # the two modes
 
 
-def run_stdio(eng: Any) -> int:
+def run_stdio(eng: Any, slot_limit: int) -> int:
     """Serve stdin -> stdout until the end of stdin (0), a signal (130/143) or ``shutdown``.
     Whatever else writes to stdout meanwhile (a library's print) goes to stderr instead: the
     protocol owns the descriptor."""
     sys.stdout.flush()
     out = os.dup(1)
     os.dup2(2, 1)
-    handler = Handler(eng)
+    handler = Handler(eng, slot_limit)
     with Signals() as sig:
         try:
             serve(handler, lambda n: os.read(0, n), lambda b: os.write(out, b),
@@ -477,11 +500,11 @@ def bind_socket(path: str) -> socket.socket:
     return sock
 
 
-def run_uds(eng: Any, sock: socket.socket, path: str) -> int:
+def run_uds(eng: Any, sock: socket.socket, path: str, slot_limit: int) -> int:
     """Serve one connection at a time until a signal (130/143) or ``shutdown`` (0); the socket
     file is removed at the end (if it is still ours)."""
     ident = os.stat(path)
-    handler = Handler(eng)
+    handler = Handler(eng, slot_limit)
     try:
         with Signals() as sig:
             while not handler.shutdown:

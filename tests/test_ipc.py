@@ -365,6 +365,41 @@ def test_stdio_context_size(tiny):
         p.wait()
 
 
+def test_kept_states_are_bounded(tiny, tmp_path):
+    """A request that would keep a state in a slot is refused before its job once the other
+    slots hold --slot-memory; the state it keeps may pass the limit (its size is known only
+    after the job, whose result is not thrown away), and replacing or freeing a slot makes
+    room."""
+    import reflex_core
+
+    with reflex_core.load(tiny, backend="cpu") as eng:
+        h = ipc.Handler(eng, 1)  # one byte: the first state kept passes it
+
+        def save(slot: str) -> dict:
+            return ipc.handle_line(h, json.dumps({
+                "id": slot, "op": "generate", "prompt": "The capital of France is",
+                "max_tokens": 2, "save_state": {"slot": slot}}).encode())
+
+        first = save("a")["result"]["saved_state"]
+        info = ipc.handle_line(h, b'{"id": 0, "op": "info"}')["result"]
+        per_token = info["slot_bytes"] // first["n_tokens"]
+        assert info["slot_limit_bytes"] == 1 and info["slots"] == ["a"] and per_token > 0
+        refused = save("b")
+        assert error_code(refused, "b") == "failed" and "--slot-memory" in \
+            refused["error"]["message"]
+        assert ipc.handle_line(h, b'{"id": 0, "op": "info"}')["result"]["slots"] == ["a"]
+        assert save("a")["result"]["saved_state"] == first  # a slot replaced: its bytes go
+        assert ipc.handle_line(h, b'{"id": 1, "op": "free_state", "slot": "a"}')["result"] == {
+            "freed": True}
+        assert save("b")["result"]["saved_state"] == {**first, "slot": "b"}
+        # a state file is not a slot: the limit does not apply to it
+        f = tmp_path / "s.rxs"
+        kept = ipc.handle_line(h, json.dumps({
+            "id": "f", "op": "generate", "prompt": "The capital of France is", "max_tokens": 2,
+            "save_state": str(f)}).encode())["result"]["saved_state"]
+        assert kept["bytes"] == f.stat().st_size > 0
+
+
 def test_uds_refuses_a_path_that_is_not_a_socket(tiny, tmp_path):
     f = tmp_path / "file"
     f.write_text("keep me")

@@ -305,7 +305,7 @@ def test_api_accepts_the_boundaries(eng):
 
 
 def ipc_reply(eng, req: dict) -> dict:
-    return ipc.handle_line(ipc.Handler(eng), json.dumps(req).encode())
+    return ipc.handle_line(ipc.Handler(eng, 1 << 30), json.dumps(req).encode())
 
 
 def test_ipc_generate_takes_the_parameters(eng):
