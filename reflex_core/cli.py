@@ -502,8 +502,9 @@ def generate(args, quickstart, hub_model, revision, prompt_opt, no_escape, n_tok
 @click.option("--normalize", is_flag=True,
               help="Divide each score by its token count before the softmax over candidates.")
 @click.option("--ctx-size", type=click.IntRange(min=0), default=0,
-              help="Context size in tokens: the prompt and every candidate must fit (default "
-                   "0: the model's context length; more than that runs, with a notice).")
+              help="Context size in tokens: the prompt with each candidate must fit, each "
+                   "scored as if alone (default 0: the model's context length; more than that "
+                   "runs, with a notice).")
 @backend_option
 @lora_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of lines.")

@@ -84,13 +84,15 @@ def score(model: Any, ops: Any, prompt: Sequence[int], cands: Sequence[Sequence[
     total = P + sum(len(c) for c in cands)
     spec = model.state_spec()
     limit = ctx_size or model.n_ctx_train
-    # the tree batch holds every candidate at once; forked sequences only one each
-    need = K + (P + max(map(len, cands)) if spec.recurrent else total)
-    if limit and need > limit:
+    # Each candidate continues the prompt alone, as if scored by a job of its own: the context
+    # must hold the prompt and the longest candidate (the positions they reach), not all of
+    # them together, though the tree batch gives every candidate its own cells at once.
+    longest = max(map(len, cands))
+    if limit and K + P + longest > limit:
         past = f"the imported state ({K} tokens) + " if K else ""
         where = "the context size" if ctx_size else "the model's context length"
-        raise ReflexError(f"{past}prompt + candidates ({total} tokens) exceed {where} "
-                          f"({limit} tokens)")
+        raise ReflexError(f"{past}prompt + longest candidate ({P + longest} tokens) exceed "
+                          f"{where} ({limit} tokens)")
     n_seqs = 1 + len(cands)
     state = (model.new_state(total, n_seqs) if start is None
              else State.load(spec, ops, start, K + total, n_seqs))

@@ -133,8 +133,15 @@ def test_errors(model_files):
     path = model_files(SHAPES["qwen3"], weight_type="F32", seed=21)
     model = oracle.load_model(path)
     limit = model.n_ctx_train
-    with pytest.raises(ReflexError, match="exceed the model's context length"):
-        system1.score(model, model.ops, [1] * (limit - 2), [[1, 2], [3, 4]])
+    with pytest.raises(ReflexError, match=r"prompt \+ longest candidate \(%d tokens\) exceed "
+                       r"the model's context length" % (limit + 1)):
+        system1.score(model, model.ops, [1] * (limit - 2), [[1, 2, 3], [3]])
+    # the prompt with each candidate fits, all of them together would not: scored, each as
+    # if alone
+    prompt, cands = [1] * (limit - 4), [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15]]
+    together = system1.score(model, model.ops, prompt, cands)
+    assert together == pytest.approx([system1.score(model, model.ops, prompt, [c])[0]
+                                      for c in cands], rel=1e-5)
     with pytest.raises(ReflexError, match="empty prompt"):
         system1.score(model, model.ops, [], [[1]])
 
