@@ -4,7 +4,8 @@ A file holds one sequence's state (:meth:`reflex_core.state.State.dump`) after t
 ``tokens`` were fed to the model, and ``pending``: token ids the job was given but has not fed
 yet (after ``generate -n N`` the last sampled token; in a prefix file the prompt's last token).
 Importing restores the state and feeds ``pending`` + the new prompt as one batch, so a file
-never needs logits and a resumed job produces what an uninterrupted one would.
+never needs logits and a resumed greedy job produces what an uninterrupted one would (a sampled
+one draws from a generator seeded afresh: no sampler state is kept, as in llama.cpp's files).
 
 Layout (little-endian; format version 2: version 1's model fingerprints sampled 16 pages of the
 whole tensor data, too few to tell a fine-tune from its base)::
