@@ -821,12 +821,23 @@ def wants_json(argv: list[str]) -> bool:
     return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
 
 
+def utf8_stdout() -> None:
+    """Text and JSON go out as UTF-8 whatever the stream's encoding (PYTHONIOENCODING, a
+    non-UTF-8 locale): a model's text is UTF-8, which llama.cpp prints as it is, and JSON
+    between programs is UTF-8 (RFC 8259). In another encoding the first character it lacks
+    ended the job with a UnicodeEncodeError and lost its output."""
+    enc = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "").replace("_", "")
+    if enc != "utf8" and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(encoding="utf-8", errors="replace")
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console entry point: run the CLI, map errors to one line + exit status, then end the
     process the fast way (lifecycle.finish: no teardown waited for). Under --json an error is
     also one JSON object on stdout, ``{"error": {"type", "message", "exit_code"}}``."""
     lifecycle.handle_signals()  # done already when started by the console script (_launch)
     mapguard.enable()
+    utf8_stdout()
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv or os.environ.get("REFLEX_DEBUG") not in (None, "", "0")
     argv = [a for a in argv if a != "--debug"]  # accepted anywhere on the line

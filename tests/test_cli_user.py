@@ -127,6 +127,26 @@ def test_every_way_of_giving_the_prompt_is_the_same_prompt(tiny, tmp_path):
     assert gen_json("-m", str(tiny), "-p", PROMPT, "-n", "4")["token_ids"] == want["token_ids"]
 
 
+def test_output_is_utf8_whatever_the_stream_encoding(tiny):
+    """A stdout in another encoding (here ASCII) still gets the text and the JSON, as UTF-8
+    (it ended the job with an internal UnicodeEncodeError)."""
+    enc = {"PYTHONIOENCODING": "ascii"}
+    prompt = "Привет мир"  # its greedy text is CJK
+    want = reflex("generate", str(tiny), prompt, "-n", "8", "-q", "--backend", "cpu")
+    assert want.returncode == 0 and any(ord(c) > 127 for c in want.stdout), want
+    for args in (("-q",), ()):
+        p = subprocess.run([sys.executable, "-m", "reflex_core", "generate", str(tiny), prompt,
+                            "-n", "8", "--backend", "cpu", *args], capture_output=True,
+                           env={**os.environ, **enc}, timeout=120)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.decode("utf-8").startswith(want.stdout)
+    p = subprocess.run([sys.executable, "-m", "reflex_core", "system1", str(tiny), prompt,
+                        "-c", " 日本", "-c", " 語", "--json", "--backend", "cpu"],
+                       capture_output=True, env={**os.environ, **enc}, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout.decode("utf-8"))["candidates"][0]["text"] == " 日本"
+
+
 def test_a_prompt_that_begins_with_a_dash(tiny):
     for text in ('-"c" is a letter', "-5 degrees outside", "--color=auto makes ls colourful"):
         a = gen_json(str(tiny), text, "-n", "2")
