@@ -17,7 +17,10 @@ State: ``keep_state=True`` gives the result a :class:`SavedState` (generate: aft
 sampled token, which stays pending; system1: the prompt's prefix, its last token pending -- as
 ``--export-kv`` writes them); pass one back as ``state=`` to continue from it, write it with
 :meth:`Engine.export_state`, read a file with :meth:`Engine.import_state` (or pass its path as
-``state=``). A state is checked against the engine's model before use.
+``state=``). A state is checked against the engine's model before use. A generation whose
+state is kept and that ends inside a character (``max_tokens`` reached between its bytes) leaves
+that character out of its text; a job continuing the state with an empty prompt begins its text
+with it whole (as llama.cpp's two outputs join).
 
 Loading is the CLI's cold path (reflex_core.engine.load: CUDA starts first, on a thread). An
 engine is for one thread at a time; :meth:`Engine.close` (or leaving the ``with`` block) frees

@@ -473,8 +473,14 @@ def generate_steps(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: 
     if not sampling.greedy and (seed is None or seed < 0):  # -1: random, as llama.cpp's
         seed = random.SystemRandom().randrange(2**31)
     rng = random.Random(seed)
+    # A job that continues a state with no prompt of its own continues its text too: where that
+    # ended inside a character (a job stopped by -n between its tokens' bytes), this job's first
+    # bytes finish it, and a job whose state is kept leaves such an end to the one continuing.
+    lead = (tok.unfinished(past + feed) if tok is not None and resume is not None
+            and not prompt_ids else b"")
     # Text is decoded as it comes when someone reads it: the caller, or the stop-string check.
-    text_out = _TextOut(tok, stops, stream) if tok is not None and (stream or stops) else None
+    text_out = (_TextOut(tok, stops, stream, lead) if tok is not None and (stream or stops)
+                else None)
     eog = tok.eog_ids if tok is not None else frozenset()
 
     def pick(logits) -> int:
@@ -535,16 +541,19 @@ def generate_steps(lm: Loaded, prompt_ids: Sequence[int], n_new: int, sampling: 
         if graph is not None:
             t.notes["decode"] = f"{graph.note}, {graph.steps} steps"
             graph.close()
+    held = keep_state and stop_reason == "length"  # the text may go on in another job
     if text_out is not None:
-        tail = text_out.flush()
+        tail = text_out.flush(final=not held)
         if tail:
             yield tail
         if text_out.stopped:
             stop_reason = "stop"
     if stop_reason == "stop":
         text = text_out.text
+    elif tok is None:
+        text = ""
     else:  # an end-of-generation token ends the ids, not the text (llama.cpp prints no piece)
-        text = tok.decode(out[:-1] if stop_reason == "eog" else out) if tok is not None else ""
+        text = tok.decode(out[:-1] if stop_reason == "eog" else out, lead=lead, final=not held)
     res = GenerateResult(list(prompt_ids), out, text, first_ms, seed, len(feed), len(past),
                          stop_reason=stop_reason)
     if keep_state:
@@ -668,8 +677,8 @@ class _TextOut:
     returns the text that can be handed out now (when streaming): what is complete UTF-8 and
     cannot be the beginning of a stop string any more."""
 
-    def __init__(self, tok: Any, stops: Sequence[str], stream: bool):
-        self._dec = tok.streamer()
+    def __init__(self, tok: Any, stops: Sequence[str], stream: bool, lead: bytes = b""):
+        self._dec = tok.streamer(lead=lead)
         self._stops = stops
         self._longest = max(map(len, stops), default=0)
         self._stream = stream
@@ -680,8 +689,9 @@ class _TextOut:
     def push(self, token_id: int) -> str:
         return self._add(self._dec.push(token_id))
 
-    def flush(self) -> str:
-        piece = "" if self.stopped else self._add(self._dec.flush())
+    def flush(self, final: bool = True) -> str:
+        """The rest of the text; ``final`` False leaves an unfinished character out."""
+        piece = "" if self.stopped else self._add(self._dec.flush(final))
         return piece + self._release(len(self.text))
 
     def _add(self, piece: str) -> str:

@@ -99,3 +99,43 @@ def test_stop_strings_cut_at_the_earliest_and_span_tokens(lm):
     for stops in ([first, second], [second, first]):
         res = engine.generate(lm, ids, 16, GREEDY, stop=stops)
         assert res.text == whole.text[:starts[k]], stops
+
+
+def test_a_character_split_across_a_resume_is_whole_in_the_continuation(lm, monkeypatch):
+    """A job stopped by -n inside a character leaves it, when its state is kept, to the job
+    that continues the state with no prompt of its own: the two texts join to the one job's
+    (llama.cpp prints each job's bytes), streamed or not. Without a kept state the job ends
+    its text with U+FFFD, as before."""
+    import types
+
+    tok = lm.tokenizer
+    b = {x: next(i for i in range(tok.n_vocab) if tok.token_bytes(i) == bytes([x]))
+         for x in b"ab\xf0\x9f\x98\x80"}
+    first = [b[ord("a")], b[0xF0], b[0x9F]]
+    second = [b[0x98], b[0x80], b[ord("b")]]
+    forced = iter(first + second + first + second)
+    monkeypatch.setattr(type(lm.ops), "argmax", lambda self, logits: [next(forced)])
+    ids = tok.encode(PROMPT)
+    whole = engine.generate(lm, ids, 6, GREEDY)
+    assert whole.token_ids == first + second and whole.text == "a\U0001F600b"
+    for stream in (False, True):
+        forced = iter(first + second)
+        texts = []
+        for job in range(2):
+            steps = engine.generate_steps(lm, [] if job else ids, 3, GREEDY, stream=stream,
+                                          resume=resume if job else None, keep_state=not job)
+            pieces = []
+            try:
+                while True:
+                    pieces.append(next(steps))
+            except StopIteration as e:
+                res = e.value
+            assert "".join(pieces) == (res.text if stream else "")
+            texts.append(res.text)
+            resume = types.SimpleNamespace(tokens=res.fed, pending=res.pending,
+                                           dumped=res.state.dump() if job == 0 else None,
+                                           path="<memory>")
+        assert texts == ["a", "\U0001F600b"]
+    # not kept: the unfinished character shows as U+FFFD
+    forced = iter(first)
+    assert engine.generate(lm, ids, 3, GREEDY).text == "a\ufffd"

@@ -62,25 +62,37 @@ def _string_starts(g: Any) -> tuple[int, int | None] | None:
     return None if tokens is None else (tokens[0], merges[0] if merges else None)
 
 
+def utf8_unfinished(data: bytes) -> bytes:
+    """The bytes at the end of ``data`` that begin a UTF-8 character without finishing it (b""
+    where the last character is whole, or its bytes are invalid anyway)."""
+    d = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    d.decode(data[-3:])  # an unfinished character has at most 3 of its bytes
+    return d.getstate()[0]
+
+
 class StreamDecoder:
     """Incremental detokenizer: ``push(id)`` returns the newly completed text.
 
     Incomplete UTF-8 sequences at the end are held back until the next token completes them;
-    ``flush()`` returns what is left (invalid bytes become U+FFFD, as ``decode`` does).
+    ``flush()`` returns what is left (invalid bytes become U+FFFD, as ``decode`` does), or with
+    ``final=False`` nothing, the unfinished character left out. ``lead``: the unfinished
+    character the text before these tokens ended with (:func:`utf8_unfinished`), completed by
+    their first bytes.
     """
 
-    def __init__(self, tok: "Tokenizer", skip_special: bool = False):
+    def __init__(self, tok: "Tokenizer", skip_special: bool = False, lead: bytes = b""):
         self._tok = tok
         self._skip = skip_special
         self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._dec.decode(lead)  # no text: an unfinished character only
 
     def push(self, token_id: int) -> str:
         if self._skip and self._tok.is_control(token_id):
             return ""
         return self._dec.decode(self._tok.token_bytes(token_id))
 
-    def flush(self) -> str:
-        return self._dec.decode(b"", final=True)
+    def flush(self, final: bool = True) -> str:
+        return self._dec.decode(b"", final=True) if final else ""
 
 
 class Tokenizer:
@@ -282,17 +294,28 @@ class Tokenizer:
         self._bytes_cache[token_id] = b
         return b
 
-    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
-        """Text of ``ids`` (invalid UTF-8 -> U+FFFD). skip_special drops CONTROL tokens."""
+    def decode(self, ids: Iterable[int], skip_special: bool = False, lead: bytes = b"",
+               final: bool = True) -> str:
+        """Text of ``ids`` (invalid UTF-8 -> U+FFFD). skip_special drops CONTROL tokens.
+        ``lead`` and ``final`` as :class:`StreamDecoder`'s: the text's unfinished start, and
+        whether an unfinished character at its end is shown (U+FFFD) or left out."""
         tb = self.token_bytes
         if skip_special:
             data = b"".join(tb(i) for i in ids if not self.is_control(i))
         else:
             data = b"".join(tb(i) for i in ids)
+        data = lead + data
+        if not final:
+            data = data[:len(data) - len(utf8_unfinished(data))]
         return data.decode("utf-8", errors="replace")
 
-    def streamer(self, skip_special: bool = False) -> StreamDecoder:
-        return StreamDecoder(self, skip_special)
+    def unfinished(self, ids: Sequence[int]) -> bytes:
+        """The unfinished UTF-8 character that the text of ``ids`` ends with
+        (:func:`utf8_unfinished`): a job continuing from them completes it."""
+        return utf8_unfinished(b"".join(self.token_bytes(i) for i in ids[-4:]))
+
+    def streamer(self, skip_special: bool = False, lead: bytes = b"") -> StreamDecoder:
+        return StreamDecoder(self, skip_special, lead)
 
     def token_text(self, token_id: int) -> str | None:
         """The token's string as stored in the GGUF (byte-level encoded), or None."""
