@@ -50,6 +50,9 @@ SHAPES = {
                                             full_attention_interval=None),
     "qwen35moe-gate-1d": tiny_qwen35moe_shape(shexp_gate_2d=False, n_expert=8,
                                               n_expert_used=3),
+    # group-limited routing (expert_group_count 2, one used), which llama.cpp applies to any
+    # MoE family whose file has groups
+    "qwen35moe-groups": tiny_qwen35moe_shape(expert_groups=(2, 1)),
 }
 
 
@@ -66,6 +69,18 @@ def test_f32_matches_llama_cpp(model_files, name):
     ref, got = run_both(path, seed=3)
     c = oracle.check_logits(ref, got, F32_BOUND, name)
     assert c["rel"] < F32_BOUND
+
+
+def test_expert_groups_matter(model_files):
+    """Sanity for "qwen35moe-groups": the same weights routed without groups give other logits,
+    so its comparison would catch groups left out."""
+    shape = SHAPES["qwen35moe-groups"]
+    tokens = oracle.random_tokens(V, PROMPT + DECODE, 3)
+    grouped = oracle.reflex_logits(model_files(shape, weight_type="F32", seed=3), tokens,
+                                   n_prompt=PROMPT)
+    plain = oracle.reflex_logits(model_files(shape.replace(expert_groups=None),
+                                             weight_type="F32", seed=3), tokens, n_prompt=PROMPT)
+    assert oracle.compare(grouped, plain)["rel"] > 100 * F32_BOUND
 
 
 def test_state_carries_over(model_files):

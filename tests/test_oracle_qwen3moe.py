@@ -184,6 +184,19 @@ def test_yarn_rope_scaling(model_files):
         assert compare(got, plain)["rel"] > 100 * BOUNDS["F32"][1]
 
 
+def test_expert_groups(model_files):
+    """Group-limited routing (expert_group_count 2, one group used), which llama.cpp applies to
+    every MoE family whose file has groups: matched, and unlike the same weights without them."""
+    shape = SMALL.replace(expert_groups=(2, 1))
+    path = model_files(shape, "F32", seed=7)
+    toks = tokens_for(shape, 7)
+    ref = llama_logits(path, toks, n_prompt=PROMPT, kv_type="f32")
+    got = reflex_logits(path, toks)
+    check_logits(ref, got, BOUNDS["F32"][1], "expert groups")
+    plain = reflex_logits(model_files(shape.replace(expert_groups=None), "F32", seed=7), toks)
+    assert compare(got, plain)["rel"] > 100 * BOUNDS["F32"][1]
+
+
 def test_routing_matters(model_files):
     """Sanity: the routed experts carry the FFN. Every expert is selected somewhere in these
     files' forward passes, and replacing the router's choice (top-k of -logits) changes the

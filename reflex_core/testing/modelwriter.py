@@ -331,6 +331,10 @@ class ModelShape:
     n_expert: int = 0  # E (qwen3moe)
     n_expert_used: int = 0  # k
     n_ff_exp: int = 0  # F_e
+    # (expert_group_count, expert_group_used_count): group-limited routing, which llama.cpp
+    # applies to every MoE family when the file has more than one group; None: keys absent
+    # (qwen3moe, qwen35moe; a DeepSeek2Shape has its expert_group_count / _used_count)
+    expert_groups: tuple[int, int] | None = None
     rope_scaling: dict | None = None  # e.g. {"type": "yarn", "factor": 4.0, "original_context_length": 16}
     # attn_{q,k,v}.bias of the attention blocks (HF attention_bias; spec §4.7): N(0, 0.5²), F32
     qkv_bias: bool = False
@@ -1549,9 +1553,16 @@ def _add_hparams(w: gguf.GGUFWriter, shape: ModelShape, n_vocab: int) -> None:
         w.add_expert_count(shape.n_expert)
         w.add_expert_used_count(shape.n_expert_used)
         w.add_expert_feed_forward_length(shape.n_ff_exp)
+        _add_expert_groups(w, shape.expert_groups)
     w.add_key_length(shape.head_dim)
     w.add_value_length(shape.head_dim)
     _add_rope_scaling(w, shape.rope_scaling)
+
+
+def _add_expert_groups(w: gguf.GGUFWriter, groups: tuple[int, int] | None) -> None:
+    if groups is not None:
+        w.add_expert_group_count(groups[0])
+        w.add_expert_group_used_count(groups[1])
 
 
 def _add_qwen35_hparams(w: gguf.GGUFWriter, shape: Qwen35Shape) -> None:
@@ -1572,6 +1583,7 @@ def _add_qwen35_hparams(w: gguf.GGUFWriter, shape: Qwen35Shape) -> None:
         w.add_expert_used_count(shape.n_expert_used)
         w.add_expert_feed_forward_length(shape.n_ff_exp)
         w.add_expert_shared_feed_forward_length(shape.n_ff_shexp)
+        _add_expert_groups(w, shape.expert_groups)
     w.add_key_length(shape.head_dim)
     w.add_value_length(shape.head_dim)
     w.add_rope_dimension_count(shape.n_rot)

@@ -219,7 +219,8 @@ class Qwen35MoE(Qwen35):
         ops, cfg = self.ops, self.cfg
         m, sh = ffn
         routed = blocks.moe_ffn(ops, b, m.ffn_gate_inp, m.ffn_gate_exps, m.ffn_up_exps,
-                                m.ffn_down_exps, cfg.n_expert_used, GATING, NORM_TOPK, W_SCALE)
+                                m.ffn_down_exps, cfg.n_expert_used, GATING, NORM_TOPK, W_SCALE,
+                                groups=(cfg.n_expert_groups, cfg.n_group_used))
         shared = blocks.swiglu_ffn(ops, b, sh.ffn.ffn_gate, sh.ffn.ffn_up, sh.ffn.ffn_down)
         return ops.qwen35_shexp_combine(routed, shared, b, sh.ffn_gate_inp_shexp)
 

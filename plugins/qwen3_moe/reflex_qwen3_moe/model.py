@@ -81,6 +81,7 @@ class Qwen3MoE(Model):
             x, b = ops.add_rmsnorm(x, h, layer.ffn_norm, cfg.eps)
             m = layer.moe
             h = blocks.moe_ffn(ops, b, m.ffn_gate_inp, m.ffn_gate_exps, m.ffn_up_exps,
-                               m.ffn_down_exps, cfg.n_expert_used, GATING, NORM_TOPK, W_SCALE)
+                               m.ffn_down_exps, cfg.n_expert_used, GATING, NORM_TOPK, W_SCALE,
+                               groups=(cfg.n_expert_groups, cfg.n_group_used))
         return blocks.lm_head(ops, x, self.output_norm, self.output, cfg.eps, out_rows,
                               residual=h)
