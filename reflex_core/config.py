@@ -125,6 +125,9 @@ class AttentionConfig(ArchConfig):
     n_ff: int = key("feed_forward_length", per_layer=True, default=0)
     n_ctx_train: int = key("context_length")
     eps: float = key("attention.layer_norm_rms_epsilon", kind="f32")
+    # false: the prompt attends both ways (llama.cpp's default context then runs it so); read
+    # to be refused, every kernel and the NumPy reference being causal
+    causal: bool = key("attention.causal", kind="bool", default=True)
     n_layer: int = derived()  # L: blocks executed (L_all minus the MTP blocks)
     n_vocab: int = derived()  # V
     rope: RopeParams = derived()
@@ -151,6 +154,10 @@ class AttentionConfig(ArchConfig):
         elif name == "eps" and v["eps"] < 0:
             raise meta.error(f"{meta.key('attention.layer_norm_rms_epsilon')} = {v['eps']} "
                               f"must be >= 0")
+        elif name == "causal" and not v["causal"]:
+            raise meta.error(f"{meta.key('attention.causal')} is false: bidirectional attention "
+                             f"(an embedding or encoder model) is not supported; Reflex runs "
+                             f"causal language models")
 
     @classmethod
     def derive(cls, meta: Meta, values: dict[str, Any]) -> dict[str, Any]:

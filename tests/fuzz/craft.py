@@ -324,6 +324,9 @@ BAD = {
     "freq-base-zero": ("qwen3", False, "qwen3.rope.freq_base", 0.0, FLOAT32, None),
     "freq-base-f64-huge": ("qwen3", False, "qwen3.rope.freq_base", 1e300, FLOAT64, None),
     "rope-factor-inf": ("qwen3", False, "qwen3.rope.scaling.factor", float("inf"), FLOAT32, None),
+    # a valid key whose value Reflex does not run (bidirectional attention): refused, not
+    # run causally with other logits than llama.cpp's
+    "attention-not-causal": ("qwen3", False, "qwen3.attention.causal", False, BOOL, None),
     # found by the fuzzer: "a b" with "a" and "b" in the vocabulary but not "ab" (tokenizers
     # panics on it)
     "merge-result-missing": ("qwen3", True, "tokenizer.ggml.merges", MERGES + ["a b"], ARRAY,
