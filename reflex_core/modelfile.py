@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from . import gguf_index, mapguard
+from .errors import GGUFError
 from .gguf import GGUFFile, map_file, parse
 
 
@@ -69,12 +70,12 @@ def open_model_file(path: str | os.PathLike, use_index: bool = True) -> ModelFil
     g = ModelFile(path, mm)
     if not (use_index and gguf_index.enabled()):
         parse(g)
-        return g
+        return _whole(g)
     rec, where = gguf_index.restore_prebuilt(g, st)
     if rec is not None:
         g.index_state, g.index_file, g.tokenizer_tables = "prebuilt", where, rec.tok
         g.region_crc = rec.region[1]
-        return g
+        return _whole(g)
     g.index_ignored = where
     rec = gguf_index.restore(g, st)
     if rec is not None:
@@ -82,8 +83,23 @@ def open_model_file(path: str | os.PathLike, use_index: bool = True) -> ModelFil
         g.region_crc = rec.region[1]  # restore() checked the file's region against it
     else:
         parse(g)
+        _whole(g)  # before its index is scheduled
         g.index_state = "miss"
         gguf_index.schedule(g, st)
+    return _whole(g)
+
+
+def _whole(g: ModelFile) -> ModelFile:
+    """``g``, unless it is one part of a split GGUF (``split.count`` > 1: llama-gguf-split's
+    parts, the metadata in the first, the tensors spread over all): refused in one line that
+    says what to do, not as a tensor missing from it."""
+    n = g.get("split.count", 1)
+    if isinstance(n, int) and not isinstance(n, bool) and n > 1:
+        no = g.get("split.no", 0)
+        part = f"part {no + 1} of " if isinstance(no, int) and not isinstance(no, bool) else ""
+        raise GGUFError(f"{g.path} is {part}a {n}-part split GGUF; split files are not "
+                        f"supported: merge the parts into one (llama-gguf-split --merge FIRST "
+                        f"OUT.gguf) and run that")
     return g
 
 

@@ -122,3 +122,24 @@ def test_counts_are_bounded_before_allocation(tmp_path):
     path.write_bytes(g.to_bytes())
     with pytest.raises(ModelError, match="has 5000 entries; expected one per block"):
         Qwen3Config.from_gguf(open_gguf(path), "qwen3")
+
+
+@pytest.mark.parametrize("no_index", ["1", "0"])
+def test_a_part_of_a_split_gguf_says_so(tmp_path, no_index):
+    """The first part of a llama-gguf-split model (split.* keys, some of the tensors) is
+    refused in one line naming what it is and how to merge it, not as a missing tensor."""
+    from fuzz.craft import UINT16
+
+    g = tiny_model("qwen3").set("split.no", 0, UINT16).set("split.count", 3, UINT16) \
+        .set("split.tensors.count", 10, INT32)
+    g.tensors = g.tensors[: len(g.tensors) // 2]
+    path = tmp_path / "m-00001-of-00003.gguf"
+    path.write_bytes(g.to_bytes())
+    p = subprocess.run([sys.executable, "-m", "reflex_core", "generate", str(path), PROMPT,
+                        "-n", "2", "--backend", "cpu"], capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, REFLEX_NO_INDEX=no_index,
+                                             XDG_CACHE_HOME=str(tmp_path / "cache")))
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "part 1 of a 3-part split GGUF" in lines[0] and \
+        "llama-gguf-split --merge" in lines[0], lines
