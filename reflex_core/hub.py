@@ -6,8 +6,11 @@ here, never on the local-file cold path.
 
 Offline (HF_HUB_OFFLINE=1, or the Hub unreachable) a cached file is used without any network
 call; a missing one is a one-line error naming the ``hf download`` command that fetches it.
-Every network wait is bounded (HF_HUB_ETAG_TIMEOUT / HF_HUB_DOWNLOAD_TIMEOUT, default 10 s, and a
-deadline on listing a repository).
+Every wait for the Hub to answer is bounded: a deadline on listing a repository and on the
+file's metadata (asked without retries before the download: for a file not in the cache,
+huggingface_hub retries a Hub that accepts connections but never answers for minutes), and
+HF_HUB_ETAG_TIMEOUT / HF_HUB_DOWNLOAD_TIMEOUT (default 10 s) on each request. Behind an HTTP(S)
+proxy (the standard variables) the direct connection probe is skipped: the proxy reaches the Hub.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ DEFAULT_REPO = "Qwen/Qwen3-0.6B-GGUF"
 DEFAULT_FILE = "Qwen3-0.6B-Q8_0.gguf"
 
 LIST_DEADLINE_S = 20.0
+ASK_DEADLINE_S = 12.0  # the file's metadata, before a download
 PREFERRED = ("q8_0", "q4_k_m")
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 
@@ -69,8 +73,18 @@ def hf_command() -> str:
 
 
 def download_command(repo: str, fname: str | None, revision: str | None) -> str:
-    cmd = f"{hf_command()} download {repo}" + (f" {fname}" if fname else " --include '*.gguf'")
-    return cmd + (f" --revision {revision}" if revision else "")
+    """The shell command that fetches ``repo``'s ``fname`` (None: its GGUF files), each word
+    quoted as the shell needs it."""
+    import shlex
+
+    cmd = f"{hf_command()} download {shlex.quote(repo)}" + (
+        f" {shlex.quote(fname)}" if fname else " --include '*.gguf'")
+    return cmd + (f" --revision {shlex.quote(revision)}" if revision else "")
+
+
+def _unreadable(e: OSError) -> ReflexError:
+    return ReflexError(f"cannot read the Hugging Face cache ({_cache_dir()}): "
+                       f"{e.strerror or e}{f': {e.filename}' if e.filename else ''}")
 
 
 def _cached_snapshot(repo: str, revision: str | None) -> Path | None:
@@ -78,16 +92,22 @@ def _cached_snapshot(repo: str, revision: str | None) -> Path | None:
     root = _cache_dir() / ("models--" + repo.replace("/", "--"))
     rev = revision or "main"
     ref = root / "refs" / rev
-    commit = ref.read_text().strip() if ref.is_file() else rev
-    snap = root / "snapshots" / commit
-    return snap if snap.is_dir() else None
+    try:
+        commit = ref.read_text().strip() if ref.is_file() else rev
+        snap = root / "snapshots" / commit
+        return snap if snap.is_dir() else None
+    except OSError as e:
+        raise _unreadable(e) from None
 
 
 def _cached_ggufs(repo: str, revision: str | None) -> list[str]:
     snap = _cached_snapshot(repo, revision)
     if snap is None:
         return []
-    return sorted(str(p.relative_to(snap)) for p in snap.rglob("*.gguf") if p.exists())
+    try:
+        return sorted(str(p.relative_to(snap)) for p in snap.rglob("*.gguf") if p.exists())
+    except OSError as e:
+        raise _unreadable(e) from None
 
 
 def choose_file(files: list[str], repo: str) -> tuple[str, str | None]:
@@ -104,6 +124,10 @@ def choose_file(files: list[str], repo: str) -> tuple[str, str | None]:
             pick = sorted(hits, key=len)[0]
             return pick, (f"notice: {repo} has {len(ggufs)} GGUF files; using {pick} "
                           f"(choose another with --model {repo}:FILE)")
+    if any(pref in Path(f).name.lower() for f in ggufs for pref in PREFERRED):
+        raise ReflexError(f"{repo}'s Q8_0 and Q4_K_M GGUFs are split files, which are not "
+                          f"supported: download one's parts, merge them with llama-gguf-split "
+                          f"--merge and run the merged file")
     listing = ", ".join(ggufs[:8]) + (" ..." if len(ggufs) > 8 else "")
     raise ReflexError(f"{repo} has {len(ggufs)} GGUF files and none is Q8_0 or Q4_K_M; "
                       f"name one with --model {repo}:FILE (files: {listing})")
@@ -150,10 +174,13 @@ def _hub_reachable(seconds: float = 5.0) -> bool:
     huggingface_hub retries a failing listing with back-off for ~20 s and logs each attempt; a
     quick probe first turns a dead network into an immediate fall-back to the cache."""
     import socket
+    import urllib.request
     from urllib.parse import urlparse
 
     from huggingface_hub import constants
 
+    if urllib.request.getproxies():  # the proxy connects to the Hub, not us
+        return True
     url = urlparse(constants.ENDPOINT)
     host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
     try:
@@ -162,6 +189,17 @@ def _hub_reachable(seconds: float = 5.0) -> bool:
         return True
     except Exception:  # noqa: BLE001 - any failure means: not reachable now
         return False
+
+
+def _ask_hub(repo: str, fname: str, revision: str | None) -> None:
+    """The file's metadata from the Hub, one request without retries, within ASK_DEADLINE_S:
+    raises what huggingface_hub raises for a missing repository, revision or file, TimeoutError
+    when the Hub does not answer."""
+    import huggingface_hub
+
+    url = huggingface_hub.hf_hub_url(repo, fname, revision=revision)
+    _with_deadline(lambda: huggingface_hub.get_hf_file_metadata(url),
+                   ASK_DEADLINE_S, f"asking the Hub for {repo}:{fname}")
 
 
 def resolve(spec: str | None, revision: str | None = None, quickstart: bool = False,
@@ -204,7 +242,7 @@ def resolve(spec: str | None, revision: str | None = None, quickstart: bool = Fa
             except Exception as e:  # noqa: BLE001 - unreachable Hub: use the cache
                 if not _is_network_error(e) and not isinstance(e, hf_errors.HfHubHTTPError):
                     raise
-                files = None
+                files, reachable = None, False  # no more waits for it
         if files is None:
             files = _cached_ggufs(repo, revision)
             if not files:
@@ -217,35 +255,35 @@ def resolve(spec: str | None, revision: str | None = None, quickstart: bool = Fa
             log(notice)
     _refuse_split(repo, fname)
 
-    def missing(why: str) -> ReflexError:
-        return ReflexError(f"{repo}:{fname} is not in the Hugging Face cache ({_cache_dir()}) "
-                           f"and {why}; download it with: {download_command(repo, fname, revision)}")
-
-    if not reachable:
+    def cached(why: str) -> str:
         try:
             return huggingface_hub.hf_hub_download(repo, fname, revision=revision,
                                                    local_files_only=True)
-        except Exception as e:  # noqa: BLE001
-            raise missing("HF_HUB_OFFLINE=1 forbids downloading" if offline
-                          else "the Hub is unreachable") from e
+        except hf_errors.LocalEntryNotFoundError as e:  # (also an OSError)
+            raise ReflexError(f"{repo}:{fname} is not in the Hugging Face cache "
+                              f"({_cache_dir()}) and {why}; download it with: "
+                              f"{download_command(repo, fname, revision)}") from e
+        except OSError as e:
+            raise _unreadable(e) from None
+
+    if not reachable:
+        return cached("HF_HUB_OFFLINE=1 forbids downloading" if offline
+                      else "the Hub is unreachable")
     try:
+        _ask_hub(repo, fname, revision)
         return huggingface_hub.hf_hub_download(repo, fname, revision=revision)
     except hf_errors.RepositoryNotFoundError:
         raise ReflexError(f"no such repository on the Hugging Face Hub: {repo} "
                           f"(or it is private/gated: log in with {hf_command()} auth login)") from None
     except hf_errors.RevisionNotFoundError:
         raise ReflexError(f"{repo} has no revision {revision!r}") from None
-    except hf_errors.LocalEntryNotFoundError as e:  # (a subclass of EntryNotFoundError)
-        raise missing("the Hub is unreachable") from e
+    except hf_errors.LocalEntryNotFoundError:  # (a subclass of EntryNotFoundError)
+        return cached("the Hub is unreachable")
     except hf_errors.EntryNotFoundError:
         raise ReflexError(f"{repo} has no file {fname} (list its files on "
                           f"https://huggingface.co/{repo}/tree/{revision or 'main'})") from None
     except Exception as e:  # noqa: BLE001
         if _is_network_error(e) or isinstance(e, hf_errors.HfHubHTTPError):
-            try:
-                return huggingface_hub.hf_hub_download(repo, fname, revision=revision,
-                                                       local_files_only=True)
-            except Exception:  # noqa: BLE001
-                raise missing(f"the download failed ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else ''})") from e
+            return cached(f"the download failed ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''})")
         raise

@@ -140,6 +140,7 @@ def test_online_branch_downloads_through_huggingface_hub(monkeypatch, tmp_path, 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(hub, "_hub_reachable", lambda *a: True)
     calls = []
+    monkeypatch.setattr(hub, "_ask_hub", lambda *a: calls.append(("ask",) + a))
 
     def fake_list(self, repo_id, revision=None, **kw):
         calls.append(("list", repo_id, revision))
@@ -154,7 +155,8 @@ def test_online_branch_downloads_through_huggingface_hub(monkeypatch, tmp_path, 
     notes = []
     path = hub.resolve("org/x-GGUF", revision="v1", log=notes.append)
     assert path == str(model)
-    assert calls == [("list", "org/x-GGUF", "v1"), ("download", "org/x-GGUF", "x-Q8_0.gguf", "v1", False)]
+    assert calls == [("list", "org/x-GGUF", "v1"), ("ask", "org/x-GGUF", "x-Q8_0.gguf", "v1"),
+                     ("download", "org/x-GGUF", "x-Q8_0.gguf", "v1", False)]
     assert notes and "x-Q8_0.gguf" in notes[0]
 
 
@@ -163,6 +165,7 @@ def test_dead_network_falls_back_to_the_cache_or_fails_in_one_line(monkeypatch, 
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(hub, "_hub_reachable", lambda *a: True)  # the probe passes, the GET fails
+    monkeypatch.setattr(hub, "_ask_hub", lambda *a: None)
 
     def dead(repo_id, filename, revision=None, local_files_only=False, **kw):
         if local_files_only:
@@ -176,6 +179,80 @@ def test_dead_network_falls_back_to_the_cache_or_fails_in_one_line(monkeypatch, 
     with pytest.raises(ReflexError) as e:
         hub.resolve("org/y-GGUF:other.gguf")
     assert "hf download org/y-GGUF other.gguf" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_hub_that_never_answers_costs_a_bounded_wait(monkeypatch, model):
+    """A Hub that accepts connections and never answers: the file's metadata is asked within
+    ASK_DEADLINE_S (huggingface_hub's own retries of a file not cached took minutes), then the
+    cache serves the file or the one-line error names the download command; a listing that
+    times out makes the Hub unreachable for the rest of the call."""
+    import threading
+    import time
+
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(hub, "_hub_reachable", lambda *a: True)
+    monkeypatch.setattr(hub, "ASK_DEADLINE_S", 0.3)
+    monkeypatch.setattr(hub, "LIST_DEADLINE_S", 0.3)
+    hang = threading.Event()
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", lambda *a, **kw: hang.wait(30))
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files",
+                        lambda *a, **kw: hang.wait(30))
+    online = []
+
+    def download(repo_id, filename, revision=None, local_files_only=False, **kw):
+        if not local_files_only:
+            online.append(filename)
+            hang.wait(30)
+        if filename == "cached.gguf":
+            return str(model)
+        raise huggingface_hub.errors.LocalEntryNotFoundError("not cached")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    monkeypatch.setattr(hub, "_cached_ggufs", lambda *a: ["cached.gguf"])
+    try:
+        t0 = time.monotonic()
+        assert hub.resolve("org/y-GGUF:cached.gguf") == str(model)
+        with pytest.raises(ReflexError) as e:
+            hub.resolve("org/y-GGUF:other.gguf")
+        assert "hf download org/y-GGUF other.gguf" in str(e.value)
+        assert "took longer than" in str(e.value)
+        assert hub.resolve("org/y-GGUF", log=lambda m: None) == str(model)  # listing timed out
+        assert time.monotonic() - t0 < 5 and online == []
+    finally:
+        hang.set()
+
+
+def test_behind_a_proxy_the_hub_is_not_probed_directly(monkeypatch):
+    import socket
+
+    def no_direct(*a, **kw):
+        raise AssertionError("a direct connection behind a proxy")
+
+    monkeypatch.setattr(socket, "create_connection", no_direct)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    assert hub._hub_reachable(0.5) is True
+
+
+def test_an_unreadable_cache_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setattr(hub, "_cache_dir", lambda: tmp_path)
+    root = tmp_path / "models--org--x-GGUF"
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").mkdir()  # read_text fails: a folder, as an unreadable file would
+    from pathlib import Path
+
+    real = Path.is_file
+    monkeypatch.setattr(Path, "is_file", lambda self: True if self.name == "main" else real(self))
+    with pytest.raises(ReflexError, match="cannot read the Hugging Face cache"):
+        hub._cached_ggufs("org/x-GGUF", None)
+
+
+def test_download_command_is_shell_quoted():
+    import shlex
+
+    cmd = hub.download_command("org/x-GGUF", "x (1).gguf", "my branch")
+    assert shlex.split(cmd)[-4:] == ["org/x-GGUF", "x (1).gguf", "--revision", "my branch"]
 
 
 def test_choose_file_rules():
@@ -192,6 +269,10 @@ def test_choose_file_rules():
     assert pick == "m-Q8_0.gguf" and "using m-Q8_0.gguf" in notice
     assert hub.choose_file(["b-Q8_0-00001-of-00002.gguf", "b-Q8_0-00002-of-00002.gguf",
                             "b-Q4_K_M.gguf"], "r")[0] == "b-Q4_K_M.gguf"
+    # only split files of the preferred types: said so, not "none is Q8_0 or Q4_K_M"
+    with pytest.raises(ReflexError, match="are split files.*llama-gguf-split --merge"):
+        hub.choose_file(["b-Q8_0-00001-of-00002.gguf", "b-Q8_0-00002-of-00002.gguf",
+                         "b-F16.gguf"], "r")
 
 
 def test_parse_spec():
