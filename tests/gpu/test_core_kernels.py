@@ -593,6 +593,7 @@ def test_picks_and_words_through_mapped_host_memory(cuda_ops, rng):
     host memory, the same id, readable once the launch has run."""
     import ctypes
 
+    from reflex_core.backends import device_array
     from reflex_core.cuda import driver as drv
 
     d = drv._d
@@ -611,7 +612,7 @@ def test_picks_and_words_through_mapped_host_memory(cuda_ops, rng):
         for V, T in ((1000, 0.0), (V_BIG, 0.0), (1000, 0.8), (V_BIG, 0.8)):
             x = (rng.standard_normal((1, V)) * 3).astype(np.float32)
             out = cuda_ops.empty((1,), "i32")
-            scratch = cuda_ops.empty((V,), "f64") if T > 0 else None
+            scratch = device_array.empty((V,), "f64") if T > 0 else None
             slot.value = -7
             cuda_ops.sample_into(cuda_ops.from_numpy(x), out.ptr, T, 0, 1.0, 0.37, 0.0, scratch,
                                  dev_view + 8192)
