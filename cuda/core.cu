@@ -38,13 +38,17 @@ Kernels (launch shape)
                         for the integer weight types)   grid T, block 256             [PPPii]
   reflex_x_pairs        x rows as scaled float16 pairs in planes (the prefill GEMM's input)
                                                           grid T, block 256             [PPii]
-  reflex_argmax         first index of the row maximum    grid rows, block 1024         [PPi]
+  reflex_argmax         first index of the row maximum    grid rows, block 1024         [PPiP]
   reflex_argmax_split   the same for one row, its blocks' pairs merged by the last one
-                                                          grid ceil(n/4096), block 256  [PPiPP]
+                                                          grid ceil(n/4096), block 256  [PPiPPP]
   reflex_token_logprobs log_softmax(x)[target] per row    grid rows, block 1024         [PPPi]
   reflex_repeat_penalty x[id] / or * penalty, each id    grid ceil(n/256), block 256   [PPif]
   reflex_sample         temperature/top-k/top-p/min-p draw
-                                                          grid 1, block 512             [PididddPP]
+                                                          grid 1, block 512             [PididddPPP]
+  reflex_copy_words     dst[i] = src[i] (int32; src may be mapped host memory: a chained decode
+                        step's inputs)                    grid ceil(n/256), block 256   [PPi]
+  The picks (argmax, argmax_split, sample) also write each id to out_host when it is not null:
+  mapped host memory, where a chained decode step's id reaches the host without a copy.
   reflex_moe_route      gating, bias, groups, top-k, renorm, scale
                                                           grid T, block 256             [PPPPiiiifii]
   reflex_moe_combine    sum_j w[t,j] * y[t,j,:]           grid (ceil(n/256), T), 256    [PPPii]
@@ -1682,6 +1686,28 @@ extern "C" __global__ void reflex_take_rows(const float* __restrict__ x, const i
 }
 
 // ------------------------------------------------------------------------------------------
+// A pick's id also into mapped host memory (out_host, may be null): the store crosses the bus
+// and is fenced at system scope, so the host that waits for the launch's completion (an event)
+// reads it. A chained decode step's id comes back so, without a copy on the copy engine, which
+// started about 5 us after the pick and held up the next step's inputs (BENCHMARKS.md).
+__device__ __forceinline__ void rx_put_host(int* out_host, int i, int id) {
+    if (out_host != nullptr) {
+        *(volatile int*)(out_host + i) = id;
+        __threadfence_system();
+    }
+}
+
+// copy_words: a chained decode step's int32 inputs from mapped host memory to the fixed buffer
+// its graph reads (one block reads across the bus; an HtoD copy on the copy engine started about
+// 5 us after the kernel before it).
+extern "C" __global__ void reflex_copy_words(const int* __restrict__ src, int* __restrict__ dst,
+                                             int n) {
+    RX_PDL_ENTRY();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = src[i];
+}
+
+// ------------------------------------------------------------------------------------------
 // argmax: one block per row; per-thread strided scan keeps the first maximum, then a block
 // (value desc, index asc) reduction -> the lowest index among equal maxima (NumPy's argmax).
 // The scan loads ARGMAX_UNROLL of its elements before comparing them (in the same order): with a
@@ -1689,7 +1715,8 @@ extern "C" __global__ void reflex_take_rows(const float* __restrict__ x, const i
 // (60 us on the H200).
 #define ARGMAX_UNROLL 16
 
-extern "C" __global__ void reflex_argmax(const float* __restrict__ x, int* __restrict__ out, int n) {
+extern "C" __global__ void reflex_argmax(const float* __restrict__ x, int* __restrict__ out, int n,
+                                         int* __restrict__ out_host) {
     RX_PDL_ENTRY();
     __shared__ float rv[32];
     __shared__ int ri[32];
@@ -1711,7 +1738,10 @@ extern "C" __global__ void reflex_argmax(const float* __restrict__ x, int* __res
         if (bi < 0 || v > best) { best = v; bi = i; }
     }
     block_argmax(best, bi, rv, ri);
-    if (threadIdx.x == 0) out[blockIdx.x] = bi < 0 ? 0 : bi;
+    if (threadIdx.x == 0) {
+        out[blockIdx.x] = bi < 0 ? 0 : bi;
+        rx_put_host(out_host, blockIdx.x, bi < 0 ? 0 : bi);
+    }
 }
 
 // argmax_split: one row over gridDim.x blocks (one block over a decode step's 151936 logits kept
@@ -1726,7 +1756,8 @@ static_assert(REFLEX_ARGMAX_SPLIT_CHUNK == ARGMAX_SPLIT_THREADS * ARGMAX_UNROLL,
 
 extern "C" __global__ void __launch_bounds__(ARGMAX_SPLIT_THREADS)
     reflex_argmax_split(const float* __restrict__ x, int* __restrict__ out, int n,
-                        float* __restrict__ part, int* __restrict__ done) {
+                        float* __restrict__ part, int* __restrict__ done,
+                        int* __restrict__ out_host) {
     RX_PDL_ENTRY();
     __shared__ float rv[32];
     __shared__ int ri[32];
@@ -1761,7 +1792,10 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_SPLIT_THREADS)
     for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x)  // the other blocks' pairs: L2
         argmax_merge(best, bi, __ldcg(part + 2 * b), __float_as_int(__ldcg(part + 2 * b + 1)));
     block_argmax(best, bi, rv, ri);
-    if (threadIdx.x == 0) out[0] = bi < 0 ? 0 : bi;
+    if (threadIdx.x == 0) {
+        out[0] = bi < 0 ? 0 : bi;
+        rx_put_host(out_host, 0, bi < 0 ? 0 : bi);
+    }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1868,7 +1902,8 @@ __device__ __forceinline__ void block_bins(double (&acc)[16], int (&cnt)[16],
 
 extern "C" __global__ void __launch_bounds__(SMP_THREADS)
 reflex_sample(const float* __restrict__ x, int V, double temp, int top_k, double top_p,
-              double min_p_log, double u, double* __restrict__ pbuf, int* __restrict__ out) {
+              double min_p_log, double u, double* __restrict__ pbuf, int* __restrict__ out,
+              int* __restrict__ out_host) {
     RX_PDL_ENTRY();
     __shared__ float redf[32];
     __shared__ int redi[32];
@@ -2021,7 +2056,10 @@ reflex_sample(const float* __restrict__ x, int V, double temp, int top_k, double
     }
     cand = block_min_i(cand, redi);
     if (cand == 0x7fffffff) cand = block_max_i(last, redi);
-    if (tid == 0) out[0] = cand < 0 ? 0 : cand;
+    if (tid == 0) {
+        out[0] = cand < 0 ? 0 : cand;
+        rx_put_host(out_host, 0, cand < 0 ? 0 : cand);
+    }
 }
 
 // ------------------------------------------------------------------------------------------

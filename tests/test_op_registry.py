@@ -65,7 +65,8 @@ def test_every_core_op_method_is_registered():
                "zeros", "empty", "clone", "copy_rows", "rows_to_bytes", "rows_from_bytes",
                "sample", "to_numpy", "synchronize", "from_numpy", "release", "wait_attached",
                "release_host_registration", "dequantize", "kernels", "f32_data", "merge_lora",
-               "prepared_words", "sample_into"}  # the last two: a decode graph's chained steps
+               "prepared_words", "sample_into", "put_words"}  # the last three: a decode
+    # graph's chained steps
     methods = {n for n in vars(CudaOps) | vars(Ops) if not n.startswith("_")
                and callable(getattr(CudaOps, n))}
     registered = {op.name for op in opreg.CORE_OPS}

@@ -638,6 +638,12 @@ class CudaOps(Ops):
         memory.htod(dev.ptr, buf)
         return Prepared(batch, dev, len(batch.runs))
 
+    def put_words(self, src_ptr: int, dst_ptr: int, n: int) -> None:
+        """``n`` int32 words from ``src_ptr`` (mapped host memory: a chained decode step's
+        inputs) to device ``dst_ptr``, as a launch on the current stream."""
+        if n > 0:
+            self.k.launch("reflex_copy_words", -(-n // 256), 256, (src_ptr, dst_ptr, n))
+
     def prepared_words(self, batch: Batch) -> array:
         """The int32 words of ``batch``'s Prepared buffer (layout: device_array.Prepared), its
         mask checked against the batch's cells."""
@@ -1292,24 +1298,24 @@ class CudaOps(Ops):
         if rows == 1:
             self._argmax_row(logits.ptr, out.ptr, n)
         else:
-            self.k.launch("reflex_argmax", rows, 1024, (logits.ptr, out.ptr, n))
+            self.k.launch("reflex_argmax", rows, 1024, (logits.ptr, out.ptr, n, 0))
         return list(struct.unpack(f"<{rows}i", memory.dtoh(out.ptr, 4 * rows)))
 
-    def _argmax_row(self, row: int, out_ptr: int, n: int) -> None:
-        """The first index of one row's maximum into device ``out_ptr``: over many blocks where
-        the row has many (the last block merges their pairs in a scratch made at the first
-        such call; the pick runs after a decode graph's replay, never inside a capture), else
-        one block."""
+    def _argmax_row(self, row: int, out_ptr: int, n: int, host_ptr: int = 0) -> None:
+        """The first index of one row's maximum into device ``out_ptr`` (and mapped host
+        ``host_ptr`` unless 0): over many blocks where the row has many (the last block merges
+        their pairs in a scratch made at the first such call; the pick runs after a decode
+        graph's replay, never inside a capture), else one block."""
         blocks = -(-n // limit("ARGMAX_SPLIT_CHUNK"))
         if blocks < 2 or blocks > ARGMAX_SPLIT_MAX_BLOCKS:
-            self.k.launch("reflex_argmax", 1, 1024, (row, out_ptr, n))
+            self.k.launch("reflex_argmax", 1, 1024, (row, out_ptr, n, host_ptr))
             return
         if self._argmax_part is None:
             # [0]: the blocks' count (back to 0 after each launch); from 16: the pairs
             self._argmax_part = Block(16 + 8 * ARGMAX_SPLIT_MAX_BLOCKS)
             memory.memset(self._argmax_part.ptr, 0, 16)
         p = self._argmax_part.ptr
-        self.k.launch("reflex_argmax_split", blocks, 256, (row, out_ptr, n, p + 16, p))
+        self.k.launch("reflex_argmax_split", blocks, 256, (row, out_ptr, n, p + 16, p, host_ptr))
 
     def sample(self, logits, temperature: float, top_k: int, top_p: float, u: float,
                min_p: float = 0.0) -> int:
@@ -1319,22 +1325,24 @@ class CudaOps(Ops):
         return struct.unpack("<i", memory.dtoh(out.ptr, 4))[0]
 
     def sample_into(self, logits, out_ptr: int, temperature: float, top_k: int, top_p: float,
-                    u: float, min_p: float, scratch) -> None:
+                    u: float, min_p: float, scratch, host_ptr: int = 0) -> None:
         """:meth:`sample`'s pick of the last row launched, its id written to device ``out_ptr``
-        (int32) and not copied back. ``scratch``: float64 [V] for a draw (temperature > 0), held
-        by the caller until the launch has run."""
+        (int32) and not copied back; also to ``host_ptr`` unless 0 (mapped host memory: the
+        host reads it once the launch has run). ``scratch``: float64 [V] for a draw
+        (temperature > 0), held by the caller until the launch has run."""
         rows, V = self._rows(logits)
         if rows == 0:
             raise ValueError("sample: empty logits")
         row = logits.ptr + 4 * (rows - 1) * V
         if temperature <= 0.0:
-            self._argmax_row(row, out_ptr, V)
+            self._argmax_row(row, out_ptr, V, host_ptr)
             return
         if scratch is None or scratch.size < V:
             raise ValueError(f"sample: a draw needs a float64 scratch of {V} values")
         self.k.launch("reflex_sample", 1, 512,
                       (row, V, float(temperature), int(top_k), float(top_p),
-                       sampling.min_p_log(float(min_p)), float(u), scratch.ptr, out_ptr))
+                       sampling.min_p_log(float(min_p)), float(u), scratch.ptr, out_ptr,
+                       host_ptr))
 
     def repeat_penalty(self, logits, token_ids: Sequence[int], penalty: float) -> None:
         rows, V = self._rows(logits)

@@ -366,12 +366,20 @@ class DevicePick:
 
 class _Chain:
     """The chained steps' host side: per ring slot a pinned area (the batch's words going in,
-    the picked id coming back) and an event recorded after the slot's step."""
+    the picked id coming back) and an event recorded after the slot's step. The area is mapped
+    into the device's address space: a kernel reads the words from it into the fixed buffer
+    (CudaOps.put_words) and the pick writes its id into it, with no copies on the copy engine
+    between two steps (each started about 5 us after the kernel before it: 16 us between the
+    8B's steps, BENCHMARKS.md 2026-12-07, fifty-sixth session)."""
 
     def __init__(self, n_vocab: int) -> None:
         d = _drv._d
         self.slot_bytes = 4096
-        self.host = _drv.check(d.cuMemHostAlloc(RING * self.slot_bytes, 0), "cuMemHostAlloc")
+        self.host = _drv.check(d.cuMemHostAlloc(RING * self.slot_bytes,
+                                                d.CU_MEMHOSTALLOC_DEVICEMAP), "cuMemHostAlloc")
+        # the device's address of the same memory (the host's own under unified addressing)
+        self.dev = int(_drv.check(d.cuMemHostGetDevicePointer(self.host, 0),
+                                  "cuMemHostGetDevicePointer"))
         flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
         self.events = [_drv.check(d.cuEventCreate(flags), "cuEventCreate") for _ in range(RING)]
         self.sent = 0  # picks queued; pick t uses slot t % RING
@@ -397,7 +405,6 @@ class _Chain:
               token: int | None) -> int:
         """One step and its pick: DecodeGraph._step with the step's inputs fed (``state``
         None: the graph is captured for ``batch``'s shape, so the step is a replay)."""
-        d = _drv._d
         ops = g.ops
         k = self._next_slot()
         words, dev = self._words_and_buffer(ops, batch)
@@ -407,8 +414,12 @@ class _Chain:
         skip = 0 if token is not None else batch.n_tokens  # the ids the step before picked
 
         def place(stream: Any) -> None:
-            _drv.check(d.cuMemcpyHtoDAsync(dev.ptr + 4 * skip, host + 4 * skip, 4 * (n - skip),
-                                           stream), "cuMemcpyHtoDAsync(decode step)")
+            legacy = _drv._STREAM
+            _drv._STREAM = stream
+            try:
+                ops.put_words(self._dev_slot(k) + 4 * skip, dev.ptr + 4 * skip, n - skip)
+            finally:
+                _drv._STREAM = legacy
 
         out, s = g._step(batch, state, (dev, place))
         return self._pick(ops, out, dev.ptr, pick, s, k)
@@ -421,7 +432,7 @@ class _Chain:
 
     def _pick(self, ops: Any, logits: Any, dst: int, pick: DevicePick, s: Any, k: int) -> int:
         """Queue on ``s``: the pick from ``logits`` into device ``dst`` (the token slot the next
-        step reads), its copy to slot ``k`` and the slot's event; returns its ticket."""
+        step reads) and slot ``k``'s id word, and the slot's event; returns its ticket."""
         d = _drv._d
         u = 0.0
         if pick.temperature > 0.0:
@@ -434,10 +445,9 @@ class _Chain:
         _drv._STREAM = s
         try:
             ops.sample_into(logits, dst, pick.temperature, pick.top_k, pick.top_p, u,
-                            pick.min_p, self.scratch)
+                            pick.min_p, self.scratch, self._dev_slot(k) + self.slot_bytes - 4)
         finally:
             _drv._STREAM = legacy
-        _drv.check(d.cuMemcpyDtoHAsync(self._id(k), dst, 4, s), "cuMemcpyDtoHAsync(token)")
         _drv.check(d.cuEventRecord(self.events[k], s), "cuEventRecord")
         ticket = self.sent
         self.sent += 1
@@ -454,6 +464,10 @@ class _Chain:
     def _slot(self, k: int) -> int:
         """Host address of ring slot ``k``: the step's words from its start."""
         return self.host + k * self.slot_bytes
+
+    def _dev_slot(self, k: int) -> int:
+        """Device address of ring slot ``k`` (the same memory as :meth:`_slot`)."""
+        return self.dev + k * self.slot_bytes
 
     def _id(self, k: int) -> int:
         """Host address of the id slot ``k``'s step picked: the slot's last word."""

@@ -586,6 +586,44 @@ def test_argmax_split(cuda_ops, ref_ops, V, rng):
     assert cuda_ops.to_numpy(out).tolist() == [int(np.argmax(x))]
 
 
+def test_picks_and_words_through_mapped_host_memory(cuda_ops, rng):
+    """A chained decode step's traffic with the host (cuda_graph._Chain): put_words reads int32
+    words from mapped pinned memory into device memory (odd counts, an offset start), and every
+    pick (one-block argmax, split argmax, draw) writes its id both to the device and to mapped
+    host memory, the same id, readable once the launch has run."""
+    import ctypes
+
+    from reflex_core.backends import device_array
+    from reflex_core.cuda import driver as drv
+
+    d = drv._d
+    host = drv.check(d.cuMemHostAlloc(1 << 16, d.CU_MEMHOSTALLOC_DEVICEMAP), "cuMemHostAlloc")
+    try:
+        dev_view = int(drv.check(d.cuMemHostGetDevicePointer(host, 0), "DevicePointer"))
+        words = (ctypes.c_int32 * 1100).from_address(host)
+        for n, skip in ((1, 0), (255, 3), (257, 0), (1099, 1)):
+            vals = [int(v) for v in rng.integers(-2**31, 2**31 - 1, n)]
+            words[:n] = vals
+            out = cuda_ops.empty((n + 2,), "i32")
+            cuda_ops.put_words(dev_view + 4 * skip, out.ptr + 4 * skip, n - skip)
+            got = cuda_ops.to_numpy(out).tolist()
+            assert got[skip:n] == vals[skip:n], (n, skip)
+        slot = ctypes.c_int32.from_address(host + 8192)
+        for V, T in ((1000, 0.0), (V_BIG, 0.0), (1000, 0.8), (V_BIG, 0.8)):
+            x = (rng.standard_normal((1, V)) * 3).astype(np.float32)
+            out = cuda_ops.empty((1,), "i32")
+            scratch = device_array.empty((V,), "f64") if T > 0 else None
+            slot.value = -7
+            cuda_ops.sample_into(cuda_ops.from_numpy(x), out.ptr, T, 0, 1.0, 0.37, 0.0, scratch,
+                                 dev_view + 8192)
+            cuda_ops.synchronize()
+            want = int(np.argmax(x)) if T == 0 else sampling.sample_reference(x[0], T, 0, 1.0,
+                                                                               0.37)
+            assert slot.value == cuda_ops.to_numpy(out).tolist()[0] == want, (V, T)
+    finally:
+        drv.check(d.cuMemFreeHost(host), "cuMemFreeHost")
+
+
 @pytest.mark.parametrize("rows,V", [(1, 10), (7, 1000), (4, V_BIG)],
                          ids=["1x10", "7x1000", "big-4xV"])
 def test_token_logprobs(cuda_ops, ref_ops, rows, V, rng):
