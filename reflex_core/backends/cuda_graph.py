@@ -275,11 +275,11 @@ class DecodeGraph:
 
     def queue(self, batch: Any, pick: "DevicePick", token: int | None) -> int:
         """Queue one step of the graph's shape without waiting for anything: ``batch``'s
-        per-step values copied in, the graph replayed, the next token picked on the device
-        (``pick``) into the token slot the next replay reads and into the pinned slot the host reads. ``token``:
-        the step's own token id when the host has it; None when it is the pick of the step
-        queued before (``batch`` then carries any id in its place). Returns the ticket that
-        :meth:`result` takes."""
+        per-step values put in, the graph replayed, the next token picked on the device
+        (``pick``) into the token slot the next replay reads and into the pinned slot the host
+        reads. ``token``: the step's own token id when the host has it; None when it is the pick
+        of the step queued before (``batch`` then carries any id in its place). Returns the
+        ticket that :meth:`result` takes."""
         if not self.can_chain() or (batch.n_tokens, len(batch.runs)) != self._shape:
             raise RuntimeError("queue: no captured graph of this batch's shape")
         # _step replays: the graph is captured for this shape (no state is read)
