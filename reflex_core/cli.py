@@ -121,18 +121,30 @@ def process_escapes(text: str) -> str:
             i += 1
             continue
         e = src[i + 1]
-        hexdigits = src[i + 2:i + 4]
+        byte = _hex_byte(src[i + 2:i + 4]) if e == ord("x") else None
         if e in simple:
             out += simple[e]
             i += 2
-        elif (e == ord("x") and len(hexdigits) == 2
-              and all(chr(h) in "0123456789abcdefABCDEF" for h in hexdigits)):
-            out.append(int(hexdigits, 16))
+        elif byte is not None:
+            out.append(byte)
             i += 4
         else:
             out += src[i:i + 2]
             i += 2
     return out.decode("utf-8", errors="replace")
+
+
+def _hex_byte(two: bytes) -> int | None:
+    """The byte of ``\\x`` + ``two`` as llama.cpp reads it: strtol(two, 16) must take both
+    characters, so a leading space or sign counts (``\\x 9`` is a tab, ``\\x-1`` 0xff);
+    None where it does not take both."""
+    if len(two) != 2:
+        return None
+    s = two.decode("latin-1")
+    body = s[1:] if s[0] in " \t\n\v\f\r+-" else s
+    if not body or any(c not in "0123456789abcdefABCDEF" for c in body):
+        return None
+    return (-int(body, 16) if s[0] == "-" else int(body, 16)) & 0xFF
 
 
 class PromptCommand(click.Command):

@@ -165,6 +165,9 @@ def test_escapes_of_p_and_stop_as_llama_cpp(tiny, tmp_path):
     from reflex_core.cli import process_escapes
 
     assert process_escapes(r"a\nb\tc\\d\'e\"f\x41\x4g\qh\\") == "a\nb\tc\\d'e\"fA\\x4g\\qh\\"
+    # \x's two characters as llama.cpp's strtol(.., 16) takes them: a leading space or sign
+    # counts, a trailing one does not
+    assert process_escapes(r"x\x 9y|\x+9|\x-1|\x9 |\x -|\x") == "x\ty|\t|\ufffd|\\x9 |\\x -|\\x"
     real = gen_json(str(tiny), "Q: hi\nA:", "-n", "1")["prompt_token_ids"]
     escaped = gen_json(str(tiny), "-p", r"Q: hi\nA:", "-n", "1")["prompt_token_ids"]
     literal = gen_json(str(tiny), r"Q: hi\nA:", "-n", "1")["prompt_token_ids"]
