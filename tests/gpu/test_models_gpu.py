@@ -41,6 +41,15 @@ def test_prefill_and_decode_match_reference(prefill_decode_vs_reference, model_f
     prefill_decode_vs_reference(path, n_prompt, REL, f"{arch} {wtype}")
 
 
+@pytest.mark.parametrize("n_prompt", [1, 64])
+def test_expert_groups_match_reference(prefill_decode_vs_reference, model_files, n_prompt):
+    """qwen3moe with group-limited routing (2 groups of 4 experts, one used; the oracle tests
+    match the reference to llama.cpp) through the GPU's route kernel."""
+    shape = shape_for("qwen3moe", "F32").replace(expert_groups=(2, 1))
+    path = model_files(shape, weight_type="F32", seed=12)
+    prefill_decode_vs_reference(path, n_prompt, REL, "qwen3moe groups")
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3moe"])
 def test_generate_and_system1_same_on_gpu_and_cpu(cuda_device, model_files, arch):
     path = model_files(shape_for(arch, "Q8_0"), weight_type="Q8_0", tokenizer="qwen3", seed=4)
