@@ -202,7 +202,12 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an integer past the float range (JSON's 1 followed by 309 zeros)
+        return False
 
 
 def _is_slot(v: Any) -> bool:
@@ -292,8 +297,9 @@ class Handler:
         self.shutdown = False
 
     def slot_bytes(self, but: str | None = None) -> int:
-        """The kept states' bytes (``but``: leaving that slot's out)."""
-        return sum(state_bytes(v) for k, v in self.slots.items() if k != but)
+        """The kept states' bytes, their names' included (``but``: leaving that slot out)."""
+        return sum(state_bytes(v) + len(k.encode("utf-8", "surrogatepass"))
+                   for k, v in self.slots.items() if k != but)
 
     def __call__(self, op: str, p: dict) -> dict:
         return getattr(self, "op_" + op)(**p)

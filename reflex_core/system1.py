@@ -76,9 +76,19 @@ def score(model: Any, ops: Any, prompt: Sequence[int], cands: Sequence[Sequence[
     ``start``: a one-sequence :meth:`State.dump` (an imported state file) the prompt continues.
     ``on_prefix`` receives the state after the prompt but its last token (a one-sequence dump:
     what ``--export-kv`` writes, with the last token pending). ``ctx_size``: the context the
-    job must fit (0: the model's context length)."""
+    job must fit (0: the model's context length).
+
+    Candidates of more than GROUP_TOKENS tokens in all are scored in groups of at most that
+    many (the prompt run again for each), so that memory follows the group, not the request."""
     if not prompt:
         raise ReflexError("empty prompt: system1 needs a prompt to condition on")
+    groups = _groups(cands)
+    if len(groups) > 1:
+        scores: list[float] = []
+        for g, group in enumerate(groups):
+            scores += score(model, ops, prompt, group, start, on_prefix if g == 0 else None,
+                            ctx_size)
+        return scores
     P = len(prompt)
     K = 0 if start is None else int(start["n_cells_used"])
     total = P + sum(len(c) for c in cands)
@@ -111,7 +121,7 @@ def score(model: Any, ops: Any, prompt: Sequence[int], cands: Sequence[Sequence[
         logits = model.forward(batch, state, uniq)
         if on_prefix is not None:  # cells are append-only: the prompt's are final already
             on_prefix(state.dump_prefix(K + P - 1))
-        lp = ops.token_logprobs(ops.take_rows(logits, [where[r] for r in rows]), targets)
+        lp = _logprobs(ops, logits, [where[r] for r in rows], targets)
     else:
         # The prompt runs once and each candidate from its own fork of the prompt's state. To
         # export a prefix (the state before the prompt's last token, that token pending), the
@@ -137,12 +147,45 @@ def score(model: Any, ops: Any, prompt: Sequence[int], cands: Sequence[Sequence[
     return scores
 
 
+# Candidate tokens scored in one batch at most: the batch's cells, its attention (the reference
+# holds a cells x cells mask) and its logit rows grow with them, and a request of 20000
+# one-token candidates (100 KB of JSON) took a server past the machine's memory.
+GROUP_TOKENS = 1024
+
+
+def _groups(cands: Sequence[Sequence[int]]) -> list[list[Sequence[int]]]:
+    """``cands`` in order, in groups of at most GROUP_TOKENS tokens (a longer candidate alone)."""
+    groups: list[list[Sequence[int]]] = [[]]
+    n = 0
+    for c in cands:
+        if groups[-1] and n + len(c) > GROUP_TOKENS:
+            groups.append([])
+            n = 0
+        groups[-1].append(c)
+        n += len(c)
+    return groups
+
+
+# Logit rows a log-probability call takes at a time: a row the candidates share (every first
+# token's is the prompt's last) is copied once a target, and the reference works in float64,
+# so thousands of one-token candidates at once took gigabytes (a server killed by the system).
+LOGPROB_ROWS = 32
+
+
+def _logprobs(ops: Any, logits: Any, rows: Sequence[int], targets: Sequence[int]) -> list[float]:
+    """log_softmax(logits[rows[i]])[targets[i]] for every i, LOGPROB_ROWS rows at a time."""
+    out: list[float] = []
+    for i in range(0, len(rows), LOGPROB_ROWS):
+        part = ops.take_rows(logits, list(rows[i:i + LOGPROB_ROWS]))
+        out += ops.token_logprobs(part, list(targets[i:i + LOGPROB_ROWS]))
+    return out
+
+
 def _forked_logprobs(model: Any, ops: Any, state: State, last: Any,
                      branches: Mapping[int, Sequence[int]]) -> list[float]:
     """Candidate token log-probabilities, candidate by candidate: each first token from the
     prompt's last logits ``last``, the others from one pass over every fork's tokens."""
-    first = ops.token_logprobs(ops.take_rows(last, [0] * len(branches)),
-                               [toks[0] for toks in branches.values()])
+    first = _logprobs(ops, last, [0] * len(branches), [toks[0] for toks in branches.values()])
     rest = {seq: toks[:-1] for seq, toks in branches.items() if len(toks) > 1}
     later: list[float] = []
     if rest:

@@ -192,6 +192,7 @@ def test_bad_arguments_are_one_line_errors(eng):
         (lambda: eng.generate(PROMPT, stream="no"), "stream must be true or false"),
         (lambda: eng.generate(PROMPT, keep_state=1), "keep_state must be true or false"),
         (lambda: eng.generate(PROMPT, repeat_penalty=1e-45), "repeat_penalty must be"),
+        (lambda: eng.generate(PROMPT, temperature=10**309), "temperature must be"),
         (lambda: eng.generate(PROMPT, state="a\0b"), "NUL byte"),
         (lambda: eng.generate(PROMPT, state="/tmp/\ud800"), "not valid text"),
         (lambda: eng.system1(PROMPT, None), "candidates must be a list"),

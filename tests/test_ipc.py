@@ -119,6 +119,9 @@ BAD = [  # (request line, id of the reply, error code)
     (b'{"id": -Infinity, "op": "ping"}', None, "parse_error"),
     (b'{"id": 1e400, "op": "ping"}', None, "parse_error"),
     (b'{"id": 24, "op": "generate", "prompt": "a", "temperature": 1e999}', None, "parse_error"),
+    # an integer past the float range where a number goes: the request's own error
+    (b'{"id": 26, "op": "generate", "prompt": "a", "top_p": 1' + b"0" * 309 + b"}", 26,
+     "invalid_params"),
     # paths no system call takes, and a save_state that cannot be written: refused before the
     # job runs
     (b'{"id": 25, "op": "generate", "prompt": "a", "state": "/tmp/a\\u0000b"}', 25,
@@ -382,7 +385,7 @@ def test_kept_states_are_bounded(tiny, tmp_path):
 
         first = save("a")["result"]["saved_state"]
         info = ipc.handle_line(h, b'{"id": 0, "op": "info"}')["result"]
-        per_token = info["slot_bytes"] // first["n_tokens"]
+        per_token = (info["slot_bytes"] - 1) // first["n_tokens"]  # the name's byte aside
         assert info["slot_limit_bytes"] == 1 and info["slots"] == ["a"] and per_token > 0
         refused = save("b")
         assert error_code(refused, "b") == "failed" and "--slot-memory" in \
@@ -392,6 +395,16 @@ def test_kept_states_are_bounded(tiny, tmp_path):
         assert ipc.handle_line(h, b'{"id": 1, "op": "free_state", "slot": "a"}')["result"] == {
             "freed": True}
         assert save("b")["result"]["saved_state"] == {**first, "slot": "b"}
+        # the names count: a long one fills the limit alone
+        big = ipc.Handler(eng, 1 << 20)
+        reply = ipc.handle_line(big, json.dumps({
+            "id": "n", "op": "generate", "prompt": "Hi", "max_tokens": 1,
+            "save_state": {"slot": "x" * (2 << 20)}}).encode())
+        assert "saved_state" in reply["result"]
+        assert ipc.handle_line(big, b'{"id": 0, "op": "info"}')["result"]["slot_bytes"] > 2 << 20
+        assert error_code(ipc.handle_line(big, json.dumps({
+            "id": "m", "op": "generate", "prompt": "Hi", "max_tokens": 1,
+            "save_state": {"slot": "y"}}).encode()), "m") == "failed"
         # a state file is not a slot: the limit does not apply to it
         f = tmp_path / "s.rxs"
         kept = ipc.handle_line(h, json.dumps({

@@ -69,6 +69,32 @@ def test_recurrent_path_forked_scores_equal_tree_scores(model_files):
         assert abs(a - b) <= PER_TOKEN * len(c)
 
 
+@pytest.mark.parametrize("recurrent", [False, True])
+def test_many_candidates_are_scored_in_bounded_groups(model_files, monkeypatch, recurrent):
+    """Candidates past GROUP_TOKENS tokens go in groups (the prompt run again for each) and
+    their log-probabilities LOGPROB_ROWS rows at a time: the scores of one batch, the prefix
+    handed out once and the same; the groups keep to the bound."""
+    from reflex_core.state import BufferSpec, StateSpec
+
+    path = model_files(SHAPES["qwen3"], weight_type="F32", seed=21)
+    prompt = oracle.random_tokens(200, 9, seed=5)
+    model = oracle.load_model(path)
+    if recurrent:
+        kv = model.state_spec()
+        model.state_spec = lambda: StateSpec(kv.buffers + (BufferSpec("slot", (3,), False),))
+    cands = CANDS * 3 + [[1]] * 7
+    prefixes: list = []
+    whole = system1.score(model, model.ops, prompt, cands, on_prefix=prefixes.append)
+    monkeypatch.setattr(system1, "GROUP_TOKENS", 5)
+    monkeypatch.setattr(system1, "LOGPROB_ROWS", 2)
+    groups = system1._groups(cands)
+    assert [c for g in groups for c in g] == cands and len(groups) > 4
+    assert all(sum(map(len, g)) <= 5 or len(g) == 1 for g in groups)
+    grouped = system1.score(model, model.ops, prompt, cands, on_prefix=prefixes.append)
+    np.testing.assert_allclose(grouped, whole, rtol=1e-5, atol=1e-5)
+    assert len(prefixes) == 2 and prefixes[0]["n_cells_used"] == prefixes[1]["n_cells_used"]
+
+
 def test_tree_batch_layout():
     from reflex_core.state import State, attention_kv_spec
     from reflex_core.backends.numpy_backend import NumpyOps
