@@ -469,7 +469,7 @@ def generate(args, quickstart, hub_model, revision, prompt_opt, no_escape, n_tok
     from .sampling import REPEAT_PENALTY_RANGE
 
     if not REPEAT_PENALTY_RANGE[0] <= repeat_penalty <= REPEAT_PENALTY_RANGE[1]:
-        raise click.BadParameter(f"{repeat_penalty:g} is not in the range [%g, %g]"
+        raise click.BadParameter(f"{repeat_penalty!r} is not in the range [%g, %g]"
                                  % REPEAT_PENALTY_RANGE, param_hint="'--repeat-penalty'")
     if not prompt and (import_kv is None or chat):
         raise ReflexError("empty prompt: give at least one character of text")

@@ -213,7 +213,7 @@ def evaluate(model: Any, ops: Any, prompt: Sequence[int], texts: Sequence[str],
     exps = [math.exp(x - m) for x in logits]
     z = sum(exps)
     probs = [e / z for e in exps]
-    entropy = -sum(p * math.log(p) for p in probs if p > 0.0)
+    entropy = -sum(p * math.log(p) for p in probs if p > 0.0) + 0.0  # one candidate: 0, not -0
     cands = [Candidate(i, t, list(c), x, p, s)
              for i, (t, c, x, p, s) in enumerate(zip(texts, cand_ids, logits, probs, scores))]
     best = max(range(len(cands)), key=lambda i: (probs[i], -i))

@@ -133,6 +133,9 @@ def test_probabilities_entropy_and_normalize(model_files):
     q = np.exp(z - z.max())
     q /= q.sum()
     np.testing.assert_allclose([c.probability for c in n.candidates], q, rtol=1e-12)
+    # one candidate: entropy 0, printed as 0 (the sum's negation gave -0.0)
+    one = system1.evaluate(model, model.ops, prompt, texts[:1], CANDS[:1])
+    assert one.entropy == 0.0 and str(one.entropy) == "0.0"
 
 
 def test_equal_candidates_rank_the_first(model_files):
