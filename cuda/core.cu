@@ -1739,8 +1739,9 @@ extern "C" __global__ void reflex_argmax(const float* __restrict__ x, int* __res
     }
     block_argmax(best, bi, rv, ri);
     if (threadIdx.x == 0) {
-        out[blockIdx.x] = bi < 0 ? 0 : bi;
-        rx_put_host(out_host, blockIdx.x, bi < 0 ? 0 : bi);
+        const int id = bi < 0 ? 0 : bi;
+        out[blockIdx.x] = id;
+        rx_put_host(out_host, blockIdx.x, id);
     }
 }
 
@@ -1793,8 +1794,9 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_SPLIT_THREADS)
         argmax_merge(best, bi, __ldcg(part + 2 * b), __float_as_int(__ldcg(part + 2 * b + 1)));
     block_argmax(best, bi, rv, ri);
     if (threadIdx.x == 0) {
-        out[0] = bi < 0 ? 0 : bi;
-        rx_put_host(out_host, 0, bi < 0 ? 0 : bi);
+        const int id = bi < 0 ? 0 : bi;
+        out[0] = id;
+        rx_put_host(out_host, 0, id);
     }
 }
 
@@ -2057,8 +2059,9 @@ reflex_sample(const float* __restrict__ x, int V, double temp, int top_k, double
     cand = block_min_i(cand, redi);
     if (cand == 0x7fffffff) cand = block_max_i(last, redi);
     if (tid == 0) {
-        out[0] = cand < 0 ? 0 : cand;
-        rx_put_host(out_host, 0, cand < 0 ? 0 : cand);
+        const int id = cand < 0 ? 0 : cand;
+        out[0] = id;
+        rx_put_host(out_host, 0, id);
     }
 }
 

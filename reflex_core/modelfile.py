@@ -81,12 +81,12 @@ def open_model_file(path: str | os.PathLike, use_index: bool = True) -> ModelFil
     if rec is not None:
         g.index_state, g.tokenizer_tables = "hit", rec.tok
         g.region_crc = rec.region[1]  # restore() checked the file's region against it
-    else:
-        parse(g)
-        _whole(g)  # before its index is scheduled
-        g.index_state = "miss"
-        gguf_index.schedule(g, st)
-    return _whole(g)
+        return _whole(g)
+    parse(g)
+    _whole(g)  # before its index is scheduled
+    g.index_state = "miss"
+    gguf_index.schedule(g, st)
+    return g
 
 
 def _whole(g: ModelFile) -> ModelFile:

@@ -417,7 +417,7 @@ class _Chain:
             legacy = _drv._STREAM
             _drv._STREAM = stream
             try:
-                ops.put_words(self._dev_slot(k) + 4 * skip, dev.ptr + 4 * skip, n - skip)
+                ops.put_words(self._dev(host + 4 * skip), dev.ptr + 4 * skip, n - skip)
             finally:
                 _drv._STREAM = legacy
 
@@ -445,7 +445,7 @@ class _Chain:
         _drv._STREAM = s
         try:
             ops.sample_into(logits, dst, pick.temperature, pick.top_k, pick.top_p, u,
-                            pick.min_p, self.scratch, self._dev_slot(k) + self.slot_bytes - 4)
+                            pick.min_p, self.scratch, self._dev(self._id(k)))
         finally:
             _drv._STREAM = legacy
         _drv.check(d.cuEventRecord(self.events[k], s), "cuEventRecord")
@@ -465,9 +465,9 @@ class _Chain:
         """Host address of ring slot ``k``: the step's words from its start."""
         return self.host + k * self.slot_bytes
 
-    def _dev_slot(self, k: int) -> int:
-        """Device address of ring slot ``k`` (the same memory as :meth:`_slot`)."""
-        return self.dev + k * self.slot_bytes
+    def _dev(self, addr: int) -> int:
+        """The device's address of host address ``addr`` in the ring (the same memory)."""
+        return self.dev + (addr - self.host)
 
     def _id(self, k: int) -> int:
         """Host address of the id slot ``k``'s step picked: the slot's last word."""
